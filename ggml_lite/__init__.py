@@ -1,0 +1,26 @@
+"""ggml_lite — ggml's memory planner and backend scheduler, ported to Python from literate notebooks.
+
+The modules are exported from `notebooks/*.py` (see each module's header); this file only gathers the
+public names so that `import ggml_lite as gl` gives the API of DESIGN.md §4.
+"""
+
+from ggml_lite import errors
+from ggml_lite.errors import *  # noqa: F401,F403
+from ggml_lite.graph import (  # noqa: F401
+    GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward, build_forward_expand, graph_view, visit_parents,
+)
+from ggml_lite.ops import (  # noqa: F401
+    add, add1, add_inplace, concat, cont, cont_2d, cont_3d, cont_4d, cpy, diag_mask_inf, diag_mask_zero,
+    div, div_inplace, dup, gelu, get_rows, log, mul, mul_inplace, mul_mat, neg, norm, permute, relu,
+    reshape, reshape_1d, reshape_2d, reshape_3d, reshape_4d, rms_norm, rope_ext, scale, scale_inplace,
+    silu, soft_max, soft_max_ext, sqr, sqrt, sub, sub_inplace, sum_rows, tanh, transpose, unary,
+    view_1d, view_2d, view_3d, view_4d,
+)
+from ggml_lite.tensor import (  # noqa: F401
+    F16, F32, GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC, I32, Q4_0, Q8_0, TYPES,
+    VIEW_OPS, Context, GGMLType, Op, Tensor, TensorFlag, UnaryOp, are_same_shape, can_repeat,
+    contiguous_strides, describe, float_to_word, is_contiguous, is_contiguous_1, is_contiguous_n,
+    is_empty, is_matrix, is_padded_1d, is_scalar, is_transposed, is_vector, is_view_op, nbytes,
+    nelements, nrows, op_by_name, row_size, set_input, set_output, set_param, type_by_name,
+    word_to_float,
+)
