@@ -24,3 +24,4 @@ from ggml_lite.tensor import (  # noqa: F401
     nelements, nrows, op_by_name, row_size, set_input, set_output, set_param, type_by_name,
     word_to_float,
 )
+from ggml_lite.graphio import GraphFile, graph_document, load_graph, read_graph_file, save_graph_file  # noqa: F401,E402

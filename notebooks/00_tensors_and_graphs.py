@@ -1333,6 +1333,7 @@ def graph_view(graph: Graph, i0: int, i1: int) -> Graph:
 # when *finished*, so they come out in a valid execution order. The unnamed add becomes `node_1`.
 
 # %%
+# NBVAL_CHECK_OUTPUT
 ctx = Context("mlp")
 x = ctx.new_tensor_2d(F32, 64, 8, name="x")
 set_input(x)
@@ -1402,6 +1403,7 @@ graph_figure(gf, "y = softmax(W2 · silu(W1 · x + b1))")
 # root: expanded first, its copy runs before anything that reads the cache.
 
 # %%
+# NBVAL_CHECK_OUTPUT
 ctx = Context("kv")
 cache = ctx.new_tensor_1d(F16, 4 * 64, name="cache_k")
 k = ctx.new_tensor_2d(F32, 64, 2, name="k")

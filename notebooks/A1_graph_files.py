@@ -594,6 +594,7 @@ fig
 # Each broken file below differs from the good one in one field.
 
 # %%
+# NBVAL_CHECK_OUTPUT
 import copy
 
 
