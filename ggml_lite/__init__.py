@@ -4,7 +4,12 @@ The modules are exported from `notebooks/*.py` (see each module's header); this 
 public names so that `import ggml_lite as gl` gives the API of DESIGN.md §4.
 """
 
+import logging
+
 from ggml_lite import errors
+
+# The reference's diagnostics go to the "ggml_lite" logger; an application decides whether to show them.
+logging.getLogger("ggml_lite").addHandler(logging.NullHandler())
 from ggml_lite.errors import *  # noqa: F401,F403
 from ggml_lite.graph import (  # noqa: F401
     GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward, build_forward_expand, graph_view, visit_parents,
@@ -25,3 +30,10 @@ from ggml_lite.tensor import (  # noqa: F401
     word_to_float,
 )
 from ggml_lite.graphio import GraphFile, graph_document, load_graph, read_graph_file, save_graph_file  # noqa: F401,E402
+from ggml_lite.align import GGML_PAD, aligned_offset, is_power_of_two  # noqa: F401,E402
+from ggml_lite.buffer import (  # noqa: F401,E402
+    SIZE_MAX, TENSOR_ALIGNMENT, Buffer, BufferType, BufferUsage, CPUBuffer, CPUBufferType, MultiBuffer,
+    buffer_copy_tensor, cpu_buffer_from_ptr, cpu_buffer_type, multi_buffer_alloc_buffer, tensor_alloc,
+    tensor_array, view_init,
+)
+from ggml_lite.tallocr import TAllocr, alloc_ctx_tensors, alloc_ctx_tensors_from_buft, alloc_tensor_range  # noqa: F401,E402

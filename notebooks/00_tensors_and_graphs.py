@@ -107,6 +107,46 @@ class GraphFullError(GraphError, OverflowError):
     """More nodes or leafs than the graph was created for (ggml's `cgraph->size`)."""
 
 
+class AlignmentError(GGMLLiteError, ValueError):
+    """An alignment that is not a power of two, or an address that is not aligned."""
+
+
+class AllocationError(GGMLLiteError, MemoryError):
+    """Memory cannot be handed out as asked (the allocators' "not enough space" aborts)."""
+
+
+class OutOfBufferSpaceError(AllocationError):
+    """A tensor does not fit in what is left of a buffer (`ggml_tallocr_alloc`)."""
+
+
+class OutOfFreeBlocksError(AllocationError):
+    """The dynamic allocator's free list is full (`MAX_FREE_BLOCKS`)."""
+
+
+class TensorTooLargeError(AllocationError):
+    """A tensor larger than the buffer type's maximum buffer size."""
+
+
+class BufferStateError(GGMLLiteError, RuntimeError):
+    """A buffer or tensor-placement operation that the buffer's state does not allow."""
+
+
+class TensorNotAllocatedError(BufferStateError):
+    """Data access on a tensor that has no memory yet (`tensor->data == NULL`)."""
+
+
+class TensorAlreadyAllocatedError(BufferStateError):
+    """Placing a tensor that already has memory, or a view through `ggml_backend_tensor_alloc`."""
+
+
+class TensorBoundsError(BufferStateError, IndexError):
+    """Reading or writing outside a tensor's bytes or outside its buffer."""
+
+
+class BufferFreedError(BufferStateError):
+    """Using a buffer after `ggml_backend_buffer_free`, or freeing it twice."""
+
+
 class GraphFileError(GGMLLiteError, ValueError):
     """A graph file (fixture schema) that is malformed; the message names the tensor and the field."""
 

@@ -1,0 +1,760 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · Buffers and the linear allocator `tallocr`
+#
+# A tensor gets memory in two steps: a **buffer type** hands out a **buffer** (one block of memory
+# on some device), and an allocator decides where in that buffer each tensor goes. This chapter
+# ports the buffer layer of `ggml-backend.c` (buffer types, buffers, the CPU buffer type,
+# multi-buffers) and the simplest allocator of `ggml-alloc.c`, the linear `ggml_tallocr`, with its
+# main user `ggml_backend_alloc_ctx_tensors` — how llama.cpp places model weights.
+#
+# **Learning goals**
+#
+# 1. Buffer type vs buffer: the type knows the rules (alignment, maximum size, how many bytes a
+#    tensor needs, host or device); the buffer is one allocation with a base address and a size.
+# 2. The CPU buffer type's exact arithmetic: it mallocs `size + 32` bytes, reports that as the
+#    buffer size, and aligns the base — the "+32" every compute-buffer size in the fixtures shows.
+# 3. Placing a tensor means setting `tensor.buffer` and `tensor.data` (an address); views get
+#    `view_src.data + view_offs`. Host memory is real here: numpy views read and write the bytes.
+# 4. `alloc_ctx_tensors` packs a context's tensors back to back, and splits them over several buffers
+#    (joined as a multi-buffer) when the buffer type has a maximum size.
+#
+# Exported: `ggml_lite.buffer`, `ggml_lite.tallocr`.
+
+# %% [markdown]
+# ## 1 · Addresses, not Python objects
+#
+# ggml works with pointers. This port keeps them as integers in a simulated address space: a
+# small `malloc` hands out addresses 16-byte aligned, as glibc does, so a buffer's memory is *not*
+# necessarily 32-byte aligned — exactly the situation the CPU buffer type's extra 32 bytes exist
+# for. A buffer's bytes (for host buffers: a numpy `uint8` array) are only created when someone
+# reads or writes them, so planning a 70B model allocates nothing.
+
+# %%
+# | default_exp buffer
+
+# %%
+# | export
+"""Buffer types and buffers (ggml-backend.c): `ggml_backend_buft_*`, `ggml_backend_buffer_*`, the CPU
+buffer type, multi-buffers, `ggml_backend_tensor_alloc` / `ggml_backend_view_init`, and numpy views
+of allocated tensors. Addresses are integers in a simulated address space; bytes are created lazily."""
+
+import enum
+import logging
+
+import numpy as np
+
+from ggml_lite.align import GGML_PAD
+from ggml_lite.errors import (
+    AlignmentError, BufferFreedError, BufferStateError, TensorAlreadyAllocatedError, TensorBoundsError,
+    TensorNotAllocatedError,
+)
+from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, Tensor, describe, nbytes
+
+log = logging.getLogger("ggml_lite")
+
+SIZE_MAX = 2**64 - 1
+TENSOR_ALIGNMENT = 32  # ggml-backend.c: "required for mmap as gguf only guarantees 32-byte alignment"
+
+
+class BufferUsage(enum.IntEnum):
+    """`enum ggml_backend_buffer_usage`."""
+
+    ANY = 0
+    WEIGHTS = 1
+    COMPUTE = 2
+
+
+class AddressSpace:
+    """A simulated `malloc`: increasing addresses, 16-byte aligned (like glibc), a 16-byte header
+    before each block. Nothing is stored here; it only hands out addresses."""
+
+    def __init__(self, start: int = 0x7F0000000000):
+        self.next = start
+
+    def malloc(self, size: int) -> int:
+        addr = self.next + 16  # the allocator's header precedes the block
+        self.next = addr + GGML_PAD(max(size, 1), 16)
+        return addr
+
+
+HEAP = AddressSpace()
+
+
+# %% [markdown]
+# ## 2 · Buffer types
+#
+# `struct ggml_backend_buffer_type` is an interface: `get_name`, `alloc_buffer`, `get_alignment`,
+# optional `get_max_size` (default `SIZE_MAX`), optional `get_alloc_size` (default `ggml_nbytes`;
+# a device may need padding), `is_host`. The free functions `ggml_backend_buft_*`
+# (ggml-backend.c:12-42) only forward, filling in the defaults. Here a buffer type is a class whose
+# methods carry the C names in their docstrings; `alloc_size` may be a function of the tensor.
+
+# %%
+# | export
+class BufferType:
+    """`struct ggml_backend_buffer_type` with the `ggml_backend_buft_*` functions as methods.
+
+    `max_size=None` means `SIZE_MAX`; `alloc_size=None` means `ggml_nbytes`. The base class allocates
+    plain buffers whose base is aligned to `alignment`; the CPU buffer type overrides the arithmetic."""
+
+    def __init__(self, name: str, alignment: int, max_size: int = None, is_host: bool = False, alloc_size=None):
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise AlignmentError(f"buffer type {name}: alignment {alignment} is not a power of two")
+        self.name = name
+        self.alignment = alignment
+        self.max_size = SIZE_MAX if max_size is None else max_size
+        self.host = is_host
+        self._alloc_size = alloc_size
+
+    def get_name(self) -> str:
+        """`ggml_backend_buft_name`."""
+        return self.name
+
+    def alloc_buffer(self, size: int) -> "Buffer":
+        """`ggml_backend_buft_alloc_buffer`."""
+        return Buffer(self, size, HEAP.malloc(size + self.alignment), base_alignment=self.alignment)
+
+    def get_alignment(self) -> int:
+        """`ggml_backend_buft_get_alignment`."""
+        return self.alignment
+
+    def get_max_size(self) -> int:
+        """`ggml_backend_buft_get_max_size` (`SIZE_MAX` unless the type sets one)."""
+        return self.max_size
+
+    def get_alloc_size(self, tensor: Tensor) -> int:
+        """`ggml_backend_buft_get_alloc_size`: bytes the tensor needs here (default `ggml_nbytes`)."""
+        if self._alloc_size is None:
+            return nbytes(tensor)
+        size = self._alloc_size(tensor)
+        if size < nbytes(tensor):
+            raise BufferStateError(f"buffer type {self.name}: alloc_size {size} of {describe(tensor)} is below its nbytes {nbytes(tensor)}")
+        return size
+
+    def is_host(self) -> bool:
+        """`ggml_backend_buft_is_host`: is the memory directly readable by the CPU?"""
+        return self.host
+
+    def __repr__(self):
+        return f"BufferType({self.name!r}, alignment={self.alignment}, host={self.host})"
+
+
+class CPUBufferType(BufferType):
+    """`ggml_backend_cpu_buffer_type()`: name "CPU", alignment `TENSOR_ALIGNMENT` (32), host memory,
+    no maximum size, alloc size = nbytes (`ggml_backend_cpu_buffer_type_get_name`,
+    `ggml_backend_cpu_buffer_type_get_alignment`, `ggml_backend_cpu_buffer_type_is_host`)."""
+
+    def __init__(self):
+        super().__init__("CPU", TENSOR_ALIGNMENT, None, True)
+
+    def alloc_buffer(self, size: int) -> "Buffer":
+        """`ggml_backend_cpu_buffer_type_alloc_buffer`: `size += TENSOR_ALIGNMENT` ("malloc may return
+        an address that is not aligned"), malloc, and that larger size becomes the buffer's size."""
+        size += TENSOR_ALIGNMENT
+        return CPUBuffer(self, size, HEAP.malloc(size))
+
+
+_CPU_BUFT = CPUBufferType()
+
+
+def cpu_buffer_type() -> CPUBufferType:
+    """`ggml_backend_cpu_buffer_type`: the one CPU buffer type."""
+    return _CPU_BUFT
+
+
+# %% [markdown]
+# ## 3 · Buffers
+#
+# `struct ggml_backend_buffer` is `{iface, buft, context, size, usage}` (`ggml_backend_buffer_init`,
+# ggml-backend.c:44-58). The CPU buffer's context is the malloc'ed pointer; its base is that pointer
+# rounded up to 32 (`ggml_backend_cpu_buffer_get_base`, :428-435):
+#
+# ```c
+# uintptr_t data = (uintptr_t)buffer->context;
+# if (data % TENSOR_ALIGNMENT != 0) data = GGML_PAD(data, TENSOR_ALIGNMENT);
+# ```
+#
+# So a CPU buffer asked for `n` bytes reports `n + 32`, and at most 31 of the extra bytes are lost to
+# aligning the base — the rest is slack at the end. `usage` tells the scheduler which buffers hold
+# weights (chapter 06).
+
+# %%
+# | export
+class Buffer:
+    """`struct ggml_backend_buffer` (`ggml_backend_buffer_init`) with the `ggml_backend_buffer_*`
+    functions as methods. `data` is the address of its memory; its bytes (`memory()`) are created on
+    first access. `base_alignment` aligns the base like the CPU buffer does (None: base = data)."""
+
+    def __init__(self, buft: BufferType, size: int, data: int, base_alignment: int = None, name: str = None,
+                 memory: np.ndarray = None, owns_memory: bool = True):
+        self.buft = buft
+        self.size = size
+        self.usage = BufferUsage.ANY
+        self.data = data
+        self._base = data if not base_alignment else GGML_PAD(data, base_alignment)
+        self._name = name
+        self._mem = memory
+        self.owns_memory = owns_memory
+        self.freed = False
+
+    # -- identity and geometry --------------------------------------------------------------
+    def get_name(self) -> str:
+        """`ggml_backend_buffer_name`."""
+        return self._name or self.buft.get_name()
+
+    def get_size(self) -> int:
+        """`ggml_backend_buffer_get_size`."""
+        return self.size
+
+    def get_base(self) -> int:
+        """`ggml_backend_buffer_get_base`: the address of the first usable byte."""
+        self._alive()
+        return self._base
+
+    def get_type(self) -> BufferType:
+        """`ggml_backend_buffer_get_type`."""
+        return self.buft
+
+    def get_alignment(self) -> int:
+        """`ggml_backend_buffer_get_alignment`."""
+        return self.buft.get_alignment()
+
+    def get_max_size(self) -> int:
+        """`ggml_backend_buffer_get_max_size`."""
+        return self.buft.get_max_size()
+
+    def get_alloc_size(self, tensor: Tensor) -> int:
+        """`ggml_backend_buffer_get_alloc_size`."""
+        return self.buft.get_alloc_size(tensor)
+
+    def is_host(self) -> bool:
+        """`ggml_backend_buffer_is_host`."""
+        return self.buft.is_host()
+
+    def is_multi_buffer(self) -> bool:
+        """`ggml_backend_buffer_is_multi_buffer`."""
+        return False
+
+    def set_usage(self, usage: BufferUsage) -> None:
+        """`ggml_backend_buffer_set_usage` (a multi-buffer passes it on to its parts)."""
+        self.usage = BufferUsage(usage)
+
+    def get_usage(self) -> BufferUsage:
+        """`ggml_backend_buffer_get_usage`."""
+        return self.usage
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def free(self) -> None:
+        """`ggml_backend_buffer_free` (`ggml_backend_cpu_buffer_free_buffer`): the buffer and its
+        bytes are gone; using it again, or freeing it twice, raises `BufferFreedError`."""
+        self._alive()
+        self.freed = True
+        self._mem = None
+
+    def _alive(self) -> None:
+        if self.freed:
+            raise BufferFreedError(f"buffer {self.get_name()} of {self.size} bytes was freed")
+
+    def init_tensor(self, tensor: Tensor) -> None:
+        """`ggml_backend_buffer_init_tensor`: optional per-tensor setup (none for CPU buffers)."""
+
+    def reset(self) -> None:
+        """`ggml_backend_buffer_reset`: optional (no-op for CPU buffers)."""
+
+    # -- bytes ------------------------------------------------------------------------------------
+    def memory(self) -> np.ndarray:
+        """The buffer's bytes from `data` to `data + size`, created (zeroed) on first use."""
+        self._alive()
+        if self._mem is None:
+            self._mem = np.zeros(self.size, dtype=np.uint8)
+        return self._mem
+
+    def span(self, addr: int, n: int, what: str = "access") -> np.ndarray:
+        """The `n` bytes at address `addr`, which must lie inside the buffer."""
+        lo = addr - self.data
+        if lo < 0 or lo + n > self.size:
+            raise TensorBoundsError(f"{what} of {n} bytes at address {addr:#x} is outside buffer {self.get_name()} "
+                                    f"[{self.data:#x}, {self.data + self.size:#x})")
+        return self.memory()[lo:lo + n]
+
+    def clear(self, value: int) -> None:
+        """`ggml_backend_buffer_clear` (`ggml_backend_cpu_buffer_clear`): set every byte to `value`."""
+        self.memory()[:] = value
+
+    def set_tensor(self, tensor: Tensor, data, offset: int, size: int) -> None:
+        """`ggml_backend_cpu_buffer_set_tensor`: copy `size` bytes of `data` to `tensor.data + offset`."""
+        src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        _check_tensor_range(tensor, offset, size, "write")
+        if src.size < size:
+            raise TensorBoundsError(f"write to {describe(tensor)}: {size} bytes asked, only {src.size} given")
+        self.span(tensor.data + offset, size, "write")[:] = src[:size]
+
+    def get_tensor(self, tensor: Tensor, offset: int, size: int) -> bytes:
+        """`ggml_backend_cpu_buffer_get_tensor`: `size` bytes from `tensor.data + offset`."""
+        _check_tensor_range(tensor, offset, size, "read")
+        return self.span(tensor.data + offset, size, "read").tobytes()
+
+    def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        """`ggml_backend_cpu_buffer_cpy_tensor`: copy when the source is host memory, else decline (False)."""
+        if not _buffer_of(src).is_host():
+            return False
+        n = nbytes(src)
+        _buffer_of(dst).span(dst.data, n, "copy")[:] = _buffer_of(src).span(src.data, n, "copy")
+        return True
+
+    def __repr__(self):
+        state = " freed" if self.freed else ""
+        return f"Buffer({self.get_name()!r}, size={self.size}, usage={self.usage.name}{state})"
+
+
+class CPUBuffer(Buffer):
+    """A buffer of the CPU buffer type: base aligned to 32 (`ggml_backend_cpu_buffer_get_base`),
+    named "CPU" (`ggml_backend_cpu_buffer_name`)."""
+
+    def __init__(self, buft, size, data, memory=None, owns_memory=True):
+        super().__init__(buft, size, data, TENSOR_ALIGNMENT, "CPU", memory, owns_memory)
+
+
+def cpu_buffer_from_ptr(memory: np.ndarray, size: int = None, address: int = None) -> CPUBuffer:
+    """`ggml_backend_cpu_buffer_from_ptr`: a CPU buffer over memory that already exists (a numpy array
+    whose bytes are used in place, as llama.cpp wraps an mmap'ed model file). `address` is where that
+    memory is in the simulated address space (a fresh aligned address when omitted); it must be
+    32-byte aligned. Freeing the buffer does not free the memory."""
+    mem = np.frombuffer(memoryview(memory).cast("B"), dtype=np.uint8) if not isinstance(memory, np.ndarray) else memory.reshape(-1).view(np.uint8)
+    size = mem.size if size is None else size
+    if address is None:
+        address = GGML_PAD(HEAP.malloc(size + TENSOR_ALIGNMENT), TENSOR_ALIGNMENT)
+    if address % TENSOR_ALIGNMENT:
+        raise AlignmentError(f"buffer pointer {address:#x} must be {TENSOR_ALIGNMENT}-byte aligned")
+    return CPUBuffer(_CPU_BUFT, size, address, memory=mem[:size], owns_memory=False)
+
+
+# %% [markdown]
+# ### Multi-buffers
+#
+# When a buffer type has a maximum size (a GPU that cannot allocate more than 4 GiB at once, say),
+# `alloc_ctx_tensors` makes several buffers and joins them into one **multi-buffer**
+# (ggml-backend.c:771-792): its size is the sum, its name the first part's, `free` and `clear`
+# reach every part, and — the reason it exists — `set_usage(WEIGHTS)` marks every part, so the
+# scheduler recognizes the weights whichever part they are in. It has no base and no tensor
+# access of its own: tensors always point at their part.
+
+# %%
+# | export
+class MultiBuffer(Buffer):
+    """`ggml_backend_multi_buffer_alloc_buffer`: several buffers seen as one (`ggml_backend_multi_buffer_get_name`,
+    `ggml_backend_multi_buffer_free_buffer`, `ggml_backend_multi_buffer_clear`, `ggml_backend_multi_buffer_set_usage`)."""
+
+    def __init__(self, buffers: list):
+        if not buffers:
+            raise BufferStateError("a multi-buffer needs at least one buffer")
+        self.buffers = list(buffers)
+        super().__init__(buffers[0].buft, sum(b.get_size() for b in buffers), 0)
+
+    def get_name(self) -> str:
+        return self.buffers[0].get_name()
+
+    def is_multi_buffer(self) -> bool:
+        return True
+
+    def get_base(self) -> int:
+        raise BufferStateError(f"multi-buffer {self.get_name()} has no base address: its tensors live in its {len(self.buffers)} parts")
+
+    def set_usage(self, usage: BufferUsage) -> None:
+        super().set_usage(usage)
+        for b in self.buffers:
+            b.set_usage(usage)
+
+    def free(self) -> None:
+        self._alive()
+        for b in self.buffers:
+            b.free()
+        self.freed = True
+
+    def clear(self, value: int) -> None:
+        self._alive()
+        for b in self.buffers:
+            b.clear(value)
+
+    def memory(self):
+        raise BufferStateError(f"multi-buffer {self.get_name()} has no memory of its own; use its parts")
+
+    def set_tensor(self, tensor, data, offset, size):
+        raise BufferStateError(f"multi-buffer {self.get_name()}: set {describe(tensor)} through the part that holds it")
+
+    def get_tensor(self, tensor, offset, size):
+        raise BufferStateError(f"multi-buffer {self.get_name()}: get {describe(tensor)} through the part that holds it")
+
+    def cpy_tensor(self, src, dst) -> bool:
+        return False
+
+
+def multi_buffer_alloc_buffer(buffers: list) -> MultiBuffer:
+    """`ggml_backend_multi_buffer_alloc_buffer`."""
+    return MultiBuffer(buffers)
+
+
+# %% [markdown]
+# ## 4 · Placing tensors
+#
+# `ggml_backend_tensor_alloc` (ggml-backend.c:1710-1720) gives a tensor its buffer and address after
+# checking that it has none yet, is not a view, and fits; `ggml_backend_view_init` (:1701-1709)
+# gives a view its root's buffer and `view_src.data + view_offs`. Each C `GGML_ASSERT` becomes an
+# error that names the tensor.
+
+# %%
+# | export
+def _buffer_of(t: Tensor) -> Buffer:
+    buf = t.view_src.buffer if t.view_src is not None else t.buffer
+    if buf is None or t.data is None:
+        raise TensorNotAllocatedError(f"{describe(t)} has no memory yet (data is NULL)")
+    return buf
+
+
+def _check_tensor_range(t: Tensor, offset: int, size: int, what: str) -> None:
+    if t.data is None:
+        raise TensorNotAllocatedError(f"cannot {what} {describe(t)}: the tensor has no memory yet")
+    if offset < 0 or size < 0 or offset + size > nbytes(t):
+        raise TensorBoundsError(f"tensor {what} out of bounds: bytes [{offset}, {offset + size}) of {describe(t)}, "
+                                f"which has {nbytes(t)} bytes")
+
+
+def tensor_alloc(buffer: Buffer, tensor: Tensor, addr: int) -> None:
+    """`ggml_backend_tensor_alloc`: place `tensor` at address `addr` of `buffer`."""
+    if tensor.buffer is not None or tensor.data is not None:
+        raise TensorAlreadyAllocatedError(f"{describe(tensor)} already has memory (in {tensor.buffer or tensor.view_src.buffer})")
+    if tensor.view_src is not None:
+        raise TensorAlreadyAllocatedError(f"{describe(tensor)} is a view: it takes its memory from its view_src (view_init)")
+    base, need = buffer.get_base(), buffer.get_alloc_size(tensor)
+    if addr < base or addr + need > base + buffer.get_size():
+        raise TensorBoundsError(f"{describe(tensor)} needs {need} bytes at offset {addr - base} of buffer "
+                                f"{buffer.get_name()}, which has {buffer.get_size()} bytes")
+    tensor.buffer = buffer
+    tensor.data = addr
+    buffer.init_tensor(tensor)
+
+
+def view_init(tensor: Tensor) -> None:
+    """`ggml_backend_view_init`: a view takes its root's buffer and `view_src.data + view_offs`."""
+    if tensor.buffer is not None:
+        raise TensorAlreadyAllocatedError(f"{describe(tensor)} already has a buffer")
+    if tensor.view_src is None:
+        raise BufferStateError(f"{describe(tensor)} is not a view (no view_src)")
+    src = tensor.view_src
+    if src.buffer is None or src.data is None:
+        raise TensorNotAllocatedError(f"the view {describe(tensor)} cannot be placed: its view_src {describe(src)} has no memory yet")
+    tensor.buffer = src.buffer
+    tensor.data = src.data + tensor.view_offs
+    tensor.buffer.init_tensor(tensor)
+
+
+def buffer_copy_tensor(src: Tensor, dst: Tensor) -> bool:
+    """`ggml_backend_buffer_copy_tensor`: ask `dst`'s buffer to copy `src` into it (False: declined)."""
+    dst_buf = dst.view_src.buffer if dst.view_src is not None else dst.buffer
+    if dst_buf is None:
+        raise TensorNotAllocatedError(f"copy into {describe(dst)}: the tensor has no buffer")
+    return dst_buf.cpy_tensor(src, dst)
+
+
+# %% [markdown]
+# ### Real bytes: numpy views of tensors
+#
+# A tensor in host memory *is* a numpy array: the buffer's bytes, starting at `data - buffer.data`,
+# with shape `ne` reversed and strides `nb` reversed. Views, permutes and transposes become numpy
+# views of the same bytes — write through one and the root changes. Quantized tensors are viewed as
+# arrays of their blocks (`q8_0`: an f16 scale `d` and 32 int8 `qs`).
+
+# %%
+# | export
+_DTYPES = {
+    F32.name: np.dtype("<f4"), F16.name: np.dtype("<f2"), I32.name: np.dtype("<i4"),
+    Q8_0.name: np.dtype([("d", "<f2"), ("qs", "i1", 32)]),
+    Q4_0.name: np.dtype([("d", "<f2"), ("qs", "u1", 16)]),
+}
+
+
+def tensor_array(t: Tensor) -> np.ndarray:
+    """A numpy view of an allocated host tensor: shape `ne` reversed (trailing size-1 dimensions of
+    `ne` dropped), strides `nb` reversed. Reads and writes go to the buffer's bytes."""
+    buf = _buffer_of(t)
+    if not buf.is_host():
+        raise BufferStateError(f"{describe(t)} is in {buf.get_name()} memory, not host memory: use tensor_get/tensor_set")
+    if buf.is_multi_buffer():
+        raise BufferStateError(f"{describe(t)} points at a multi-buffer, not at one of its parts")
+    n = nbytes(t)
+    start = t.data - buf.data
+    if start < 0 or start + n > buf.size:
+        raise TensorBoundsError(f"{describe(t)} spans bytes [{start}, {start + n}) of buffer {buf.get_name()}, "
+                                f"which has {buf.size}")
+    ne, nb = list(t.ne), list(t.nb)
+    if t.type.blck_size > 1:
+        ne[0] //= t.type.blck_size
+    k = len(t.shape)
+    return np.ndarray(tuple(reversed(ne[:k])), dtype=_DTYPES[t.type.name], buffer=buf.memory(),
+                      offset=start, strides=tuple(reversed(nb[:k])))
+
+
+# %% [markdown]
+# A CPU buffer of 1000 bytes: the buffer type adds 32, the base is the malloc'ed address rounded
+# up to 32, and the first tensor goes at offset 0 of the base.
+
+# %%
+import ggml_lite as gl
+
+buft = cpu_buffer_type()
+buf = buft.alloc_buffer(1000)
+print(buf, f"data={buf.data:#x} base={buf.get_base():#x} (lost to alignment: {buf.get_base() - buf.data} bytes)")
+ctx = gl.Context()
+m = ctx.new_tensor_2d(gl.F32, 4, 3, name="m")
+tensor_alloc(buf, m, buf.get_base())
+mt = gl.transpose(ctx, m)
+view_init(mt)
+tensor_array(m)[:] = np.arange(12, dtype=np.float32).reshape(3, 4)
+print(tensor_array(mt))  # the transposed view reads the same bytes
+tensor_array(mt)[0, 1] = -1  # and writes them: row 1, column 0 of m
+print(tensor_array(m))
+
+# %% [markdown]
+# ## 5 · The linear allocator `tallocr`
+#
+# `ggml_tallocr` (ggml-alloc.c:72-106) is a bump allocator: start at the first aligned offset of
+# the buffer, give each tensor `GGML_PAD(alloc_size, alignment)` bytes, never free.
+#
+# ```c
+# size_t size = ggml_backend_buffer_get_alloc_size(talloc->buffer, tensor);
+# size = GGML_PAD(size, talloc->alignment);
+# if (talloc->offset + size > ggml_backend_buffer_get_size(talloc->buffer)) { ... abort }
+# void * addr = (char *)ggml_backend_buffer_get_base(talloc->buffer) + talloc->offset;
+# talloc->offset += size;
+# ```
+#
+# A quirk worth seeing: the space check compares with the buffer's *size*, measured from the base.
+# For a CPU buffer, whose size includes the 32 extra bytes and whose base may have moved up by up to
+# 31 of them, the last tensor may end a few bytes past the malloc'ed block — up to 31 bytes —
+# whenever the sizes were not computed to the byte by `alloc_ctx_tensors` (which never asks for
+# more than it computed, so it never happens there).
+
+# %%
+# | export tallocr
+"""The linear allocator `ggml_tallocr` and `ggml_backend_alloc_ctx_tensors` (ggml-alloc.c)."""
+
+import logging
+
+from ggml_lite.align import GGML_PAD, aligned_offset
+from ggml_lite.buffer import Buffer, BufferType, multi_buffer_alloc_buffer, tensor_alloc, view_init
+from ggml_lite.errors import OutOfBufferSpaceError, TensorTooLargeError
+from ggml_lite.tensor import Context, Tensor, describe
+
+log = logging.getLogger("ggml_lite")
+
+
+class TAllocr:
+    """`struct ggml_tallocr` / `ggml_tallocr_new`: a bump allocator over one buffer."""
+
+    def __init__(self, buffer: Buffer):
+        self.buffer = buffer
+        self.base = buffer.get_base()
+        self.alignment = buffer.get_alignment()
+        self.offset = aligned_offset(self.base, 0, self.alignment)
+
+    def alloc(self, tensor: Tensor) -> int:
+        """`ggml_tallocr_alloc`: place `tensor` at the current offset; returns its address."""
+        size = GGML_PAD(self.buffer.get_alloc_size(tensor), self.alignment)
+        available = self.buffer.get_size() - self.offset
+        if size > available:
+            log.error("ggml_tallocr_alloc: not enough space in the buffer to allocate %s (needed %d, available %d)",
+                      tensor.name, size, available)
+            raise OutOfBufferSpaceError(f"not enough space in buffer {self.buffer.get_name()} for {describe(tensor)}: "
+                                        f"needed {size} bytes, available {available}")
+        addr = self.base + self.offset
+        self.offset += size
+        tensor_alloc(self.buffer, tensor, addr)
+        return addr
+
+
+# %% [markdown]
+# ## 6 · Allocating a whole context: `alloc_ctx_tensors`
+#
+# `ggml_backend_alloc_ctx_tensors_from_buft` (ggml-alloc.c:974-1037) walks the context in creation
+# order, summing `GGML_PAD(alloc_size, alignment)` of every tensor that has no data and is not a
+# view. When adding the next tensor would pass the buffer type's `max_size`, the tensors so far get
+# a buffer of their own (`alloc_tensor_range`, :935-972), and a new range starts. Views are placed
+# (`view_init`) in the range where they appear. Facts to notice:
+#
+# * a tensor larger than `max_size` on its own stops everything (C: message and NULL; here
+#   `TensorTooLargeError`, after freeing what was allocated);
+# * a context with nothing to allocate returns **None** ("all tensors in the context are already
+#   allocated");
+# * several ranges become one multi-buffer.
+
+# %%
+# | export tallocr
+def alloc_tensor_range(ctx: Context, first: int, last: int, buft: BufferType, size: int, buffers: list) -> bool:
+    """`alloc_tensor_range`: one buffer of `size` bytes for `ctx.tensors[first:last]` (views are
+    initialized, pre-allocated tensors skipped); appended to `buffers`. False if the buffer type
+    could not allocate (the buffers so far are freed)."""
+    buffer = buft.alloc_buffer(size)
+    if buffer is None:
+        log.error("alloc_tensor_range: failed to allocate %s buffer of size %d", buft.get_name(), size)
+        for b in buffers:
+            b.free()
+        buffers.clear()
+        return False
+    talloc = TAllocr(buffer)
+    for t in ctx.tensors[first:last]:
+        if t.data is None:
+            if t.view_src is None:
+                talloc.alloc(t)
+            elif t.buffer is None:
+                view_init(t)
+        elif t.view_src is not None and t.buffer is None:
+            view_init(t)  # a view of a pre-allocated tensor
+    buffers.append(buffer)
+    return True
+
+
+def alloc_ctx_tensors_from_buft(ctx: Context, buft: BufferType):
+    """`ggml_backend_alloc_ctx_tensors_from_buft`: allocate every tensor of `ctx` in buffers of `buft`;
+    returns the buffer (a multi-buffer when `max_size` forced several), or None when nothing needed memory."""
+    alignment, max_size = buft.get_alignment(), buft.get_max_size()
+    buffers, cur_buf_size, first = [], 0, 0
+    for i, t in enumerate(ctx.tensors):
+        this_size = GGML_PAD(buft.get_alloc_size(t), alignment) if t.data is None and t.view_src is None else 0
+        if this_size > max_size:
+            log.error("ggml_backend_alloc_ctx_tensors_from_buft: tensor %s is too large to fit in a %s buffer "
+                      "(tensor size: %d, max buffer size: %d)", t.name, buft.get_name(), this_size, max_size)
+            for b in buffers:
+                b.free()
+            raise TensorTooLargeError(f"{describe(t)} needs {this_size} bytes, more than the maximum buffer size "
+                                      f"{max_size} of buffer type {buft.get_name()}")
+        if cur_buf_size + this_size > max_size:
+            if not alloc_tensor_range(ctx, first, i, buft, cur_buf_size, buffers):
+                return None
+            first, cur_buf_size = i, this_size
+        else:
+            cur_buf_size += this_size
+    if cur_buf_size > 0 and not alloc_tensor_range(ctx, first, len(ctx.tensors), buft, cur_buf_size, buffers):
+        return None
+    if not buffers:
+        log.debug("ggml_backend_alloc_ctx_tensors_from_buft: all tensors in the context are already allocated")
+        return None
+    return buffers[0] if len(buffers) == 1 else multi_buffer_alloc_buffer(buffers)
+
+
+def alloc_ctx_tensors(ctx: Context, backend):
+    """`ggml_backend_alloc_ctx_tensors`: `alloc_ctx_tensors_from_buft` with the backend's default buffer
+    type (a BufferType is accepted too)."""
+    get_default = getattr(backend, "get_default_buffer_type", None)
+    buft = get_default() if get_default is not None else backend
+    return alloc_ctx_tensors_from_buft(ctx, buft)
+
+
+# %% [markdown]
+# ## 7 · Worked example: weights over a buffer type with a maximum size
+#
+# Five weights on a device buffer type with alignment 128 and a 4 KiB maximum buffer: the
+# allocator packs them in creation order and starts a new buffer whenever the next one would not
+# fit: `tok_embd` fills a buffer on its own (4000 bytes pad to 4096), `attn_q` and `attn_k` do not fit
+together (2 × 2432 > 4096), `ffn_up` and `output` do. The result is a multi-buffer of four parts;
+`set_usage(WEIGHTS)` reaches all of them.
+
+# %%
+from ggml_lite.tallocr import TAllocr, alloc_ctx_tensors, alloc_ctx_tensors_from_buft  # noqa: E402
+
+dev = BufferType("DEV", alignment=128, max_size=4096)
+wctx = gl.Context("weights")
+specs = [("tok_embd", 1000), ("attn_q", 600), ("attn_k", 600), ("ffn_up", 700), ("output", 100)]
+weights = [wctx.new_tensor_1d(gl.F32, n, name=name) for name, n in specs]
+wview = gl.view_1d(wctx, weights[1], 10, 40)  # a view: placed, never sized
+wbuf = alloc_ctx_tensors_from_buft(wctx, dev)
+wbuf.set_usage(BufferUsage.WEIGHTS)
+print(wbuf, "parts:", [(b.get_size(), b.get_usage().name) for b in wbuf.buffers])
+for t in [*weights, wview]:
+    part = wbuf.buffers.index(t.buffer)
+    print(f"{t.name:16s} {t.nbytes:5d} B  part {part}  offset {t.data - t.buffer.get_base():5d}")
+
+# %% [markdown]
+# ### A picture: four buffers, back-to-back tensors, padding
+#
+# Each bar is one part of the multi-buffer; blue is tensor data, grey the padding to 128 bytes,
+# white what the buffer type never filled (the part is only as big as its tensors).
+
+# %%
+import plotly.graph_objects as go
+
+fig = go.Figure()
+for k, part in enumerate(wbuf.buffers):
+    y = f"part {k} ({part.get_size()} B)"
+    for t in weights:
+        if t.buffer is part:
+            off = t.data - part.get_base()
+            padded = GGML_PAD(t.nbytes, 128)
+            fig.add_trace(go.Bar(y=[y], x=[t.nbytes], base=[off], orientation="h", marker_color="#636efa",
+                                 text=t.name, textposition="inside", showlegend=False,
+                                 hovertext=f"{t.name}: {t.nbytes} B at {off}", hoverinfo="text"))
+            fig.add_trace(go.Bar(y=[y], x=[padded - t.nbytes], base=[off + t.nbytes], orientation="h",
+                                 marker_color="#cccccc", showlegend=False, hoverinfo="skip"))
+fig.add_vline(x=4096, line_dash="dash", annotation_text="max_size 4096")
+fig.update_layout(barmode="overlay", height=260, xaxis_title="offset in the part", margin=dict(l=120, r=20, t=40, b=40),
+                  title="alloc_ctx_tensors with max_size: one buffer per range, joined as a multi-buffer")
+fig
+
+# %% [markdown]
+# ## 8 · Errors
+#
+# Each failure names the tensor and the numbers involved.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+import ggml_lite.errors as E
+
+small = cpu_buffer_type().alloc_buffer(64)
+ta = TAllocr(small)
+ctx2 = gl.Context()
+a, b = ctx2.new_tensor_1d(gl.F32, 16, name="a"), ctx2.new_tensor_1d(gl.F32, 16, name="b")
+ta.alloc(a)
+for what, fn in {
+    "no space": lambda: ta.alloc(b),
+    "too large": lambda: alloc_ctx_tensors_from_buft(ctx2, BufferType("TINY", 32, max_size=32)),
+    "read out of bounds": lambda: small.get_tensor(a, 60, 8),
+    "unallocated": lambda: tensor_array(b),
+    "double free": lambda: (small.free(), small.free()),
+}.items():
+    try:
+        fn()
+    except E.GGMLLiteError as e:
+        print(f"{what:18s} {type(e).__name__}: {e}")
+
+# %% [markdown]
+# ## 9 · Check
+
+# %%
+from ggml_lite.buffer import tensor_array, cpu_buffer_type  # the package's own, not this notebook's copies
+
+c = gl.Context()
+x = c.new_tensor_2d(gl.F32, 10, 3, name="x")
+y = c.new_tensor_1d(gl.Q8_0, 64, name="y")
+xv = gl.permute(c, x, 1, 0, 2, 3)
+cb = alloc_ctx_tensors(c, cpu_buffer_type())
+assert cb.get_size() == GGML_PAD(120, 32) + GGML_PAD(68, 32) + 32 and cb.get_base() % 32 == 0
+assert x.data == cb.get_base() and y.data == cb.get_base() + 128 and xv.data == x.data and xv.buffer is cb
+assert alloc_ctx_tensors(c, cpu_buffer_type()) is None  # everything already allocated
+tensor_array(x)[:] = np.arange(30, dtype=np.float32).reshape(3, 10)
+assert tensor_array(xv).shape == (10, 3) and tensor_array(xv)[4, 2] == 24
+assert tensor_array(y).shape == (2,) and tensor_array(y).dtype.names == ("d", "qs")
+assert cb.get_tensor(x, 4, 4) == np.float32(1).tobytes()
+assert len(wbuf.buffers) == 4 and all(p.get_usage() == BufferUsage.WEIGHTS for p in wbuf.buffers)
+assert wbuf.get_size() == sum(p.get_size() for p in wbuf.buffers)
+print("chapter 02: all checks passed")
