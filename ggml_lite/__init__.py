@@ -37,3 +37,4 @@ from ggml_lite.buffer import (  # noqa: F401,E402
     tensor_array, view_init,
 )
 from ggml_lite.tallocr import TAllocr, alloc_ctx_tensors, alloc_ctx_tensors_from_buft, alloc_tensor_range  # noqa: F401,E402
+from ggml_lite.dyn_tallocr import MAX_FREE_BLOCKS, AllocEvent, DynTAllocr, FreeEvent, ResetEvent  # noqa: F401,E402

@@ -83,6 +83,10 @@ class TensorTooLargeError(AllocationError):
     """A tensor larger than the buffer type's maximum buffer size."""
 
 
+class AllocatorDebugError(GGMLLiteError, RuntimeError):
+    """The dynamic allocator's debug bookkeeping (`GGML_ALLOCATOR_DEBUG`) found an inconsistency."""
+
+
 class BufferStateError(GGMLLiteError, RuntimeError):
     """A buffer or tensor-placement operation that the buffer's state does not allow."""
 

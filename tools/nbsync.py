@@ -1,15 +1,22 @@
 #!/usr/bin/env python3
 """Keep every `notebooks/NN_x.ipynb` paired with its `NN_x.py`, the `.py` always being the source.
 
-jupytext's own `--sync` picks the newer file by timestamp and can overwrite the `.py` with a stale
-notebook (a fresh clone gives every file the same age). This tool never writes the `.py`:
+Why the `.py` is the source: the percent-format `.py` is what people edit, review and merge (it diffs
+like code and carries no outputs); the `.ipynb` is its executed rendering, committed so that readers
+see the outputs and pictures without running anything. jupytext's own `--sync` picks whichever file is
+newer, and on a fresh clone every file has the same age, so it could overwrite the source with a stale
+rendering. This tool never writes a `.py`:
 
-* sync (default): build the notebook from the `.py`, execute it (kernel = this interpreter), strip
-  widget state and machine-specific metadata, and write the `.ipynb`;
-* `--check`: the `.ipynb` must hold exactly the cells the `.py` gives (type, source, tags); outputs
-  are not compared. Exit 1, naming the first differing cell, when it does not.
+* sync (default): build the notebook from the `.py` with jupytext, execute it with nbclient (a kernel
+  of this very interpreter, working directory notebooks/), normalize it and write the `.ipynb`:
+  outputs and execution counts kept; no widget state, no jupytext metadata, a generic kernelspec,
+  cell metadata reduced to `tags`, no cell ids, stream outputs merged, deterministic JSON.
+  A cell that raises: report it and leave that `.ipynb` alone (exit 1).
+* `--no-execute`: the same without running (no outputs), for a quick pairing.
+* `--check`: write nothing; each `.ipynb` must exist and hold exactly the cells the `.py` gives (type,
+  source, tags; outputs ignored), and (with no arguments) no `.ipynb` may lack its `.py`. Exit 1 when not.
 
-Usage: python tools/nbsync.py [--check] [--no-execute] [NOTEBOOK.py ...]   (default: notebooks/*.py)
+    python tools/nbsync.py [--check] [--no-execute] [NOTEBOOK.py ...]   (default: every notebooks/*.py)
 """
 
 import argparse
@@ -20,56 +27,133 @@ import jupytext
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def resolve_notebook(arg: str) -> Path:
+    """A command-line path: relative to the repository root (or else to the cwd)."""
+    for candidate in (ROOT / arg, Path.cwd() / arg):
+        if candidate.is_file():
+            return candidate.resolve()
+    raise FileNotFoundError(f"{arg}: no such notebook")
 
 
 def from_source(py: Path):
-    """The notebook that the percent-format `.py` describes, without outputs."""
-    nb = jupytext.read(py)
-    nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}}
-    for cell in nb.cells:
-        cell.metadata = {k: v for k, v in cell.metadata.items() if k == "tags"}
-        cell.pop("id", None)
-    return nb
-
-
-def execute(nb, cwd: Path):
-    """Run every cell with a kernel of this interpreter (so the project's .venv is used)."""
-    from jupyter_client.manager import KernelManager
-    from nbclient import NotebookClient
-
-    km = KernelManager(kernel_cmd=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"])
-    NotebookClient(nb, km=km, timeout=300, resources={"metadata": {"path": str(cwd)}}).execute()
-    return nb
+    """The notebook that the percent-format `py` describes, normalized, without outputs."""
+    return normalize(jupytext.read(py))
 
 
 def normalize(nb):
-    """Drop what varies between machines and runs: widget state, timings, cell ids."""
+    """Drop what varies between machines and runs: widget state, jupytext and kernel details, timings,
+    cell ids; merge consecutive stream outputs (their chunking depends on timing); make sure every
+    widget view has a text/plain fallback (the committed notebook has no widget state to render it)."""
     nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}}
-    for cell in nb.cells:
-        cell.metadata = {k: v for k, v in cell.metadata.items() if k == "tags"}
-        cell.pop("id", None)
     nb.nbformat, nb.nbformat_minor = 4, 4
+    for cell in nb.cells:
+        cell.pop("id", None)
+        cell.metadata = {"tags": cell.metadata["tags"]} if cell.metadata.get("tags") else {}
+        if cell.cell_type == "code":
+            cell.outputs = merge_streams(cell.outputs)
+            for out in cell.outputs:
+                data = out.get("data", {})
+                if WIDGET_VIEW in data and "text/plain" not in data:
+                    data["text/plain"] = "A Jupyter widget: run the notebook to use it."
     return nb
 
 
-def cell_key(cell):
+def merge_streams(outputs: list) -> list:
+    """`outputs` with consecutive stream outputs of the same name joined into one."""
+    merged = []
+    for out in outputs:
+        prev = merged[-1] if merged else None
+        if out.output_type == "stream" and prev is not None and prev.output_type == "stream" and prev.name == out.name:
+            prev.text += out.text
+        else:
+            merged.append(out)
+    return merged
+
+
+def execute(nb, cwd: Path) -> None:
+    """Run every cell in place, in a kernel started as `sys.executable -m ipykernel_launcher`.
+
+    The kernel spec is given explicitly rather than looked up by name, so an installed `python3` spec
+    pointing at another interpreter can never be picked: the notebooks run in this environment."""
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+    from jupyter_client.manager import AsyncKernelManager
+    from nbclient import NotebookClient
+
+    class ThisInterpreter(KernelSpecManager):
+        def get_kernel_spec(self, kernel_name):
+            argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+            return KernelSpec(argv=argv, display_name=KERNELSPEC["display_name"], language="python")
+
+    km = AsyncKernelManager(kernel_name="python3", kernel_spec_manager=ThisInterpreter())
+    client = NotebookClient(nb, km=km, kernel_name="python3", timeout=300,
+                            resources={"metadata": {"path": str(cwd)}})
+    client.execute()
+
+
+def failure(nb, error: Exception) -> str:
+    """A one-line account of a failed execution: the cell that raised and the error."""
+    for index, cell in enumerate(nb.cells):
+        for out in cell.get("outputs", []):
+            if out.output_type == "error":
+                return f"cell {index} raised {out.ename}: {out.evalue}"
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[-1] if lines else ''}"
+
+
+def cell_key(cell) -> tuple:
+    """What pairing compares: type, source, tags."""
     return cell.cell_type, cell.source, list(cell.get("metadata", {}).get("tags", []))
 
 
 def check(py: Path) -> str:
-    """'' when `py`'s notebook is in sync, else the reason."""
+    """'' when the `.ipynb` of `py` holds the cells of `py`, else a short reason."""
     ipynb = py.with_suffix(".ipynb")
     if not ipynb.exists():
         return "no .ipynb (run `make sync`)"
+    try:
+        have = [cell_key(c) for c in nbformat.read(ipynb, as_version=4).cells]
+    except Exception as e:  # not JSON, not a notebook
+        return f"unreadable .ipynb ({type(e).__name__})"
     want = [cell_key(c) for c in from_source(py).cells]
-    have = [cell_key(c) for c in nbformat.read(ipynb, as_version=4).cells]
-    for i, (w, h) in enumerate(zip(want, have)):
+    for index, (w, h) in enumerate(zip(want, have)):
         if w != h:
-            what = "type" if w[0] != h[0] else "source" if w[1] != h[1] else "tags"
-            return f"cell {i} differs ({what})"
+            what = "cell type" if w[0] != h[0] else "source" if w[1] != h[1] else "tags"
+            return f"cell {index} differs ({what})"
     if len(want) != len(have):
-        return f"{len(have)} cells in the .ipynb, {len(want)} in the .py"
+        return f"cell {min(len(want), len(have))}: the .py has {len(want)} cells, the .ipynb {len(have)}"
+    return ""
+
+
+def run_check(sources: list, orphans: bool) -> int:
+    """Print every notebook out of sync with its `.py` (and orphaned `.ipynb`s); 1 if any."""
+    bad = [f"out of sync: {py.with_suffix('.ipynb').name}: {reason}" for py in sources if (reason := check(py))]
+    if orphans:
+        bad += [f"orphan: {nb.name} has no .py source" for nb in sorted(NOTEBOOKS.glob("*.ipynb"))
+                if not nb.with_suffix(".py").exists()]
+    print("\n".join(bad) if bad else f"{len(sources)} notebooks paired")
+    return 1 if bad else 0
+
+
+def sync(py: Path, run: bool) -> str:
+    """Write the `.ipynb` of `py` (executed when `run`); return '' or why it was not written."""
+    nb = from_source(py)
+    if run:
+        try:
+            execute(nb, py.parent)
+        except Exception as e:  # a failing cell, a dead kernel, a timeout
+            return failure(nb, e)
+    ipynb = py.with_suffix(".ipynb")
+    text = nbformat.writes(normalize(nb)) + "\n"
+    if ipynb.exists() and ipynb.read_text(encoding="utf-8") == text:
+        print(f"unchanged {ipynb.name}")
+    else:
+        ipynb.write_bytes(text.encode("utf-8"))
+        print(f"wrote {ipynb.name}{' (executed)' if run else ' (not executed)'}")
     return ""
 
 
@@ -77,34 +161,22 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a pair is out of sync")
     ap.add_argument("--no-execute", action="store_true", help="write the notebooks without running them")
-    ap.add_argument("notebooks", nargs="*", type=Path)
+    ap.add_argument("notebooks", nargs="*", help="percent-format notebooks (default: notebooks/*.py)")
     args = ap.parse_args(argv)
-    folder = ROOT / "notebooks"
-    sources = [p.resolve() for p in args.notebooks] or sorted(folder.glob("*.py"))
-    bad = []
+    try:
+        sources = [resolve_notebook(a) for a in args.notebooks] or sorted(NOTEBOOKS.glob("*.py"))
+    except FileNotFoundError as e:
+        print(f"nbsync: error: {e}", file=sys.stderr)
+        return 2
     if args.check:
-        for py in sources:
-            reason = check(py)
-            if reason:
-                bad.append(f"out of sync: {py.name}: {reason}")
-        if not args.notebooks:
-            bad += [f"orphan: {nb.name} has no .py source" for nb in sorted(folder.glob("*.ipynb"))
-                    if not nb.with_suffix(".py").exists()]
-        print("\n".join(bad) if bad else f"nbsync: {len(sources)} notebooks paired")
-        return 1 if bad else 0
+        return run_check(sources, orphans=not args.notebooks)
+    failed = 0
     for py in sources:
-        nb = from_source(py)
-        if not args.no_execute:
-            try:
-                execute(nb, py.parent)
-            except Exception as e:  # a failing cell: report it and leave the old .ipynb alone
-                bad.append(f"{py.name}: execution failed: {str(e).strip().splitlines()[-1] if str(e).strip() else e!r}")
-                continue
-        nbformat.write(normalize(nb), py.with_suffix(".ipynb"))
-        print(f"wrote {py.with_suffix('.ipynb').name}{'' if args.no_execute else ' (executed)'}")
-    for line in bad:
-        print(line, file=sys.stderr)
-    return 1 if bad else 0
+        reason = sync(py, run=not args.no_execute)
+        if reason:
+            print(f"nbsync: {py.name}: execution failed, .ipynb not written: {reason}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

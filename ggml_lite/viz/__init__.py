@@ -1,0 +1,1 @@
+"""viz: modules exported from the notebooks."""
