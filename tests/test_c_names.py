@@ -1,0 +1,48 @@
+"""Every C function that ../shared/reference/FUNCTIONS.md lists for a chapter that exists is named,
+in backticks, in the docstring of a ggml_lite function, method or class (DESIGN: names map to C)."""
+
+import importlib
+import inspect
+import pkgutil
+import re
+
+import pytest
+
+import ggml_lite
+from conftest import ROOT, SHARED
+
+FUNCTIONS_MD = SHARED / "reference" / "FUNCTIONS.md"
+
+
+def chapters():
+    """{chapter: [C names]} from FUNCTIONS.md, for chapters whose notebook exists."""
+    out, current = {}, None
+    for line in FUNCTIONS_MD.read_text().splitlines():
+        if line.startswith("## "):
+            current = line[3:].strip()
+            out[current] = []
+        elif current and line.startswith("- `"):
+            out[current].append(line.split("`")[1])
+    return {ch: names for ch, names in out.items() if (ROOT / "notebooks" / f"{ch}.py").exists()}
+
+
+def docstrings() -> str:
+    texts = []
+    for mod in pkgutil.walk_packages(ggml_lite.__path__, "ggml_lite."):
+        m = importlib.import_module(mod.name)
+        for obj in vars(m).values():
+            if getattr(obj, "__module__", None) != m.__name__:
+                continue
+            texts.append(inspect.getdoc(obj) or "")
+            if inspect.isclass(obj):
+                texts += [inspect.getdoc(v) or "" for v in vars(obj).values() if callable(v) or isinstance(v, property)]
+    return "\n".join(texts)
+
+
+@pytest.mark.skipif(not FUNCTIONS_MD.exists(), reason="../shared/reference/FUNCTIONS.md is absent")
+def test_every_listed_c_function_has_a_named_counterpart():
+    named = set(re.findall(r"`([A-Za-z_0-9]+)`", docstrings()))
+    found = chapters()
+    assert found, "no chapter of FUNCTIONS.md has a notebook yet"
+    missing = {ch: [n for n in names if n not in named] for ch, names in found.items()}
+    assert not any(missing.values()), missing
