@@ -32,16 +32,37 @@ class BufferUsage(enum.IntEnum):
 
 
 class AddressSpace:
-    """A simulated `malloc`: increasing addresses, 16-byte aligned (like glibc), a 16-byte header
-    before each block. Nothing is stored here; it only hands out addresses."""
+    """A simulated `malloc`/`free`: 16-byte aligned addresses (like glibc) with a 16-byte header
+    before each block. Nothing is stored here; it only hands out addresses.
+
+    Like glibc's per-thread cache, a freed *small* chunk (≤ 1,032 bytes) is handed out again, last
+    freed first, to the next request of the same padded size; large chunks are never reused here.
+    This matters for one observable fact: freeing a buffer and allocating a new one usually gives
+    the new `struct ggml_backend_buffer` the old one's address (see `Buffer.handle`)."""
+
+    SMALL = 1032
 
     def __init__(self, start: int = 0x7F0000000000):
         self.next = start
+        self.cache = {}  # padded size -> addresses of freed small chunks (LIFO)
 
     def malloc(self, size: int) -> int:
+        padded = GGML_PAD(max(size, 1), 16)
+        reuse = self.cache.get(padded)
+        if reuse:
+            return reuse.pop()
         addr = self.next + 16  # the allocator's header precedes the block
-        self.next = addr + GGML_PAD(max(size, 1), 16)
+        self.next = addr + padded
         return addr
+
+    def free(self, addr: int, size: int) -> None:
+        padded = GGML_PAD(max(size, 1), 16)
+        if padded <= self.SMALL:
+            self.cache.setdefault(padded, []).append(addr)
+
+
+# sizeof(struct ggml_backend_buffer) on x86-64: 9 interface pointers, buft, context, size, usage
+BUFFER_STRUCT_SIZE = 104
 
 
 HEAP = AddressSpace()
@@ -68,7 +89,9 @@ class BufferType:
 
     def alloc_buffer(self, size: int) -> "Buffer":
         """`ggml_backend_buft_alloc_buffer`."""
-        return Buffer(self, size, HEAP.malloc(size + self.alignment), base_alignment=self.alignment)
+        buf = Buffer(self, size, HEAP.malloc(size + self.alignment), base_alignment=self.alignment)
+        buf.malloc_size = size + self.alignment
+        return buf
 
     def get_alignment(self) -> int:
         """`ggml_backend_buft_get_alignment`."""
@@ -134,6 +157,10 @@ class Buffer:
         self._mem = memory
         self.owns_memory = owns_memory
         self.freed = False
+        # the address of the C's `struct ggml_backend_buffer` (`ggml_backend_buffer_init` mallocs it):
+        # what a C caller compares when it asks "is this still the same buffer?"
+        self.handle = HEAP.malloc(BUFFER_STRUCT_SIZE)
+        self.malloc_size = size  # bytes malloc'ed at `data` (freed with the buffer when owned)
 
     # -- identity and geometry --------------------------------------------------------------
     def get_name(self) -> str:
@@ -188,6 +215,9 @@ class Buffer:
         self._alive()
         self.freed = True
         self._mem = None
+        if self.owns_memory:
+            HEAP.free(self.data, self.malloc_size)  # the type's free_buffer: `free(buffer->context)`
+        HEAP.free(self.handle, BUFFER_STRUCT_SIZE)  # then `free(buffer)`
 
     def _alive(self) -> None:
         if self.freed:
@@ -296,6 +326,7 @@ class MultiBuffer(Buffer):
         for b in self.buffers:
             b.free()
         self.freed = True
+        HEAP.free(self.handle, BUFFER_STRUCT_SIZE)
 
     def clear(self, value: int) -> None:
         self._alive()

@@ -125,7 +125,7 @@ class DynTAllocr:
 
     def alloc(self, size: int, tensor=None) -> int:
         """`ggml_dyn_tallocr_alloc`: the offset of `size` bytes (rounded up to the alignment)."""
-        size = aligned_offset(None, size, self.alignment)
+        size = -(-size // self.alignment) * self.alignment  # aligned_offset(NULL, size, alignment), inlined
         blocks = self.blocks
         n = len(blocks)
         max_avail = 0
@@ -166,7 +166,7 @@ class DynTAllocr:
 
     def free_tensor(self, offset: int, size: int, tensor=None) -> None:
         """`ggml_dyn_tallocr_free_tensor`: give `[offset, offset + size)` back, merging with neighbours."""
-        size = aligned_offset(None, size, self.alignment)
+        size = -(-size // self.alignment) * self.alignment  # aligned_offset(NULL, size, alignment), inlined
         if self.debug:
             self._debug_remove(offset, tensor)
         blocks = self.blocks

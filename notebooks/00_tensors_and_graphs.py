@@ -127,6 +127,16 @@ class TensorTooLargeError(AllocationError):
     """A tensor larger than the buffer type's maximum buffer size."""
 
 
+class PlanMismatchError(AllocationError):
+    """A tensor needs more bytes than the graph allocator's plan reserved for it (the asserts of
+    `ggml_gallocr_init_tensor`), e.g. a leaf that grew while no node uses it."""
+
+
+class BufferIdError(GGMLLiteError, IndexError):
+    """A buffer id outside `[0, n_buffers)` (`ggml_gallocr_get_buffer_size`'s assert, bad
+    `node_buffer_ids`/`leaf_buffer_ids`)."""
+
+
 class AllocatorDebugError(GGMLLiteError, RuntimeError):
     """The dynamic allocator's debug bookkeeping (`GGML_ALLOCATOR_DEBUG`) found an inconsistency."""
 

@@ -640,7 +640,191 @@ else:
     print("../shared is not here: skipped the comparison with the recorded fixtures")
 
 # %% [markdown]
-# ## 9 · Check
+# ## 9 · Plans: run a file through the graph allocator and compare
+#
+# A `ggml-seed` file records what `ggml_gallocr` did. To do it again the file's pre-allocated
+# contexts (`external_buffers`: weights, KV cache) are first allocated as the recorder did —
+# `ggml_backend_alloc_ctx_tensors` on the CPU buffer type, which also checks their recorded sizes
+# and `ext_offset`s — then a fresh `GAllocr` (chapter 04) runs `reserve` and `alloc_graph`, and
+# the allocator's log lines are collected per call. A sequence file (11, 12) replays its steps on
+# one allocator. `check_plan_file` lists every difference with the record; the CLI's `check` and
+# the tests use it.
+#
+# One recorded fact needs care: a step's `compute_buffer_replaced` compares the *address* of the
+# compute buffer's C struct, as the recorder saw it through a tensor's `buffer` field — which only
+# `alloc_graph` sets, so the fact exists from the second `alloc_graph` step on (null before). And
+# glibc hands a just-freed struct's address to the next buffer, so a buffer that `reserve_n`
+# reallocated usually reads "not replaced" (file 11, step 1: the log says "reallocating", the
+# record says false). ggml_lite's simulated heap reuses small chunks the same way (chapter 02), so
+# the comparison is made on the same terms.
+
+# %%
+# | export
+import logging  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+
+from ggml_lite.buffer import cpu_buffer_type  # noqa: E402
+from ggml_lite.tallocr import alloc_ctx_tensors  # noqa: E402
+
+_LOG = logging.getLogger("ggml_lite")
+
+
+@contextmanager
+def captured_log(level: int = logging.INFO):
+    """Collect the messages of the `ggml_lite` logger at `level` or above (the reference's stderr)."""
+    lines = []
+
+    class _Sink(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    sink, old_level = _Sink(level), _LOG.level
+    _LOG.addHandler(sink)
+    if _LOG.getEffectiveLevel() > level:
+        _LOG.setLevel(level)
+    try:
+        yield lines
+    finally:
+        _LOG.removeHandler(sink)
+        _LOG.setLevel(old_level)
+
+
+def allocate_external(gf: GraphFile, buft=None) -> dict:
+    """Allocate the file's `external_buffers` contexts (`ggml_backend_alloc_ctx_tensors`); returns
+    `{label: Buffer}` after checking each buffer's size and every tensor's `ext_offset`."""
+    buft = buft or cpu_buffer_type()
+    buffers = {}
+    for ext in gf.doc.get("external_buffers", []):
+        label = ext["ctx"]
+        ctx = gf.contexts.get(label)
+        if ctx is None:
+            continue
+        buf = alloc_ctx_tensors(ctx, buft)
+        size = buf.get_size() if buf is not None else 0
+        if size != ext["size"]:
+            raise RecordMismatchError(f"context {label!r}: ggml's buffer held {ext['size']} bytes, ggml_lite's {size}")
+        for t in ctx.tensors:
+            want = gf.records[gf.id_of(t)].get("ext_offset")
+            if want is not None and t.view_src is None and t.data - buf.get_base() != want:
+                raise RecordMismatchError(f"{t.name!r}: ggml put it at offset {want} of {label!r}, "
+                                          f"ggml_lite at {t.data - buf.get_base()}")
+        buffers[label] = buf
+    return buffers
+
+
+@dataclass
+class Plan:
+    """A compute-buffer plan: the buffer size and each tensor's offset in it (None: not in it),
+    keyed by fixture id."""
+
+    buffer_size: int
+    offsets: dict
+
+
+def plan_of(gf: GraphFile, galloc) -> Plan:
+    """The plan `galloc` carried out on `gf`'s tensors: `data - base` of the compute buffer."""
+    buf = galloc.buffers[0]
+    base = buf.get_base() if buf is not None else None
+    offsets = {}
+    for i, t in gf.tensors.items():
+        holder = t.view_src.buffer if t.view_src is not None else t.buffer
+        offsets[i] = t.data - base if buf is not None and holder is buf and t.data is not None else None
+    return Plan(galloc.get_buffer_size(0), offsets)
+
+
+def recorded_plan(gf: GraphFile) -> Plan:
+    """The plan the file recorded (for a sequence file: that of `gf.step`)."""
+    where = gf.doc["steps"][gf.step] if gf.step is not None else gf.doc
+    return Plan(where["buffer_size"], {i: r.get("offset") for i, r in gf.records.items()})
+
+
+def plan_differences(want: Plan, got: Plan, gf: GraphFile, limit: int = 10) -> list:
+    """The first `limit` differences between two plans, in id order, each naming the tensor."""
+    out = []
+    if want.buffer_size != got.buffer_size:
+        out.append(f"buffer size: ggml {want.buffer_size}, ggml_lite {got.buffer_size}")
+    for i in sorted(want.offsets):
+        if want.offsets[i] != got.offsets.get(i):
+            r = gf.records[i]
+            out.append(f"tensor #{i} {r['name']!r} ({r['op']}, {r.get('nbytes')} B): "
+                       f"ggml offset {want.offsets[i]}, ggml_lite {got.offsets.get(i)}")
+            if len(out) >= limit:
+                break
+    return out
+
+
+def _call(galloc, name: str, graph):
+    with captured_log() as lines:
+        ok = getattr(galloc, name)(graph)
+    return ok, lines
+
+
+def run_plan(source, step: int = None, galloc=None, call: str = None) -> tuple:
+    """Load `source` (path or document, `step` of a sequence), allocate its external contexts, and
+    run `call` ("reserve" or "alloc_graph"; default both, as the single-graph files record) on
+    `galloc` (a new CPU `GAllocr` when None). Returns `(GraphFile, galloc, {call: result})`, where
+    a result holds ok, buffer_size_before, buffer_size, the compute buffer's `handle` (the address
+    of its C struct) before and after, and the log lines."""
+    from ggml_lite.gallocr import GAllocr  # chapter 04 builds on this appendix's loader
+
+    gf = read_graph_file(source, step)
+    allocate_external(gf)
+    galloc = galloc or GAllocr(cpu_buffer_type())
+    results = {}
+    for name in ([call] if call else ["reserve", "alloc_graph"]):
+        before = galloc.buffers[0]
+        handle, size_before = (before.handle, galloc.get_buffer_size(0)) if before is not None else (None, 0)
+        ok, lines = _call(galloc, name, gf.graph)
+        after = galloc.buffers[0]
+        results[name] = {"ok": ok, "buffer_size_before": size_before, "buffer_size": galloc.get_buffer_size(0),
+                         "handle_before": handle, "handle": after.handle if after is not None else None,
+                         "log": lines}
+    return gf, galloc, results
+
+
+_CALLS = {"ggml_gallocr_reserve": "reserve", "ggml_gallocr_alloc_graph": "alloc_graph"}
+
+
+def _compare_call(label: str, want: dict, got: dict) -> list:
+    out = []
+    for key, gkey in (("ok", "ok"), ("buffer_size", "buffer_size"), ("buffer_size_before", "buffer_size_before"),
+                      ("compute_buffer_replaced", "replaced"), ("log", "log")):
+        if key in want and want[key] != got[gkey]:
+            out.append(f"{label}: {key}: ggml {want[key]!r}, ggml_lite {got[gkey]!r}")
+    return out
+
+
+def check_plan_file(source, limit: int = 10) -> list:
+    """Every difference between the file's recorded plan(s) and ggml_lite's (empty: identical):
+    offsets, buffer sizes, ok flags, logs; for a sequence file, each step on one allocator."""
+    doc = source if isinstance(source, dict) else json.loads(Path(source).read_text())
+    if doc.get("schema") != "ggml-gallocr-fixture":
+        raise GraphFileError(f"not a graph-allocator fixture (schema {doc.get('schema')!r})")
+    out = []
+    if "steps" in doc:
+        galloc = seen = None  # seen: the compute buffer's address after the last alloc_graph step
+        for k, st in enumerate(doc["steps"]):
+            call = _CALLS[st["call"]]
+            gf, galloc, res = run_plan(doc, k, galloc, call)
+            got = res[call]
+            # the recorder saw the buffer through a tensor's `buffer`, which only alloc_graph sets
+            got["replaced"] = None if call != "alloc_graph" or seen is None else got["handle"] != seen
+            if call == "alloc_graph":
+                seen = got["handle"]
+            out += _compare_call(f"step {k} ({call})", st, got)
+            if call == "alloc_graph" and st["ok"]:
+                out += [f"step {k}: {d}" for d in plan_differences(recorded_plan(gf), plan_of(gf, galloc), gf, limit)]
+    else:
+        gf, galloc, res = run_plan(doc)
+        for call in ("reserve", "alloc_graph"):
+            res[call]["replaced"] = None
+            out += _compare_call(call, doc.get(call, {}), res[call])
+        out += plan_differences(recorded_plan(gf), plan_of(gf, galloc), gf, limit)
+    return out[:limit] if limit else out
+
+
+# %% [markdown]
+# ## 10 · Check
 
 # %%
 assert [t.name for t in back.graph.nodes] == [t.name for t in graph.nodes]
