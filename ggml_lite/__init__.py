@@ -29,7 +29,9 @@ from ggml_lite.tensor import (  # noqa: F401
     nelements, nrows, op_by_name, row_size, set_input, set_output, set_param, type_by_name,
     word_to_float,
 )
-from ggml_lite.graphio import GraphFile, graph_document, load_graph, read_graph_file, save_graph_file  # noqa: F401,E402
+from ggml_lite.graphio import (  # noqa: F401,E402
+    GraphFile, Plan, check_plan_file, graph_document, load_graph, plan_of, read_graph_file, run_plan, save_graph_file,
+)
 from ggml_lite.align import GGML_PAD, aligned_offset, is_power_of_two  # noqa: F401,E402
 from ggml_lite.buffer import (  # noqa: F401,E402
     SIZE_MAX, TENSOR_ALIGNMENT, Buffer, BufferType, BufferUsage, CPUBuffer, CPUBufferType, MultiBuffer,
@@ -38,3 +40,6 @@ from ggml_lite.buffer import (  # noqa: F401,E402
 )
 from ggml_lite.tallocr import TAllocr, alloc_ctx_tensors, alloc_ctx_tensors_from_buft, alloc_tensor_range  # noqa: F401,E402
 from ggml_lite.dyn_tallocr import MAX_FREE_BLOCKS, AllocEvent, DynTAllocr, FreeEvent, ResetEvent  # noqa: F401,E402
+from ggml_lite.gallocr import (  # noqa: F401,E402
+    CAN_INPLACE, GAllocr, HashNode, LeafAlloc, NodeAlloc, TensorAlloc, are_same_layout, is_view, op_can_inplace,
+)

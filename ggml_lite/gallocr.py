@@ -31,6 +31,12 @@ def op_can_inplace(op: Op) -> bool:
     return op in CAN_INPLACE
 
 
+def is_view(t) -> bool:
+    """`ggml_is_view` (ggml-alloc.c:21): the tensor lives in another tensor's memory. The hot loops
+    below test `t.view_src is not None` inline."""
+    return t.view_src is not None
+
+
 def are_same_layout(a, b) -> bool:
     """`ggml_are_same_layout`: same type, same `ne`, same `nb`."""
     return a.type is b.type and a.ne == b.ne and a.nb == b.nb
@@ -138,6 +144,17 @@ class FreeNodeEvent:
 
 
 @dataclass(frozen=True)
+class PhaseEvent:
+    """One of the three loops of `ggml_gallocr_alloc_graph_impl` begins: "leafs", "count" or "allocate"."""
+
+    phase: str
+
+    def describe(self) -> str:
+        return {"leafs": "place the leafs", "count": "count children and views; place INPUT tensors",
+                "allocate": "visit the nodes in execution order"}[self.phase]
+
+
+@dataclass(frozen=True)
 class ExecEvent:
     """Node `index` was visited: its parents after the visit as `(parent, n_children, n_views,
     allocated)` — the AT_PRINTF "exec:" and "parent ..." lines."""
@@ -147,7 +164,7 @@ class ExecEvent:
     parents: tuple
 
     def describe(self) -> str:
-        ps = ", ".join(f"{_name(p)} ({c} children left)" for p, c, _, _ in self.parents)
+        ps = ", ".join(f"{_name(p)} ({c} {'child' if c == 1 else 'children'} left)" for p, c, _, _ in self.parents)
         return f"exec {self.index}: {_name(self.node)} ({self.node.op.name}) <= {ps or 'nothing'}"
 
 
@@ -330,11 +347,15 @@ def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_i
 
     # allocate leafs: "these may be tensors that the application is not using in the graph,
     # but may still want to allocate for other purposes"
+    if trace is not None:
+        trace(PhaseEvent("leafs"))
     for i, leaf in enumerate(graph.leafs):
         if leaf.data is None and leaf.view_src is None:
             allocate_node(leaf, _buffer_id(leaf_buffer_ids, i), -1, "leaf")
 
     # count number of children and views; allocate other graph inputs and leafs first
+    if trace is not None:
+        trace(PhaseEvent("count"))
     for i, node in enumerate(graph.nodes):
         # GGML_OP_NONE "is used by ggml-backend to add dependencies": such a node is not a view user
         view_src = node.view_src
@@ -354,6 +375,8 @@ def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_i
                 allocate_node(src, _buffer_id(node_buffer_ids, i), i, "input")
 
     # allocate tensors
+    if trace is not None:
+        trace(PhaseEvent("allocate"))
     for i, node in enumerate(graph.nodes):
         buffer_id = _buffer_id(node_buffer_ids, i)
         srcs = node.src

@@ -71,6 +71,12 @@
 # %%
 # | default_exp gallocr
 
+# %% [markdown]
+# ## 2 · The port
+#
+# One module, `ggml_lite.gallocr`, in the C's order: the helpers, the records, the trace events, the
+# allocator with its per-tensor steps, then the graph-level functions.
+
 # %%
 # | export
 """The graph allocator `ggml_gallocr` (ggml-alloc.c:330-930): plan the memory of every tensor of a
@@ -108,6 +114,12 @@ CAN_INPLACE = frozenset({
 def op_can_inplace(op: Op) -> bool:
     """`ggml_op_can_inplace`."""
     return op in CAN_INPLACE
+
+
+def is_view(t) -> bool:
+    """`ggml_is_view` (ggml-alloc.c:21): the tensor lives in another tensor's memory. The hot loops
+    below test `t.view_src is not None` inline."""
+    return t.view_src is not None
 
 
 def are_same_layout(a, b) -> bool:
@@ -236,6 +248,17 @@ class FreeNodeEvent:
 
 
 @dataclass(frozen=True)
+class PhaseEvent:
+    """One of the three loops of `ggml_gallocr_alloc_graph_impl` begins: "leafs", "count" or "allocate"."""
+
+    phase: str
+
+    def describe(self) -> str:
+        return {"leafs": "place the leafs", "count": "count children and views; place INPUT tensors",
+                "allocate": "visit the nodes in execution order"}[self.phase]
+
+
+@dataclass(frozen=True)
 class ExecEvent:
     """Node `index` was visited: its parents after the visit as `(parent, n_children, n_views,
     allocated)` — the AT_PRINTF "exec:" and "parent ..." lines."""
@@ -245,7 +268,7 @@ class ExecEvent:
     parents: tuple
 
     def describe(self) -> str:
-        ps = ", ".join(f"{_name(p)} ({c} children left)" for p, c, _, _ in self.parents)
+        ps = ", ".join(f"{_name(p)} ({c} {'child' if c == 1 else 'children'} left)" for p, c, _, _ in self.parents)
         return f"exec {self.index}: {_name(self.node)} ({self.node.op.name}) <= {ps or 'nothing'}"
 
 
@@ -446,11 +469,15 @@ def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_i
 
     # allocate leafs: "these may be tensors that the application is not using in the graph,
     # but may still want to allocate for other purposes"
+    if trace is not None:
+        trace(PhaseEvent("leafs"))
     for i, leaf in enumerate(graph.leafs):
         if leaf.data is None and leaf.view_src is None:
             allocate_node(leaf, _buffer_id(leaf_buffer_ids, i), -1, "leaf")
 
     # count number of children and views; allocate other graph inputs and leafs first
+    if trace is not None:
+        trace(PhaseEvent("count"))
     for i, node in enumerate(graph.nodes):
         # GGML_OP_NONE "is used by ggml-backend to add dependencies": such a node is not a view user
         view_src = node.view_src
@@ -470,6 +497,8 @@ def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_i
                 allocate_node(src, _buffer_id(node_buffer_ids, i), i, "input")
 
     # allocate tensors
+    if trace is not None:
+        trace(PhaseEvent("allocate"))
     for i, node in enumerate(graph.nodes):
         buffer_id = _buffer_id(node_buffer_ids, i)
         srcs = node.src
@@ -656,3 +685,462 @@ def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
             init(galloc, src, planned[j] if j < len(planned) else NOT_PLACED)
         init(galloc, node, na.dst)
     return True
+
+
+# %% [markdown]
+# ## 3 · A worked example: one LLaMA block
+#
+# The block llama.cpp built in mid-2024, at toy size (n_embd 128, 4 heads, n_ff 344, 10 tokens, no
+# KV cache): rms_norm and mul, Q/K/V projections, rope, attention with a masked soft_max, the output
+# projection and residual, and the SiLU-gated feed-forward. The weights live in their own buffer
+# (allocated with `alloc_ctx_tensors`, as llama.cpp loads a model), so the graph allocator plans
+# only the compute tensors. Fixture 06 recorded real ggml doing exactly this.
+
+# %%
+import json  # noqa: E402
+import math  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import ggml_lite as gl  # noqa: E402
+from ggml_lite.graphio import captured_log  # noqa: E402
+
+
+def llama_block(n_tokens=10, n_embd=128, n_head=4, n_ff=344, eps=1e-5):
+    """One transformer block as llama.cpp's build_llama wrote it in mid-2024; returns (graph, weights ctx)."""
+    wctx, ctx = gl.Context("weights"), gl.Context("compute")
+
+    def weight(name, *ne):
+        return wctx.new_tensor(gl.F32, list(ne), name=f"blk.0.{name}.weight")
+
+    attn_norm, wq, wk = weight("attn_norm", n_embd), weight("attn_q", n_embd, n_embd), weight("attn_k", n_embd, n_embd)
+    wv, wo, ffn_norm = weight("attn_v", n_embd, n_embd), weight("attn_output", n_embd, n_embd), weight("ffn_norm", n_embd)
+    w_gate, w_up, w_down = weight("ffn_gate", n_embd, n_ff), weight("ffn_up", n_embd, n_ff), weight("ffn_down", n_ff, n_embd)
+    x = ctx.new_tensor_2d(gl.F32, n_embd, n_tokens, name="inp_x")
+    pos = ctx.new_tensor_1d(gl.I32, n_tokens, name="inp_pos")
+    mask = ctx.new_tensor_2d(gl.F32, n_tokens, gl.GGML_PAD(n_tokens, 32), name="KQ_mask")
+    for t in (x, pos, mask):
+        gl.set_input(t)
+    hd = n_embd // n_head
+
+    def rope(t):
+        return gl.rope_ext(ctx, gl.reshape_3d(ctx, t, hd, n_head, n_tokens), pos, None, hd, 0, 4096,
+                           10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+
+    cur = gl.mul(ctx, gl.rms_norm(ctx, x, eps).set_name("norm-0"), attn_norm).set_name("attn_norm-0")
+    q = gl.mul_mat(ctx, wq, cur).set_name("Qcur-0")
+    k = gl.mul_mat(ctx, wk, cur).set_name("Kcur-0")
+    v = gl.mul_mat(ctx, wv, cur).set_name("Vcur-0")
+    q, k = rope(q).set_name("Qcur_rope-0"), rope(k).set_name("Kcur_rope-0")
+    roots = [q, k, v]
+    q = gl.permute(ctx, q, 0, 2, 1, 3).set_name("q-0")
+    k = gl.permute(ctx, k, 0, 2, 1, 3).set_name("k-0")
+    v = gl.cont(ctx, gl.permute(ctx, gl.reshape_3d(ctx, v, hd, n_head, n_tokens), 1, 2, 0, 3)).set_name("v-0")
+    kq = gl.soft_max_ext(ctx, gl.mul_mat(ctx, k, q).set_name("kq-0"), mask, 1.0 / math.sqrt(hd), 0.0)
+    kqv = gl.mul_mat(ctx, v, kq.set_name("kq_soft_max_ext-0")).set_name("kqv-0")
+    cur = gl.cont_2d(ctx, gl.permute(ctx, kqv, 0, 2, 1, 3).set_name("kqv_merged-0"), n_embd, n_tokens)
+    roots.append(cur.set_name("kqv_merged_cont-0"))
+    ffn_inp = gl.add(ctx, gl.mul_mat(ctx, wo, cur).set_name("kqv_out-0"), x).set_name("ffn_inp-0")
+    cur = gl.mul(ctx, gl.rms_norm(ctx, ffn_inp, eps).set_name("norm_ffn-0"), ffn_norm).set_name("ffn_norm-0")
+    up = gl.mul_mat(ctx, w_up, cur).set_name("ffn_up-0")
+    gate = gl.silu(ctx, gl.mul_mat(ctx, w_gate, cur).set_name("ffn_gate-0")).set_name("ffn_silu-0")
+    par = gl.mul(ctx, gate, up).set_name("ffn_gate_par-0")
+    out = gl.add(ctx, gl.mul_mat(ctx, w_down, par).set_name("ffn_down-0"), ffn_inp).set_name("l_out-0")
+    gl.set_output(out)
+    roots.append(out)
+    graph = gl.Graph()
+    for r in roots:  # the builder's ggml_build_forward_expand calls, in its order
+        gl.build_forward_expand(graph, r)
+    return graph, wctx
+
+
+graph, wctx = llama_block()
+wbuf = gl.alloc_ctx_tensors(wctx, gl.cpu_buffer_type())  # the weights: 791,584 bytes, outside the plan
+galloc = GAllocr(gl.cpu_buffer_type())
+with captured_log() as lines:
+    assert galloc.reserve(graph) and galloc.alloc_graph(graph)
+base = galloc.buffers[0].get_base()
+print(f"{len(graph.nodes)} nodes, {len(graph.leafs)} leafs; compute buffer {galloc.get_buffer_size(0)} bytes")
+print("log:", *lines, sep="\n  ")
+
+# %% [markdown]
+# Where everything went (`offset = data - base`; views show the offset they point at):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for i, node in enumerate(graph.nodes):
+    kind = "view" if node.view_src is not None else ""
+    print(f"{i:2d} {node.name:28s} {node.op.name:9s} {node.nbytes:6d} B  offset {node.data - base:6d} {kind}")
+
+# %% [markdown]
+# Read a few lines against the rules. `inp_x`, `inp_pos` and `KQ_mask` are INPUTs: the counting
+# loop places them before any node (offsets 0, 5120, 5184). `norm-0` gets a new block; `attn_norm-0`
+# (MUL, can-inplace, same layout, `norm-0`'s only child) **takes `norm-0`'s memory**. The three
+# projections cannot work in place (MUL_MAT); `Qcur-0` is consumed only through its reshape view, so
+# its block is freed when `Qcur_rope-0` (ROPE, which *could* run in place) has used the view — a view
+# is never the allocator's own (`allocated` stays false for views), so the in-place test refuses
+# it and rope gets a new block. `l_out-0` is the graph's OUTPUT; the final `add` takes `ffn_down-0`'s
+# block (offset 0), and that block is never freed.
+#
+# When `../shared` is present, this cell compares the plan with the one ggml recorded (fixture 06):
+
+# %%
+fixture = Path("../../shared/fixtures/ggml-seed/06_llama_block.json")
+if fixture.is_file():
+    rec = json.loads(fixture.read_text())
+    want = {t["name"]: t["offset"] for t in rec["graph"]["tensors"] if t["ctx"] == "compute"}
+    got = {t.name: t.data - base for t in graph.nodes + graph.leafs if t.name in want}
+    assert got == want and rec["buffer_size"] == galloc.get_buffer_size(0)
+    print(f"fixture 06: all {len(want)} compute tensors at ggml's offsets; buffer size {rec['buffer_size']} as recorded")
+else:
+    print("../shared is not here: the comparison with fixture 06 was skipped")
+
+# %% [markdown]
+# ## 4 · The memory timeline
+#
+# Each rectangle is a block of the plan: x from the node where it is placed to the node where it is
+# freed (or handed to an in-place child), y its offsets. Orange blocks were taken over from a parent
+# in place; dotted outlines are views, which live inside their root's block. The dashed line is the
+# peak of bytes live at one time — no placement with these lifetimes can do with less — and the solid
+# line the buffer the plan needs. The gap between them is what best fit loses to fragmentation.
+
+# %%
+# | export viz.timeline
+"""Pictures of a graph-allocator plan (chapter 04): tensor lifetimes from a trace, the peak-live
+lower bound, a plotly memory timeline, and an ipywidgets stepper through the plan's decisions."""
+
+from dataclasses import dataclass
+
+import plotly.graph_objects as go
+
+from ggml_lite.buffer import cpu_buffer_type
+from ggml_lite.dyn_tallocr import AllocEvent, FreeEvent
+from ggml_lite.gallocr import ExecEvent, FreeNodeEvent, GAllocr, PhaseEvent, PlaceEvent, RejectEvent
+from ggml_lite.viz.memory import memory_bar
+
+COLORS = {"leaf": "#2ca02c", "input": "#17becf", "new": "#636efa", "inplace": "#ff7f0e", "inplace_view": "#ff7f0e"}
+
+
+def trace_plan(graph, bufts=None) -> tuple:
+    """Plan `graph` (`GAllocr.reserve`, CPU buffer type by default) while recording every event;
+    returns `(galloc, events)`."""
+    events = []
+    galloc = GAllocr(bufts if bufts is not None else cpu_buffer_type(), trace=events.append)
+    galloc.reserve(graph)
+    return galloc, events
+
+
+@dataclass
+class Lifetime:
+    """A block of the plan: `tensor` held `[offset, offset + size)` from node `start` to node `end`
+    (inclusive). `how`: "leaf", "input", "new" or "inplace" (then `parent` handed it over);
+    `kind` "tensor" or "view" (a view spans part of its root's block, for drawing only)."""
+
+    tensor: object
+    buffer_id: int
+    offset: int
+    size: int
+    start: int
+    end: int
+    how: str
+    parent: object = None
+    kind: str = "tensor"
+
+
+def lifetimes(graph, events) -> list:
+    """The blocks of a plan from its trace: one per placed tensor, ending where it was freed, where
+    an in-place child took it over (the child's step), or at the last node (outputs, never-freed).
+    Views of placed tensors are added from the graph: from their node to their last consumer."""
+    n = len(graph.nodes)
+    open_, out = {}, []
+    aligned = {}
+    for ev in events:
+        if isinstance(ev, AllocEvent):
+            aligned[ev.tensor] = ev.size
+        elif isinstance(ev, PlaceEvent):
+            start = max(ev.node_index, 0) if ev.phase in ("parent", "node") else 0
+            how = ev.phase if ev.phase in ("leaf", "input") and ev.how == "new" else ev.how
+            size = aligned.get(ev.tensor, ev.size)
+            if ev.parent is not None and ev.parent in open_:
+                par = open_.pop(ev.parent)
+                par.end = ev.node_index
+                size = par.size
+            open_[ev.tensor] = lt = Lifetime(ev.tensor, ev.buffer_id, ev.offset, size, start, n - 1, how, ev.parent)
+            out.append(lt)
+        elif isinstance(ev, FreeNodeEvent) and not ev.kept_output and ev.tensor in open_:
+            open_.pop(ev.tensor).end = ev.node_index
+    last_use = {}
+    for i, node in enumerate(graph.nodes):
+        for s in node.src:
+            if s is not None:
+                last_use[s] = i
+    placed = {lt.tensor: lt for lt in out}
+    for i, node in enumerate(graph.nodes):
+        root = placed.get(node.view_src) if node.view_src is not None else None
+        if root is not None:
+            out.append(Lifetime(node, root.buffer_id, root.offset + node.view_offs, node.nbytes, i,
+                                last_use.get(node, i), "view", node.view_src, "view"))
+    return out
+
+
+def live_bytes(lts, n_nodes: int) -> list:
+    """Bytes of the plan in use during each node: the sum over blocks alive at that step (views not
+    counted: they share their root's block; an in-place hand-over is counted once)."""
+    live = [0] * max(n_nodes, 1)
+    for lt in lts:
+        if lt.kind != "tensor":
+            continue
+        end = lt.end - 1 if any(o.parent is lt.tensor and o.how.startswith("inplace") for o in lts) else lt.end
+        for i in range(lt.start, end + 1):
+            live[i] += lt.size
+    return live
+
+
+def _rect(x0, x1, y0, y1):
+    return [x0, x1, x1, x0, x0, None], [y0, y0, y1, y1, y0, None]
+
+
+def memory_timeline(graph, events, buffer_size: int = None, title: str = "memory timeline",
+                    height: int = 520) -> go.Figure:
+    """x = node index, y = offset: one rectangle per block of the plan over its lifetime (colour by
+    how it was placed; views as dotted outlines), hover with name/op/size/decision, and two lines —
+    the peak of live bytes (a lower bound for any placement with these lifetimes) and the buffer
+    size (`max_size`, what the plan actually needs)."""
+    lts = lifetimes(graph, events)
+    fig = go.Figure()
+    for how, color in COLORS.items():
+        xs, ys, hx, hy, text = [], [], [], [], []
+        for lt in lts:
+            if lt.kind != "tensor" or lt.how != how:
+                continue
+            x, y = _rect(lt.start - 0.42, lt.end + 0.42, lt.offset, lt.offset + lt.size)
+            xs += x
+            ys += y
+            hx.append((lt.start + lt.end) / 2)
+            hy.append(lt.offset + lt.size / 2)
+            via = f"<br>in place of {lt.parent.name}" if lt.parent is not None else ""
+            text.append(f"{lt.tensor.name} ({lt.tensor.op.name})<br>{lt.size} B at {lt.offset}<br>"
+                        f"nodes {lt.start}..{lt.end}; {how}{via}")
+        if xs:
+            fig.add_trace(go.Scatter(x=xs, y=ys, fill="toself", mode="lines", line=dict(color="white", width=1),
+                                     fillcolor=color, name=how, hoverinfo="skip"))
+            fig.add_trace(go.Scatter(x=hx, y=hy, mode="markers", marker=dict(size=6, color=color, opacity=0.01),
+                                     hovertext=text, hoverinfo="text", showlegend=False))
+    xs, ys, text = [], [], []
+    for lt in lts:
+        if lt.kind == "view":
+            x, y = _rect(lt.start - 0.3, lt.end + 0.3, lt.offset, lt.offset + lt.size)
+            xs += x
+            ys += y
+    if xs:
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line=dict(color="black", width=1, dash="dot"),
+                                 name="view", hoverinfo="skip"))
+    n = len(graph.nodes)
+    peak = max(live_bytes(lts, n))
+    for y, label, dash in ((peak, f"peak live {peak} B (lower bound)", "dash"),
+                           (buffer_size, f"buffer {buffer_size} B", "solid")):
+        if y:
+            fig.add_shape(type="line", x0=-0.5, x1=n - 0.5, y0=y, y1=y, line=dict(color="crimson", dash=dash))
+            fig.add_annotation(x=n - 0.5, y=y, text=label, showarrow=False, xanchor="right", yanchor="bottom")
+    fig.update_layout(title=title, height=height, xaxis_title="node (execution order)", yaxis_title="offset (bytes)",
+                      margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom"),
+                      plot_bgcolor="white")
+    return fig
+
+
+def plan_steps(events) -> list:
+    """The trace cut into steps for the stepper: step 0 holds the leaf and counting loops, step i+1
+    node i's visit. Each step: `{"title", "events", "exec", "free_blocks"}` (the free list after it)."""
+    steps, cur = [], {"title": "leafs and INPUT tensors", "events": [], "exec": None, "free_blocks": ()}
+    free_blocks = ()
+    for ev in events:
+        if isinstance(ev, PhaseEvent) and ev.phase == "allocate":
+            cur["free_blocks"] = free_blocks
+            steps.append(cur)
+            cur = {"title": None, "events": [], "exec": None, "free_blocks": ()}
+            continue
+        if isinstance(ev, (AllocEvent, FreeEvent)):
+            free_blocks = ev.free_blocks
+        if isinstance(ev, ExecEvent):
+            cur.update(title=ev.describe(), exec=ev, free_blocks=free_blocks)
+            steps.append(cur)
+            cur = {"title": None, "events": [], "exec": None, "free_blocks": ()}
+            continue
+        if not isinstance(ev, PhaseEvent):
+            cur["events"].append(ev)
+    return steps
+
+
+def decision_lines(step) -> list:
+    """A step's decisions in words: placements (each followed by the dynamic allocator's block
+    choice), refusals with their reasons, and frees."""
+    lines, choice = [], None
+    for ev in step["events"]:
+        if isinstance(ev, AllocEvent):  # comes just before the PlaceEvent of the same tensor
+            choice = (f"best fit: block {ev.block} of {ev.n_blocks} ({ev.block_size} B)" if ev.how == "best_fit"
+                      else "the last block" + (f", max_size grows to {ev.max_size} B" if ev.max_size > ev.max_size_before else ""))
+        elif isinstance(ev, PlaceEvent):
+            lines.append(ev.describe() + (f" — {choice}" if ev.how == "new" and choice else ""))
+            choice = None
+        elif isinstance(ev, (RejectEvent, FreeNodeEvent)):
+            lines.append(ev.describe())
+    return lines
+
+
+def alloc_stepper(graph, events, end: int = None):
+    """An ipywidgets stepper (play button + slider) through a plan: at each node, the node and its
+    parents' remaining children, the decisions with their reasons, the free list, and a memory bar."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    steps = plan_steps(events)
+    lts = lifetimes(graph, events)
+    end = end or int(max([lt.offset + lt.size for lt in lts] + [1]) * 1.1)
+    play = w.Play(min=0, max=len(steps) - 1, step=1, interval=900)
+    slider = w.IntSlider(min=0, max=len(steps) - 1, description="step")
+    w.jslink((play, "value"), (slider, "value"))
+    out = w.Output()
+
+    def show(change=None):
+        k = slider.value
+        st = steps[k]
+        node_i = k - 1  # step 0 is before the first node
+        live = [(lt.tensor.name, lt.offset, lt.size) for lt in lts
+                if lt.kind == "tensor" and lt.start <= max(node_i, 0) <= lt.end and not (k == 0 and lt.how not in ("leaf", "input"))]
+        with out:
+            out.clear_output(wait=True)
+            print(f"step {k}/{len(steps) - 1}: {st['title']}")
+            if st["exec"] is not None:
+                for p, c, v, a in st["exec"].parents:
+                    print(f"  parent {p.name}: children left {c}, views left {v}, {'held' if a else 'not held'}")
+            for line in decision_lines(st) or ["(nothing to place or free)"]:
+                print(line)
+            print("free list:", ", ".join(f"[{o}, {o + s})" if s < 2**62 else f"[{o}, ...)" for o, s in st["free_blocks"]))
+            display(memory_bar([b for b in st["free_blocks"]], sorted(live, key=lambda a: a[1]), end=end,
+                               title="memory after this step"))
+
+    slider.observe(show, names="value")
+    show()
+    return w.VBox([w.HBox([play, slider]), out])
+
+
+# %%
+from ggml_lite.viz.timeline import alloc_stepper, lifetimes, live_bytes, memory_timeline, trace_plan  # noqa: E402
+
+graph2, wctx2 = llama_block()
+gl.alloc_ctx_tensors(wctx2, gl.cpu_buffer_type())
+traced, events = trace_plan(graph2)
+lts = lifetimes(graph2, events)
+peak = max(live_bytes(lts, len(graph2.nodes)))
+print(f"peak live {peak} B, plan {traced.buf_tallocs[0].max_size} B: ratio {traced.buf_tallocs[0].max_size / peak:.3f}")
+memory_timeline(graph2, events, traced.buf_tallocs[0].max_size, title="LLaMA block, 10 tokens: the plan").show()
+
+# %% [markdown]
+# ## 5 · Stepping through the plan
+#
+# Step 0 is the first two loops (leafs, then INPUT tensors while counting children). Every later step
+# visits one node: its parents' children left after it, the decisions with their reasons (a new
+# block from the best-fit search, a parent reused in place, a refusal and why, a parent freed), the
+# free list, and the memory bar.
+
+# %% tags=["nbval-ignore-output"]
+alloc_stepper(graph2, events)
+
+# %% [markdown]
+# The same decisions as text, for node 1 (`attn_norm-0`), node 4 (`Qcur_rope-0`) and node 5:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from ggml_lite.viz.timeline import decision_lines, plan_steps  # noqa: E402
+
+steps = plan_steps(events)
+for k in (2, 5, 6):
+    print(steps[k]["title"])
+    print(*decision_lines(steps[k]), sep="\n")
+
+# %% [markdown]
+# ## 6 · Keeping a plan: `alloc_graph` on the next batch
+#
+# llama.cpp builds a new graph for every batch. `alloc_graph` compares it with the kept plan
+# (`ggml_gallocr_needs_realloc`): same node and leaf counts, and every node and source no larger than
+# its `size_max` — then it places the new tensors at the old offsets without planning. Note the C's
+# naming: `ggml_gallocr_node_needs_realloc` returns **true when the tensor fits**, and its caller
+# negates it ("node %s is not valid"); the port keeps the name and the meaning.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+seq = GAllocr(gl.cpu_buffer_type())
+for n_tokens in (10, 4, 16, 16):
+    g, w = llama_block(n_tokens)
+    gl.alloc_ctx_tensors(w, gl.cpu_buffer_type())
+    before = seq.buffers[0]
+    with captured_log() as lines:
+        assert seq.alloc_graph(g)
+    same = "same buffer" if before is seq.buffers[0] else "new buffer"
+    print(f"{n_tokens:2d} tokens: buffer {seq.get_buffer_size(0)} B ({same}); log: {lines or 'nothing (plan kept)'}")
+
+# %% [markdown]
+# 10 tokens plan from nothing; 4 tokens fit the kept plan (no message, nothing moves); 16 tokens do
+# not — the first node that outgrew its plan is named, the graph is planned again, and the buffer
+# grows. The buffer never shrinks: a later small batch keeps the large buffer.
+#
+# A multi-buffer allocator (`GAllocr([buft0, buft1])`) will not re-plan by itself: `alloc_graph`
+# logs "cannot reallocate multi buffer graph automatically, call reserve" and returns False, because
+# only its owner (the scheduler of chapter 06) knows which node goes to which buffer.
+
+# %%
+two = GAllocr([gl.cpu_buffer_type(), gl.BufferType("OTHER", 64, is_host=True)])
+g, w = llama_block()
+gl.alloc_ctx_tensors(w, gl.cpu_buffer_type())
+with captured_log() as refusal_log:
+    refused = two.alloc_graph(g)
+print(refused, refusal_log)
+
+# %% [markdown]
+# ## 7 · The quirks, collected
+#
+# * **The inverted name.** `ggml_gallocr_node_needs_realloc` answers "does the plan still fit?".
+# * **The view-parent branch cannot run.** In `allocate_node` the in-place loop first asks
+#   `ggml_gallocr_is_own(parent)`; a view is never marked `allocated` (allocate_node returns early
+#   for views), so a view parent is always refused before the branch that would reuse it. The port
+#   keeps the branch, unreachable, as in the C.
+# * **In-place can take `src[1]`** (or any slot): the sources are tried in order and the first that
+#   passes wins. Below, `mul(a, b)` where `a` has another user takes `b`'s memory.
+# * **Leafs of the compute context can be overwritten.** A leaf the allocator placed is its own; an
+#   in-place op may write over it when it is the leaf's last user (fixtures 01-05 do this with their
+#   weights). Flag a tensor INPUT or keep it in another buffer to protect it.
+# * **A planned graph looks pre-allocated.** After `alloc_graph`, every tensor has `data`; reserving
+#   the *same* tensors again plans nothing (they count as external). Plans are for fresh graphs.
+# * **The buffer is `max_size + 32`** (the CPU buffer type's alignment slack, chapter 02), and it is
+#   reallocated only to grow, never to shrink.
+# * **`GGML_OP_NONE` nodes are not view users**: the scheduler adds such nodes to hold dependencies
+#   (chapter 06), and they must not keep a view's root alive.
+# * **One departure**: for a node the plan did not place (`buffer_id == -1`) that now needs memory, the
+#   C dereferences a NULL buffer type; the port reports the node "not valid" and plans again.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+ctx = gl.Context()
+a = ctx.new_tensor_1d(gl.F32, 64, name="a")
+b = ctx.new_tensor_1d(gl.F32, 64, name="b")
+gl.set_input(a)
+prod = gl.mul(ctx, a, b).set_name("prod")  # a is INPUT (not refused for that) but has a second user
+total = gl.add(ctx, prod, a).set_name("total")
+gl.set_output(total)
+g = gl.build_forward(total)
+ev = []
+GAllocr(gl.cpu_buffer_type(), trace=ev.append).reserve(g)
+print(*[e.describe() for e in ev if isinstance(e, (PlaceEvent, RejectEvent))], sep="\n")
+
+# %% [markdown]
+# ## 8 · Check
+
+# %%
+assert galloc.get_buffer_size(0) == 42912 and galloc.buf_tallocs[0].max_size == 42912 - 32
+assert graph.nodes[1].data == graph.nodes[0].data  # attn_norm-0 in place of norm-0
+assert graph.nodes[-1].data - base == 0 and graph.nodes[-1].flags & gl.TensorFlag.OUTPUT
+assert gallocr_node_needs_realloc(galloc, graph.nodes[0], galloc.node_allocs[0].dst)  # "true" = it fits
+assert refused is False and "cannot reallocate multi buffer graph" in refusal_log[-1]
+assert peak <= traced.buf_tallocs[0].max_size
+assert any(isinstance(e, PlaceEvent) and e.how == "inplace" and e.parent is b for e in ev)
+assert not any(isinstance(e, PlaceEvent) and e.how == "inplace_view" for e in events)
+print("chapter 04: all checks passed")
