@@ -48,10 +48,7 @@ class HashNode:
     __slots__ = ("n_children", "n_views", "buffer_id", "offset", "allocated")
 
     def __init__(self):
-        self.n_children = 0
-        self.n_views = 0
-        self.buffer_id = 0
-        self.offset = 0
+        self.n_children = self.n_views = self.buffer_id = self.offset = 0  # calloc'ed in the C
         self.allocated = False
 
     def __repr__(self):
@@ -436,9 +433,18 @@ def gallocr_reserve_n(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_
         talloc.reset()
     alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
 
-    # set the node_allocs from the hash table
-    new, placed = tuple.__new__, _tensor_alloc
-    galloc.node_allocs = [new(NodeAlloc, (placed(galloc, node), tuple([placed(galloc, s) for s in node.src])))
+    # set the node_allocs from the hash table (a tensor is the source of several nodes: remember its record)
+    new, memo = tuple.__new__, {}
+
+    def placed(t):
+        if t is None or t.view_src is not None or t.data is not None:
+            return NOT_PLACED
+        rec = memo.get(t)
+        if rec is None:
+            rec = memo[t] = _tensor_alloc(galloc, t)
+        return rec
+
+    galloc.node_allocs = [new(NodeAlloc, (placed(node), tuple([placed(s) for s in node.src])))
                           for node in graph.nodes]
     galloc.leaf_allocs = [LeafAlloc(galloc.hash_get(leaf).buffer_id, _tensor_alloc(galloc, leaf))
                           for leaf in graph.leafs]
