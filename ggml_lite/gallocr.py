@@ -375,7 +375,7 @@ def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_i
     if trace is not None:
         trace(PhaseEvent("allocate"))
     for i, node in enumerate(graph.nodes):
-        buffer_id = _buffer_id(node_buffer_ids, i)
+        buffer_id = node_buffer_ids[i] if node_buffer_ids is not None else 0  # get_node_buffer_id
         srcs = node.src
         for parent in srcs:  # allocate parents (only leafs need to be allocated at this point)
             if parent is not None and parent.data is None and parent.view_src is None and not hv[parent].allocated:

@@ -497,7 +497,7 @@ def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_i
     if trace is not None:
         trace(PhaseEvent("allocate"))
     for i, node in enumerate(graph.nodes):
-        buffer_id = _buffer_id(node_buffer_ids, i)
+        buffer_id = node_buffer_ids[i] if node_buffer_ids is not None else 0  # get_node_buffer_id
         srcs = node.src
         for parent in srcs:  # allocate parents (only leafs need to be allocated at this point)
             if parent is not None and parent.data is None and parent.view_src is None and not hv[parent].allocated:
@@ -892,10 +892,11 @@ def live_bytes(lts, n_nodes: int) -> list:
     """Bytes of the plan in use during each node: the sum over blocks alive at that step (views not
     counted: they share their root's block; an in-place hand-over is counted once)."""
     live = [0] * max(n_nodes, 1)
+    handed_over = {o.parent for o in lts if o.kind == "tensor" and o.how.startswith("inplace")}
     for lt in lts:
         if lt.kind != "tensor":
             continue
-        end = lt.end - 1 if any(o.parent is lt.tensor and o.how.startswith("inplace") for o in lts) else lt.end
+        end = lt.end - 1 if lt.tensor in handed_over else lt.end  # the child holds it from its step on
         for i in range(lt.start, end + 1):
             live[i] += lt.size
     return live
