@@ -200,6 +200,7 @@ def main(argv=None) -> int:
     else:
         print(f"(ggml-python is not importable, C timings skipped: {O.IMPORT_ERROR})")
 
+    goals = []
     print(f"Planning time, median of {args.repeat} runs (µs)")
     head = (f"{'fixture':32} {'nodes':>5} {'lite reserve':>13} {'C reserve':>10} {'C fresh':>9} {'ratio':>7} "
             f"{'lite alloc':>11} {'C alloc':>9} {'ratio':>7}")
@@ -211,9 +212,14 @@ def main(argv=None) -> int:
         if have_c:
             cs, cf, ca = time_c(name, args.repeat)
             print(f"{name:32} {n:5d} {lr:13.0f} {cs:10.1f} {cf:9.1f} {lr / cf:7.1f} {la:11.0f} {ca:9.1f} {la / ca:7.1f}")
+            goals.append(f"  {name}: ggml_lite reserve + alloc_graph = {lr + la:.0f} µs = {(lr + la) / cf:.1f}x "
+                         f"C fresh reserve ({cf:.1f} µs), {(lr + la) / cs:.1f}x C repeated reserve ({cs:.1f} µs)")
         else:
             print(f"{name:32} {n:5d} {lr:13.0f} {'-':>10} {'-':>9} {'-':>7} {la:11.0f} {'-':>9} {'-':>7}")
     print("ratio = ggml_lite / C (reserve: against C fresh = ggml_gallocr_new + reserve)")
+    if goals:
+        print("The goal (issue 4): ggml_lite reserve + alloc_graph of fixture 13 within 30x of the C reserve.")
+        print("\n".join(goals))
     print()
     print("Plan quality: compute buffer size / peak-live lower bound (definition in the docstring)")
     head = f"{'fixture':32} {'nodes':>5} {'buffer size':>12} {'lower bound':>12} {'at step':>7} {'ratio':>7} {'peak/LB':>8}"

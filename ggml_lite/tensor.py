@@ -106,6 +106,10 @@ class Op(enum.Enum):
     def __repr__(self):
         return f"Op.{self.name}"
 
+    # Members are singletons compared by identity, so the identity hash is correct; Enum's own
+    # `__hash__` is a Python function, and `op in SOME_SET` runs on every node of the planner.
+    __hash__ = object.__hash__
+
 
 class UnaryOp(enum.IntEnum):
     """`enum ggml_unary_op`; the value is what `op_params[0]` of a UNARY tensor holds."""

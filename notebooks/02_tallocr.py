@@ -462,13 +462,15 @@ def _check_tensor_range(t: Tensor, offset: int, size: int, what: str) -> None:
                                 f"which has {nbytes(t)} bytes")
 
 
-def tensor_alloc(buffer: Buffer, tensor: Tensor, addr: int) -> None:
-    """`ggml_backend_tensor_alloc`: place `tensor` at address `addr` of `buffer`."""
+def tensor_alloc(buffer: Buffer, tensor: Tensor, addr: int, alloc_size: int = None) -> None:
+    """`ggml_backend_tensor_alloc`: place `tensor` at address `addr` of `buffer`. A caller that has
+    just computed `ggml_backend_buffer_get_alloc_size(buffer, tensor)` may pass it as `alloc_size`."""
     if tensor.buffer is not None or tensor.data is not None:
         raise TensorAlreadyAllocatedError(f"{describe(tensor)} already has memory (in {tensor.buffer or tensor.view_src.buffer})")
     if tensor.view_src is not None:
         raise TensorAlreadyAllocatedError(f"{describe(tensor)} is a view: it takes its memory from its view_src (view_init)")
-    base, need = buffer.get_base(), buffer.get_alloc_size(tensor)
+    base = buffer.get_base()
+    need = alloc_size if alloc_size is not None else buffer.get_alloc_size(tensor)
     if addr < base or addr + need > base + buffer.get_size():
         raise TensorBoundsError(f"{describe(tensor)} needs {need} bytes at offset {addr - base} of buffer "
                                 f"{buffer.get_name()}, which has {buffer.get_size()} bytes")

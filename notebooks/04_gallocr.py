@@ -84,6 +84,7 @@ graph with one dynamic allocator per buffer type, keep the plan, and place the t
 
 import logging
 from dataclasses import dataclass
+from itertools import repeat
 from typing import NamedTuple
 
 from ggml_lite.buffer import SIZE_MAX, tensor_alloc, view_init
@@ -298,6 +299,7 @@ class GAllocr:
             self.buf_tallocs.append(shared or DynTAllocr(buft.get_alignment(), trace=trace))
         self.n_buffers = len(bufts)
         self.hash_values = {}
+        self._sizes = [{} for _ in bufts]
         self.node_allocs = []
         self.leaf_allocs = []
 
@@ -339,6 +341,12 @@ class GAllocr:
         if size is None:
             size = cache[t] = self.bufts[buffer_id].get_alloc_size(t)
         return size
+
+    def _known_size(self, buffer_id: int, t) -> int:
+        """The same, looked up in the last plan's memo (a tensor's shape does not change once it is
+        in a graph) and computed, not stored, for a tensor the plan has not seen."""
+        size = self._sizes[buffer_id].get(t)
+        return size if size is not None else self.bufts[buffer_id].get_alloc_size(t)
 
     # -- allocate / free one tensor ----------------------------------------------------------------
     def allocate_node(self, node, buffer_id: int, node_index: int = -1, phase: str = "node") -> None:
@@ -390,7 +398,8 @@ class GAllocr:
                         return
                 elif trace is not None:
                     trace(RejectEvent(node, parent, f"it still has {p_hn.n_children} children and {p_hn.n_views} views"))
-        size = self._size(buffer_id, node)  # allocate tensor from the buffer
+        # allocate tensor from the buffer (the first time this plan sizes `node`: remember it)
+        size = self._sizes[buffer_id][node] = self.bufts[buffer_id].get_alloc_size(node)
         hn.offset = self.buf_tallocs[buffer_id].alloc(size, node)
         hn.buffer_id = buffer_id
         if trace is not None:
@@ -398,13 +407,14 @@ class GAllocr:
 
     def free_node(self, node, node_index: int = -1, via=None) -> None:
         """`ggml_gallocr_free_node` (:546-560): give the memory back — never for an OUTPUT."""
-        hn = self.hash_get(node)
+        hn = self.hash_values.get(node) or self.hash_get(node)
         if node.flags & OUTPUT:  # graph outputs are never freed
             if self.trace is not None:
                 self.trace(FreeNodeEvent(node, node_index, hn.buffer_id, hn.offset, 0, via, kept_output=True))
             return
-        size = self._size(hn.buffer_id, node)
-        self.buf_tallocs[hn.buffer_id].free_tensor(hn.offset, size, node)
+        buffer_id = hn.buffer_id
+        size = self._sizes[buffer_id].get(node) or self._size(buffer_id, node)
+        self.buf_tallocs[buffer_id].free_tensor(hn.offset, size, node)
         hn.allocated = False
         if self.trace is not None:
             self.trace(FreeNodeEvent(node, node_index, hn.buffer_id, hn.offset, size, via))
@@ -461,6 +471,7 @@ def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_i
     also made before each call, which changes nothing but the number of calls."""
     galloc.hash_values = hv = {}
     galloc._sizes = [{} for _ in range(galloc.n_buffers)]
+    OP_NONE = Op.NONE  # noqa: N806 (a local for the loop)
     allocate_node, free_node, trace = galloc.allocate_node, galloc.free_node, galloc.trace
     get = hv.get
 
@@ -478,7 +489,7 @@ def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_i
     for i, node in enumerate(graph.nodes):
         # GGML_OP_NONE "is used by ggml-backend to add dependencies": such a node is not a view user
         view_src = node.view_src
-        if view_src is not None and node.op is not Op.NONE:
+        if view_src is not None and node.op is not OP_NONE:
             hn = get(view_src) or galloc.hash_get(view_src)
             hn.n_views += 1
         if node.flags & INPUT:
@@ -535,17 +546,18 @@ def _check_ids(galloc: GAllocr, ids, n: int, what: str) -> None:
         raise BufferIdError(f"{what}[{bad}] = {ids[bad]}, the allocator has {galloc.n_buffers} buffer(s)")
 
 
-def _tensor_alloc(galloc: GAllocr, t, _new=tuple.__new__) -> TensorAlloc:
-    """The plan's record of `t`: NOT_PLACED for an empty slot, a view or pre-allocated data.
-    (`tuple.__new__` builds the NamedTuple without its slower keyword-capable constructor.)"""
-    if t is None or t.view_src is not None or t.data is not None:
-        return NOT_PLACED
-    hn = galloc.hash_values[t]  # every planned tensor has a record
-    cache = galloc._sizes[hn.buffer_id]
-    size = cache.get(t)
-    if size is None:
-        size = galloc._size(hn.buffer_id, t)
-    return _new(TensorAlloc, (hn.buffer_id, hn.offset, size))
+def _plan_records(galloc: GAllocr, _new=tuple.__new__) -> dict:
+    """The plan's `struct tensor_alloc` of every tensor it placed (not views, not pre-allocated
+    data), built once per tensor: a tensor is the source of several nodes. A tensor missing from
+    it gets NOT_PLACED, as `size_max == 0` marks in the C. (`tuple.__new__` builds the NamedTuple
+    without its slower keyword-capable constructor.)"""
+    recs, sizes, size_of = {}, galloc._sizes, galloc._size
+    for t, hn in galloc.hash_values.items():
+        if t.view_src is None and t.data is None:
+            bid = hn.buffer_id
+            size = sizes[bid].get(t)
+            recs[t] = _new(TensorAlloc, (bid, hn.offset, size if size is not None else size_of(bid, t)))
+    return recs
 
 
 def gallocr_reserve_n(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool:
@@ -557,20 +569,12 @@ def gallocr_reserve_n(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_
         talloc.reset()
     alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
 
-    # set the node_allocs from the hash table (a tensor is the source of several nodes: remember its record)
-    new, memo = tuple.__new__, {}
-
-    def placed(t):
-        if t is None or t.view_src is not None or t.data is not None:
-            return NOT_PLACED
-        rec = memo.get(t)
-        if rec is None:
-            rec = memo[t] = _tensor_alloc(galloc, t)
-        return rec
-
-    galloc.node_allocs = [new(NodeAlloc, (placed(node), tuple([placed(s) for s in node.src])))
+    # set the node_allocs from the hash table (an empty source slot, None, is not in `recs` either)
+    recs, new, not_placed = _plan_records(galloc), tuple.__new__, repeat(NOT_PLACED)
+    placed = recs.get
+    galloc.node_allocs = [new(NodeAlloc, (placed(node, NOT_PLACED), tuple(map(placed, node.src, not_placed))))
                           for node in graph.nodes]
-    galloc.leaf_allocs = [LeafAlloc(galloc.hash_get(leaf).buffer_id, _tensor_alloc(galloc, leaf))
+    galloc.leaf_allocs = [LeafAlloc(galloc.hash_get(leaf).buffer_id, placed(leaf, NOT_PLACED))
                           for leaf in graph.leafs]
 
     # reallocate buffers if needed
@@ -617,14 +621,16 @@ def gallocr_init_tensor(galloc: GAllocr, tensor, talloc: TensorAlloc) -> None:
         return
     if tensor.data is not None:
         return  # pre-allocated (with or without ggml-backend)
-    buffer = galloc.buffers[talloc.buffer_id] if talloc.buffer_id >= 0 else None
-    need = buffer.get_alloc_size(tensor) if buffer is not None else None
+    buffer_id = talloc.buffer_id
+    buffer = galloc.buffers[buffer_id] if buffer_id >= 0 else None
+    # ggml_backend_buffer_get_alloc_size(buffer, tensor): the buffer's type is bufts[buffer_id]
+    need = galloc._known_size(buffer_id, tensor) if buffer is not None else None
     if buffer is None or talloc.offset == SIZE_MAX or need > talloc.size_max:  # the C's asserts
         raise PlanMismatchError(
             f"{describe(tensor)} needs {need if need is not None else '?'} bytes, but the plan reserved "
             f"{talloc.size_max} bytes for it{' (it was not placed at all)' if talloc.size_max == 0 else ''}: "
             f"call reserve() with this graph")
-    tensor_alloc(buffer, tensor, buffer.get_base() + talloc.offset)
+    tensor_alloc(buffer, tensor, buffer.get_base() + talloc.offset, need)
 
 
 def gallocr_node_needs_realloc(galloc: GAllocr, node, talloc: TensorAlloc) -> bool:
@@ -637,7 +643,7 @@ def gallocr_node_needs_realloc(galloc: GAllocr, node, talloc: TensorAlloc) -> bo
         return True  # node_size is 0
     if talloc.buffer_id == -1:
         return False
-    return talloc.size_max >= galloc.bufts[talloc.buffer_id].get_alloc_size(node)
+    return talloc.size_max >= galloc._known_size(talloc.buffer_id, node)
 
 
 def gallocr_needs_realloc(galloc: GAllocr, graph) -> bool:
@@ -649,18 +655,25 @@ def gallocr_needs_realloc(galloc: GAllocr, graph) -> bool:
     if len(galloc.leaf_allocs) != len(graph.leafs):
         log.info("ggml_gallocr_needs_realloc: graph has different number of leafs")
         return True
-    fits = gallocr_node_needs_realloc
+    # `ggml_gallocr_node_needs_realloc`, inlined for the tensors it has to size: a pre-allocated
+    # tensor, a view or an empty slot has size 0 and always fits; a planned one fits when its
+    # recorded `size_max` holds its size now (buffer_id -1: it was not planned at all).
+    known = galloc._known_size
     for node, (dst, planned) in zip(graph.nodes, galloc.node_allocs):
-        # (a pre-allocated tensor or a view has size 0 and always fits: tested here to save the call)
-        if node.data is None and node.view_src is None and not fits(galloc, node, dst):
-            log.info("ggml_gallocr_needs_realloc: node %s is not valid", node.name)
-            return True
-        for j, src in enumerate(node.src):
-            if src is None or src.data is not None or src.view_src is not None:
-                continue
-            if not fits(galloc, src, planned[j] if j < len(planned) else NOT_PLACED):
-                log.info("ggml_gallocr_needs_realloc: src %d (%s) of node %s is not valid", j, src.name, node.name)
+        if node.data is None and node.view_src is None:
+            bid = dst.buffer_id
+            if bid == -1 or dst.size_max < known(bid, node):
+                log.info("ggml_gallocr_needs_realloc: node %s is not valid", node.name)
                 return True
+        j = 0
+        for src in node.src:
+            if src is not None and src.data is None and src.view_src is None:
+                talloc = planned[j] if j < len(planned) else NOT_PLACED
+                bid = talloc.buffer_id
+                if bid == -1 or talloc.size_max < known(bid, src):
+                    log.info("ggml_gallocr_needs_realloc: src %d (%s) of node %s is not valid", j, src.name, node.name)
+                    return True
+            j += 1
     return False
 
 
@@ -679,17 +692,18 @@ def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
     for buf in galloc.buffers:  # reset buffers
         if buf is not None:
             buf.reset()
-    for leaf, la in zip(graph.leafs, galloc.leaf_allocs):
-        gallocr_init_tensor(galloc, leaf, la.leaf)
     init = gallocr_init_tensor
-    for node, na in zip(graph.nodes, galloc.node_allocs):
-        planned = na.src
-        for j, src in enumerate(node.src):
+    for leaf, la in zip(graph.leafs, galloc.leaf_allocs):
+        init(galloc, leaf, la.leaf)
+    for node, (dst, planned) in zip(graph.nodes, galloc.node_allocs):
+        j = 0
+        for src in node.src:
             # init_tensor does nothing to a source already placed (most are: earlier nodes)
-            if src is None or (src.data is not None if src.view_src is None else src.buffer is not None):
-                continue
-            init(galloc, src, planned[j] if j < len(planned) else NOT_PLACED)
-        init(galloc, node, na.dst)
+            if src is not None and (src.data is None if src.view_src is None else src.buffer is None):
+                init(galloc, src, planned[j] if j < len(planned) else NOT_PLACED)
+            j += 1
+        if node.data is None or (node.view_src is not None and node.buffer is None):
+            init(galloc, node, dst)
     return True
 
 
