@@ -16,9 +16,10 @@ from ggml_lite.graph import (  # noqa: F401
 )
 from ggml_lite.ops import (  # noqa: F401
     add, add1, add_inplace, concat, cont, cont_2d, cont_3d, cont_4d, cpy, diag_mask_inf, diag_mask_zero,
-    div, div_inplace, dup, gelu, get_rows, log, mul, mul_inplace, mul_mat, neg, norm, permute, relu,
+    div, div_inplace, dup, exp, gelu, get_rows, leaky_relu, log, mean, mul, mul_inplace, mul_mat, neg, norm,
+    permute, relu,
     reshape, reshape_1d, reshape_2d, reshape_3d, reshape_4d, rms_norm, rope_ext, scale, scale_inplace,
-    silu, soft_max, soft_max_ext, sqr, sqrt, sub, sub_inplace, sum_rows, tanh, transpose, unary,
+    silu, soft_max, soft_max_ext, sqr, sqrt, sub, sub_inplace, sum, sum_rows, tanh, transpose, unary,
     view_1d, view_2d, view_3d, view_4d,
 )
 from ggml_lite.tensor import (  # noqa: F401

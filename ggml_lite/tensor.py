@@ -84,7 +84,9 @@ class Op(enum.Enum):
     SQR = "SQR"
     SQRT = "SQRT"
     LOG = "LOG"
+    SUM = "SUM"
     SUM_ROWS = "SUM_ROWS"
+    MEAN = "MEAN"
     CONCAT = "CONCAT"
     NORM = "NORM"
     RMS_NORM = "RMS_NORM"
@@ -101,6 +103,7 @@ class Op(enum.Enum):
     DIAG_MASK_ZERO = "DIAG_MASK_ZERO"
     SOFT_MAX = "SOFT_MAX"
     ROPE = "ROPE"
+    LEAKY_RELU = "LEAKY_RELU"
     UNARY = "UNARY"
 
     def __repr__(self):
@@ -127,6 +130,7 @@ class UnaryOp(enum.IntEnum):
     SILU = 10
     HARDSWISH = 11
     HARDSIGMOID = 12
+    EXP = 13
 
 
 VIEW_OPS = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})  # `ggml_is_view_op`

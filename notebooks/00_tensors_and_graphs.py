@@ -325,7 +325,9 @@ class Op(enum.Enum):
     SQR = "SQR"
     SQRT = "SQRT"
     LOG = "LOG"
+    SUM = "SUM"
     SUM_ROWS = "SUM_ROWS"
+    MEAN = "MEAN"
     CONCAT = "CONCAT"
     NORM = "NORM"
     RMS_NORM = "RMS_NORM"
@@ -342,6 +344,7 @@ class Op(enum.Enum):
     DIAG_MASK_ZERO = "DIAG_MASK_ZERO"
     SOFT_MAX = "SOFT_MAX"
     ROPE = "ROPE"
+    LEAKY_RELU = "LEAKY_RELU"
     UNARY = "UNARY"
 
     def __repr__(self):
@@ -368,6 +371,7 @@ class UnaryOp(enum.IntEnum):
     SILU = 10
     HARDSWISH = 11
     HARDSIGMOID = 12
+    EXP = 13
 
 
 VIEW_OPS = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})  # `ggml_is_view_op`
@@ -893,6 +897,16 @@ def sum_rows(ctx, a: Tensor) -> Tensor:
     return _set(ctx.new_tensor(a.type, [1, a.ne[1], a.ne[2], a.ne[3]]), Op.SUM_ROWS, a)
 
 
+def sum(ctx, a: Tensor) -> Tensor:  # noqa: A001 (ggml's name; shadows the builtin only in this module)
+    """`ggml_sum`: the sum of all elements, a 1-element tensor of `a`'s type."""
+    return _set(ctx.new_tensor(a.type, [1, 1, 1, 1]), Op.SUM, a)
+
+
+def mean(ctx, a: Tensor) -> Tensor:
+    """`ggml_mean`: the mean of every row, f32 `[1, ne1, ne2, ne3]`."""
+    return _set(ctx.new_tensor(F32, [1, a.ne[1], a.ne[2], a.ne[3]]), Op.MEAN, a)
+
+
 def scale(ctx, a: Tensor, s: float, inplace: bool = False) -> Tensor:
     """`ggml_scale` (`ggml_scale_inplace`): a·s; `op_params[0]` holds s as f32 bits."""
     if not is_padded_1d(a):
@@ -940,6 +954,18 @@ def tanh(ctx, a: Tensor, inplace: bool = False) -> Tensor:
 def neg(ctx, a: Tensor, inplace: bool = False) -> Tensor:
     """`ggml_neg` (`ggml_neg_inplace`)."""
     return unary(ctx, a, UnaryOp.NEG, inplace)
+
+
+def exp(ctx, a: Tensor, inplace: bool = False) -> Tensor:
+    """`ggml_exp` (`ggml_exp_inplace`)."""
+    return unary(ctx, a, UnaryOp.EXP, inplace)
+
+
+def leaky_relu(ctx, a: Tensor, negative_slope: float, inplace: bool = False) -> Tensor:
+    """`ggml_leaky_relu` (`ggml_leaky_relu_impl`): op LEAKY_RELU, `op_params[0]` = the slope as f32 bits."""
+    t = _set(_result(ctx, a, inplace), Op.LEAKY_RELU, a)
+    t.set_op_params(float_to_word(negative_slope))
+    return t
 
 
 def _norm(ctx, op: Op, a: Tensor, eps: float, inplace: bool) -> Tensor:
