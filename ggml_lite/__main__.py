@@ -6,10 +6,12 @@
 `plan` runs the graph allocator (`GAllocr.reserve`, then `alloc_graph`) on a fixture-schema graph on
 the CPU buffer type and prints where every tensor goes. `check` does the same and compares with the
 plan recorded in the file (offsets, buffer sizes, and the allocator's messages; every step of a
-sequence file); it exits 0 only when everything is equal.
+sequence file); when the file records computed results (../shared/fixtures/NUMERICS.md) it also fills
+the leafs, computes the graph on the CPU backend and compares every result within the tolerance it
+prints. It exits 0 only when everything is equal (results: within tolerance).
 
-Exit codes: 0 success; 1 the plan differs from the record; 2 the file or the arguments are unusable,
-or the file has recorded numerics that could not be verified.
+Exit codes: 0 success; 1 the plan or a result differs from the record; 2 the file or the arguments
+are unusable.
 """
 
 import argparse
@@ -19,9 +21,8 @@ from pathlib import Path
 
 from ggml_lite.errors import GGMLLiteError
 from ggml_lite.graphio import check_plan_file, plan_of, run_plan
+from ggml_lite.numerics import verify_numerics
 
-NUMERICS_NOT_VERIFIED = ("numerics: the file records computed results, but this version of ggml_lite has no "
-                         "compute backend (chapter 05): they were NOT verified; pass --no-numerics to check the plan only")
 
 
 def _load(path: str) -> dict:
@@ -74,10 +75,24 @@ def cmd_check(args) -> int:
     sizes = ", ".join(str(g["buffer_size"]) for g in graphs)
     print(f"{args.fixture}: plan identical to ggml's ({len(graphs)} graph(s), {n} tensors; buffer size {sizes})")
     if doc.get("numeric") or "numerics" in doc:
-        if not args.no_numerics:
-            print(NUMERICS_NOT_VERIFIED)
-            return 2
-        print("numerics: skipped (--no-numerics)")
+        if args.no_numerics:
+            print("numerics: skipped (--no-numerics)")
+            return 0
+        return _check_numerics(args.fixture, doc)
+    return 0
+
+
+def _check_numerics(path: str, doc: dict) -> int:
+    gf, _, _ = run_plan(doc)
+    tol, rows = verify_numerics(doc, gf)
+    print(f"numerics: {len(rows)} result(s) computed on the CPU backend, tolerance {tol:g} "
+          f"(max |got - want| / max |want|)")
+    for name, err, ok in rows:
+        print(f"  {'ok  ' if ok else 'FAIL'} {name:40s} worst relative error {err:.3g}")
+    bad = sum(1 for *_, ok in rows if not ok)
+    if bad:
+        print(f"{path}: {bad} result(s) beyond the tolerance")
+        return 1
     return 0
 
 
@@ -91,7 +106,7 @@ def main(argv=None) -> int:
     p.set_defaults(run=cmd_plan)
     c = sub.add_parser("check", help="plan again and compare with the plan recorded in the file")
     c.add_argument("fixture", help="a ggml-seed fixture file")
-    c.add_argument("--no-numerics", action="store_true", help="compare the plan only")
+    c.add_argument("--no-numerics", action="store_true", help="compare the plan only, not the recorded results")
     c.add_argument("--limit", type=int, default=10, help="how many differences to print (default 10)")
     c.set_defaults(run=cmd_check)
     args = parser.parse_args(argv)

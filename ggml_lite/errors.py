@@ -135,3 +135,22 @@ class InvalidSizeError(GraphFileError):
 
 class RecordMismatchError(GraphFileError):
     """Rebuilding a recorded tensor gives a different shape, stride, size or view than the file says."""
+
+
+class BackendError(GGMLLiteError, RuntimeError):
+    """A backend cannot do what it was asked (chapter 05)."""
+
+
+class UnsupportedOpError(BackendError):
+    """A backend was asked to compute an op (or a type combination) it does not support."""
+
+
+class UnknownBackendError(BackendError, KeyError):
+    """A backend name that is not in the registry (`ggml_backend_reg_init_backend_from_str`)."""
+
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
+
+
+class LayoutMismatchError(BackendError, ValueError):
+    """A tensor copy between tensors of different type, shape or strides (`ggml_backend_tensor_copy`)."""

@@ -304,19 +304,24 @@ class Buffer:
         """`ggml_backend_buffer_reset`: optional (no-op for CPU buffers)."""
 
     # -- bytes ------------------------------------------------------------------------------------
+    def _extent(self) -> int:
+        """Bytes from `data` to the end of the buffer: `size`, plus the padding before an aligned base
+        (a buffer type that aligns the base of a `size`-byte buffer malloc'ed `size + alignment` bytes)."""
+        return self.size + (self._base - self.data)
+
     def memory(self) -> np.ndarray:
-        """The buffer's bytes from `data` to `data + size`, created (zeroed) on first use."""
+        """The buffer's bytes from `data` to `base + size`, created (zeroed) on first use."""
         self._alive()
         if self._mem is None:
-            self._mem = np.zeros(self.size, dtype=np.uint8)
+            self._mem = np.zeros(self._extent(), dtype=np.uint8)
         return self._mem
 
     def span(self, addr: int, n: int, what: str = "access") -> np.ndarray:
         """The `n` bytes at address `addr`, which must lie inside the buffer."""
-        lo = addr - self.data
-        if lo < 0 or lo + n > self.size:
+        lo, extent = addr - self.data, self._extent()
+        if lo < 0 or lo + n > extent:
             raise TensorBoundsError(f"{what} of {n} bytes at address {addr:#x} is outside buffer {self.get_name()} "
-                                    f"[{self.data:#x}, {self.data + self.size:#x})")
+                                    f"[{self.data:#x}, {self.data + extent:#x})")
         return self.memory()[lo:lo + n]
 
     def clear(self, value: int) -> None:
@@ -518,17 +523,18 @@ _DTYPES = {
 }
 
 
-def tensor_array(t: Tensor) -> np.ndarray:
+def tensor_array(t: Tensor, device: bool = False) -> np.ndarray:
     """A numpy view of an allocated host tensor: shape `ne` reversed (trailing size-1 dimensions of
-    `ne` dropped), strides `nb` reversed. Reads and writes go to the buffer's bytes."""
+    `ne` dropped), strides `nb` reversed. Reads and writes go to the buffer's bytes. `device=True` is
+    for the backend that owns non-host memory (its kernels read their own memory directly)."""
     buf = _buffer_of(t)
-    if not buf.is_host():
+    if not device and not buf.is_host():
         raise BufferStateError(f"{describe(t)} is in {buf.get_name()} memory, not host memory: use tensor_get/tensor_set")
     if buf.is_multi_buffer():
         raise BufferStateError(f"{describe(t)} points at a multi-buffer, not at one of its parts")
     n = nbytes(t)
     start = t.data - buf.data
-    if start < 0 or start + n > buf.size:
+    if start < 0 or start + n > buf._extent():
         raise TensorBoundsError(f"{describe(t)} spans bytes [{start}, {start + n}) of buffer {buf.get_name()}, "
                                 f"which has {buf.size}")
     ne, nb = list(t.ne), list(t.nb)

@@ -1281,3 +1281,268 @@ def _replanned(lite, expected):
     """ggml 0.15.3's buffer size after a plan whose peak is ggml_lite's (one chunk: peak = max_size)."""
     peak = lite.buf_tallocs[0].get_max_size()
     return peak if expected is None or peak > expected else expected
+
+
+# ---------------------------------------------------------------------------------------------
+# compute: run mirrored graphs on ggml's CPU backend (the CPU kernels' differential tests)
+# ---------------------------------------------------------------------------------------------
+
+def graph_data_tensors(graph) -> list:
+    """The tensors whose contents a caller provides before computing `graph`: its leafs and its op-NONE
+    nodes (PARAM leafs become nodes), views excluded (they show their source's memory), in graph
+    order without repeats."""
+    out, seen = [], set()
+    for t in [*graph.leafs, *graph.nodes]:
+        if t.op is Op.NONE and t.view_src is None and t not in seen:
+            seen.add(t)
+            out.append(t)
+    return out
+
+
+class _Computation:
+    """A mirrored graph planned by ggml (`ggml_gallocr_alloc_graph` on the CPU buffer type), its data
+    tensors filled, and a CPU backend (`ggml_backend_cpu_init`, `n_threads` threads)."""
+
+    def __init__(self, graph, roots, preallocated, data, n_threads: int):
+        g = self.g = _need_ggml()
+        self.m = mirror(graph, roots, preallocated)
+        self.galloc = self.backend = None
+        try:
+            self.galloc = g.ggml_gallocr_new(g.ggml_backend_cpu_buffer_type())
+            if not g.ggml_gallocr_alloc_graph(self.galloc, self.m.gf):
+                raise RuntimeError("ggml_gallocr_alloc_graph failed")
+            for t, raw in (data or {}).items():
+                raw = bytes(raw)
+                p = self.m.ptr[t]
+                if len(raw) != g.ggml_nbytes(p):
+                    raise ValueError(f"{t.name!r}: {len(raw)} bytes given, the tensor has {g.ggml_nbytes(p)}")
+                if raw:
+                    buf = ctypes.create_string_buffer(raw, len(raw))
+                    g.ggml_backend_tensor_set(p, ctypes.cast(buf, ctypes.c_void_p), 0, len(raw))
+            self.backend = g.ggml_backend_cpu_init()
+            if not self.backend:
+                raise RuntimeError("ggml_backend_cpu_init failed")
+            g.ggml_backend_cpu_set_n_threads(self.backend, n_threads)
+        except BaseException:
+            self.close()
+            raise
+
+    def compute(self, gf_ref) -> None:
+        status = self.g.ggml_backend_graph_compute(self.backend, gf_ref)
+        if status != self.g.GGML_STATUS_SUCCESS:
+            raise RuntimeError(f"ggml_backend_graph_compute returned status {status}")
+
+    def tensor_bytes(self, t) -> bytes:
+        """The bytes of the ggml copy of `t` (`ggml_backend_tensor_get`)."""
+        p = self.m.ptr[t]
+        n = self.g.ggml_nbytes(p)
+        buf = ctypes.create_string_buffer(n)
+        if n:
+            self.g.ggml_backend_tensor_get(p, ctypes.cast(buf, ctypes.c_void_p), 0, n)
+        return buf.raw
+
+    def close(self) -> None:
+        g = self.g
+        if self.backend:
+            g.ggml_backend_free(self.backend)
+            self.backend = None
+        if self.galloc:
+            g.ggml_gallocr_free(self.galloc)
+            self.galloc = None
+        self.m.close()
+
+
+def ggml_compute(graph, roots=None, preallocated=(), data=None, read=None, n_threads: int = 1) -> list:
+    """Compute a ggml_lite graph with the real ggml: mirror it, plan it with `ggml_gallocr_alloc_graph`,
+    copy `data` ({ggml_lite tensor: bytes}, normally every tensor of `graph_data_tensors`) into the
+    ggml copies, run `ggml_backend_graph_compute` on a CPU backend, and return the bytes of the
+    tensors in `read` (default: every node), in that order.
+
+    ggml aborts the whole process on a failed `GGML_ASSERT`: use `run_isolated(ggml_compute, ...)`
+    for graphs that ggml may refuse."""
+    c = _Computation(graph, roots, preallocated, data, n_threads)
+    try:
+        c.compute(c.m.gf)
+        return [c.tensor_bytes(t) for t in (read if read is not None else graph.nodes)]
+    finally:
+        c.close()
+
+
+def ggml_lockstep(graph, roots, preallocated, data, compute_node, n_threads: int = 1) -> list:
+    """Compute `graph` one node at a time on both sides, from identical memory: for node i, copy the
+    current ggml bytes of its sources and of itself into the ggml_lite tensors (both plans are the
+    same, so they overlap the same way), call `compute_node(node)` (ggml_lite's kernel), compute the
+    one-node graph view `ggml_graph_view(gf, i, i+1)` in ggml, and record both results. The caller
+    has planned and allocated `graph` with ggml_lite. Returns [(node index, ggml_lite bytes, ggml
+    bytes)]; ggml_lite errors propagate."""
+    c = _Computation(graph, roots, preallocated, data, n_threads)
+    try:
+        out = []
+        for i, node in enumerate(graph.nodes):
+            for t in [*(s for s in node.src if s is not None), node]:
+                raw = c.tensor_bytes(t)
+                holder = t.view_src.buffer if t.view_src is not None else t.buffer
+                holder.set_tensor(t, raw, 0, len(raw))
+            compute_node(node)
+            holder = node.view_src.buffer if node.view_src is not None else node.buffer
+            mine = holder.get_tensor(node, 0, gl.nbytes(node))
+            view = c.g.ggml_graph_view(c.m.gf, i, i + 1)
+            c.compute(ctypes.byref(view))
+            out.append((i, mine, c.tensor_bytes(node)))
+        return out
+    finally:
+        c.close()
+
+
+class GGMLAbort(RuntimeError):
+    """The real ggml aborted (a `GGML_ASSERT` failed) in an isolated run; the message has its stderr."""
+
+
+def run_isolated(fn, *args, timeout: float = 120.0, **kwargs):
+    """`fn(*args, **kwargs)` in a forked child process; its (picklable) result comes back through a
+    pipe. A `GGML_ASSERT` in ggml aborts only the child and becomes `GGMLAbort` here; an exception in
+    the child becomes `GGMLAbort` with its text. POSIX only."""
+    import os
+    import pickle
+    import select
+    import signal
+    import time
+
+    r_out, w_out = os.pipe()
+    r_err, w_err = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: compute, send the pickled result, leave without cleanup
+        code = 0
+        try:
+            os.close(r_out)
+            os.close(r_err)
+            os.dup2(w_err, 2)
+            os.environ["GGML_NO_BACKTRACE"] = "1"  # no gdb backtrace on abort
+            payload = pickle.dumps(fn(*args, **kwargs))
+            with os.fdopen(w_out, "wb") as f:
+                f.write(payload)
+        except BaseException as err:  # noqa: BLE001 - everything goes to the parent
+            try:
+                os.write(w_err, f"{type(err).__name__}: {err}\n".encode())
+            except OSError:
+                pass
+            code = 3
+        os._exit(code)
+    os.close(w_out)
+    os.close(w_err)
+    chunks = {r_out: [], r_err: []}
+    open_fds = set(chunks)
+    deadline = time.monotonic() + timeout
+    try:
+        while open_fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(pid, signal.SIGKILL)
+                raise GGMLAbort(f"{getattr(fn, '__name__', fn)} did not finish within {timeout} s")
+            ready, _, _ = select.select(list(open_fds), [], [], left)
+            for fd in ready:
+                b = os.read(fd, 1 << 20)
+                if b:
+                    chunks[fd].append(b)
+                else:
+                    os.close(fd)
+                    open_fds.discard(fd)
+    finally:
+        for fd in open_fds:
+            os.close(fd)
+        _, status = os.waitpid(pid, 0)
+    err_text = b"".join(chunks[r_err]).decode(errors="replace").strip()
+    if os.WIFSIGNALED(status) or os.WEXITSTATUS(status) != 0:
+        how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
+        raise GGMLAbort(f"{getattr(fn, '__name__', fn)} failed in the child ({how}): {err_text[-2000:]}")
+    return pickle.loads(b"".join(chunks[r_out]))
+
+
+# -- random graphs whose values can be compared with ggml 0.15.3 exactly ---------------------------
+
+class _ComputeBuilder(_Builder):
+    """`_Builder` with the op mix restricted to ops whose values ggml 0.15.3 computes exactly like the
+    reference (for whole-graph value comparisons):
+
+    * rope in NeoX mode only: ggml 0.15.3's normal-mode rope rounds some rotated pairs differently
+      (its C++ `rotate_pairs` is compiled with another FMA contraction); NeoX is bit-identical;
+    * rms_norm instead of norm: ggml 0.15.3 computes norm's mean and variance another way
+      (`ggml_vec_cvar_f32`);
+    * f32 mul_mat only when K is a multiple of 32: the leftover elements of ggml 0.15.3's
+      `ggml_vec_dot_f32` are summed differently (f16 weights instead);
+    * an operand whose elements are not contiguous (nb[0] != element size, e.g. a transposed view) is
+      made contiguous first: most kernels assert nb[0] == element size (ggml aborts, ggml_lite raises);
+    * rope gets a fresh input when the row length is odd (ggml would copy the unrotated tail in pairs,
+      one element past the row).
+
+    The decisions consume the same `choose` calls as `_Builder`, so graphs stay shrinkable."""
+
+    def value(self):
+        t = super().value()
+        if t.nb[0] != t.type.type_size:
+            t = gl.cont(self.cctx, t)
+            self.pool.append(t)
+        return t
+
+    def op(self, kind: str):
+        if kind == "norm":
+            a = self.value()
+            self.pick((gl.rms_norm, gl.norm))  # the choice is drawn, rms_norm is used
+            return gl.rms_norm(self.cctx, a, self.pick((1e-5, 1e-6)), inplace=self.coin(1, 4))
+        return super().op(kind)
+
+    def mul_mat(self, x):
+        if x.ne[0] % 32 == 0 and self.coin(1, 2):
+            type = self.pick((F32, F16, Q8_0))
+        else:
+            type = self.pick((F32, F16))
+            if x.ne[0] % 32:
+                type = F16
+        if self.coin(1, 5) and x.ne[0] % 32 == 0:
+            cands = [t for t in self.pool if t.ne[0] == x.ne[0] and not gl.is_transposed(t)
+                     and t.nb[0] == t.type.type_size and x.ne[2] % t.ne[2] == 0 and x.ne[3] % t.ne[3] == 0]
+            if cands:
+                return gl.mul_mat(self.cctx, self.pick(cands), x)
+        ne2 = self.pick([d for d in (1, x.ne[2]) if x.ne[2] % d == 0])
+        w = self.weight(type, [x.ne[0], self.pick((1, 8, 16, 32, 64, 100)), ne2, 1])
+        return gl.mul_mat(self.cctx, w, x)
+
+    def rope(self, a):
+        if a.ne[0] < 2 or a.ne[0] % 2:  # an odd row cannot be roped (ggml would write past it)
+            a = self.new_input([self.pick((8, 16, 64)), self.pick((1, 2, 4)), self.pick((1, 3)), 1])
+        pos = next((t for t in reversed(self.cctx.tensors)
+                    if t.type is I32 and t.op is Op.NONE and list(t.ne) == [a.ne[2], 1, 1, 1]), None)
+        if pos is None or self.coin(1, 3):
+            pos = self.new_input([a.ne[2]], I32)
+        n_dims = 2 * (1 + self.pick_index(a.ne[0] // 2))
+        self.pick((0, 2))  # the mode is drawn, NeoX (2) is used
+        return gl.rope_ext(self.cctx, a, pos, None, n_dims, 2, self.pick((0, 512, 4096)), 10000.0, 1.0,
+                           0.0, 1.0, 32.0, 1.0, inplace=self.coin(1, 5))
+
+
+def build_compute_graph(choose, max_ops: int = 40, label: str = "compute") -> RandomGraph:
+    """`build_random_graph` with `_ComputeBuilder`'s restricted op mix (see its docstring)."""
+    global _Builder
+    saved = _Builder
+    _Builder = _ComputeBuilder  # build_random_graph looks the builder class up by name
+    try:
+        return build_random_graph(choose, max_ops, label)
+    finally:
+        _Builder = saved
+
+
+def compute_graph(seed: int, max_ops: int = 40) -> RandomGraph:
+    """`build_compute_graph` fed by `random.Random(seed)`."""
+    rng = random.Random(seed)
+    return build_compute_graph(lambda n: rng.randrange(n), max_ops, f"compute seed {seed}")
+
+
+def compute_graphs(max_ops: int = 40):
+    """The hypothesis strategy of `build_compute_graph` graphs."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def _graphs(draw):
+        return build_compute_graph(lambda n: draw(st.integers(0, n - 1)), max_ops, "hypothesis compute")
+
+    return _graphs()

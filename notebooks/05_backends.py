@@ -1,0 +1,1755 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · Backends
+#
+# Chapters 02-04 decided *where* every tensor lives. A **backend** is what *computes* with those
+# bytes: the CPU, or an accelerator with memory of its own that the host cannot read directly. ggml
+# hides the difference behind one table of function pointers, `struct ggml_backend_i`, and a handful
+# of generic functions that fall back sensibly when a backend leaves an entry `NULL`. The scheduler
+# of chapter 06 only ever talks to backends through that table.
+#
+# This chapter gives ggml_lite real computation, so that every memory plan of the earlier chapters is
+# **proven by results**: a plan that overlaps two live tensors now corrupts a number.
+#
+# **Learning goals**
+#
+# 1. The backend interface: what is mandatory, what is optional, and the fallbacks of
+#    `ggml_backend_tensor_set_async`, `ggml_backend_graph_compute` and `ggml_backend_tensor_copy_async`.
+# 2. How the CPU computes: numpy kernels that write into the destination's bytes, with the few
+#    details that make ggml's numbers what they are (double accumulation, f16 tables, src1 converted
+#    to the weight's dot type, rope's float32 recurrence).
+# 3. A simulated accelerator, SIM: non-host memory, an asynchronous queue drained on `synchronize`,
+#    events, a cost model with a simulated clock — and the copies between it and the host.
+# 4. The registry, `ggml_backend_graph_copy` and `ggml_backend_compare_graph_backend`.
+#
+# Exported: `ggml_lite.backend`, `ggml_lite.cpu`, `ggml_lite.sim`, `ggml_lite.viz.backends`.
+
+# %% [markdown]
+# ## 1 · The interface
+#
+# `ggml-backend-impl.h` declares the table; `ggml-backend.c:125-231` wraps it. Mandatory entries
+# are called directly; optional ones are tested for `NULL` first:
+#
+# ```c
+# void ggml_backend_tensor_set_async(ggml_backend_t backend, struct ggml_tensor * tensor, ...) {  // :156
+#     if (backend->iface.set_tensor_async == NULL) {
+#         ggml_backend_tensor_set(tensor, data, offset, size);          // a blocking copy instead
+#     } else {
+#         backend->iface.set_tensor_async(backend, tensor, data, offset, size);
+#     }
+# }
+# enum ggml_status ggml_backend_graph_compute(ggml_backend_t backend, struct ggml_cgraph * cgraph) { // :212
+#     enum ggml_status err = ggml_backend_graph_compute_async(backend, cgraph);
+#     ggml_backend_synchronize(backend);                                // compute = async + wait
+#     return err;
+# }
+# bool ggml_backend_offload_op(ggml_backend_t backend, const struct ggml_tensor * op) {          // :226
+#     if (backend->iface.offload_op != NULL) { return backend->iface.offload_op(backend, op); }
+#     return false;
+# }
+# ```
+#
+# The port keeps that shape. A `Backend` subclass implements the hooks, named after the table's
+# entries with a leading underscore (`_graph_compute`, `_supports_op`, ...); an optional hook it
+# does not have stays `None` in the base class, as `NULL` in the C table. The public methods
+# (`graph_compute`, `tensor_set_async`, ...) are the `ggml_backend_*` wrappers with the C's
+# fallbacks. Tensor data goes in and out through `tensor_set` / `tensor_get`
+# (`ggml-backend.c:174-193`), which find the tensor's buffer (its `view_src`'s for a view) and
+# check that the tensor is allocated and that the bytes asked lie inside it.
+
+# %%
+# | default_exp backend
+
+# %%
+# | export
+"""Backends (ggml-backend.c:125-310, 1700-1872): the interface a backend implements, tensor data in
+and out, copies, events, graph plans, the registry, `ggml_backend_graph_copy` and
+`ggml_backend_compare_graph_backend`."""
+
+import enum
+import logging
+
+import numpy as np
+
+from ggml_lite.buffer import _DTYPES, buffer_copy_tensor, view_init
+from ggml_lite.errors import (
+    BackendError, DataTypeError, LayoutMismatchError, TensorBoundsError, TensorNotAllocatedError,
+    UnknownBackendError,
+)
+from ggml_lite.graph import Graph, graph_view
+from ggml_lite.tallocr import alloc_ctx_tensors
+from ggml_lite.tensor import VIEW_OPS, Context, describe, nbytes
+
+log = logging.getLogger("ggml_lite")
+
+
+class Status(enum.IntEnum):
+    """`enum ggml_status`: what a graph computation returns."""
+
+    ALLOC_FAILED = -2
+    FAILED = -1
+    SUCCESS = 0
+    ABORTED = 1
+
+
+def are_same_layout(a, b) -> bool:
+    """`ggml_are_same_layout` of ggml-backend.c (:233): same type, `ne` and `nb`."""
+    return a.type is b.type and list(a.ne) == list(b.ne) and list(a.nb) == list(b.nb)
+
+
+def tensor_buffer(t):
+    """The buffer that holds `t`'s bytes: its own, or its `view_src`'s (`tensor->view_src ?
+    tensor->view_src->buffer : tensor->buffer`)."""
+    return t.view_src.buffer if t.view_src is not None else t.buffer
+
+
+# %% [markdown]
+# ### 1.1 · Data in and out
+#
+# The C copies raw bytes. Here `tensor_set` takes bytes, or a numpy array **of the tensor's own
+# dtype** (an f32 array for an f16 tensor is refused rather than converted behind your back), and
+# `tensor_get` returns the tensor as an array of its dtype and shape — or raw bytes when a part
+# of it is asked for.
+
+# %%
+# | export
+def _raw_bytes(tensor, data) -> np.ndarray:
+    """`data` as uint8 bytes; a numpy array must have `tensor`'s dtype (bytes pass as they are)."""
+    if isinstance(data, np.ndarray) and data.dtype != np.uint8:
+        want = _DTYPES[tensor.type.name]
+        if data.dtype != want:
+            raise DataTypeError(f"tensor_set: {describe(tensor)} holds {tensor.type.name} ({want}), the array is "
+                                f"{data.dtype}: convert it first (e.g. .astype(np.{want.name}))")
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    return np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+
+
+def _check_access(tensor, offset: int, size: int, what: str):
+    """The asserts of `ggml_backend_tensor_set` / `_get` (:174-193); returns the buffer."""
+    buf = tensor_buffer(tensor)
+    if buf is None:
+        raise TensorNotAllocatedError(f"tensor {what}: {describe(tensor)} has no buffer (tensor buffer not set)")
+    if tensor.data is None:
+        raise TensorNotAllocatedError(f"tensor {what}: {describe(tensor)} is not allocated (data is NULL)")
+    if offset < 0 or size < 0 or offset + size > nbytes(tensor):
+        raise TensorBoundsError(f"tensor {what} out of bounds: {size} bytes at offset {offset} asked, "
+                                f"{describe(tensor)} has {nbytes(tensor)} bytes")
+    return buf
+
+
+def tensor_set(tensor, data, offset: int = 0, size: int = None) -> None:
+    """`ggml_backend_tensor_set`: write `size` bytes of `data` (default: all of it) into the tensor from
+    byte `offset`, through its buffer's `set_tensor`."""
+    raw = _raw_bytes(tensor, data)
+    size = raw.size if size is None else size
+    if size > raw.size:
+        raise TensorBoundsError(f"tensor write: {size} bytes asked, the data has only {raw.size}")
+    buf = _check_access(tensor, offset, size, "write")
+    if size:
+        buf.set_tensor(tensor, raw, offset, size)
+
+
+def tensor_get(tensor, offset: int = 0, size: int = None) -> np.ndarray:
+    """`ggml_backend_tensor_get`: the whole tensor as a new array of its dtype and shape (strides
+    followed, so a view reads what it views), or, when `offset` or `size` is given, those raw bytes."""
+    whole = offset == 0 and size is None
+    size = nbytes(tensor) - offset if size is None else size
+    buf = _check_access(tensor, offset, size, "read")
+    raw = np.frombuffer(buf.get_tensor(tensor, offset, size), dtype=np.uint8) if size else np.zeros(0, np.uint8)
+    if not whole:
+        return raw.copy()
+    return _shaped(tensor, raw)
+
+
+def _shaped(tensor, raw: np.ndarray) -> np.ndarray:
+    """`raw` (the tensor's `nbytes` bytes) seen with the tensor's dtype, shape and strides, copied."""
+    ne, nb = list(tensor.ne), list(tensor.nb)
+    if tensor.type.blck_size > 1:
+        ne[0] //= tensor.type.blck_size
+    k = len(tensor.shape)
+    view = np.ndarray(tuple(reversed(ne[:k])), dtype=_DTYPES[tensor.type.name], buffer=raw,
+                      strides=tuple(reversed(nb[:k])))
+    return view.copy()
+
+
+# %% [markdown]
+# A small example: a 4×3 matrix in, the same bytes read back through a transposed view, and a part
+# of the bytes raw.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+import ggml_lite as gl
+
+ctx = gl.Context("demo")
+a = ctx.new_tensor_2d(gl.F32, 4, 3, name="a")
+a_t = gl.transpose(ctx, a)
+demo_buf = gl.alloc_ctx_tensors(ctx, gl.cpu_buffer_type())
+tensor_set(a, np.arange(12, dtype=np.float32).reshape(3, 4))
+print(tensor_get(a))
+print(tensor_get(a_t))                     # the view reads a's bytes with its own strides
+print(tensor_get(a, offset=4, size=8))     # bytes 4..11: the floats 1.0 and 2.0
+
+
+# %% [markdown]
+# ### 1.2 · The `Backend` class
+#
+# One class for `struct ggml_backend` and its table. Names, default buffer type and `_graph_compute`
+# / `_supports_op` / `_supports_buft` are mandatory; everything else is optional. `free` marks the
+# backend unusable, as `ggml_backend_free` releases it.
+
+# %%
+# | export
+class GraphPlan:
+    """`ggml_backend_graph_plan_t`: a graph prepared once and computed many times. The CPU's plan
+    keeps a shallow copy of the node list (the C's "FIXME: deep copy")."""
+
+    def __init__(self, backend, graph):
+        self.backend = backend
+        self.graph = Graph(graph.size)
+        self.graph.nodes = list(graph.nodes)
+        self.graph.leafs = list(graph.leafs)
+        self.freed = False
+
+
+class Event:
+    """`struct ggml_backend_event` (`ggml_backend_event_new`): a marker in a backend's stream of work.
+    `record` (`ggml_backend_event_record`) places it after what was queued so far; `synchronize`
+    (`ggml_backend_event_synchronize`) waits on the host until the backend reached it; another backend
+    waits for it with `Backend.event_wait`. `free` is `ggml_backend_event_free`."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.context = None  # the backend's own state of the event
+        self.freed = False
+
+    def record(self) -> None:
+        """`ggml_backend_event_record`."""
+        self._alive()
+        self.backend._event_record(self)
+
+    def synchronize(self) -> None:
+        """`ggml_backend_event_synchronize`."""
+        self._alive()
+        self.backend._event_synchronize(self)
+
+    def free(self) -> None:
+        """`ggml_backend_event_free`."""
+        self._alive()
+        self.backend._event_free(self)
+        self.freed = True
+
+    def _alive(self) -> None:
+        if self.freed:
+            raise BackendError(f"event of backend {self.backend.get_name()} used after it was freed")
+
+    def __repr__(self):
+        return f"Event({self.backend.get_name()}{', freed' if self.freed else ''})"
+
+
+class Backend:
+    """`struct ggml_backend` with its `ggml_backend_i` table. Subclasses set `name` and implement the
+    hooks (`_get_default_buffer_type`, `_graph_compute`, `_supports_op`, `_supports_buft`); the
+    optional hooks are None here, as NULL in the C table, and the public methods fall back as the C
+    does."""
+
+    name = "backend"
+    # optional entries of `struct ggml_backend_i` (NULL in the C when a backend lacks them)
+    _set_tensor_async = None
+    _get_tensor_async = None
+    _cpy_tensor_async = None
+    _synchronize = None
+    _graph_plan_create = None
+    _graph_plan_free = None
+    _graph_plan_compute = None
+    _offload_op = None
+    _event_new = None
+    _event_free = None
+    _event_record = None
+    _event_wait = None
+    _event_synchronize = None
+
+    def __init__(self):
+        self.freed = False
+
+    # -- the mandatory hooks -------------------------------------------------------------------------
+    def _get_default_buffer_type(self):
+        raise NotImplementedError
+
+    def _graph_compute(self, graph) -> Status:
+        raise NotImplementedError
+
+    def _supports_op(self, op) -> bool:
+        raise NotImplementedError
+
+    def _supports_buft(self, buft) -> bool:
+        raise NotImplementedError
+
+    # -- identity and memory ---------------------------------------------------------------------------
+    def get_name(self) -> str:
+        """`ggml_backend_name`."""
+        return self.name
+
+    def free(self) -> None:
+        """`ggml_backend_free`: the backend cannot be used afterwards."""
+        self._alive()
+        self.freed = True
+
+    def _alive(self) -> None:
+        if self.freed:
+            raise BackendError(f"backend {self.name} was freed")
+
+    def get_default_buffer_type(self):
+        """`ggml_backend_get_default_buffer_type`."""
+        return self._get_default_buffer_type()
+
+    def alloc_buffer(self, size: int):
+        """`ggml_backend_alloc_buffer`: a buffer of the default buffer type."""
+        return self.get_default_buffer_type().alloc_buffer(size)
+
+    def get_alignment(self) -> int:
+        """`ggml_backend_get_alignment`: the default buffer type's."""
+        return self.get_default_buffer_type().get_alignment()
+
+    def get_max_size(self) -> int:
+        """`ggml_backend_get_max_size`: the default buffer type's."""
+        return self.get_default_buffer_type().get_max_size()
+
+    # -- data -----------------------------------------------------------------------------------------
+    def tensor_set_async(self, tensor, data, offset: int = 0, size: int = None) -> None:
+        """`ggml_backend_tensor_set_async`: queued on this backend, or `tensor_set` when it has no queue."""
+        if self._set_tensor_async is None:
+            tensor_set(tensor, data, offset, size)
+            return
+        raw = _raw_bytes(tensor, data)
+        size = raw.size if size is None else size
+        _check_access(tensor, offset, size, "write")
+        self._set_tensor_async(tensor, raw, offset, size)
+
+    def tensor_get_async(self, tensor, out: np.ndarray, offset: int = 0, size: int = None) -> None:
+        """`ggml_backend_tensor_get_async`: the bytes land in `out` (uint8, at least `size` long) once
+        the backend has run what was queued before; `tensor_get` at once when it has no queue."""
+        size = nbytes(tensor) - offset if size is None else size
+        _check_access(tensor, offset, size, "read")
+        if out.dtype != np.uint8 or out.size < size:
+            raise TensorBoundsError(f"tensor_get_async: the destination must be uint8 with {size} bytes, "
+                                    f"got {out.dtype} with {out.size}")
+        if self._get_tensor_async is None:
+            out[:size] = tensor_get(tensor, offset, size)
+            return
+        self._get_tensor_async(tensor, out, offset, size)
+
+    def synchronize(self) -> None:
+        """`ggml_backend_synchronize`: wait until everything queued has run (nothing to do without a queue)."""
+        if self._synchronize is not None:
+            self._synchronize()
+
+    # -- compute ----------------------------------------------------------------------------------------
+    def graph_plan_create(self, graph) -> GraphPlan:
+        """`ggml_backend_graph_plan_create`."""
+        if self._graph_plan_create is None:
+            raise BackendError(f"backend {self.name} has no graph plans (graph_plan_create is NULL)")
+        return self._graph_plan_create(graph)
+
+    def graph_plan_free(self, plan: GraphPlan) -> None:
+        """`ggml_backend_graph_plan_free`."""
+        if self._graph_plan_free is None:
+            raise BackendError(f"backend {self.name} has no graph plans (graph_plan_free is NULL)")
+        self._graph_plan_free(plan)
+
+    def graph_plan_compute(self, plan: GraphPlan) -> Status:
+        """`ggml_backend_graph_plan_compute`."""
+        if self._graph_plan_compute is None:
+            raise BackendError(f"backend {self.name} has no graph plans (graph_plan_compute is NULL)")
+        if plan.freed:
+            raise BackendError("graph_plan_compute: the plan was freed")
+        return self._graph_plan_compute(plan)
+
+    def graph_compute(self, graph) -> Status:
+        """`ggml_backend_graph_compute`: `graph_compute_async`, then `synchronize`."""
+        err = self.graph_compute_async(graph)
+        self.synchronize()
+        return err
+
+    def graph_compute_async(self, graph) -> Status:
+        """`ggml_backend_graph_compute_async`: the backend's `graph_compute` (it may only queue the work)."""
+        self._alive()
+        return self._graph_compute(graph)
+
+    def supports_op(self, op) -> bool:
+        """`ggml_backend_supports_op`: can this backend compute the node `op`?"""
+        return self._supports_op(op)
+
+    def supports_buft(self, buft) -> bool:
+        """`ggml_backend_supports_buft`: can this backend use memory of buffer type `buft`?"""
+        return self._supports_buft(buft)
+
+    def offload_op(self, op) -> bool:
+        """`ggml_backend_offload_op`: does this backend want an op whose weight lives elsewhere (False
+        when the backend has no opinion)?"""
+        return self._offload_op(op) if self._offload_op is not None else False
+
+    # -- events -----------------------------------------------------------------------------------------
+    def event_new(self):
+        """`ggml_backend_event_new`: an Event, or None when the backend has no events."""
+        if self._event_new is None:
+            return None
+        return self._event_new()
+
+    def event_wait(self, event: Event) -> None:
+        """`ggml_backend_event_wait`: work queued on this backend after this call waits for `event`."""
+        event._alive()
+        if self._event_wait is None:
+            raise BackendError(f"backend {self.name} cannot wait for events (event_wait is NULL)")
+        self._event_wait(event)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.name!r}{', freed' if self.freed else ''})"
+
+
+# %% [markdown]
+# ### 1.3 · Copies
+#
+# `ggml_backend_tensor_copy` (:247-266) picks the cheapest path: if the source is host memory, it
+# is a `tensor_set` of the destination from the source's bytes; if the destination is host memory,
+# a `tensor_get` into it; otherwise it asks the destination's buffer to copy (`cpy_tensor`, a device
+# to device copy) and, when that buffer declines, prints **"slow copy"** and goes through a
+# temporary host array. `ggml_backend_tensor_copy_async` (:267-282) tries the destination
+# backend's `cpy_tensor_async`; without one it synchronizes both backends first — "an async copy
+# would normally happen after all the queued operations on both backends are completed" — and
+# copies blocking. Both assert that the layouts are the same; here that is a
+# `LayoutMismatchError`.
+
+# %%
+# | export
+def _host_bytes(t) -> np.ndarray:
+    """The `nbytes` bytes at `t.data`, read in place from its host buffer (the C passes `t->data`)."""
+    return tensor_buffer(t).span(t.data, nbytes(t), "copy")
+
+
+def _check_copy(src, dst) -> None:
+    if not are_same_layout(src, dst):
+        raise LayoutMismatchError(f"cannot copy {describe(src)} (nb {list(src.nb)}) to {describe(dst)} "
+                                  f"(nb {list(dst.nb)}): the layouts differ")
+    for t in (src, dst):
+        if tensor_buffer(t) is None or t.data is None:
+            raise TensorNotAllocatedError(f"tensor copy: {describe(t)} is not allocated")
+
+
+def tensor_copy(src, dst) -> None:
+    """`ggml_backend_tensor_copy`: host source → `tensor_set`; host destination → `tensor_get`; else the
+    destination buffer's `cpy_tensor` (`ggml_backend_buffer_copy_tensor`), or the slow copy through host."""
+    _check_copy(src, dst)
+    if src is dst:
+        return
+    if tensor_buffer(src).is_host():
+        tensor_set(dst, _host_bytes(src), 0, nbytes(src))
+    elif tensor_buffer(dst).is_host():
+        _host_bytes(dst)[:] = tensor_get(src, 0, nbytes(src))
+    elif not buffer_copy_tensor(src, dst):
+        log.warning("ggml_backend_tensor_copy: warning: slow copy from %s to %s",
+                    tensor_buffer(src).get_name(), tensor_buffer(dst).get_name())
+        tensor_set(dst, tensor_get(src, 0, nbytes(src)), 0, nbytes(src))
+
+
+def tensor_copy_async(backend_src: Backend, backend_dst: Backend, src, dst) -> None:
+    """`ggml_backend_tensor_copy_async`: the destination backend's `cpy_tensor_async`, or both backends
+    synchronized and a blocking `tensor_copy`."""
+    _check_copy(src, dst)
+    if src is dst:
+        return
+    if backend_dst._cpy_tensor_async is not None and backend_dst._cpy_tensor_async(backend_src, src, dst):
+        return
+    # an async copy would normally happen after all the queued operations on both backends are completed
+    backend_src.synchronize()
+    backend_dst.synchronize()
+    tensor_copy(src, dst)
+
+
+# %% [markdown]
+# ### 1.4 · The registry
+#
+# `ggml-backend.c:308-421`: a fixed table of at most 64 entries (name, init function, default buffer
+# type, user data), filled on first use by `ggml_backend_registry_init` with the CPU and whatever
+# accelerators were compiled in. `ggml_backend_reg_init_backend_from_str("NAME:params")` splits at
+# the first `:` and hands the rest to the backend's init function. Here the built-in entries are
+# `CPU` and `SIM` (params `name=SIM1,alignment=64,max_size=65536,deny=SOFT_MAX+ROPE`, see §3). Two
+# departures, both for Python callers: a name that is not found gives None from `reg_find_by_name`
+# (the C returns `SIZE_MAX`) and an `UnknownBackendError` from `reg_init_backend_from_str` (the C
+# prints "backend X not found" and returns NULL).
+
+# %%
+# | export
+GGML_REG_MAX_BACKENDS = 64
+
+
+class _RegEntry:
+    """`struct ggml_backend_reg`."""
+
+    __slots__ = ("name", "init_fn", "default_buffer_type", "user_data")
+
+    def __init__(self, name, init_fn, default_buffer_type, user_data):
+        self.name, self.init_fn = name, init_fn
+        self.default_buffer_type, self.user_data = default_buffer_type, user_data
+
+
+_REGISTRY: list = []
+_REGISTRY_INITIALIZED = False
+
+
+def _registry_init() -> None:
+    """`ggml_backend_registry_init`: registers the built-in backends once (CPU, then SIM)."""
+    global _REGISTRY_INITIALIZED
+    if _REGISTRY_INITIALIZED:
+        return
+    _REGISTRY_INITIALIZED = True
+    from ggml_lite.cpu import cpu_buffer_type, reg_cpu_init  # imported here: cpu and sim import this module
+    from ggml_lite.sim import reg_sim_init, sim_default_buffer_type
+
+    register("CPU", reg_cpu_init, cpu_buffer_type(), None)
+    register("SIM", reg_sim_init, sim_default_buffer_type(), None)
+
+
+def register(name: str, init_fn, default_buffer_type, user_data=None) -> None:
+    """`ggml_backend_register`: `init_fn(params: str, user_data)` creates a backend."""
+    if len(_REGISTRY) >= GGML_REG_MAX_BACKENDS:
+        raise BackendError(f"cannot register backend {name!r}: the registry holds {GGML_REG_MAX_BACKENDS} backends")
+    _REGISTRY.append(_RegEntry(str(name)[:127], init_fn, default_buffer_type, user_data))
+    log.debug("ggml_backend_register: registered backend %s", name)
+
+
+def reg_get_count() -> int:
+    """`ggml_backend_reg_get_count`."""
+    _registry_init()
+    return len(_REGISTRY)
+
+
+def reg_find_by_name(name: str):
+    """`ggml_backend_reg_find_by_name`: the index of the first backend called exactly `name`, or None."""
+    _registry_init()
+    return next((i for i, e in enumerate(_REGISTRY) if e.name == name), None)
+
+
+def _reg_entry(i: int) -> _RegEntry:
+    _registry_init()
+    if not 0 <= i < len(_REGISTRY):
+        raise UnknownBackendError(f"registry index {i} asked, the registry holds {len(_REGISTRY)} backends")
+    return _REGISTRY[i]
+
+
+def reg_get_name(i: int) -> str:
+    """`ggml_backend_reg_get_name`."""
+    return _reg_entry(i).name
+
+
+def reg_init_backend(i: int, params: str = "") -> Backend:
+    """`ggml_backend_reg_init_backend`: call entry `i`'s init function with `params`."""
+    e = _reg_entry(i)
+    return e.init_fn(params, e.user_data)
+
+
+def reg_init_backend_from_str(backend_str: str) -> Backend:
+    """`ggml_backend_reg_init_backend_from_str`: "NAME" or "NAME:params"."""
+    name, sep, params = backend_str.partition(":")
+    i = reg_find_by_name(name)
+    if i is None:
+        log.error("ggml_backend_reg_init_backend_from_str: backend %s not found", name)
+        known = ", ".join(e.name for e in _REGISTRY)
+        raise UnknownBackendError(f"backend {name!r} not found (from {backend_str!r}); registered: {known}")
+    return reg_init_backend(i, params)
+
+
+def reg_get_default_buffer_type(i: int):
+    """`ggml_backend_reg_get_default_buffer_type`."""
+    return _reg_entry(i).default_buffer_type
+
+
+def reg_alloc_buffer(i: int, size: int):
+    """`ggml_backend_reg_alloc_buffer`: a buffer of entry `i`'s default buffer type."""
+    return reg_get_default_buffer_type(i).alloc_buffer(size)
+
+
+# %% [markdown]
+# ### 1.5 · Copying a whole graph to another backend, and comparing two backends
+#
+# `ggml_backend_graph_copy` (:1771-1840) rebuilds a computed graph on another backend: every tensor
+# is duplicated **with its layout** (`ggml_dup_tensor_layout`, :794), non-view tensors with data go
+# to one context that is allocated on the backend in one buffer, views to another; then
+# `graph_copy_init_tensor` copies the data in (views are `view_init`ed). Flags are not copied.
+# `ggml_backend_compare_graph_backend` (:1846-1872) uses it to run a graph node by node on two
+# backends and hands each pair of results to a callback — how ggml's `test-backend-ops` checks a
+# GPU against the CPU. View ops are computed but not compared.
+
+# %%
+# | export
+def dup_tensor_layout(ctx: Context, t):
+    """`ggml_dup_tensor_layout`: `ggml_dup_tensor` keeping `t`'s strides `nb`."""
+    d = ctx.dup_tensor(t)
+    d.nb = list(t.nb)
+    return d
+
+
+def is_view_op(op) -> bool:
+    """`ggml_is_view_op`: VIEW, RESHAPE, PERMUTE or TRANSPOSE."""
+    return op in VIEW_OPS
+
+
+class GraphCopy:
+    """`struct ggml_backend_graph_copy`: the buffer, the two contexts and the copied graph."""
+
+    __slots__ = ("buffer", "ctx_allocated", "ctx_unallocated", "graph")
+
+    def __init__(self, buffer=None, ctx_allocated=None, ctx_unallocated=None, graph=None):
+        self.buffer, self.ctx_allocated, self.ctx_unallocated, self.graph = buffer, ctx_allocated, ctx_unallocated, graph
+
+
+def graph_copy_dup_tensor(node_copies: dict, ctx_allocated, ctx_unallocated, src):
+    """`graph_copy_dup_tensor`: `src`'s copy, made once, with its view source and sources copied first."""
+    if src.data is None:
+        raise TensorNotAllocatedError(f"graph_copy: {describe(src)} has no data (graph must be allocated)")
+    dst = node_copies.get(src)
+    if dst is not None:
+        return dst
+    dst = dup_tensor_layout(ctx_allocated if src.view_src is None else ctx_unallocated, src)
+    if src.view_src is not None:
+        dst.view_src = graph_copy_dup_tensor(node_copies, ctx_allocated, ctx_unallocated, src.view_src)
+        dst.view_offs = src.view_offs
+    dst.op = src.op
+    dst.op_params = list(src.op_params)
+    dst.set_name(src.name)
+    for i, s in enumerate(src.src):
+        if s is not None:
+            dst.set_src(i, graph_copy_dup_tensor(node_copies, ctx_allocated, ctx_unallocated, s))
+    node_copies[src] = dst
+    return dst
+
+
+def graph_copy_init_tensor(node_copies: dict, node_init: set, src) -> None:
+    """`graph_copy_init_tensor`: give `src`'s copy its data (a view: `view_init` after its source)."""
+    if src in node_init:
+        return
+    node_init.add(src)
+    dst = node_copies[src]
+    if dst.view_src is not None:
+        graph_copy_init_tensor(node_copies, node_init, src.view_src)
+        view_init(dst)
+    else:
+        tensor_copy(src, dst)
+    for s in src.src:
+        if s is not None:
+            graph_copy_init_tensor(node_copies, node_init, s)
+
+
+def graph_copy(backend: Backend, graph) -> GraphCopy:
+    """`ggml_backend_graph_copy`: `graph` (allocated, with data) duplicated on `backend`; an empty
+    GraphCopy when the buffer cannot be allocated."""
+    node_copies, node_init = {}, set()
+    ctx_allocated, ctx_unallocated = Context("graph_copy (allocated)"), Context("graph_copy (views)")
+    for node in graph.nodes:  # dup nodes
+        graph_copy_dup_tensor(node_copies, ctx_allocated, ctx_unallocated, node)
+    buffer = alloc_ctx_tensors(ctx_allocated, backend)  # allocate nodes
+    if buffer is None:
+        log.error("failed to allocate buffer for graph copy")
+        return GraphCopy()
+    for node in graph.nodes:  # copy data and init views
+        graph_copy_init_tensor(node_copies, node_init, node)
+    copy = Graph(graph.size)
+    copy.nodes = [node_copies[node] for node in graph.nodes]
+    return GraphCopy(buffer, ctx_allocated, ctx_unallocated, copy)
+
+
+def graph_copy_free(copy: GraphCopy) -> None:
+    """`ggml_backend_graph_copy_free`: free the copy's buffer."""
+    if copy.buffer is not None:
+        copy.buffer.free()
+
+
+def compare_graph_backend(backend1: Backend, backend2: Backend, graph, callback) -> bool:
+    """`ggml_backend_compare_graph_backend`: compute `graph` on `backend1` and a copy of it on
+    `backend2` one node at a time; `callback(i, t1, t2)` sees each pair of non-view results and
+    returns False to stop. False when the copy cannot be made."""
+    copy = graph_copy(backend2, graph)
+    if copy.buffer is None:
+        return False
+    g1, g2 = graph, copy.graph
+    for i, (t1, t2) in enumerate(zip(g1.nodes, g2.nodes)):
+        if t1.op is not t2.op or not are_same_layout(t1, t2):
+            raise LayoutMismatchError(f"graph copy node {i}: {describe(t1)} and {describe(t2)} differ")
+        backend1.graph_compute(graph_view(g1, i, i + 1))
+        backend2.graph_compute(graph_view(g2, i, i + 1))
+        if is_view_op(t1.op):
+            continue
+        if not callback(i, t1, t2):  # compare results, calculate rms etc
+            break
+    graph_copy_free(copy)
+    return True
+
+
+# %% [markdown]
+# ## 2 · The CPU backend
+#
+# `ggml-backend.c:559-732`. The CPU backend is small because the work is elsewhere (`ggml.c`'s
+# kernels): its default buffer type is the CPU buffer type of chapter 02, it can use any host
+# memory, and `graph_compute` is `ggml_graph_compute` over the nodes in order. Its `supports_op`
+# says yes to nearly everything:
+#
+# ```c
+# GGML_CALL static bool ggml_backend_cpu_supports_op(ggml_backend_t backend, const struct ggml_tensor * op) { // :629
+#     switch (op->op) {
+#         case GGML_OP_CPY:     return op->type != GGML_TYPE_IQ2_XXS && ...;   // types without from_float
+#         case GGML_OP_MUL_MAT: return op->src[1]->type == GGML_TYPE_F32 ||
+#                                      op->src[1]->type == ggml_internal_get_type_traits(op->src[0]->type).vec_dot_type;
+#         default:              return true;
+#     }
+# }
+# ```
+#
+# The types of this project all have `from_float`, so only the `MUL_MAT` rule matters here: src1
+# must be f32, or already of src0's *dot type* — f16 for f16 weights, q8_0 for q8_0 and q4_0
+# weights (§2.1 shows why). It has no queue, no events and no async copies: every entry for them
+# is `NULL`. Threads, thread pools and abort callbacks have no meaning in this port.
+#
+# ### 2.1 · How the CPU computes
+#
+# Each op is a numpy kernel that reads its sources through `tensor_array` (the bytes of chapter 02,
+# seen with `ne`/`nb`) and writes into the node's own bytes. Nothing is returned: if the graph
+# allocator put two live tensors at the same offset, one overwrites the other, exactly as in ggml.
+
+# %%
+# | export cpu
+"""The CPU backend (ggml-backend.c:559-732) and the numpy kernels it computes with: ggml.c's
+`ggml_compute_forward` for the ops of this project, arithmetic chosen to give ggml's numbers."""
+
+import numpy as np
+
+from ggml_lite.backend import Backend, GraphPlan, Status
+from ggml_lite.buffer import cpu_buffer_type, tensor_array
+from ggml_lite.errors import UnsupportedOpError
+from ggml_lite.tensor import F16, F32, Q4_0, Q8_0, VIEW_OPS, Op, UnaryOp, describe, word_to_float
+
+# `type_traits[type].vec_dot_type`: what src1 of a MUL_MAT is converted to before the dot products
+VEC_DOT_TYPE = {"f32": F32, "f16": F16, "q8_0": Q8_0, "q4_0": Q8_0}
+
+# %%
+# | export cpu
+# TEMP-KERNELS-BEGIN
+def compute_forward(node, device=False):
+    if node.op in VIEW_OPS or node.op is Op.NONE:
+        return
+    a = lambda t: tensor_array(t, device=device)  # noqa: E731
+    if node.op is Op.ADD:
+        a(node)[...] = a(node.src[0]) + a(node.src[1])
+    elif node.op is Op.MUL:
+        a(node)[...] = a(node.src[0]) * a(node.src[1])
+    elif node.op is Op.SQR:
+        a(node)[...] = a(node.src[0]) ** 2
+    elif node.op is Op.SCALE:
+        a(node)[...] = a(node.src[0]) * np.float32(word_to_float(node.op_params[0]))
+    elif node.op is Op.MUL_MAT:
+        a(node)[...] = a(node.src[1]) @ a(node.src[0]).astype(np.float32).T
+    elif node.op is Op.CPY:
+        a(node)[...] = a(node.src[0])
+    else:
+        raise UnsupportedOpError(node.op.name)
+def quantize_q8_0(x):
+    raise UnsupportedOpError("temp")
+# TEMP-KERNELS-END
+
+
+# %% [markdown]
+# ### 2.2 · The backend
+
+# %%
+# | export cpu
+class CPUBackend(Backend):
+    """The CPU backend (`ggml_backend_cpu_init`; `ggml_backend_cpu_name`, `ggml_backend_cpu_free`,
+    `ggml_backend_cpu_get_default_buffer_type`). `clock` (optional, a `sim.SimClock`) makes every
+    `graph_compute` advance the host's simulated time by `cost.op_seconds` per node and record a span,
+    so that the CPU shows on the SIM timelines; without it the CPU keeps no time."""
+
+    name = "CPU"
+
+    def __init__(self, clock=None, cost=None):
+        super().__init__()
+        self.clock, self.cost = clock, cost
+
+    def free(self) -> None:
+        """`ggml_backend_cpu_free`."""
+        super().free()
+
+    def _get_default_buffer_type(self):
+        """`ggml_backend_cpu_get_default_buffer_type`: the CPU buffer type (chapter 02)."""
+        return cpu_buffer_type()
+
+    def _graph_plan_create(self, graph) -> GraphPlan:
+        """`ggml_backend_cpu_graph_plan_create`: a plan holding a shallow copy of the graph."""
+        self._alive()
+        return GraphPlan(self, graph)
+
+    def _graph_plan_free(self, plan: GraphPlan) -> None:
+        """`ggml_backend_cpu_graph_plan_free`."""
+        plan.freed = True
+
+    def _graph_plan_compute(self, plan: GraphPlan) -> Status:
+        """`ggml_backend_cpu_graph_plan_compute`: compute the plan's graph."""
+        return self._graph_compute(plan.graph)
+
+    def _graph_compute(self, graph) -> Status:
+        """`ggml_backend_cpu_graph_compute` (`ggml_graph_compute`): every node in order, on this thread."""
+        for node in graph.nodes:
+            if not self._supports_op(node):
+                raise UnsupportedOpError(f"CPU cannot compute {describe(node)} ({node.op.name}): src1 "
+                                         f"{node.src[1].type.name} is neither f32 nor the dot type of {node.src[0].type.name}")
+            compute_forward(node)
+        if self.clock is not None and graph.nodes:
+            seconds = sum(self.cost.op_seconds(n) for n in graph.nodes if n.op not in VIEW_OPS)
+            self.clock.host_work(self.name, "compute", _graph_label(graph), seconds)
+        return Status.SUCCESS
+
+    def _supports_op(self, op) -> bool:
+        """`ggml_backend_cpu_supports_op`: everything, but a MUL_MAT whose src1 is neither f32 nor
+        src0's dot type."""
+        if op.op is Op.MUL_MAT:
+            return op.src[1].type is F32 or op.src[1].type is VEC_DOT_TYPE.get(op.src[0].type.name)
+        return True
+
+    def _supports_buft(self, buft) -> bool:
+        """`ggml_backend_cpu_supports_buft`: any host buffer type."""
+        return buft.is_host()
+
+
+def _graph_label(graph) -> str:
+    """A graph as the timelines label it: its node count and first/last node names."""
+    n = len(graph.nodes)
+    return f"{n} node{'s' if n != 1 else ''}: {graph.nodes[0].name} .. {graph.nodes[-1].name}" if n > 1 else graph.nodes[0].name
+
+
+def cpu_init(clock=None, cost=None) -> CPUBackend:
+    """`ggml_backend_cpu_init`."""
+    return CPUBackend(clock, cost)
+
+
+def is_cpu(backend) -> bool:
+    """`ggml_backend_is_cpu` (the C compares GUIDs; here, the class)."""
+    return isinstance(backend, CPUBackend)
+
+
+def reg_cpu_init(params: str, user_data) -> CPUBackend:
+    """`ggml_backend_reg_cpu_init`: the registry's init function (params are ignored, as in the C)."""
+    return cpu_init()
+
+
+# %% [markdown]
+# ### 2.3 · A plan proven by results
+#
+# A small graph whose plan reuses memory: `scale` may overwrite its parent `h` (SCALE can work in
+# place, `h` has no other child), and `sq` takes the block of the input `x`, free once `h` was
+# computed. The result equals the same computation in plain numpy.
+
+# %%
+rng = np.random.default_rng(0)
+cpu = cpu_init()
+wctx = gl.Context("weights")
+w_cpu = wctx.new_tensor_2d(gl.F32, 64, 48, name="w")
+gl.alloc_ctx_tensors(wctx, cpu)
+W = rng.standard_normal((48, 64)).astype(np.float32)
+tensor_set(w_cpu, W)
+
+
+def small_graph(w):
+    c = gl.Context("compute")
+    x = c.new_tensor_2d(gl.F32, 64, 8, name="x")
+    gl.set_input(x)
+    h = gl.mul_mat(c, w, x).set_name("h")
+    s = gl.scale(c, h, 0.25).set_name("s")
+    q = gl.sqr(c, s).set_name("sq")
+    out = gl.add(c, q, s).set_name("out")
+    gl.set_output(out)
+    return gl.build_forward(out), x, out
+
+
+graph, x, out = small_graph(w_cpu)
+galloc = gl.GAllocr(cpu.get_default_buffer_type())
+galloc.alloc_graph(graph)
+base = galloc.buffers[0].get_base()
+print({t.name: t.data - base for t in graph.nodes}, "buffer", galloc.get_buffer_size(0))
+X = rng.standard_normal((8, 64)).astype(np.float32)
+tensor_set(x, X)
+cpu.graph_compute(graph)
+S = 0.25 * (X @ W.T)
+reference = S * S + S
+print("max |ggml_lite - numpy| =", np.abs(tensor_get(out) - reference).max())
+
+# %% [markdown]
+# Now break the plan on purpose: give `sq` the memory of `s`, which is still needed by `out`. The
+# allocator would never do this (`s` has two children), and the result shows why — `out` becomes
+# `sq + sq`.
+
+# %%
+graph2, x2, out2 = small_graph(w_cpu)
+galloc2 = gl.GAllocr(cpu.get_default_buffer_type())
+galloc2.reserve(graph2)
+by_name = {t.name: k for k, t in enumerate(graph2.nodes)}
+na = galloc2.node_allocs
+na[by_name["sq"]] = na[by_name["sq"]]._replace(dst=na[by_name["s"]].dst)  # two live tensors overlap
+galloc2.alloc_graph(graph2)
+tensor_set(x2, X)
+cpu.graph_compute(graph2)
+broken = tensor_get(out2)
+print("corrupted plan: max |out - numpy| =", np.abs(broken - reference).max())
+print("and out == 2·sq:", np.allclose(broken, 2 * S * S))
+
+
+# %% [markdown]
+# ## 3 · SIM, a simulated accelerator
+#
+# The interesting half of ggml-backend exists for devices the host cannot read: their memory is
+# reached only through `set_tensor` / `get_tensor` / `cpy_tensor`, their work is *queued* and runs
+# later, and the host learns it is done through `synchronize` or events. SIM simulates such a device
+# faithfully enough that a wrong order of operations gives wrong numbers:
+#
+# * **Memory.** Its buffer type (named like the device, alignment 128 by default, `is_host` false,
+#   optional `max_size`) allocates buffers whose size is exactly the request and whose bytes start as
+#   `0xFF` — NaN in f32 and f16 — so reading what was never written shows. `tensor_array` refuses
+#   them; only the device's own kernels read them (`device=True`).
+# * **A queue.** `graph_compute_async`, `tensor_set_async`, `tensor_get_async` and
+#   `cpy_tensor_async` only *enqueue*; the work runs, in order, on `synchronize`, on an event
+#   synchronize, or when another queue waits for one of its events. Data moves when the work runs:
+#   an async upload reads the host bytes at that moment, as a DMA engine would.
+# * **Time.** A cost model (`CostModel`: FLOP/s and bytes/s for ops, bytes/s for copies, a launch
+#   latency) gives each queued item a duration. A shared `SimClock` keeps the host's time; the device
+#   starts an item when it is free, the item was issued and its waits are over, and records a span.
+#   Blocking calls move the host's time forward to the device's. Counters keep the bytes copied in
+#   each direction.
+# * **Rules.** An op deny-list (`supports_op`), an `offload_op` rule (`None`, `"mul_mat"`: MUL_MAT with
+#   `ne[1] >= 32`, `"cuda"`: `ne[1] >= 32` and not GET_ROWS — the CUDA backend's rule of this era — or
+#   any callable), `supports_buft` only for its own buffer type, and `cpy_tensor` accepting sources in
+#   any SIM memory.
+#
+# `asynchronous=False` gives the FAKE backend of the scheduler fixtures
+# (`../shared/fixtures/ggml-seed-sched/README.md`): no async tensor functions and no async copy
+# (their hooks are `None`), work done at once, and events that exist but are synchronous.
+
+# %%
+# | export sim
+"""SIM, a simulated accelerator: non-host memory, an asynchronous queue with events, a cost model and
+a simulated clock (DESIGN §3). Configured with `asynchronous=False` it behaves like the FAKE backend
+of the scheduler fixtures."""
+
+import dataclasses
+import logging
+
+import numpy as np
+
+from ggml_lite.backend import Backend, Event, Status, tensor_buffer
+from ggml_lite.buffer import HEAP, Buffer, BufferType
+from ggml_lite.cpu import VEC_DOT_TYPE, _graph_label, compute_forward
+from ggml_lite.errors import BackendError, UnsupportedOpError
+from ggml_lite.tensor import F32, VIEW_OPS, Op, describe, nbytes, nelements, op_by_name
+
+log = logging.getLogger("ggml_lite")
+
+
+# %% [markdown]
+# ### 3.1 · Time: the clock and the cost model
+#
+# A span is one item of work on one lane (a device, or the host for the CPU backend). FLOPs are
+# counted the usual way: `2·K` per output of a matrix product, a few per element for the
+# transcendental ops, one per element otherwise; copies and view ops do no arithmetic. An item costs
+# its launch latency plus the larger of its compute time and its memory time.
+
+# %%
+# | export sim
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """One item of work on a lane: `kind` is "compute", "h2d", "d2h", "d2d" or "wait"."""
+
+    lane: str
+    kind: str
+    label: str
+    start: float
+    end: float
+
+
+class SimClock:
+    """Simulated time in seconds, shared by the host and the devices that are given the same clock.
+    `host` is the host thread's time; `spans` is every span recorded so far."""
+
+    def __init__(self):
+        self.host = 0.0
+        self.spans = []
+
+    def record(self, lane: str, kind: str, label: str, start: float, end: float) -> None:
+        self.spans.append(Span(lane, kind, label, start, end))
+
+    def host_work(self, lane: str, kind: str, label: str, seconds: float) -> None:
+        """Work that the host does itself (the CPU backend): it takes `seconds` of host time."""
+        start = self.host
+        self.host = start + seconds
+        self.record(lane, kind, label, start, self.host)
+
+    def wait_until(self, t: float) -> None:
+        """The host blocks until `t` (a synchronize, a blocking copy)."""
+        self.host = max(self.host, t)
+
+
+_FLOPS_PER_ELEMENT = {Op.SOFT_MAX: 5, Op.ROPE: 6, Op.NORM: 5, Op.RMS_NORM: 4, Op.UNARY: 4, Op.LOG: 4}
+
+
+def node_flops(node) -> int:
+    """Floating point operations of one node (an estimate; copies and views do none)."""
+    op = node.op
+    if op in VIEW_OPS or op in (Op.NONE, Op.CPY, Op.CONT, Op.DUP, Op.GET_ROWS, Op.CONCAT):
+        return 0
+    if op is Op.MUL_MAT:
+        return 2 * node.src[0].ne[0] * nelements(node)
+    return _FLOPS_PER_ELEMENT.get(op, 1) * nelements(node)
+
+
+def node_bytes(node) -> int:
+    """Bytes a node reads and writes: its sources and itself (views move nothing)."""
+    if node.op in VIEW_OPS or node.op is Op.NONE:
+        return 0
+    return nbytes(node) + sum(nbytes(s) for s in node.src if s is not None)
+
+
+@dataclasses.dataclass
+class CostModel:
+    """Durations of SIM's work: `flops` FLOP/s and `mem_bw` bytes/s for ops, `copy_bw` bytes/s for
+    copies, `latency` seconds per queued item. The defaults are those of a mid-range GPU over PCIe 4."""
+
+    flops: float = 20e12
+    mem_bw: float = 500e9
+    copy_bw: float = 16e9
+    latency: float = 5e-6
+
+    def op_seconds(self, node) -> float:
+        if node.op in VIEW_OPS or node.op is Op.NONE:
+            return 0.0
+        return self.latency + max(node_flops(node) / self.flops, node_bytes(node) / self.mem_bw)
+
+    def graph_seconds(self, graph) -> float:
+        return sum(self.op_seconds(n) for n in graph.nodes)
+
+    def copy_seconds(self, n: int) -> float:
+        return self.latency + n / self.copy_bw
+
+
+# %% [markdown]
+# ### 3.2 · Memory: the device's buffer type and buffers
+#
+# One `SimBufferType` per device: it is the device's memory, so it also keeps the device's clock,
+# cost model and copy counters. A blocking copy (`ggml_backend_tensor_set` / `_get` on SIM memory)
+# takes host time; `cpy_tensor` copies device to device when the source is in any SIM memory and
+# declines otherwise — then `ggml_backend_tensor_copy` takes the slow path through the host.
+
+# %%
+# | export sim
+class SimBufferType(BufferType):
+    """A SIM device's buffer type (a `ggml_backend_buffer_type` whose `is_host` is false): buffers of
+    exactly the requested size, base aligned to `alignment`, bytes starting as 0xFF. It carries the
+    device's `clock`, `cost` model and copy counters `bytes_h2d`, `bytes_d2h`, `bytes_d2d`."""
+
+    def __init__(self, name: str = "SIM", alignment: int = 128, max_size: int = None, clock=None, cost=None):
+        super().__init__(name, alignment, max_size, is_host=False)
+        self.clock = clock if clock is not None else SimClock()
+        self.cost = cost if cost is not None else CostModel()
+        self.bytes_h2d = self.bytes_d2h = self.bytes_d2d = 0
+
+    def alloc_buffer(self, size: int) -> "SimBuffer":
+        """`ggml_backend_buft_alloc_buffer` of a SIM device."""
+        buf = SimBuffer(self, size, HEAP.malloc(size + self.alignment), base_alignment=self.alignment)
+        buf.malloc_size = size + self.alignment
+        return buf
+
+    def count(self, kind: str, n: int) -> None:
+        setattr(self, f"bytes_{kind}", getattr(self, f"bytes_{kind}") + n)
+
+
+BLOCKING_LANE = "host copies"  # blocking copies are the host thread's time, not a device queue's
+
+
+class SimBuffer(Buffer):
+    """A buffer in a SIM device's memory: `set_tensor`/`get_tensor` are blocking copies (host time,
+    on the lane `BLOCKING_LANE`), `cpy_tensor` is a device-to-device copy from any SIM memory."""
+
+    def memory(self) -> np.ndarray:
+        """The device bytes, 0xFF until written (NaN for f32 and f16)."""
+        self._alive()
+        if self._mem is None:
+            self._mem = np.full(self._extent(), 0xFF, dtype=np.uint8)
+        return self._mem
+
+    def _blocking(self, kind: str, n: int, tensor) -> None:
+        self.buft.count(kind, n)
+        clock = self.buft.clock
+        clock.host_work(BLOCKING_LANE, kind, f"{self.buft.name} {kind} {tensor.name or '<unnamed>'}",
+                        self.buft.cost.copy_seconds(n))
+
+    def set_tensor(self, tensor, data, offset: int, size: int) -> None:
+        """A blocking host-to-device copy."""
+        super().set_tensor(tensor, data, offset, size)
+        self._blocking("h2d", size, tensor)
+
+    def get_tensor(self, tensor, offset: int, size: int) -> bytes:
+        """A blocking device-to-host copy."""
+        out = super().get_tensor(tensor, offset, size)
+        self._blocking("d2h", size, tensor)
+        return out
+
+    def cpy_tensor(self, src, dst) -> bool:
+        """Device to device when `src` lies in any SIM memory (the FAKE backend's rule), else False."""
+        sbuf = tensor_buffer(src)
+        if not isinstance(sbuf, SimBuffer):
+            return False
+        n = nbytes(src)
+        self.span(dst.data, n, "copy")[:] = sbuf.span(src.data, n, "copy")
+        self._blocking("d2d", n, dst)
+        return True
+
+
+# %% [markdown]
+# ### 3.3 · The queue, events and the backend
+#
+# A queued item has a duration, the host time it was issued at, and what it does to the bytes. When
+# it runs it starts at `max(device free, issued, waits over)`. An event is a counter of records;
+# a record is an item that notes the time the device reached it; `event_wait(e)` queues an item
+# that first makes `e`'s device run far enough, then waits for that time. Unsupported work is
+# refused when it is *queued*, with the op and tensor in the message.
+
+# %%
+# | export sim
+class _Item:
+    """One queued piece of work."""
+
+    __slots__ = ("kind", "label", "seconds", "run", "issued", "wait", "record")
+
+    def __init__(self, kind, label, seconds, run=None, wait=None, record=None):
+        self.kind, self.label, self.seconds, self.run = kind, label, seconds, run
+        self.issued, self.wait, self.record = 0.0, wait, record
+
+
+OFFLOAD_RULES = {
+    None: lambda op: False,
+    "mul_mat": lambda op: op.op is Op.MUL_MAT and op.ne[1] >= 32,
+    "cuda": lambda op: op.ne[1] >= 32 and op.op is not Op.GET_ROWS,  # ggml-cuda's rule of this era
+}
+
+
+class SimBackend(Backend):
+    """A SIM device's backend (one queue on one device): see `sim_init`."""
+
+    def __init__(self, name="SIM", alignment=128, max_size=None, deny_ops=(), offload=None,
+                 asynchronous=True, clock=None, cost=None, buft=None):
+        super().__init__()
+        self.name = name
+        self.buft = buft if buft is not None else SimBufferType(name, alignment, max_size, clock, cost)
+        self.deny_ops = frozenset(op_by_name(o) for o in deny_ops)
+        if not callable(offload) and offload not in OFFLOAD_RULES:
+            raise BackendError(f"unknown offload rule {offload!r}: use None, 'mul_mat', 'cuda' or a function of the node")
+        self.offload_rule = offload
+        self._offload = offload if callable(offload) else OFFLOAD_RULES[offload]
+        self.asynchronous = asynchronous
+        self.queue = []
+        self.free_at = 0.0  # when the device finishes what it has run
+        if not asynchronous:  # the FAKE backend: no async tensor functions, no async copy, no queue
+            self._set_tensor_async = self._get_tensor_async = self._cpy_tensor_async = None
+
+    # -- device state ----------------------------------------------------------------------------------
+    @property
+    def clock(self) -> SimClock:
+        return self.buft.clock
+
+    @property
+    def cost(self) -> CostModel:
+        return self.buft.cost
+
+    @property
+    def bytes_copied(self) -> dict:
+        """Bytes copied host→device, device→host and device→device so far."""
+        return {"h2d": self.buft.bytes_h2d, "d2h": self.buft.bytes_d2h, "d2d": self.buft.bytes_d2d}
+
+    def _enqueue(self, item: _Item) -> None:
+        self._alive()
+        item.issued = self.clock.host
+        if self.asynchronous:
+            self.queue.append(item)
+        else:
+            self._execute(item)
+            self.clock.wait_until(self.free_at)
+
+    def _execute(self, item: _Item) -> None:
+        ready = 0.0
+        if item.wait is not None:
+            event, gen = item.wait
+            ready = event.backend._reach(event, gen)
+        start = max(self.free_at, item.issued, ready)
+        if item.run is not None:
+            item.run()
+        self.free_at = start + item.seconds
+        if item.record is not None:
+            event, gen = item.record
+            event.context["times"][gen] = self.free_at
+        if item.seconds > 0:
+            self.clock.record(self.name, item.kind, item.label, start, self.free_at)
+
+    def _drain(self, until=None) -> None:
+        """Run queued items in order (all, or until the predicate `until()` holds)."""
+        while self.queue and (until is None or not until()):
+            self._execute(self.queue.pop(0))
+
+    def _reach(self, event: Event, gen: int) -> float:
+        """Run this queue until `event`'s record number `gen` has run; its time (0 if never recorded)."""
+        times = event.context["times"]
+        self._drain(lambda: gen in times)
+        return times.get(gen, 0.0)
+
+    def _synchronize(self) -> None:
+        """Run everything queued; the host waits for the device."""
+        self._drain()
+        self.clock.wait_until(self.free_at)
+
+    # -- data and copies -----------------------------------------------------------------------------------
+    def _own(self, t, what: str):
+        buf = tensor_buffer(t)
+        if buf is None or buf.buft is not self.buft:
+            where = buf.get_name() if buf is not None else "no"
+            raise BackendError(f"{self.name} cannot {what} {describe(t)}: it lives in {where} memory, not {self.name}'s")
+        return buf
+
+    def _set_tensor_async(self, tensor, raw, offset: int, size: int) -> None:
+        buf = self._own(tensor, "write")
+
+        def run():
+            buf.span(tensor.data + offset, size, "write")[:] = raw[:size]
+            self.buft.count("h2d", size)
+        self._enqueue(_Item("h2d", f"h2d {tensor.name}", self.cost.copy_seconds(size), run))
+
+    def _get_tensor_async(self, tensor, out, offset: int, size: int) -> None:
+        buf = self._own(tensor, "read")
+
+        def run():
+            out[:size] = buf.span(tensor.data + offset, size, "read")
+            self.buft.count("d2h", size)
+        self._enqueue(_Item("d2h", f"d2h {tensor.name}", self.cost.copy_seconds(size), run))
+
+    def _cpy_tensor_async(self, backend_src, src, dst) -> bool:
+        """Device to device between SIM backends (as CUDA's `cpy_tensor_async`: both sides must be
+        devices), ordered after the work queued on `backend_src`; False otherwise."""
+        sbuf, dbuf = tensor_buffer(src), tensor_buffer(dst)
+        if not isinstance(backend_src, SimBackend) or not isinstance(sbuf, SimBuffer) or dbuf.buft is not self.buft:
+            return False
+        n = nbytes(src)
+        wait = None
+        if backend_src is not self:  # the C records an event on the source stream and waits for it
+            event = backend_src.event_new()
+            event.record()
+            wait = (event, event.context["gen"])
+
+        def run():
+            dbuf.span(dst.data, n, "copy")[:] = sbuf.span(src.data, n, "copy")
+            self.buft.count("d2d", n)
+        self._enqueue(_Item("d2d", f"d2d {src.name}", self.cost.copy_seconds(n), run, wait=wait))
+        return True
+
+    # -- compute ---------------------------------------------------------------------------------------------
+    def _get_default_buffer_type(self):
+        return self.buft
+
+    def _supports_op(self, op) -> bool:
+        """Every op but the deny-list (and, since SIM runs the CPU kernels, the CPU's MUL_MAT rule)."""
+        if op.op in self.deny_ops:
+            return False
+        if op.op is Op.MUL_MAT:
+            return op.src[1].type is F32 or op.src[1].type is VEC_DOT_TYPE.get(op.src[0].type.name)
+        return True
+
+    def _supports_buft(self, buft) -> bool:
+        """Only this device's own buffer type."""
+        return buft is self.buft
+
+    def _offload_op(self, op) -> bool:
+        return bool(self._offload(op))
+
+    def _graph_compute(self, graph) -> Status:
+        """Queue the graph: it runs the CPU kernels on the device's memory when the queue runs."""
+        for node in graph.nodes:
+            if not self._supports_op(node):
+                raise UnsupportedOpError(f"{self.name} does not support {node.op.name}: cannot compute {describe(node)}")
+        nodes = list(graph.nodes)
+        if not nodes:
+            return Status.SUCCESS
+
+        def run():
+            for node in nodes:
+                if node.op in VIEW_OPS or node.op is Op.NONE:
+                    continue
+                for t in (node, *node.src):
+                    if t is not None:
+                        self._own(t, "read")
+                compute_forward(node, device=True)
+        self._enqueue(_Item("compute", _graph_label(graph), self.cost.graph_seconds(graph), run))
+        return Status.SUCCESS
+
+    # -- events ---------------------------------------------------------------------------------------------
+    def _event_new(self) -> Event:
+        event = Event(self)
+        event.context = {"gen": 0, "times": {}}
+        return event
+
+    def _event_free(self, event: Event) -> None:
+        event.context = None
+
+    def _event_record(self, event: Event) -> None:
+        event.context["gen"] += 1
+        self._enqueue(_Item("record", "record", 0.0, record=(event, event.context["gen"])))
+
+    def _event_synchronize(self, event: Event) -> None:
+        self.clock.wait_until(self._reach(event, event.context["gen"]))
+
+    def _event_wait(self, event: Event) -> None:
+        self._enqueue(_Item("wait", f"wait {event.backend.name}", 0.0, wait=(event, event.context["gen"])))
+
+    def __repr__(self):
+        mode = "async" if self.asynchronous else "sync"
+        return f"SimBackend({self.name!r}, {mode}, alignment={self.buft.alignment}, {len(self.queue)} queued)"
+
+
+# %% [markdown]
+# ### 3.4 · Making one
+
+# %%
+# | export sim
+def sim_init(name="SIM", alignment=128, max_size=None, deny_ops=(), offload=None, asynchronous=True,
+             clock=None, cost=None) -> SimBackend:
+    """A new SIM device and its backend. `deny_ops`: ops (or names) it refuses; `offload`: None,
+    "mul_mat", "cuda" or `f(node) -> bool`; `asynchronous=False`: the FAKE backend's synchronous
+    behaviour; `clock`: a `SimClock` to share with other devices (and the CPU backend)."""
+    return SimBackend(name, alignment, max_size, deny_ops, offload, asynchronous, clock, cost)
+
+
+def is_sim(backend) -> bool:
+    """Is `backend` a SIM backend (the C's `ggml_backend_is_*` pattern)?"""
+    return isinstance(backend, SimBackend)
+
+
+_DEFAULT_DEVICE = []
+
+
+def sim_default_buffer_type() -> SimBufferType:
+    """The buffer type of the registry's "SIM" device (made on first use)."""
+    if not _DEFAULT_DEVICE:
+        _DEFAULT_DEVICE.append(SimBufferType("SIM"))
+    return _DEFAULT_DEVICE[0]
+
+
+def _param(key: str, value: str):
+    try:
+        if key in ("alignment", "max_size"):
+            return int(value, 0)
+        if key == "deny":
+            return tuple(v for v in value.split("+") if v)
+        if key == "async":
+            return {"1": True, "true": True, "0": False, "false": False}[value.lower()]
+        if key == "offload":
+            return None if value in ("", "none") else value
+        if key == "name":
+            return value
+    except (ValueError, KeyError):
+        raise BackendError(f"SIM parameter {key}={value!r}: not a valid value") from None
+    raise BackendError(f"unknown SIM parameter {key!r}: use name, alignment, max_size, deny, offload, async")
+
+
+def reg_sim_init(params: str, user_data) -> SimBackend:
+    """The registry's init function for "SIM": no params gives a backend on the default "SIM" device;
+    `name=SIM1,alignment=64,max_size=65536,deny=SOFT_MAX+ROPE,offload=cuda,async=0` a new device."""
+    if not params:
+        return SimBackend(buft=sim_default_buffer_type())
+    kw = {}
+    for part in params.split(","):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise BackendError(f"SIM parameter {part!r} is not key=value (in {params!r})")
+        kw[key.strip()] = _param(key.strip(), value.strip())
+    if "async" in kw:
+        kw["asynchronous"] = kw.pop("async")
+    if "deny" in kw:
+        kw["deny_ops"] = kw.pop("deny")
+    return sim_init(**kw)
+
+
+# %% [markdown]
+# ### 3.5 · SIM at work
+#
+# The same small model with its weight on a SIM device. Uploading the input, computing and
+# downloading the result are only *queued*; until `synchronize` the device memory still holds 0xFF
+# (NaN) where the result will be. Then the queue runs, the spans show where the time went, and the
+# counters how many bytes crossed.
+
+# %%
+clock = SimClock()
+sim = sim_init("SIM", clock=clock)
+wctx = gl.Context("weights on SIM")
+w_sim = wctx.new_tensor_2d(gl.F32, 64, 48, name="w")
+gl.alloc_ctx_tensors(wctx, sim).set_usage(gl.BufferUsage.WEIGHTS)
+gl.tensor_set(w_sim, W)                   # a blocking upload: host time passes
+graph, x, out = small_graph(w_sim)
+gl.GAllocr(sim.get_default_buffer_type()).alloc_graph(graph)
+sim.tensor_set_async(x, X)
+sim.graph_compute_async(graph)
+result = np.zeros(gl.nbytes(out), np.uint8)
+sim.tensor_get_async(out, result)
+print("queued:", [item.kind for item in sim.queue], "| out on the device before synchronize: all NaN =",
+      bool(np.isnan(gl.tensor_get(out)).all()))
+
+# %% [markdown]
+# (That `tensor_get` was itself a blocking copy: it shows on the host's lane below.)
+
+# %%
+sim.synchronize()
+print("max |SIM - numpy| =", np.abs(result.view(np.float32).reshape(8, 48) - reference).max())
+print("bytes copied:", sim.bytes_copied, f"| host time {clock.host * 1e6:.1f} µs")
+for span in clock.spans:
+    print(f"  {span.lane:12s} {span.kind:8s} {span.start * 1e6:7.2f} → {span.end * 1e6:7.2f} µs  {span.label}")
+
+# %% [markdown]
+# Two devices and an event: SIM0 computes `out`, records an event; SIM1 waits for it and copies
+# `out` into its own memory (`ggml_backend_tensor_copy_async` → SIM1's `cpy_tensor_async`). Only
+# SIM1 is synchronized, and that is enough: waiting for the event makes SIM0 run as far as needed.
+
+# %%
+clock2 = SimClock()
+sim0, sim1 = sim_init("SIM0", clock=clock2), sim_init("SIM1", clock=clock2)
+wctx = gl.Context("weights on SIM0")
+w_sim0 = wctx.new_tensor_2d(gl.F32, 64, 48, name="w")
+gl.alloc_ctx_tensors(wctx, sim0)
+gl.tensor_set(w_sim0, W)
+graph, x, out = small_graph(w_sim0)
+gl.GAllocr(sim0.get_default_buffer_type()).alloc_graph(graph)
+copy_ctx = gl.Context("on SIM1")
+out1 = copy_ctx.new_tensor_2d(gl.F32, 48, 8, name="out on SIM1")
+gl.alloc_ctx_tensors(copy_ctx, sim1)
+sim0.tensor_set_async(x, X)
+sim0.graph_compute_async(graph)
+done = sim0.event_new()
+done.record()
+sim1.event_wait(done)
+gl.tensor_copy_async(sim0, sim1, out, out1)
+sim1.synchronize()
+print("max |SIM1 copy - numpy| =", np.abs(gl.tensor_get(out1) - reference).max())
+print("SIM0 queue left:", len(sim0.queue), "| SIM1 bytes:", sim1.bytes_copied)
+
+
+# %% [markdown]
+# ## 4 · Pictures
+#
+# Two figures, kept in `ggml_lite.viz.backends`: who can use what — each backend, the buffer types
+# it can use (`supports_buft`; its default one drawn solid), and the buffers that exist of each
+# type — and a timeline of simulated spans, one lane per device or host, which chapter 06 reuses
+# for the scheduler's pipelines.
+
+# %%
+# | export viz.backends
+"""Plotly figures for chapter 05 (and 06): backends, buffer types and buffers; a timeline of SIM spans."""
+
+import plotly.graph_objects as go
+
+KIND_COLORS = {"compute": "#636efa", "h2d": "#ef553b", "d2h": "#00cc96", "d2d": "#ab63fa", "wait": "#bbbbbb"}
+
+
+def _column(names, x):
+    n = len(names)
+    return {name: (x, (n - 1) / 2 - i) for i, name in enumerate(names)}
+
+
+def backends_figure(backends, bufts, buffers=(), title: str = "backends, buffer types and buffers") -> go.Figure:
+    """Three columns: backends, buffer types, buffers. An edge backend → buffer type where
+    `supports_buft` holds (solid for the backend's default type, dotted otherwise); an edge buffer
+    type → buffer for every buffer of that type."""
+    bnames = [b.get_name() for b in backends]
+    tnames = [f"{t.get_name()} ({'host' if t.is_host() else 'device'}, align {t.get_alignment()})" for t in bufts]
+    fnames = [f"{buf.get_name()} #{k}: {buf.get_size()} B, {buf.get_usage().name.lower()}" for k, buf in enumerate(buffers)]
+    pos = {**_column(bnames, 0), **_column(tnames, 1), **_column(fnames, 2)}
+    fig = go.Figure()
+    for b, bname in zip(backends, bnames):
+        for t, tname in zip(bufts, tnames):
+            if b.supports_buft(t):
+                default = b.get_default_buffer_type() is t
+                (x0, y0), (x1, y1) = pos[bname], pos[tname]
+                fig.add_trace(go.Scatter(x=[x0, x1], y=[y0, y1], mode="lines", hoverinfo="skip", showlegend=False,
+                                         line=dict(color="#444" if default else "#999", width=2 if default else 1,
+                                                   dash="solid" if default else "dot")))
+    for buf, fname in zip(buffers, fnames):
+        tname = next((tn for t, tn in zip(bufts, tnames) if t is buf.get_type()), None)
+        if tname is not None:
+            (x0, y0), (x1, y1) = pos[tname], pos[fname]
+            fig.add_trace(go.Scatter(x=[x0, x1], y=[y0, y1], mode="lines", hoverinfo="skip", showlegend=False,
+                                     line=dict(color="#bbb", width=1)))
+    for names, color, what in ((bnames, "#636efa", "backend"), (tnames, "#ef553b", "buffer type"),
+                               (fnames, "#00cc96", "buffer")):
+        if names:
+            fig.add_trace(go.Scatter(x=[pos[n][0] for n in names], y=[pos[n][1] for n in names], mode="markers+text",
+                                     text=names, textposition="middle right" if what != "backend" else "middle left",
+                                     marker=dict(size=14, color=color), name=what, hovertext=names, hoverinfo="text"))
+    fig.update_layout(title=title, height=140 + 45 * max(len(bnames), len(tnames), len(fnames), 1),
+                      xaxis=dict(visible=False, range=[-0.8, 3.2]), yaxis=dict(visible=False),
+                      margin=dict(l=20, r=20, t=50, b=20), legend=dict(orientation="h"))
+    return fig
+
+
+def timeline_figure(spans, title: str = "simulated timeline", lanes=None, unit: float = 1e-6) -> go.Figure:
+    """One lane per device (or host), a bar per span coloured by kind; x in µs (`unit` seconds)."""
+    lanes = lanes or list(dict.fromkeys(s.lane for s in spans))
+    fig = go.Figure()
+    shown = set()
+    for s in spans:
+        fig.add_trace(go.Bar(y=[s.lane], x=[(s.end - s.start) / unit], base=[s.start / unit], orientation="h",
+                             marker_color=KIND_COLORS.get(s.kind, "#888"), marker_line=dict(color="white", width=1),
+                             name=s.kind, legendgroup=s.kind, showlegend=s.kind not in shown,
+                             hovertext=f"{s.lane} {s.kind}: {s.label}<br>{s.start / unit:.1f} → {s.end / unit:.1f} µs",
+                             hoverinfo="text"))
+        shown.add(s.kind)
+    end = max((s.end for s in spans), default=0) / unit
+    fig.update_layout(title=title, barmode="overlay", height=120 + 50 * len(lanes),
+                      xaxis=dict(title="simulated time (µs)", range=[0, end * 1.02 or 1]),
+                      yaxis=dict(categoryorder="array", categoryarray=list(reversed(lanes))),
+                      margin=dict(l=20, r=20, t=50, b=40))
+    return fig
+
+
+# %% [markdown]
+# Who can use what, for the backends of this chapter: the CPU uses any host memory; each SIM only
+# its own. Buffers hang off their type.
+
+# %%
+from ggml_lite.viz.backends import backends_figure, timeline_figure  # noqa: E402
+
+cpu_b = cpu_init()
+bufts = [gl.cpu_buffer_type(), sim0.get_default_buffer_type(), sim1.get_default_buffer_type()]
+shown = [galloc.buffers[0], w_cpu.buffer, w_sim0.buffer, out1.buffer]
+backends_figure([cpu_b, sim0, sim1], bufts, shown)
+
+# %% [markdown]
+# The two-device run on the simulated clock: uploads (red) and the compute (blue) on SIM0; SIM1's
+# device-to-device copy (purple) waits for SIM0's compute to end; the blocking copies the host made
+# on its own lane. Hover for labels and times.
+
+# %%
+timeline_figure(clock2.spans, title="SIM0 computes, SIM1 waits for its event and copies the result")
+
+
+# %% [markdown]
+# ## 5 · `check` verifies numerics
+#
+# A fixture-schema file may also record what the real ggml *computed*
+# (`../shared/fixtures/NUMERICS.md`): a seed, how each leaf is filled, and the values of every
+# OUTPUT node and the last node. With a CPU backend, `python -m ggml_lite check FILE.json` can
+# now verify them: plan the graph (chapter 04), fill every leaf from its own 32-bit LCG stream,
+# compute on the CPU backend, compare. The stream is generated with a jump-ahead — `s_k = M_k·s_0 +
+# C_k (mod 2^32)`, where the coefficients for `k = 1..n` are doubled `log2 n` times — so a large
+# leaf costs a few numpy operations, not a Python loop per value.
+#
+# The comparison is relative to the result's largest magnitude, `max|got − want| / max|want|`:
+# ggml's SIMD kernels and these numpy ones differ in the last bits, and an element-wise relative
+# error is meaningless for outputs near zero. The tolerance is `1e-4` for a graph of f32 tensors
+# only and `5e-3` when an f16 or quantized tensor takes part (their rounding differs between the
+# two implementations, see NUMERICS.md); `check` prints it and the worst error of every result.
+
+# %%
+# | export numerics
+"""The `numerics` extension of the fixture schema (../shared/fixtures/NUMERICS.md): the leaf data
+generator, and the verification of recorded results on the CPU backend."""
+
+import numpy as np
+
+from ggml_lite.backend import tensor_get, tensor_set
+from ggml_lite.cpu import cpu_init, quantize_q8_0
+from ggml_lite.errors import GraphFileError
+from ggml_lite.tensor import F16, F32, I32, Q8_0
+
+MASK = 0xFFFFFFFF
+LCG_A, LCG_C = 1664525, 1013904223
+TOLERANCE_F32, TOLERANCE_MIXED = 1e-4, 5e-3
+
+
+def lcg_states(seed: int, n: int) -> np.ndarray:
+    """The states `s_1..s_n` of the LCG `s ← (1664525·s + 1013904223) mod 2^32` from `s_0 = seed`."""
+    m = np.array([LCG_A], dtype=np.uint64)  # s_k = m[k-1]·s_0 + c[k-1]
+    c = np.array([LCG_C], dtype=np.uint64)
+    while m.size < n:  # s_{j+k} = m_k·s_j + c_k: double the known coefficients
+        mj, cj = m[-1], c[-1]
+        m = np.concatenate([m, (m * mj) & MASK])
+        c = np.concatenate([c, (m[: c.size] * cj + c) & MASK])
+    return ((m[:n] * np.uint64(seed & MASK) + c[:n]) & MASK).astype(np.uint64)
+
+
+def leaf_values(data_seed: int, leaf_id: int, n: int, kind: str, value_range=None) -> np.ndarray:
+    """The `n` values of leaf `leaf_id` in memory order: f32 in [-1, 1), or integers in `range`."""
+    u = lcg_states((data_seed + 2654435761 * (leaf_id + 1)) & MASK, n) >> np.uint64(8)
+    if value_range is not None or kind in ("int", "i32"):
+        if value_range is None:
+            raise GraphFileError(f"leaf {leaf_id}: an integer leaf needs a range [lo, hi)")
+        lo, hi = value_range
+        return (lo + (u % np.uint64(hi - lo)).astype(np.int64)).astype(np.int32)
+    return ((u.astype(np.float64) - 2.0**23) / 2.0**23).astype(np.float32)
+
+
+def fill_leaf(tensor, data_seed: int, leaf_id: int, kind: str = "float", value_range=None) -> None:
+    """Write the generated data of one leaf: f32 as is, f16 rounded to nearest even, q8_0 quantized by
+    ggml's reference quantizer, i32 integers."""
+    n = tensor.ne[0] * tensor.ne[1] * tensor.ne[2] * tensor.ne[3]
+    values = leaf_values(data_seed, leaf_id, n, kind, value_range)
+    if tensor.type is F32 or tensor.type is I32:
+        tensor_set(tensor, values.astype(np.float32 if tensor.type is F32 else np.int32))
+    elif tensor.type is F16:
+        tensor_set(tensor, values.astype(np.float16))
+    elif tensor.type is Q8_0:
+        tensor_set(tensor, quantize_q8_0(values).view(np.uint8))
+    else:
+        raise GraphFileError(f"leaf {leaf_id} ({tensor.name}): no generator for type {tensor.type.name}")
+
+
+def _values_f32(tensor) -> np.ndarray:
+    """The tensor's values as f32 in ggml memory order (i0 fastest)."""
+    return tensor_get(tensor).astype(np.float32).reshape(-1)
+
+
+def verify_numerics(doc: dict, gf) -> tuple:
+    """Fill the leafs of the planned graph `gf` (a `graphio.GraphFile` after `run_plan`), compute it on
+    the CPU backend and compare every recorded result. Returns `(tolerance, rows)` with one row per
+    result: `(name, worst relative error, ok)`."""
+    num = doc.get("numerics")
+    if not isinstance(num, dict) or "results" not in num or "leaf_data" not in num:
+        raise GraphFileError("numerics: the file has no `numerics` block with `leaf_data` and `results`")
+    seed = doc.get("data_seed")
+    if seed is None:
+        raise GraphFileError("numerics: the file has no `data_seed`")
+    for leaf in num["leaf_data"]:
+        t = gf.tensors.get(leaf["id"])
+        if t is None:
+            raise GraphFileError(f"numerics: leaf_data names tensor id {leaf['id']}, which the graph does not have")
+        fill_leaf(t, seed, leaf["id"], leaf.get("kind", "float"), leaf.get("range"))
+    cpu_init().graph_compute(gf.graph)
+    mixed = any(t.type.name != "f32" and t.type is not I32 for t in gf.tensors.values())
+    tol = TOLERANCE_MIXED if mixed else TOLERANCE_F32
+    rows = []
+    for res in num["results"]:
+        got = _values_f32(gf.tensors[res["id"]])
+        rows.append((res["name"], _worst(res, got), None))
+    return tol, [(name, err, err <= tol) for name, err, _ in rows]
+
+
+def _as_f32(values) -> np.ndarray:
+    return np.array([float(v) for v in values], dtype=np.float64)
+
+
+def _worst(res: dict, got: np.ndarray) -> float:
+    """Relative error of one result: against its largest recorded magnitude; for a summarised result,
+    the `first` values and the `sum` / `sum_sq` (relative to the sum of magnitudes / sum of squares)."""
+    if got.size != res["n_elements"]:
+        return float("inf")
+    g = got.astype(np.float64)
+    if not res.get("summary"):
+        want = _as_f32(res["values"])
+        scale = max(np.max(np.abs(want)), np.finfo(np.float32).tiny)
+        return float(np.max(np.abs(g - want)) / scale) if want.size else 0.0
+    first = _as_f32(res["first"])
+    scale = max(np.max(np.abs(first)), np.finfo(np.float32).tiny)
+    errs = [float(np.max(np.abs(g[: first.size] - first)) / scale)]
+    errs.append(abs(g.sum() - res["sum"]) / max(np.abs(g).sum(), 1e-30))
+    errs.append(abs((g * g).sum() - res["sum_sq"]) / max(res["sum_sq"], 1e-30))
+    return max(errs)
+
+
+# %% [markdown]
+# The generator for leaf 3 of a file with `data_seed` 42 — floats in memory order — and the
+# jump-ahead checked against the plain recurrence:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(leaf_values(42, 3, 5, "float"))
+print(leaf_values(42, 3, 5, "int", (0, 10)))
+s_, plain = (42 + 2654435761 * 4) & MASK, []
+for _ in range(1000):
+    s_ = (LCG_A * s_ + LCG_C) & MASK
+    plain.append(s_)
+print("jump-ahead == loop for 1000 states:", lcg_states((42 + 2654435761 * 4) & MASK, 1000).tolist() == plain)
+
+# %% [markdown]
+# ## 6 · The registry and comparing two backends
+#
+# The registry creates backends by name. `compare_graph_backend` then runs the small graph node by
+# node on the CPU and on a copy on a SIM, and the callback sees each pair of results.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from ggml_lite import backend as be  # noqa: E402
+
+print([be.reg_get_name(i) for i in range(be.reg_get_count())])
+sim_r = be.reg_init_backend_from_str("SIM:name=SIM2,alignment=256,deny=SOFT_MAX")
+print(sim_r, "| alignment", sim_r.get_alignment(), "| denies", sorted(o.name for o in sim_r.deny_ops))
+
+graph, x, out = small_graph(w_cpu)
+gl.GAllocr(gl.cpu_buffer_type()).alloc_graph(graph)
+tensor_set(x, X)
+diffs = []
+be.compare_graph_backend(cpu_b, sim_r, graph,
+                         lambda i, t1, t2: diffs.append((i, t1.name, float(np.abs(tensor_get(t1) - tensor_get(t2)).max()))) or True)
+print(diffs)
+
+# %% [markdown]
+# ## 7 · Errors
+#
+# What a user can get wrong, each a specific exception from `ggml_lite.errors` that says what was
+# asked, what was there, and which tensor:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+def show(f):
+    try:
+        f()
+    except gl.GGMLLiteError as e:
+        print(f"{type(e).__name__}: {e}")
+
+
+ctx = gl.Context("errors")
+t = ctx.new_tensor_2d(gl.F32, 4, 2, name="t")
+show(lambda: tensor_get(t))                                          # not allocated
+err_buf = gl.alloc_ctx_tensors(ctx, gl.cpu_buffer_type())
+show(lambda: tensor_set(t, np.zeros(12, np.float32)))                # out of bounds
+show(lambda: tensor_set(t, np.zeros(8, np.float64)))                 # wrong dtype
+show(lambda: be.tensor_copy(t, a))                                   # different layouts
+show(lambda: sim_r.graph_compute(gl.build_forward(gl.soft_max(ctx, t))))  # denied op
+show(lambda: be.reg_init_backend_from_str("CUDA:0"))                 # unknown backend
+err_buf.free()
+show(lambda: tensor_get(t))                                          # freed buffer
+show(err_buf.free)                                                   # freed twice
+
+# %% [markdown]
+# ## 8 · Check
+
+# %%
+assert np.abs(tensor_get(out) - reference).max() == 0  # the CPU backend through compare_graph_backend
+assert all(d == 0.0 for *_, d in diffs) and len(diffs) == 4
+assert not np.allclose(broken, reference) and np.allclose(broken, 2 * S * S)
+assert sim.bytes_copied["h2d"] == 64 * 48 * 4 + 64 * 8 * 4 and sim.bytes_copied["d2h"] == 2 * 48 * 8 * 4
+lanes = {}
+for span in clock2.spans:
+    lanes.setdefault(span.lane, []).append(span)
+assert all(a.end <= b.start + 1e-12 for ss in lanes.values() for a, b in zip(ss, ss[1:]))  # a lane does one thing at a time
+d2d = next(sp for sp in clock2.spans if sp.kind == "d2d")
+assert d2d.lane == "SIM1" and d2d.start >= max(sp.end for sp in clock2.spans if sp.kind == "compute")
+assert cpu_b.supports_buft(gl.cpu_buffer_type()) and not sim0.supports_buft(gl.cpu_buffer_type())
+assert lcg_states(7, 3).tolist() == [(LCG_A * 7 + LCG_C) & MASK, (LCG_A * ((LCG_A * 7 + LCG_C) & MASK) + LCG_C) & MASK,
+                                     lcg_states(7, 3).tolist()[2]]
+print("chapter 05: all checks passed")

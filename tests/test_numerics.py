@@ -1,0 +1,142 @@
+"""The `numerics` extension (../shared/fixtures/NUMERICS.md): the leaf data generator and `check`'s
+verification of recorded results, on files built here with the real ggml (ggml-python) computing the
+results."""
+
+import numpy as np
+import pytest
+
+import ggml_lite as gl
+from conftest import NEEDS_SHARED
+from ggml_lite.numerics import LCG_A, LCG_C, MASK, fill_leaf, lcg_states, leaf_values
+
+
+def _loop(seed, n):
+    s, out = seed, []
+    for _ in range(n):
+        s = (LCG_A * s + LCG_C) & MASK
+        out.append(s)
+    return out
+
+
+@pytest.mark.parametrize("seed, n", [(0, 1), (1, 2), (12345, 3), (2**32 - 1, 17), (987654321, 1000)])
+def test_jump_ahead_equals_the_recurrence(seed, n):
+    assert lcg_states(seed, n).tolist() == _loop(seed, n)
+
+
+def test_values_follow_the_spec():
+    seed, leaf = 42, 5
+    s0 = (seed + 2654435761 * (leaf + 1)) & MASK
+    u = np.array(_loop(s0, 64), dtype=np.uint64) >> np.uint64(8)
+    floats = leaf_values(seed, leaf, 64, "float")
+    assert floats.dtype == np.float32
+    assert floats.tolist() == ((u.astype(np.float64) - 2**23) / 2**23).astype(np.float32).tolist()
+    assert floats.min() >= -1 and floats.max() < 1
+    ints = leaf_values(seed, leaf, 64, "int", (3, 10))
+    assert ints.tolist() == (3 + u % 7).astype(np.int32).tolist()
+
+
+def test_fill_rounds_f16_to_nearest_even_and_quantizes_q8_0():
+    ctx = gl.Context("leafs")
+    a = ctx.new_tensor_1d(gl.F16, 64, name="a")
+    q = ctx.new_tensor_1d(gl.Q8_0, 64, name="q")
+    gl.alloc_ctx_tensors(ctx, gl.cpu_buffer_type())
+    fill_leaf(a, 7, 0)
+    fill_leaf(q, 7, 1)
+    assert gl.tensor_get(a).tolist() == leaf_values(7, 0, 64, "float").astype(np.float16).tolist()
+    blocks = gl.tensor_get(q)
+    x = leaf_values(7, 1, 64, "float").reshape(2, 32)
+    d = np.abs(x).max(axis=1) / 127
+    assert blocks["d"].reshape(-1).tolist() == d.astype(np.float16).tolist()
+    want_q = np.sign(x * (1 / d)[:, None]) * np.floor(np.abs(x * (1 / d)[:, None]) + 0.5)  # roundf
+    assert blocks["qs"].reshape(2, 32).tolist() == want_q.astype(np.int8).tolist()
+
+
+def test_integer_leaf_without_range_is_refused():
+    with pytest.raises(gl.GraphFileError, match="needs a range"):
+        leaf_values(1, 2, 4, "int")
+
+
+# -- files with recorded results, built with the real ggml -------------------------------------------------
+
+def _bytes_for(t, values) -> bytes:
+    from ggml_lite.cpu import quantize_q8_0
+    if t.type is gl.F16:
+        return values.astype(np.float16).tobytes()
+    if t.type is gl.Q8_0:
+        return quantize_q8_0(values).tobytes()
+    return values.tobytes()
+
+
+def _numerics_document(name: str, seed: int, ranges: dict) -> dict:
+    """Fixture `name` with a `numerics` block whose results the real ggml (ggml-python) computed from
+    the NUMERICS.md leaf data."""
+    import copy
+
+    import ggml_oracle as O
+    from conftest import fixture_path, load_json
+    from ggml_lite.graphio import allocate_external
+
+    doc = copy.deepcopy(load_json(fixture_path("ggml-seed", name)))
+    gf = gl.read_graph_file(doc)
+    allocate_external(gf)
+    leaf_data, data = [], {}
+    for leaf in O.graph_data_tensors(gf.graph):
+        i = gf.id_of(leaf)
+        rng = ranges.get(leaf.name)
+        kind = "int" if leaf.type is gl.I32 else "float"
+        values = leaf_values(seed, i, gl.nelements(leaf), kind, rng)
+        data[leaf] = _bytes_for(leaf, values)
+        leaf_data.append({"id": i, "name": leaf.name, "type": leaf.type.name, "kind": kind,
+                          **({"range": list(rng)} if rng else {})})
+    wanted = [t for t in gf.graph.nodes if t.flags & gl.TensorFlag.OUTPUT]
+    if gf.graph.nodes[-1] not in wanted:
+        wanted.append(gf.graph.nodes[-1])
+    roots = [gf.tensors[i] for i in gf.expand_roots]
+    pre = list({id(t.ctx): t.ctx for i, t in gf.tensors.items() if gf.records[i].get("preallocated")}.values())
+    outs = O.ggml_compute(gf.graph, roots, pre, data=data, read=wanted)
+    results = []
+    for t, raw in zip(wanted, outs):
+        dtype = np.float16 if t.type is gl.F16 else np.float32
+        v = np.frombuffer(raw, dtype=dtype)[: gl.nelements(t)].astype(np.float32)  # contiguous results
+        entry = {"id": gf.id_of(t), "name": t.name, "reason": "output" if t.flags & gl.TensorFlag.OUTPUT else "final",
+                 "type": t.type.name, "ne": list(t.ne), "n_elements": int(v.size)}
+        if v.size > 4096:
+            v64 = v.astype(np.float64)
+            entry.update(summary=True, sum=float(v64.sum()), sum_sq=float((v64 * v64).sum()),
+                         first=[float(x) for x in v[:256]])
+        else:
+            entry["values"] = [float(x) for x in v]
+        results.append(entry)
+    doc.update(numeric=True, data_generator="NUMERICS.md LCG", data_seed=seed,
+               numerics={"leaf_data": leaf_data, "results": results})
+    return doc
+
+
+needs_ggml = pytest.mark.skipif(not __import__("ggml_oracle").available(), reason="ggml-python is not importable")
+
+
+@NEEDS_SHARED
+@needs_ggml
+@pytest.mark.parametrize("name, ranges", [
+    ("06_llama_block", {"inp_pos": (0, 64)}),
+    ("07_llama4_kvcache", {"inp_tokens": (0, 256), "inp_pos": (0, 64), "inp_out_ids": (0, 16)}),
+])
+def test_check_verifies_results_computed_by_ggml(name, ranges, tmp_path, capsys):
+    from ggml_lite.__main__ import main
+    from ggml_lite.graphio import dumps
+
+    doc = _numerics_document(name, 1234, ranges)
+    path = tmp_path / f"{name}_numeric.json"
+    path.write_text(dumps(doc))
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "plan identical" in out and "numerics:" in out and "FAIL" not in out
+    assert out.count("worst relative error") == len(doc["numerics"]["results"])
+
+    res = doc["numerics"]["results"][-1]   # a recorded value changed by 5% of the largest: caught
+    vals = res.get("values") or res["first"]
+    k = int(np.argmax(np.abs(vals)))
+    vals[k] = vals[k] * 0.95
+    path.write_text(dumps(doc))
+    assert main(["check", str(path)]) == 1
+    assert "FAIL" in capsys.readouterr().out
