@@ -38,17 +38,21 @@ def test_check_prints_the_first_differing_tensors_and_exits_1(tmp_path, capsys):
     assert all(t["name"] in out for t in moved), out
 
 
-def test_check_refuses_unverified_numerics(tmp_path, capsys):
-    """A file that records computed results: without a compute backend the plan is checked, the
-    numerics are not, and that is said and exits non-zero — unless --no-numerics is given."""
+def test_check_with_numerics_computes_or_skips(tmp_path, capsys):
+    """A file that records computed results: `check` computes them (here: none recorded, nothing to
+    compare, still the plan is checked) unless --no-numerics is given. Real result files are checked in
+    tests/test_numerics.py."""
     doc = copy.deepcopy(load_json(fixture_path("ggml-seed", "01_mlp_small")))
     doc.update(numeric=True, data_seed=1, numerics={"leaf_data": [], "results": []})
     path = _write(tmp_path, doc)
-    assert main(["check", path]) == 2
+    assert main(["check", path]) == 0
     out = capsys.readouterr().out
-    assert "plan identical" in out and "NOT verified" in out
+    assert "plan identical" in out and "numerics: 0 result(s) computed on the CPU backend" in out
     assert main(["check", path, "--no-numerics"]) == 0
     assert "numerics: skipped" in capsys.readouterr().out
+    del doc["data_seed"]
+    assert main(["check", _write(tmp_path, doc)]) == 2
+    assert "no `data_seed`" in capsys.readouterr().err
 
 
 def test_plan_json_gives_every_offset_and_the_buffer_size(capsys):

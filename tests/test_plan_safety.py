@@ -32,12 +32,21 @@ def _int_range(t, graph) -> tuple:
     return 0, 64
 
 
+def _graph(seed):
+    """The random graph of `seed`, with every tensor the user fills before computing flagged INPUT —
+    ggml's contract: only INPUT tensors are placed before the nodes and kept until their last use (a
+    plain leaf's memory may go to a later op-NONE node, e.g. a PARAM tensor, both filled up front)."""
+    rg = O.random_graph(seed, max_ops=MAX_OPS)
+    for t in O.graph_data_tensors(rg.graph):
+        if t.data is None:
+            gl.set_input(t)
+    return rg
+
+
 def _fill(rg) -> None:
-    """Deterministic data for every leaf (by its index in creation order), written after planning."""
+    """Deterministic data for every data tensor (by its index in creation order), after planning."""
     index = {t: k for k, t in enumerate(rg.tensors)}
-    for leaf in rg.graph.leafs:
-        if leaf.data is None or leaf.view_src is not None:
-            continue
+    for leaf in O.graph_data_tensors(rg.graph):
         n = gl.nelements(leaf)
         rng = np.random.default_rng(1000 + index.get(leaf, 999))
         if leaf.type is gl.I32:
@@ -65,7 +74,7 @@ def _results(rg) -> list:
 
 
 def _compute_planned(seed, corrupt=None):
-    rg = O.random_graph(seed, max_ops=MAX_OPS)
+    rg = _graph(seed)
     galloc = gl.GAllocr(gl.cpu_buffer_type())
     assert galloc.reserve(rg.graph)
     if corrupt is not None and not corrupt(rg, galloc):
@@ -77,7 +86,7 @@ def _compute_planned(seed, corrupt=None):
 
 
 def _compute_separate(seed):
-    rg = O.random_graph(seed, max_ops=MAX_OPS)
+    rg = _graph(seed)
     gl.alloc_ctx_tensors(rg.contexts[-1], gl.cpu_buffer_type())  # every compute tensor in its own region
     for t in rg.contexts[-1].tensors:
         if t.view_src is not None and t.buffer is None and t.view_src.buffer is not None:
@@ -125,24 +134,17 @@ def test_enough_graphs_were_computed():
 
 
 def _overlap_live_pair(rg, galloc) -> bool:
-    """Corrupt the plan: put a node `m` where a node `p` lives that is still read after `m` ran."""
-    nodes = rg.graph.nodes
-    pos = {id(t): k for k, t in enumerate(nodes)}
-    last_use = {}
-    for k, n in enumerate(nodes):
-        for s in n.src:
-            if s is not None:
-                root = s.view_src if s.view_src is not None else s
-                last_use[id(root)] = k
-    size = galloc.buffers[0].get_size() - 32
-    for p_idx, p in enumerate(nodes):
+    """Corrupt the plan: place a node `m` on the memory of a result `p` that must survive the graph (an
+    OUTPUT, or a node nothing consumes), computed before `m` — two live tensors now overlap."""
+    nodes, kept = rg.graph.nodes, set(_kept(rg))
+    end = galloc.buffers[0].get_size() - 32
+    for p_idx in sorted(kept):
         p_rec = galloc.node_allocs[p_idx].dst
-        if p_rec.size_max == 0 or last_use.get(id(p), -1) <= p_idx + 1:
+        if p_rec.size_max == 0:
             continue
-        for m_idx in range(p_idx + 1, last_use[id(p)]):
+        for m_idx in range(p_idx + 1, len(nodes)):
             m_rec = galloc.node_allocs[m_idx].dst
-            if (m_rec.size_max and m_rec.offset != p_rec.offset and nodes[m_idx].op is not gl.Op.CPY
-                    and p_rec.offset + m_rec.size_max <= size and id(nodes[m_idx]) in pos):
+            if m_rec.size_max and m_rec.offset != p_rec.offset and p_rec.offset + m_rec.size_max <= end:
                 galloc.node_allocs[m_idx] = galloc.node_allocs[m_idx]._replace(
                     dst=TensorAlloc(p_rec.buffer_id, p_rec.offset, m_rec.size_max))
                 return True
@@ -162,7 +164,7 @@ def test_a_corrupted_plan_is_caught():
         tried += 1
         caught += not _same(corrupted, separate)
     assert tried >= 20, tried
-    assert caught >= 0.8 * tried, (caught, tried)
+    assert caught >= 0.9 * tried, (caught, tried)
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -1,0 +1,476 @@
+"""Differential tests: the CPU kernels against the real ggml, through ggml-python 0.0.45 (ggml 0.15.3,
+built with AVX2/FMA/F16C, no llamafile), on hypothesis-generated random graphs.
+
+Two comparisons, each over at least `N_GRAPHS` graphs (derandomized, no example database):
+
+* **Lockstep** (`test_lockstep_each_node_matches_ggml`, the full op mix of `ggml_oracle.graphs()`):
+  the graph is computed one node at a time on both sides from identical memory (before node i,
+  ggml's current bytes of the node's sources and destination are copied into ggml_lite's tensors;
+  both planners place tensors identically), so each node is compared on identical inputs and
+  nothing accumulates. Tolerance: identical values (NaN matches NaN) for every op, except three op
+  families that ggml 0.15.3 computes differently from the reference (llama.cpp daa9623, which the
+  kernels follow and the recorded fixtures confirm bit for bit): normal-mode rope (another FMA
+  contraction in its C++ `rotate_pairs`), norm (mean and variance via `ggml_vec_cvar_f32`), and f32
+  mul_mat whose K is not a multiple of 32 (the leftovers of `ggml_vec_dot_f32`). For those the
+  difference must stay within `VERSION_TOL` of the tensor's largest magnitude (normwise: a few ulp of
+  the largest value; an elementwise relative bound is meaningless for outputs near zero, which these
+  ops produce by cancellation).
+
+* **Whole graphs** (`test_whole_graphs_match_ggml`, `ggml_oracle.compute_graphs()`): both sides
+  compute the whole graph (ggml_lite: `GAllocr` reserve + alloc_graph, `compute_forward` over
+  `gf.nodes`; ggml: `ggml_backend_graph_compute`), with the graph allocator's memory reuse and
+  in-place ops, and every result (OUTPUT-flagged nodes and nodes nothing consumes) is compared.
+  Graph-level tolerance: 0 (identical values). Justification: the op mix is restricted to the ops
+  the lockstep test finds bit-identical (the three families above are left out or replaced, see
+  `_ComputeBuilder`), so by induction over the nodes identical inputs give identical results and no
+  error can accumulate. With the full mix a whole graph cannot have a finite tolerance: one 1-ulp
+  difference from norm becomes a 13 % difference in log(sum_rows(norm(x))) (cancellation), so the
+  full mix is compared in lockstep only.
+
+Transcendental functions are evaluated with the C library (`libm_exact`), as the real ggml does on
+this machine, so they are part of the exact comparison. Graphs that the reference ggml could not
+compute (a kernel raises: ggml would abort) or that ggml 0.15.3 refuses (its element-wise kernels
+assert nb[0] == sizeof(float) even for one-element rows; the reference only did so in debug builds)
+are counted and skipped. ggml runs in a forked child process, so an unexpected GGML_ASSERT fails the
+test instead of killing it.
+"""
+
+import collections
+import sys
+import time
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ggml_lite as gl
+import ggml_oracle as O
+from ggml_lite.cpu import (
+    Q8_0_DTYPE, compute_forward, dequantize_row_q8_0, libm_exact, quantize_row_q4_0_ref, quantize_row_q8_0_ref,
+)
+from ggml_lite.tensor import Op, TensorFlag
+
+pytestmark = pytest.mark.skipif(
+    not O.available(), reason=f"the real ggml is not available: `import ggml` (ggml-python) failed: {O.IMPORT_ERROR}")
+
+N_GRAPHS = 200          # graphs that must be compared (not skipped) per test
+MAX_EXAMPLES = 330      # hypothesis examples per test (some graphs are skipped, see above)
+VERSION_TOL = 1e-6      # normwise tolerance of the three version-dependent op families (worst seen: 5.9e-7)
+ELEMENTWISE = frozenset({Op.SQR, Op.SQRT, Op.LOG, Op.UNARY, Op.LEAKY_RELU})
+REPORT = {}             # test name -> counters and worst errors (printed by `python test_compute_differential.py`)
+
+
+def _settings(n):
+    return settings(max_examples=n, derandomize=True, database=None, deadline=None, print_blob=False,
+                    suppress_health_check=list(HealthCheck))
+
+
+# -- data -------------------------------------------------------------------------------------------
+
+def make_data(graph, seed: int) -> dict:
+    """Bytes for every tensor the graph reads without computing it: f32 uniform in [-1, 1), f16 the
+    same rounded, q8_0/q4_0 the same quantized by the reference quantizers, i32 row indices below the rows
+    of every get_rows that uses them (rope positions below 4096)."""
+    rng = np.random.default_rng(seed)
+    data = {}
+    for t in O.graph_data_tensors(graph):
+        n = t.nelements
+        if t.type is gl.I32:
+            hi = 4096
+            for node in graph.nodes:
+                if node.op is Op.GET_ROWS and node.src[1] is t:
+                    hi = min(hi, node.src[0].ne[1])
+            raw = rng.integers(0, hi, n).astype(np.int32).tobytes()
+        else:
+            v = rng.uniform(-1, 1, n).astype(np.float32)
+            if t.type is gl.F32:
+                raw = v.tobytes()
+            elif t.type is gl.F16:
+                raw = v.astype(np.float16).tobytes()
+            elif t.type is gl.Q8_0:
+                raw = quantize_row_q8_0_ref(v.reshape(-1, t.ne[0])).tobytes()
+            elif t.type is gl.Q4_0:
+                raw = quantize_row_q4_0_ref(v.reshape(-1, t.ne[0])).tobytes()
+            else:
+                raise TypeError(f"no data generator for {t.type.name}")
+        assert len(raw) == gl.nbytes(t)
+        data[t] = raw
+    return data
+
+
+def ggml_accepts(graph) -> bool:
+    """ggml 0.15.3 asserts nb[0] == sizeof(float) in its element-wise kernels (unary-ops.cpp) even
+    for rows of one element; the reference checked that only in debug builds."""
+    return not any(n.op in ELEMENTWISE and (n.nb[0] != 4 or n.src[0].nb[0] != 4) for n in graph.nodes)
+
+
+def results_of(graph) -> list:
+    """The nodes whose final bytes are results: OUTPUT-flagged nodes and nodes that nothing consumes."""
+    used = {s for n in graph.nodes for s in (*n.src, n.view_src) if s is not None}
+    return [n for n in graph.nodes if (n.flags & TensorFlag.OUTPUT) or n not in used]
+
+
+def values(t, raw: bytes) -> np.ndarray:
+    if t.type is gl.F32:
+        return np.frombuffer(raw, np.float32).astype(np.float64)
+    if t.type is gl.F16:
+        return np.frombuffer(raw, np.float16).astype(np.float64)
+    if t.type is gl.I32:
+        return np.frombuffer(raw, np.int32).astype(np.float64)
+    if t.type is gl.Q8_0:
+        return dequantize_row_q8_0(np.frombuffer(raw, Q8_0_DTYPE)[None]).astype(np.float64).reshape(-1)
+    raise TypeError(t.type.name)
+
+
+def same_values(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool(np.all((a == b) | (np.isnan(a) & np.isnan(b))))
+
+
+def normwise_error(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| over the finite values / max |b|; inf when the non-finite values differ."""
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    inf_a, inf_b = a[~fa & ~np.isnan(a)], b[~fb & ~np.isnan(b)]
+    if not (np.array_equal(fa, fb) and np.array_equal(np.isnan(a), np.isnan(b)) and np.array_equal(inf_a, inf_b)):
+        return np.inf
+    if not fa.any():
+        return 0.0
+    scale = np.max(np.abs(b[fb]))
+    diff = np.max(np.abs(a[fa] - b[fb]))
+    return 0.0 if diff == 0 else (diff / scale if scale > 0 else np.inf)
+
+
+def version_dependent(node) -> str:
+    """The op family (or '') for which ggml 0.15.3 legitimately differs from the reference."""
+    if node.op is Op.ROPE and not node.op_params[2] & 2:
+        return "rope (normal mode)"
+    if node.op is Op.NORM:
+        return "norm"
+    if node.op is Op.MUL_MAT and node.src[0].type is gl.F32 and node.src[0].ne[0] % 32:
+        return "mul_mat f32, K % 32 != 0"
+    return ""
+
+
+def op_label(node) -> str:
+    return node.unary_op.name.lower() if node.op is Op.UNARY else node.op.name.lower()
+
+
+# -- ggml_lite side ---------------------------------------------------------------------------------
+
+def plan_and_fill(rg, data):
+    galloc = gl.GAllocr(gl.cpu_buffer_type())
+    assert galloc.reserve(rg.graph) and galloc.alloc_graph(rg.graph)
+    for t, raw in data.items():
+        holder = t.view_src.buffer if t.view_src is not None else t.buffer
+        holder.set_tensor(t, raw, 0, len(raw))
+    return galloc
+
+
+def lite_bytes(t) -> bytes:
+    holder = t.view_src.buffer if t.view_src is not None else t.buffer
+    return holder.get_tensor(t, 0, gl.nbytes(t))
+
+
+def lite_compute(rg, data):
+    """Plan, fill and compute the whole graph with ggml_lite; returns the allocator (to free)."""
+    galloc = plan_and_fill(rg, data)
+    try:
+        for node in rg.graph.nodes:
+            compute_forward(node)
+    except BaseException:
+        galloc.free()
+        raise
+    return galloc
+
+
+# -- the tests --------------------------------------------------------------------------------------
+
+def _report(rg, lines) -> str:
+    return "\n".join([rg.describe(), *lines, "reproducer:", rg.source()])
+
+
+def test_lockstep_each_node_matches_ggml():
+    stats = collections.Counter()
+    worst = collections.defaultdict(float)
+    t0 = time.perf_counter()
+
+    @_settings(MAX_EXAMPLES)
+    @given(O.graphs(), st.integers(0, 2**32 - 1))
+    def check(rg, seed):
+        stats["examples"] += 1
+        gf = rg.graph
+        if not ggml_accepts(gf):
+            stats["skipped: ggml 0.15.3 asserts"] += 1
+            return
+        data = make_data(gf, seed)
+        with libm_exact():
+            try:
+                galloc = lite_compute(rg, data)
+            except gl.GGMLLiteError as err:  # the reference ggml would abort on this graph
+                stats[f"skipped: {type(err).__name__}"] += 1
+                return
+            try:
+                steps = O.run_isolated(O.ggml_lockstep, gf, rg.roots, rg.preallocated, data, compute_forward)
+            finally:
+                galloc.free()
+        bad = []
+        for i, mine, theirs in steps:
+            node = gf.nodes[i]
+            stats["nodes"] += 1
+            if mine == theirs:
+                continue
+            a, b = values(node, mine), values(node, theirs)
+            if same_values(a, b):
+                continue  # NaN payloads may differ
+            family = version_dependent(node)
+            err = normwise_error(a, b)
+            if family and err <= VERSION_TOL:
+                worst[family] = max(worst[family], err)
+                stats[f"nodes within tolerance: {family}"] += 1
+                continue
+            n_diff = int(np.sum(~((a == b) | (np.isnan(a) & np.isnan(b)))))
+            limit = f"tolerance {VERSION_TOL}" if family else "must be identical"
+            bad.append(f"node {i} {op_label(node)} {gl.describe(node)}: {n_diff} of {a.size} values differ, "
+                       f"normwise error {err:.3g} ({limit})")
+        stats["graphs compared"] += 1
+        assert not bad, _report(rg, bad)
+
+    check()
+    REPORT["lockstep"] = dict(stats, seconds=round(time.perf_counter() - t0, 1), worst=dict(worst))
+    assert stats["graphs compared"] >= N_GRAPHS, dict(stats)
+
+
+def test_whole_graphs_match_ggml():
+    stats = collections.Counter()
+    t0 = time.perf_counter()
+
+    @_settings(MAX_EXAMPLES)
+    @given(O.compute_graphs(), st.integers(0, 2**32 - 1))
+    def check(rg, seed):
+        stats["examples"] += 1
+        gf = rg.graph
+        if not ggml_accepts(gf):
+            stats["skipped: ggml 0.15.3 asserts"] += 1
+            return
+        data = make_data(gf, seed)
+        res = results_of(gf)
+        with libm_exact():
+            try:
+                galloc = lite_compute(rg, data)
+            except gl.GGMLLiteError as err:
+                stats[f"skipped: {type(err).__name__}"] += 1
+                return
+        try:
+            mine = [lite_bytes(t) for t in res]
+        finally:
+            galloc.free()
+        theirs = O.run_isolated(O.ggml_compute, gf, rg.roots, rg.preallocated, data, res)
+        bad = []
+        for t, a_raw, b_raw in zip(res, mine, theirs):
+            stats["results"] += 1
+            if a_raw == b_raw:
+                stats["results bit-identical"] += 1
+                continue
+            a, b = values(t, a_raw), values(t, b_raw)
+            if same_values(a, b):
+                continue
+            bad.append(f"result {op_label(t)} {gl.describe(t)}: normwise error {normwise_error(a, b):.3g} "
+                       f"(must be identical)")
+        stats["graphs compared"] += 1
+        stats["nodes"] += gf.n_nodes
+        assert not bad, _report(rg, bad)
+
+    check()
+    REPORT["whole graphs"] = dict(stats, seconds=round(time.perf_counter() - t0, 1))
+    assert stats["graphs compared"] >= N_GRAPHS, dict(stats)
+
+
+def test_whole_graph_comparison_can_fail():
+    """The whole-graph check notices a one-ulp change: give ggml_lite one input value one ulp larger
+    than ggml gets, and some result differs."""
+    for seed in range(50):
+        rg = O.compute_graph(seed)
+        gf = rg.graph
+        data = make_data(gf, seed)
+        f32_inputs = [t for t in data if t.type is gl.F32 and t.nelements]
+        if not ggml_accepts(gf) or not f32_inputs:
+            continue
+        bumped = dict(data)
+        v = np.frombuffer(data[f32_inputs[0]], np.float32).copy()
+        v[0] = np.nextafter(v[0], np.float32(2))
+        bumped[f32_inputs[0]] = v.tobytes()
+        res = results_of(gf)
+        with libm_exact():
+            try:
+                galloc = lite_compute(rg, bumped)
+            except gl.GGMLLiteError:
+                continue
+        mine = [lite_bytes(x) for x in res]
+        galloc.free()
+        theirs = O.run_isolated(O.ggml_compute, gf, rg.roots, rg.preallocated, data, res)
+        if any(not same_values(values(x, a), values(x, b)) for x, a, b in zip(res, mine, theirs)):
+            return
+    pytest.fail("no graph showed the perturbation")
+
+
+def test_q8_0_conversion_is_the_simd_one():
+    """mul_mat converts f32 src1 rows to q8_0 with `quantize_row_q8_0` (AVX2: id = 127/amax, ties to
+    even), not with the reference quantizer (id = 1/d, ties away from zero), and so does cpy into a
+    q8_0 tensor. A block whose amax is 127 has id = 1 in both, so 2.5 becomes 2 (even) in the SIMD
+    quantizer and 3 in the reference; the real ggml's results show which one ran."""
+    ctx = gl.Context("q8")
+    w = ctx.new_tensor_2d(gl.Q8_0, 32, 1, name="w")
+    x = ctx.new_tensor_2d(gl.F32, 32, 1, name="x")
+    y = gl.mul_mat(ctx, w, x)
+    gf = gl.build_forward(y)
+    wv = np.zeros(32, np.float32)
+    wv[1] = 1.0  # w = e1 after quantization (d = 1/127, q[1] = 127)
+    xv = np.zeros(32, np.float32)
+    xv[0], xv[1] = 127.0, 2.5
+    data = {w: quantize_row_q8_0_ref(wv[None]).tobytes(), x: xv.tobytes()}
+    (theirs,) = O.run_isolated(O.ggml_compute, gf, [y], (), data, [y])
+    galloc = lite_compute(O.RandomGraph(gf, [y], [ctx], []), data)
+    mine = lite_bytes(y)
+    galloc.free()
+    got = np.frombuffer(theirs, np.float32)[0]
+    assert np.frombuffer(mine, np.float32)[0] == got
+    assert abs(got - 2.0) < 0.01, got  # the reference quantizer would give 3.0
+
+    # cpy into a q8_0 tensor uses the same from_float
+    ctx = gl.Context("q8cpy")
+    a = ctx.new_tensor_1d(gl.F32, 32, name="a")
+    q = gl.cpy(ctx, a, ctx.new_tensor_1d(gl.Q8_0, 32, name="q"))
+    gf = gl.build_forward(q)
+    data = {a: xv.tobytes(), q.src[1]: bytes(gl.nbytes(q))}
+    (theirs,) = O.run_isolated(O.ggml_compute, gf, [q], (), data, [q])
+    galloc = lite_compute(O.RandomGraph(gf, [q], [ctx], []), data)
+    mine = lite_bytes(q)
+    galloc.free()
+    assert mine == theirs and np.frombuffer(theirs, Q8_0_DTYPE)["qs"][0, 1] == 2
+
+
+# -- single ops the random mix does not reach ---------------------------------------------------------
+
+def _x(ctx, ne, type=gl.F32, name="x"):
+    t = ctx.new_tensor(type, ne, name=name)
+    gl.set_input(t)
+    return t
+
+
+def _rope(ctx, x, n_dims, mode, ff=None, n_ctx_orig=4096, freq_scale=1.0, ext_factor=0.0):
+    pos = _x(ctx, [x.ne[2]], gl.I32, "pos")
+    return gl.rope_ext(ctx, x, pos, ff, n_dims, mode, n_ctx_orig, 10000.0, freq_scale, ext_factor, 1.0, 32.0, 1.0)
+
+
+# name -> (builder(ctx) -> result, value range of the f32/f16 inputs)
+ZOO = {f"unary_{u.name.lower()}": (lambda ctx, u=u: gl.unary(ctx, _x(ctx, [37, 3]), u), (-12, 12))
+       for u in gl.UnaryOp}
+ZOO.update({
+    "silu_long_rows": (lambda ctx: gl.silu(ctx, _x(ctx, [1003, 4])), (-30, 30)),
+    "sqr": (lambda ctx: gl.sqr(ctx, _x(ctx, [37, 3])), (-3, 3)),
+    "sqrt": (lambda ctx: gl.sqrt(ctx, _x(ctx, [37, 3])), (0.01, 4)),
+    "log": (lambda ctx: gl.log(ctx, _x(ctx, [37, 3])), (0.01, 4)),
+    "scale_nonpow2": (lambda ctx: gl.scale(ctx, _x(ctx, [37, 3]), 0.17677669), (-4, 4)),
+    "add_f16_f32": (lambda ctx: gl.add(ctx, _x(ctx, [40, 3], gl.F16), _x(ctx, [40, 3], name="y")), (-4, 4)),
+    "add_f16_f16": (lambda ctx: gl.add(ctx, _x(ctx, [40, 3], gl.F16), _x(ctx, [40, 3], gl.F16, "y")), (-4, 4)),
+    "add_q8_0_f32": (lambda ctx: gl.add(ctx, _x(ctx, [64, 3], gl.Q8_0), _x(ctx, [64, 3], name="y")), (-4, 4)),
+    "add1_f16_f32": (lambda ctx: gl.add1(ctx, _x(ctx, [33, 3], gl.F16), _x(ctx, [1], name="y")), (-4, 4)),
+    "cpy_f32_q8_0": (lambda ctx: gl.cpy(ctx, _x(ctx, [64, 4]), ctx.new_tensor(gl.Q8_0, [64, 4], name="q")), (-3, 3)),
+    "cpy_f16_q8_0": (lambda ctx: gl.cpy(ctx, _x(ctx, [64, 4], gl.F16), ctx.new_tensor(gl.Q8_0, [64, 4], name="q")), (-3, 3)),
+    "cpy_f32_q4_0": (lambda ctx: gl.cpy(ctx, _x(ctx, [64, 4]), ctx.new_tensor(gl.Q4_0, [64, 4], name="q")), (-3, 3)),
+    "cpy_f16_transposed": (lambda ctx: gl.cpy(ctx, gl.transpose(ctx, _x(ctx, [6, 5], gl.F16)),
+                                              ctx.new_tensor(gl.F16, [5, 6], name="d")), (-3, 3)),
+    "dup_permuted": (lambda ctx: gl.dup(ctx, gl.permute(ctx, _x(ctx, [8, 4, 3]), 2, 0, 1, 3)), (-3, 3)),
+    "get_rows_q4_0": (lambda ctx: gl.get_rows(ctx, _x(ctx, [64, 10], gl.Q4_0), _x(ctx, [5], gl.I32, "ids")), (-3, 3)),
+    "get_rows_f16_3d": (lambda ctx: gl.get_rows(ctx, _x(ctx, [16, 10, 2], gl.F16), _x(ctx, [4, 2], gl.I32, "ids")), (-3, 3)),
+    "mul_mat_q4_0": (lambda ctx: gl.mul_mat(ctx, _x(ctx, [64, 8], gl.Q4_0), _x(ctx, [64, 5], name="y")), (-1, 1)),
+    "mul_mat_f16_f16": (lambda ctx: gl.mul_mat(ctx, _x(ctx, [64, 8], gl.F16), _x(ctx, [64, 5], gl.F16, "y")), (-1, 1)),
+    "mul_mat_f32_gqa_k96": (lambda ctx: gl.mul_mat(ctx, _x(ctx, [96, 8, 2]), _x(ctx, [96, 5, 4], name="y")), (-1, 1)),
+    "mul_mat_f16_k200": (lambda ctx: gl.mul_mat(ctx, _x(ctx, [200, 6], gl.F16), _x(ctx, [200, 3], name="y")), (-1, 1)),
+    "soft_max_f16_mask_alibi": (lambda ctx: gl.soft_max_ext(ctx, _x(ctx, [37, 5, 4]), _x(ctx, [37, 8], gl.F16, "m"),
+                                                            0.25, 8.0), (-6, 6)),
+    "soft_max_f32_mask": (lambda ctx: gl.soft_max_ext(ctx, _x(ctx, [24, 5, 2]), _x(ctx, [24, 5], name="m"),
+                                                      0.5, 0.0), (-6, 6)),
+    "rope_neox_f16": (lambda ctx: _rope(ctx, _x(ctx, [16, 4, 3], gl.F16), 16, 2), (-2, 2)),
+    "rope_neox_freq_factors": (lambda ctx: _rope(ctx, _x(ctx, [16, 4, 3]), 16, 2, _x(ctx, [8], name="ff")), (0.5, 2)),
+    "rope_neox_yarn": (lambda ctx: _rope(ctx, _x(ctx, [16, 4, 5]), 16, 2, None, 64, 0.25, 1.0), (-2, 2)),
+    "rope_neox_partial": (lambda ctx: _rope(ctx, _x(ctx, [64, 2, 3]), 32, 2), (-2, 2)),
+    "rope_normal": (lambda ctx: _rope(ctx, _x(ctx, [16, 4, 3]), 16, 0), (-2, 2)),
+    "diag_mask_inf": (lambda ctx: gl.diag_mask_inf(ctx, _x(ctx, [8, 8, 2]), 2), (-2, 2)),
+    "diag_mask_zero": (lambda ctx: gl.diag_mask_zero(ctx, _x(ctx, [8, 6, 2]), 1), (-2, 2)),
+    "concat_dim3": (lambda ctx: gl.concat(ctx, _x(ctx, [6, 4, 2, 1]), _x(ctx, [6, 4, 2, 2], name="y"), 3), (-2, 2)),
+    "norm": (lambda ctx: gl.norm(ctx, _x(ctx, [37, 4]), 1e-5), (-2, 2)),
+    "rms_norm": (lambda ctx: gl.rms_norm(ctx, _x(ctx, [37, 4]), 1e-6), (-2, 2)),
+    "sum_rows": (lambda ctx: gl.sum_rows(ctx, _x(ctx, [37, 3, 2])), (-2, 2)),
+})
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_op_zoo_matches_ggml(name):
+    """One op (an op/type combination the random graphs do not reach) on both sides, identical values
+    required (normwise `VERSION_TOL` for the version-dependent families)."""
+    build, (lo, hi) = ZOO[name]
+    ctx = gl.Context("zoo")
+    y = build(ctx)
+    gl.set_output(y)
+    gf = gl.build_forward(y)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    data = make_data(gf, int(rng.integers(2**32)))
+    for t in list(data):  # the case's value range
+        if t.type in (gl.F32, gl.F16, gl.Q8_0, gl.Q4_0):
+            v = rng.uniform(lo, hi, t.nelements).astype(np.float32)
+            data[t] = {gl.F32: lambda: v.tobytes(), gl.F16: lambda: v.astype(np.float16).tobytes(),
+                       gl.Q8_0: lambda: quantize_row_q8_0_ref(v.reshape(-1, t.ne[0])).tobytes(),
+                       gl.Q4_0: lambda: quantize_row_q4_0_ref(v.reshape(-1, t.ne[0])).tobytes()}[t.type]()
+    rg = O.RandomGraph(gf, [y], [ctx], [])
+    with libm_exact():
+        galloc = lite_compute(rg, data)
+    mine = lite_bytes(y)
+    galloc.free()
+    (theirs,) = O.run_isolated(O.ggml_compute, gf, [y], (), data, [y])
+    zoo = REPORT.setdefault("op zoo", {})
+    if mine == theirs:
+        zoo[name] = "bit-identical"
+        return
+    if y.type.is_quantized:  # quantized results: the blocks must be identical
+        assert mine == theirs, f"{name}: {y.type.name} blocks differ"
+    a, b = values(y, mine), values(y, theirs)
+    family = version_dependent(y)
+    err = normwise_error(a, b)
+    zoo[name] = "same values" if same_values(a, b) else f"normwise {err:.2g}"
+    assert same_values(a, b) or (family and err <= VERSION_TOL), f"{name}: normwise error {err:.3g}"
+
+
+@pytest.mark.parametrize("op", [gl.UnaryOp.GELU, gl.UnaryOp.GELU_QUICK])
+def test_gelu_tables_match_ggml_on_every_f16_input(op):
+    """The f16 tables of `ggml_init`, entry by entry: every finite f16 value in (-10, 10) (gelu's
+    table range; gelu_quick has no range guard) through ggml's and ggml_lite's kernel. The one gelu
+    entry where the FMA in `1 + 0.044715x·x` matters agrees too."""
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    x = h[np.isfinite(h) & (h > -10) & (h < 10)]
+    ctx = gl.Context("gelu")
+    a = _x(ctx, [x.size])
+    y = gl.unary(ctx, a, op)
+    gf = gl.build_forward(y)
+    data = {a: x.tobytes()}
+    galloc = lite_compute(O.RandomGraph(gf, [y], [ctx], []), data)
+    mine = lite_bytes(y)
+    galloc.free()
+    (theirs,) = O.run_isolated(O.ggml_compute, gf, [y], (), data, [y])
+    assert mine == theirs
+
+
+def summary() -> str:
+    lines = []
+    for name, st_ in REPORT.items():
+        lines.append(f"{name}: " + ", ".join(f"{k} {v}" for k, v in st_.items()))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    test_lockstep_each_node_matches_ggml()
+    test_whole_graphs_match_ggml()
+    for case in sorted(ZOO):
+        test_op_zoo_matches_ggml(case)
+    print(summary())

@@ -1,0 +1,512 @@
+"""The CPU kernels against the recorded op fixtures (`../shared/fixtures/ggml-seed-ops`).
+
+Every case of every fixture file is replayed: the inputs are created with the ggml_lite API (f16 and
+quantized inputs from their raw bytes), the recorded graph is rebuilt op by op with ggml_lite's
+constructors (and each node's ne, nb, op_params and view offset checked against the record), the
+context is allocated in a CPU buffer, every node is computed in order with `compute_forward`, and the
+output is compared with the recorded one within the tolerance of its case (`TOLERANCES`, from the
+fixture README's figures: 0 where the README says bit-exact, its measured bound otherwise). The
+worst relative error of every case is recorded (`record_property`) and `summary()` prints them all.
+
+Run: `.venv/bin/python -m pytest tests/test_cpu_ops.py`
+(`python test_cpu_ops.py` prints the summary table).
+"""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+import ggml_lite as gl
+from conftest import FIXTURES
+from ggml_lite.cpu import (
+    compute_forward, fma_f32, fp32_to_fp16, gelu_table, libm_exact, quantize_row_q8_0, quantize_row_q8_0_ref, v_expf,
+)
+from ggml_lite.tensor import Op, UnaryOp, word_to_float
+
+OPS_DIR = FIXTURES / "ggml-seed-ops"
+NEEDS_OPS = pytest.mark.skipif(not OPS_DIR.is_dir(), reason=f"{OPS_DIR} is absent (fixtures live beside the project)")
+
+FILES = ["ops_binary", "ops_unary", "ops_copy", "ops_get_rows", "ops_mul_mat", "ops_norm", "ops_rope", "ops_softmax"]
+
+# ---------------------------------------------------------------------------------------------
+# Tolerances: the largest relative error |ours - ggml| / |ggml| allowed per case, taken from the
+# fixture README ("How exact the values are"). 0 means bit-identical output (f16 outputs: identical
+# bytes). The README's figures compare ggml with exact float64 arithmetic; these kernels emulate
+# ggml's float32 steps, so they may not exceed them.
+# ---------------------------------------------------------------------------------------------
+EXACT = 0.0
+CORRECTLY_ROUNDED = 1e-6   # README: "essentially correctly rounded (<= 0.6 ulp)" and "a few ulp (<= 2.3 ulp)"
+TOLERANCES = {
+    # bit-exact in the README
+    "add_same_shape": EXACT, "add_bcast_row": EXACT, "add_bcast_dim2": EXACT,
+    "sub_same_shape": EXACT, "sub_bcast_row": EXACT, "sub_bcast_dim2": EXACT, "add1": EXACT,
+    "abs": EXACT, "sgn": EXACT, "neg": EXACT, "step": EXACT, "relu": EXACT, "scale": EXACT,
+    "diag_mask_inf": EXACT, "diag_mask_zero": EXACT,
+    "cpy_f32_f16": EXACT, "cpy_f16_f32": EXACT, "cpy_k_cache_store": EXACT, "cpy_v_cache_store_transposed": EXACT,
+    "cont_permute_0213": EXACT, "cont_permute_1203": EXACT, "cont_transpose": EXACT, "cont_2d_kqv_merged": EXACT,
+    "cont_f16_transpose": EXACT, "concat_dim0": EXACT, "concat_dim1": EXACT, "concat_dim2": EXACT,
+    "get_rows_f32": EXACT, "get_rows_f16": EXACT, "get_rows_q8_0": EXACT, "get_rows_q4_0": EXACT,
+    # "f16-exact": the value is an f16 table entry; ours must be the same entry
+    "gelu": EXACT, "gelu_quick": EXACT, "gelu_wide": EXACT,
+    # essentially correctly rounded (<= 0.6 ulp) / a few ulp (<= 2.3 ulp)
+    "mul_same_shape": CORRECTLY_ROUNDED, "mul_bcast_row": CORRECTLY_ROUNDED, "mul_bcast_dim2": CORRECTLY_ROUNDED,
+    "div_same_shape": CORRECTLY_ROUNDED, "div_bcast_row": CORRECTLY_ROUNDED, "div_bcast_dim2": CORRECTLY_ROUNDED,
+    "sqr": CORRECTLY_ROUNDED, "sqrt": CORRECTLY_ROUNDED, "scale_nonpow2": CORRECTLY_ROUNDED,
+    "leaky_relu": CORRECTLY_ROUNDED, "exp": CORRECTLY_ROUNDED, "sum_rows": CORRECTLY_ROUNDED, "sum": CORRECTLY_ROUNDED,
+    "mean": CORRECTLY_ROUNDED, "tanh": CORRECTLY_ROUNDED, "elu": CORRECTLY_ROUNDED, "sigmoid": CORRECTLY_ROUNDED,
+    "hardswish": CORRECTLY_ROUNDED, "hardsigmoid": CORRECTLY_ROUNDED, "log": CORRECTLY_ROUNDED,
+    "silu": CORRECTLY_ROUNDED,
+    # soft_max: README relative <= 2.3e-7 (all variants)
+    "soft_max": 2.5e-7, "soft_max_ext_mask_scale": 2.5e-7, "soft_max_ext_scale_nomask": 2.5e-7,
+    "soft_max_ext_alibi": 2.5e-7, "soft_max_diag_mask_inf": 2.5e-7,
+    # norms: rms_norm <= 1.6 ulp (relative <= 2e-7), norm relative <= 1.3e-6
+    "rms_norm_eps1e-5": 2e-7, "rms_norm_eps1e-6_odd": 2e-7, "rms_norm_mul_weight": 2e-7,
+    "norm_eps1e-5": 1.4e-6, "norm_odd": 1.4e-6,
+    # mul_mat: f16/q8_0/q4_0 relative < 1e-6 (src1 as vec_dot converted), attention cases <= 0.5 ulp,
+    # f32 x f32 relative 1.2e-5, the GQA case 6.8e-5
+    "mul_mat_f32_f32": 1.2e-5, "mul_mat_f32_f32_k200": 1.2e-5, "mul_mat_f32_bcast_gqa": 7e-5,
+    "mul_mat_f16_f32": 1e-6, "mul_mat_q8_0_f32": 1e-6, "mul_mat_q4_0_f32": 1e-6, "mul_mat_f16_f32_k200": 1e-6,
+    "mul_mat_kq_f16_permuted": 1.2e-7, "mul_mat_kqv_f16_strided_view": 1.2e-7,
+    # rope: relative <= 6.4e-6
+    "rope_ext_normal": 6.5e-6, "rope_ext_neox": 6.5e-6, "rope_ext_normal_partial": 6.5e-6,
+    "rope_ext_neox_partial": 6.5e-6, "rope_ext_normal_base500k": 6.5e-6, "rope_ext_neox_yarn": 6.5e-6,
+}
+
+
+def load_cases():
+    """[(file, case)] for every case of every fixture file, in file order (empty without ../shared)."""
+    if not OPS_DIR.is_dir():
+        return []
+    out = []
+    for f in FILES:
+        doc = json.loads((OPS_DIR / f"{f}.json").read_text())
+        assert doc["schema"] == "ggml-op-fixture" and doc["schema_version"] == 1
+        out += [(f, c) for c in doc["cases"]]
+    return out
+
+
+CASES = load_cases()
+
+
+def _value(v) -> float:
+    return float(v) if not isinstance(v, str) else {"inf": np.inf, "-inf": -np.inf, "nan": np.nan}[v]
+
+
+def _values(seq, dtype=np.float32) -> np.ndarray:
+    return np.array([_value(v) for v in seq], dtype=np.float64).astype(dtype)
+
+
+class Replay:
+    """A fixture case rebuilt with ggml_lite: `tensors` by recorded name, `nodes` in graph order."""
+
+    def __init__(self, case: dict):
+        self.case = case
+        self.ctx = gl.Context("ops")
+        self.tensors = {}
+        self.nodes = []
+        for inp in case["inputs"]:
+            t = self.ctx.new_tensor(gl.type_by_name(inp["type"]), inp["ne"], name=inp["name"])
+            assert list(t.nb) == inp["nb"], (inp["name"], t.nb, inp["nb"])
+            self.tensors[inp["name"]] = t
+        for spec in case["graph"]:
+            t = self._build(spec)
+            t.set_name(spec["name"])
+            self._check(t, spec)
+            self.tensors[spec["name"]] = t
+            self.nodes.append(t)
+
+    def _src(self, name: str):
+        if name not in self.tensors:
+            out = self.case["output"]  # a destination that is not an input: the cpy target / the cache
+            assert name == out["name"], f"source {name!r} is neither an input nor the output"
+            t = self.ctx.new_tensor(gl.type_by_name(out["type"]), out["ne"], name=name)
+            assert list(t.nb) == out["nb"]
+            self.tensors[name] = t
+        return self.tensors[name]
+
+    def _build(self, spec):
+        ctx, op, p = self.ctx, spec["op"], spec["op_params"] + [0] * 16
+        s = [self._src(n) for n in spec["src"]]
+        f = lambda i: word_to_float(p[i])  # noqa: E731
+        ne = spec["ne"]
+        if op in ("ADD", "SUB", "MUL", "DIV"):
+            return getattr(gl, op.lower())(ctx, s[0], s[1])
+        if op == "ADD1":
+            return gl.add1(ctx, s[0], s[1])
+        if op in ("SQR", "SQRT", "LOG", "SUM", "SUM_ROWS", "MEAN", "TRANSPOSE"):
+            return getattr(gl, op.lower())(ctx, s[0])
+        if op == "SCALE":
+            return gl.scale(ctx, s[0], f(0))
+        if op == "LEAKY_RELU":
+            return gl.leaky_relu(ctx, s[0], f(0))
+        if op == "UNARY":
+            return gl.unary(ctx, s[0], UnaryOp(p[0]))
+        if op in ("NORM", "RMS_NORM"):
+            return getattr(gl, op.lower())(ctx, s[0], f(0))
+        if op == "CPY":
+            return gl.cpy(ctx, s[0], s[1])
+        if op == "CONT":
+            return gl.cont(ctx, s[0]) if ne == list(s[0].ne) else gl.cont_4d(ctx, s[0], *ne)
+        if op == "CONCAT":
+            return gl.concat(ctx, s[0], s[1], p[0])
+        if op == "PERMUTE":
+            return gl.permute(ctx, s[0], *p[:4])
+        if op == "RESHAPE":
+            return gl.reshape_4d(ctx, s[0], *ne)
+        if op == "VIEW":
+            nb = spec["nb"]
+            return gl.view_4d(ctx, s[0], *ne, nb[1], nb[2], nb[3], spec["params"]["offset"])
+        if op == "GET_ROWS":
+            return gl.get_rows(ctx, s[0], s[1])
+        if op == "MUL_MAT":
+            return gl.mul_mat(ctx, s[0], s[1])
+        if op in ("DIAG_MASK_INF", "DIAG_MASK_ZERO"):
+            return getattr(gl, op.lower())(ctx, s[0], p[0])
+        if op == "SOFT_MAX":
+            return gl.soft_max_ext(ctx, s[0], s[1] if len(s) > 1 else None, f(0), f(1))
+        if op == "ROPE":
+            return gl.rope_ext(ctx, s[0], s[1], s[2] if len(s) > 2 else None, p[1], p[2], p[4],
+                               *(f(i) for i in range(5, 11)))
+        raise NotImplementedError(op)
+
+    @staticmethod
+    def _check(t, spec):
+        words = list(t.op_params)
+        while words and words[-1] == 0:
+            words.pop()
+        got = (t.op.name, t.type.name, list(t.ne), list(t.nb), words, t.view_offs)
+        want = (spec["op"], spec["type"], spec["ne"], spec["nb"], spec["op_params"], spec["view_offs"])
+        assert got == want, f"{spec['name']}: built {got}, recorded {want}"
+        vs = t.view_src.name if t.view_src is not None else None
+        assert vs == spec["view_src"], (spec["name"], vs, spec["view_src"])
+
+    def allocate_and_fill(self):
+        buf = gl.alloc_ctx_tensors(self.ctx, gl.cpu_buffer_type())
+        for t in self.ctx.tensors:  # leafs that are not inputs (cpy targets, caches) start as zeros
+            if t.view_src is None and t.op is Op.NONE:
+                buf.set_tensor(t, bytes(gl.nbytes(t)), 0, gl.nbytes(t))
+        for inp in self.case["inputs"]:
+            t = self.tensors[inp["name"]]
+            if "data_hex" in inp:
+                raw = bytes.fromhex(inp["data_hex"])
+                assert len(raw) == gl.nbytes(t)
+                buf.set_tensor(t, raw, 0, len(raw))
+            elif inp["type"] == "i32":
+                gl.tensor_array(t)[...] = np.array(inp["data"], dtype=np.int32).reshape(gl.tensor_array(t).shape)
+            else:
+                gl.tensor_array(t)[...] = _values(inp["data"]).reshape(gl.tensor_array(t).shape)
+        return buf
+
+    def run(self):
+        self.allocate_and_fill()
+        for node in self.nodes:
+            compute_forward(node)
+        return self.tensors[self.case["output"]["name"]]
+
+
+def compare(case: dict, out_tensor) -> dict:
+    """Worst errors of our output against the recorded one: relative, ulps, bytes equal (f16)."""
+    rec = case["output"]
+    want = _values(rec["data"])
+    got = np.array(gl.tensor_array(out_tensor), dtype=np.float32).reshape(-1)
+    same_bytes = None
+    if "data_hex" in rec:
+        same_bytes = np.asarray(gl.tensor_array(out_tensor)).tobytes() == bytes.fromhex(rec["data_hex"])
+    both_nan = np.isnan(want) & np.isnan(got)
+    equal = (want == got) | both_nan
+    w64, g64 = want.astype(np.float64), got.astype(np.float64)
+    with np.errstate(all="ignore"):
+        diff = np.abs(g64 - w64)
+        rel = np.where(equal, 0.0, np.where(w64 != 0, diff / np.abs(w64), np.inf))
+        ulp = np.where(equal, 0.0, diff / np.spacing(np.abs(want)).astype(np.float64))
+    return {"n": want.size, "n_equal": int(equal.sum()), "max_rel": float(rel.max()) if rel.size else 0.0,
+            "max_ulp": float(ulp.max()) if ulp.size else 0.0, "same_bytes": same_bytes}
+
+
+RESULTS = {}
+
+
+def replay_case(case: dict) -> dict:
+    r = Replay(case)
+    res = compare(case, r.run())
+    RESULTS[case["name"]] = res
+    return res
+
+
+def _ids():
+    return [c["name"] for _, c in CASES] or ["no-fixtures"]
+
+
+@NEEDS_OPS
+@pytest.mark.parametrize("fc", CASES or [None], ids=_ids())
+def test_op_fixture(fc, record_property):
+    if fc is None:
+        pytest.skip("no fixtures")
+    _, case = fc
+    tol = TOLERANCES[case["name"]]
+    res = replay_case(case)
+    record_property("max_rel_error", res["max_rel"])
+    record_property("max_ulp_error", res["max_ulp"])
+    record_property("tolerance", tol)
+    if res["same_bytes"] is not None and tol == EXACT:
+        assert res["same_bytes"], f"{case['name']}: f16 bytes differ ({res})"
+    assert res["max_rel"] <= tol, f"{case['name']}: worst relative error {res['max_rel']:.3g} > {tol:.3g} ({res})"
+
+
+@NEEDS_OPS
+def test_every_case_has_a_tolerance():
+    assert {c["name"] for _, c in CASES} == set(TOLERANCES)
+
+
+@NEEDS_OPS
+def test_every_case_is_bit_identical_with_the_c_library():
+    """With the C library's expf/expm1f/logf/tanhf/... per element (`libm_exact`), every one of the
+    recorded outputs is reproduced bit for bit (f16 outputs byte for byte)."""
+    with libm_exact():
+        results = {case["name"]: compare(case, Replay(case).run()) for _, case in CASES}
+    differ = {k: r for k, r in results.items() if r["n_equal"] != r["n"] or r["same_bytes"] is False}
+    assert not differ, differ
+
+
+def _replay_with(case, change_input=None):
+    r = Replay(case)
+    r.allocate_and_fill()
+    if change_input:
+        change_input(r)
+    for node in r.nodes:
+        compute_forward(node)
+    return compare(case, r.tensors[case["output"]["name"]])
+
+
+@NEEDS_OPS
+def test_a_one_ulp_input_change_fails_an_exact_case():
+    case = next(c for _, c in CASES if c["name"] == "add_same_shape")
+    assert _replay_with(case)["max_rel"] == 0
+
+    def bump(r):
+        a = gl.tensor_array(r.tensors["a"])
+        a.reshape(-1)[5] = np.nextafter(a.reshape(-1)[5], np.float32(np.inf))
+
+    res = _replay_with(case, bump)
+    assert res["max_rel"] > TOLERANCES["add_same_shape"] and res["n_equal"] == res["n"] - 1
+
+
+@NEEDS_OPS
+def test_a_wrong_f16_rounding_fails(monkeypatch):
+    """Truncating instead of rounding to nearest even in the f32 -> f16 conversion breaks cpy_f32_f16."""
+    kernels = sys.modules[compute_forward.__module__]
+
+    def truncating(x):
+        bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+        return np.where(np.isfinite(x), (bits & 0xFFFFE000).view(np.float32), x).astype(np.float16)
+
+    case = next(c for _, c in CASES if c["name"] == "cpy_f32_f16")
+    monkeypatch.setattr(kernels, "fp32_to_fp16", truncating)
+    res = _replay_with(case)
+    assert res["same_bytes"] is False and res["max_rel"] > TOLERANCES["cpy_f32_f16"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Units that the fixtures do not pin down
+# ---------------------------------------------------------------------------------------------
+
+def _exact_fma(a, b, c) -> np.float32:
+    from fractions import Fraction
+    e = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
+    # round the rational to float32, ties to even: bracket it between neighbouring float32 values
+    f = np.float32(float(e))  # float(e) is correctly rounded to double; adjust if that misrounded to f32
+    if Fraction(float(f)) <= e:
+        lo, hi = f, np.nextafter(f, np.float32(np.inf))
+    else:
+        lo, hi = np.nextafter(f, np.float32(-np.inf)), f
+    dlo, dhi = e - Fraction(float(lo)), Fraction(float(hi)) - e
+    if dlo != dhi:
+        return lo if dlo < dhi else hi
+    return lo if int(np.float32(lo).view(np.uint32)) % 2 == 0 else hi
+
+
+def test_fma_f32_rounds_once():
+    # the double-rounding trap: a·b + c is just below an f32 midpoint, but the float64 sum lands on it
+    a = np.float32(2.0**-24 * (1 - 2.0**-18))
+    b = np.float32(1 + 2.0**-18)
+    c = np.float32(1 + 2.0**-23)
+    assert fma_f32(a, b, c) == np.float32(1 + 2.0**-23)  # a float64 sum rounded to f32 gives 1 + 2^-22
+    assert np.float32(np.float64(a) * np.float64(b) + np.float64(c)) == np.float32(1 + 2.0**-22)
+    rng = np.random.default_rng(7)
+    scale = np.float32(2.0) ** rng.integers(-130, 20, (3, 3000)).astype(np.float32)  # down to f32 subnormals
+    x = rng.standard_normal((3, 3000)).astype(np.float32) * scale
+    got = fma_f32(x[0], x[1], x[2])
+    want = np.array([_exact_fma(*t) for t in x.T], dtype=np.float32)
+    assert np.array_equal(got, want)
+
+
+def test_v_expf_is_ggmls_vector_exp():
+    x = np.linspace(-100, 88, 20001, dtype=np.float32)
+    e = v_expf(x).astype(np.float64)
+    ref = np.exp(x.astype(np.float64))
+    ulp = np.abs(e - ref) / np.spacing(np.abs(ref.astype(np.float32))).astype(np.float64)
+    assert ulp[ref > 1e-37].max() < 2.0  # "max error 1.45358 plus 0.5 ulps"
+    assert v_expf(np.float32([-np.inf, -200, 100, np.inf]))[:2].tolist() == [0.0, 0.0]
+    assert np.isinf(v_expf(np.float32([100, np.inf]))).all()
+
+
+def test_q8_0_quantizers_differ_on_ties():
+    x = np.zeros((1, 32), np.float32)
+    x[0, 0], x[0, 1], x[0, 2] = 127, 2.5, -3.5  # amax 127: d = 1, id = 1 in both quantizers
+    assert quantize_row_q8_0(x)["qs"][0, 0, :3].tolist() == [127, 2, -4]      # ties to even (SIMD)
+    assert quantize_row_q8_0_ref(x)["qs"][0, 0, :3].tolist() == [127, 3, -4]  # roundf: away from zero
+
+
+def test_gelu_table_semantics():
+    x = np.float32([-12, -10, -9.99, -0.5, 0.0, 0.5, 3.0, 9.99, 10, 12])
+    ctx = gl.Context()
+    a = ctx.new_tensor_1d(gl.F32, x.size)
+    y = gl.gelu(ctx, a)
+    gl.alloc_ctx_tensors(ctx, gl.cpu_buffer_type())
+    gl.tensor_array(a)[...] = x
+    compute_forward(y)
+    out = np.array(gl.tensor_array(y))
+    inside = (x > -10) & (x < 10)
+    table = gelu_table()[fp32_to_fp16(x[inside]).view(np.uint16)].astype(np.float32)
+    assert np.array_equal(out[inside], table)
+    assert out[x <= -10].tolist() == [0, 0] and out[x >= 10].tolist() == [10, 12]
+    assert np.array_equal(out[inside], out[inside].astype(np.float16).astype(np.float32))  # f16 values
+
+
+def _alloc(ctx):
+    gl.alloc_ctx_tensors(ctx, gl.cpu_buffer_type())
+
+
+def test_in_place_ops_equal_their_out_of_place_versions():
+    rng = np.random.default_rng(3)
+    ctx = gl.Context()
+    x = ctx.new_tensor_3d(gl.F32, 16, 4, 3)
+    w = ctx.new_tensor_1d(gl.F32, 16)
+    pairs = []
+    for inplace in (False, True):
+        xi = gl.cont(ctx, x)  # a private copy to work on
+        r = {
+            "add": gl.add_inplace(ctx, xi, w) if inplace else gl.add(ctx, xi, w),
+        }
+        pairs.append((xi, r))
+    _alloc(ctx)
+    gl.tensor_array(x)[...] = rng.uniform(-1, 1, gl.tensor_array(x).shape)
+    gl.tensor_array(w)[...] = rng.uniform(-1, 1, 16)
+    for xi, r in pairs:
+        compute_forward(xi)
+        for node in r.values():
+            compute_forward(node)
+    (x0, r0), (x1, r1) = pairs
+    assert np.array_equal(np.array(gl.tensor_array(r0["add"])), np.array(gl.tensor_array(r1["add"])))
+    assert r1["add"].data == x1.data  # the in-place result really shares its source's memory
+
+    # a chain of in-place ops on one buffer: scale, rms_norm, soft_max, rope, unary, diag_mask
+    def chain(inplace):
+        c = gl.Context()
+        a = c.new_tensor_3d(gl.F32, 16, 4, 3)
+        p = c.new_tensor_1d(gl.I32, 3)
+        t = gl.scale(c, a, 0.5, inplace=inplace)
+        t = gl.rms_norm(c, t, 1e-6, inplace=inplace)
+        t = gl.rope_ext(c, t, p, None, 16, 2, 0, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0, inplace=inplace)
+        t = gl.silu(c, t, inplace=inplace)
+        t = gl.diag_mask_inf(c, t, 1, inplace=inplace)
+        t = gl.soft_max(c, t, inplace=inplace)
+        gf = gl.build_forward(t)
+        _alloc(c)
+        gl.tensor_array(a)[...] = np.random.default_rng(5).uniform(-2, 2, gl.tensor_array(a).shape)
+        gl.tensor_array(p)[...] = [1, 7, 300]
+        for node in gf.nodes:
+            compute_forward(node)
+        return np.array(gl.tensor_array(t)), t.data == a.data
+
+    out_of_place, shared0 = chain(False)
+    in_place, shared1 = chain(True)
+    assert shared1 and not shared0
+    assert np.array_equal(out_of_place, in_place)
+
+
+def test_view_ops_compute_nothing():
+    ctx = gl.Context()
+    a = ctx.new_tensor_2d(gl.F32, 4, 3)
+    views = [gl.transpose(ctx, a), gl.permute(ctx, a, 1, 0, 2, 3), gl.reshape_1d(ctx, a, 12), gl.view_1d(ctx, a, 4, 8)]
+    _alloc(ctx)
+    gl.tensor_array(a)[...] = np.arange(12, dtype=np.float32).reshape(3, 4)
+    before = a.buffer.memory().copy()
+    for v in views:
+        compute_forward(v)
+    assert np.array_equal(before, a.buffer.memory())
+
+
+@pytest.mark.skipif(not hasattr(gl, "sim_init"), reason="this ggml_lite has no SIM backend yet")
+def test_device_memory_is_computed_in_place_with_device_true():
+    """A backend with non-host memory (SIM) runs the same kernels on its own bytes (`device=True`)."""
+    x = np.linspace(-3, 3, 24, dtype=np.float32).reshape(3, 8)
+    outs = []
+    for where in ("host", "device"):
+        ctx = gl.Context(where)
+        a = ctx.new_tensor_2d(gl.F32, 8, 3)
+        y = gl.silu(ctx, a)
+        gl.alloc_ctx_tensors(ctx, gl.cpu_buffer_type() if where == "host" else gl.sim_init())
+        gl.tensor_set(a, x)
+        if where == "device":
+            with pytest.raises(gl.BufferStateError):
+                compute_forward(y)  # host access to device memory is refused
+        compute_forward(y, device=where == "device")
+        outs.append(gl.tensor_get(y))
+    assert np.array_equal(outs[0], outs[1])
+
+
+def _one(build):
+    ctx = gl.Context()
+    node = build(ctx)
+    _alloc(ctx)
+    return node
+
+
+def test_unsupported_combinations_raise():
+    # ggml's sub kernel has no f16 variant
+    with pytest.raises(gl.DataTypeError, match="f32 src0 only"):
+        compute_forward(_one(lambda c: gl.sub(c, c.new_tensor_1d(gl.F16, 8), c.new_tensor_1d(gl.F32, 8))))
+    # mul_mat asserts nb10 == element size: a transposed src1
+    with pytest.raises(gl.LayoutError, match="permuted src0 or src1"):
+        compute_forward(_one(lambda c: gl.mul_mat(c, c.new_tensor_2d(gl.F32, 4, 3),
+                                                   gl.transpose(c, c.new_tensor_2d(gl.F32, 5, 4)))))
+    # add asserts nb00 == sizeof(float)
+    with pytest.raises(gl.LayoutError, match="nb\\[0\\]"):
+        compute_forward(_one(lambda c: gl.add(c, gl.transpose(c, c.new_tensor_2d(gl.F32, 4, 4)),
+                                               c.new_tensor_2d(gl.F32, 4, 4))))
+    # rope with an odd unrotated tail: ggml would write past every row
+    with pytest.raises(gl.ShapeError, match="odd"):
+        compute_forward(_one(lambda c: gl.rope_ext(c, c.new_tensor_3d(gl.F32, 9, 2, 1), c.new_tensor_1d(gl.I32, 1), None,
+                                                    4, 0, 0, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)))
+    # a quantized source cannot be converted by dup
+    with pytest.raises(gl.DataTypeError):
+        compute_forward(_one(lambda c: gl.cpy(c, c.new_tensor_1d(gl.Q8_0, 32), c.new_tensor_1d(gl.F32, 32))))
+    # get_rows with a row index outside src0
+    node = _one(lambda c: gl.get_rows(c, c.new_tensor_2d(gl.F32, 4, 3), c.new_tensor_1d(gl.I32, 2)))
+    gl.tensor_array(node.src[1])[...] = [1, 3]
+    with pytest.raises(gl.TensorBoundsError):
+        compute_forward(node)
+
+
+def summary() -> str:
+    """The table quoted in the notes: case, op, tolerance, worst relative error, worst ulps, equal values."""
+    lines = [f"{'case':32} {'op':14} {'tolerance':>9} {'max rel':>9} {'max ulp':>8} {'equal':>9}"]
+    passed = 0
+    for _, case in CASES:
+        res = RESULTS.get(case["name"]) or replay_case(case)
+        tol = TOLERANCES[case["name"]]
+        ok = res["max_rel"] <= tol and (res["same_bytes"] is not False or tol != EXACT)
+        passed += ok
+        op = case["op"] if case["op"] != "UNARY" else case["unary_op"].lower()
+        lines.append(f"{case['name']:32} {op:14} {tol:9.2g} {res['max_rel']:9.2g} {res['max_ulp']:8.3g} "
+                     f"{res['n_equal']:>4}/{res['n']:<4}{'' if ok else '  FAIL'}")
+    lines.append(f"{passed}/{len(CASES)} op fixture cases within tolerance; "
+                 f"{sum(1 for r in RESULTS.values() if r['n_equal'] == r['n'])} bit-identical")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(summary())
