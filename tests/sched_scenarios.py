@@ -111,3 +111,119 @@ def batch_inputs(batch: dict) -> dict:
         mask[i, : head + i + 1] = 0.0
     return {"inp_tokens": ((37 * pos + 11) % 256).astype(np.int32), "inp_pos": pos, "KQ_mask": mask,
             "inp_out_ids": np.arange(n - n_out, n, dtype=np.int32)}
+
+
+# -- the scenarios' model: llama.cpp's build_llama of Sep 2024, at toy size --------------------------------
+
+CONTEXT_ORDER = ("CPU", "FAKE", "FAKE1")  # weight contexts first, then cache contexts, each in this order
+
+
+def build_llama(model: dict, placement: dict, batch: dict):
+    """The scenario graph, built with the ggml_lite API as the recorder built it: weights in
+    `weights:<backend>` contexts and the KV cache in `kv_cache:<backend>` contexts by `placement`,
+    then the compute context. Returns `(contexts in id order, graph, expand roots)`."""
+    n_embd, n_head, n_head_kv = model["n_embd"], model["n_head"], model["n_head_kv"]
+    n_ff, n_vocab, n_layer, n_ctx = model["n_ff"], model["n_vocab"], model["n_layer"], model["n_ctx"]
+    head = n_embd // n_head
+    n_gqa = head * n_head_kv
+    rope, eps = model["rope"], model["rms_norm_eps"]
+    wtype, kvtype = gl.type_by_name(model["wtype"]), gl.type_by_name(model["kvtype"])
+    n_tokens, n_kv, kv_head, n_outputs = batch["n_tokens"], batch["n_kv"], batch["kv_head"], batch["n_outputs"]
+
+    ctxs = {}
+
+    def ctx_of(kind, backend):
+        label = f"{kind}:{backend}"
+        if label not in ctxs:
+            ctxs[label] = gl.Context(label)
+        return ctxs[label]
+
+    def weight(backend, name, type, *ne):
+        return ctx_of("weights", backend).new_tensor(type, list(ne), name=name)
+
+    out_be = placement["output"]
+    w = {"token_embd": weight(placement["token_embd"], "token_embd.weight", wtype, n_embd, n_vocab),
+         "output_norm": weight(out_be, "output_norm.weight", gl.F32, n_embd),
+         "output": weight(out_be, "output.weight", wtype, n_embd, n_vocab)}
+    layers = []
+    for il, be in enumerate(placement["layers"]):
+        p = f"blk.{il}."
+        layers.append({
+            "attn_norm": weight(be, p + "attn_norm.weight", gl.F32, n_embd),
+            "wq": weight(be, p + "attn_q.weight", wtype, n_embd, n_embd),
+            "wk": weight(be, p + "attn_k.weight", wtype, n_embd, n_gqa),
+            "wv": weight(be, p + "attn_v.weight", wtype, n_embd, n_gqa),
+            "wo": weight(be, p + "attn_output.weight", wtype, n_embd, n_embd),
+            "ffn_norm": weight(be, p + "ffn_norm.weight", gl.F32, n_embd),
+            "gate": weight(be, p + "ffn_gate.weight", wtype, n_embd, n_ff),
+            "up": weight(be, p + "ffn_up.weight", wtype, n_embd, n_ff),
+            "down": weight(be, p + "ffn_down.weight", wtype, n_ff, n_embd),
+        })
+    for il, be in enumerate(placement["kv_cache"]):
+        c = ctx_of("kv_cache", be)
+        layers[il]["k_l"] = c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_k_l{il}")
+        layers[il]["v_l"] = c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_v_l{il}")
+
+    ctx = gl.Context("compute")
+    roots = []
+    inp_tokens = ctx.new_tensor_1d(gl.I32, n_tokens, name="inp_tokens")
+    gl.set_input(inp_tokens)
+    inp_l = gl.get_rows(ctx, w["token_embd"], inp_tokens).set_name("inp_embd")
+    inp_pos = ctx.new_tensor_1d(gl.I32, n_tokens, name="inp_pos")
+    gl.set_input(inp_pos)
+    kq_mask = ctx.new_tensor_2d(gl.F32, n_kv, gl.GGML_PAD(n_tokens, 32), name="KQ_mask")
+    gl.set_input(kq_mask)
+    rope_args = (rope["n_dims"], rope["mode"], rope["n_ctx_orig"], rope["freq_base"], rope["freq_scale"],
+                 rope["ext_factor"], rope["attn_factor"], rope["beta_fast"], rope["beta_slow"])
+    elt = kvtype.type_size
+    for il, L in enumerate(layers):
+        inp_sa = inp_l
+        cur = gl.rms_norm(ctx, inp_l, eps).set_name(f"norm-{il}")
+        cur = gl.mul(ctx, cur, L["attn_norm"]).set_name(f"attn_norm-{il}")
+        q = gl.mul_mat(ctx, L["wq"], cur).set_name(f"Qcur-{il}")
+        k = gl.mul_mat(ctx, L["wk"], cur).set_name(f"Kcur-{il}")
+        v = gl.mul_mat(ctx, L["wv"], cur).set_name(f"Vcur-{il}")
+        q = gl.rope_ext(ctx, gl.reshape_3d(ctx, q, head, n_head, n_tokens), inp_pos, None, *rope_args).set_name(f"Qcur_rope-{il}")
+        k = gl.rope_ext(ctx, gl.reshape_3d(ctx, k, head, n_head_kv, n_tokens), inp_pos, None, *rope_args).set_name(f"Kcur_rope-{il}")
+        roots += [q, k, v]
+        qp = gl.permute(ctx, q, 0, 2, 1, 3).set_name(f"q-{il}")
+        k_view = gl.view_1d(ctx, L["k_l"], n_tokens * n_gqa, gl.row_size(kvtype, n_gqa) * kv_head).set_name(f"k_cache_view-{il}")
+        roots.append(gl.cpy(ctx, k, k_view))
+        v_t = gl.transpose(ctx, gl.reshape_2d(ctx, v, n_gqa, n_tokens))
+        v_view = gl.view_2d(ctx, L["v_l"], n_tokens, n_gqa, n_ctx * elt, kv_head * elt).set_name(f"v_cache_view-{il}")
+        roots.append(gl.cpy(ctx, v_t, v_view))
+        kk = gl.view_3d(ctx, L["k_l"], head, n_kv, n_head_kv, gl.row_size(kvtype, n_gqa), gl.row_size(kvtype, head),
+                        0).set_name(f"k-{il}")
+        vv = gl.view_3d(ctx, L["v_l"], n_kv, head, n_head_kv, elt * n_ctx, elt * n_ctx * head, 0).set_name(f"v-{il}")
+        kq = gl.mul_mat(ctx, kk, qp).set_name(f"kq-{il}")
+        kq = gl.soft_max_ext(ctx, kq, kq_mask, 1.0 / head ** 0.5, 0.0).set_name(f"kq_soft_max_ext-{il}")
+        kqv = gl.mul_mat(ctx, vv, kq).set_name(f"kqv-{il}")
+        merged = gl.permute(ctx, kqv, 0, 2, 1, 3).set_name(f"kqv_merged-{il}")
+        cur = gl.cont_2d(ctx, merged, n_embd, n_tokens).set_name(f"kqv_merged_cont-{il}")
+        roots.append(cur)
+        cur = gl.mul_mat(ctx, L["wo"], cur).set_name(f"kqv_out-{il}")
+        if il == n_layer - 1:  # skip computing output for unused tokens
+            out_ids = ctx.new_tensor_1d(gl.I32, n_outputs, name="inp_out_ids")
+            gl.set_input(out_ids)
+            cur = gl.get_rows(ctx, cur, out_ids)
+            inp_sa = gl.get_rows(ctx, inp_sa, out_ids)
+        ffn_inp = gl.add(ctx, cur, inp_sa).set_name(f"ffn_inp-{il}")
+        cur = gl.rms_norm(ctx, ffn_inp, eps).set_name(f"norm_ffn-{il}")
+        cur = gl.mul(ctx, cur, L["ffn_norm"]).set_name(f"ffn_norm-{il}")
+        up = gl.mul_mat(ctx, L["up"], cur).set_name(f"ffn_up-{il}")
+        gate = gl.mul_mat(ctx, L["gate"], cur).set_name(f"ffn_gate-{il}")
+        gate = gl.silu(ctx, gate).set_name(f"ffn_silu-{il}")
+        cur = gl.mul(ctx, gate, up).set_name(f"ffn_gate_par-{il}")
+        cur = gl.mul_mat(ctx, L["down"], cur).set_name(f"ffn_down-{il}")
+        inp_l = gl.add(ctx, cur, ffn_inp).set_name(f"l_out-{il}")
+    cur = gl.rms_norm(ctx, inp_l, eps).set_name("norm_out")
+    cur = gl.mul(ctx, cur, w["output_norm"]).set_name("result_norm")
+    cur = gl.mul_mat(ctx, w["output"], cur).set_name("result_output")
+    gl.set_output(cur)
+    roots.append(cur)
+    graph = gl.Graph()
+    for r in roots:
+        gl.build_forward_expand(graph, r)
+    ordered = [ctxs[f"{kind}:{be}"] for kind in ("weights", "kv_cache") for be in CONTEXT_ORDER
+               if f"{kind}:{be}" in ctxs] + [ctx]
+    return ordered, graph, roots

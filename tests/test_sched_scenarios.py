@@ -87,3 +87,50 @@ def test_the_generators_can_fail():
     raw = gl.tensor_get(t, 0, gl.nbytes(t))
     raw[0] ^= 1
     assert fnv1a32(raw.tobytes()) != w["fnv1a32_of_bytes"]
+
+
+def _round0_batch(doc):
+    return next(s["batch"] for s in doc["steps"] if s.get("call") == "ggml_backend_sched_reserve")
+
+
+@pytest.mark.parametrize("name", WITH_GRAPH)
+def test_the_llama_builder_gives_the_recorded_graph(name):
+    """The scenario graph rebuilt with the ggml_lite API equals the recorded one tensor for tensor (ids,
+    names, contexts, types, shapes, strides, ops, op_params, sources, views, flags) and node for node."""
+    from ggml_lite.graphio import graph_document
+    from sched_scenarios import build_llama
+
+    doc = _doc(name)
+    ctxs, graph, roots = build_llama(doc["model"], doc["placement"], _round0_batch(doc))
+    mine = graph_document(graph, ctxs, roots)["graph"]
+    want = doc["graph"]
+    keys = ("id", "name", "ctx", "graph_role", "type", "ne", "nb", "op", "op_params", "src", "view_src",
+            "view_offs", "flags")
+    got_t = [{k: t.get(k) for k in keys} for t in mine["tensors"]]
+    want_t = [{k: t.get(k) for k in keys} for t in want["tensors"]]
+    if doc["sched_params"]["parallel"]:  # with n_copies > 1 the scheduler flags graph inputs OUTPUT too
+        for t in want_t:                 # (pass 5: "prevent ggml-alloc from overwriting the tensor")
+            if "INPUT" in t["flags"]:
+                t["flags"] = [f for f in t["flags"] if f != "OUTPUT"]
+    diffs = [(a["id"], a["name"], {k: (a[k], b[k]) for k in keys if a[k] != b[k]})
+             for a, b in zip(got_t, want_t) if a != b]
+    assert len(got_t) == len(want_t) and not diffs, diffs[:5]
+    assert [mine[k] for k in ("n_nodes", "n_leafs", "nodes", "leafs", "expand_roots")] == \
+        [want[k] for k in ("n_nodes", "n_leafs", "nodes", "leafs", "expand_roots")]
+
+
+def test_the_builder_makes_scenario_13s_graph_and_round_1_of_09():
+    """Graphs no file records: scenario 13 (it aborts before anything is recorded) and the second
+    round of 09 (16 tokens at kv_head 16, so the cache views start at cell 16)."""
+    from sched_scenarios import build_llama
+
+    doc13 = _doc("13_abort_deny_cpy_kv_in_fake")  # no steps: the round-0 batch of the README
+    batch0 = {"n_tokens": 16, "n_kv": 32, "kv_head": 0, "n_outputs": 1}
+    ctxs, graph, _ = build_llama(doc13["model"], doc13["placement"], batch0)
+    assert graph.n_nodes == 138 and graph.n_leafs == 51
+    assert [c.name for c in ctxs] == ["weights:CPU", "weights:FAKE", "kv_cache:FAKE", "compute"]
+    doc9 = _doc("09_parallel_partial")
+    batch1 = [s["batch"] for s in doc9["steps"] if s.get("call") == "ggml_backend_sched_alloc_graph"][1]
+    _, g1, _ = build_llama(doc9["model"], doc9["placement"], batch1)
+    k_view = g1.get_tensor("k_cache_view-0")
+    assert k_view.view_offs == 16 * 32 * 2 and g1.get_tensor("v_cache_view-0").view_offs == 16 * 2
