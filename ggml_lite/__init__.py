@@ -51,3 +51,4 @@ from ggml_lite.backend import (  # noqa: F401,E402
 )
 from ggml_lite.cpu import CPUBackend, cpu_init, is_cpu  # noqa: F401,E402
 from ggml_lite.sim import CostModel, SimBackend, SimBufferType, SimClock, Span, is_sim, sim_init  # noqa: F401,E402
+from ggml_lite.sched import BackendSched, Split  # noqa: F401,E402

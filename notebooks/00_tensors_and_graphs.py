@@ -196,6 +196,10 @@ class UnknownBackendError(BackendError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class SchedulerError(BackendError):
+    """The backend scheduler cannot place or run a graph (the aborts of `ggml_backend_sched_*`)."""
+
+
 class LayoutMismatchError(BackendError, ValueError):
     """A tensor copy between tensors of different type, shape or strides (`ggml_backend_tensor_copy`)."""
 

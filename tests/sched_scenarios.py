@@ -123,13 +123,9 @@ def build_llama(model: dict, placement: dict, batch: dict):
     `weights:<backend>` contexts and the KV cache in `kv_cache:<backend>` contexts by `placement`,
     then the compute context. Returns `(contexts in id order, graph, expand roots)`."""
     n_embd, n_head, n_head_kv = model["n_embd"], model["n_head"], model["n_head_kv"]
-    n_ff, n_vocab, n_layer, n_ctx = model["n_ff"], model["n_vocab"], model["n_layer"], model["n_ctx"]
-    head = n_embd // n_head
-    n_gqa = head * n_head_kv
-    rope, eps = model["rope"], model["rms_norm_eps"]
+    n_ff, n_vocab, n_ctx = model["n_ff"], model["n_vocab"], model["n_ctx"]
+    n_gqa = n_embd // n_head * n_head_kv
     wtype, kvtype = gl.type_by_name(model["wtype"]), gl.type_by_name(model["kvtype"])
-    n_tokens, n_kv, kv_head, n_outputs = batch["n_tokens"], batch["n_kv"], batch["kv_head"], batch["n_outputs"]
-
     ctxs = {}
 
     def ctx_of(kind, backend):
@@ -164,6 +160,33 @@ def build_llama(model: dict, placement: dict, batch: dict):
         layers[il]["k_l"] = c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_k_l{il}")
         layers[il]["v_l"] = c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_v_l{il}")
 
+    ctx, graph, roots = build_graph(model, w, layers, batch)
+    ordered = [ctxs[f"{kind}:{be}"] for kind in ("weights", "kv_cache") for be in CONTEXT_ORDER
+               if f"{kind}:{be}" in ctxs] + [ctx]
+    return ordered, graph, roots
+
+
+def model_tensors(tensors_by_name: dict, n_layer: int) -> tuple:
+    """`(w, layers)` of `build_graph` from existing tensors (the weights and cache of a loaded scenario)."""
+    t = tensors_by_name
+    w = {"token_embd": t["token_embd.weight"], "output_norm": t["output_norm.weight"], "output": t["output.weight"]}
+    roles = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
+             "ffn_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
+    layers = [{**{r: t[f"blk.{il}.{n}.weight"] for r, n in roles.items()},
+               "k_l": t[f"cache_k_l{il}"], "v_l": t[f"cache_v_l{il}"]} for il in range(n_layer)]
+    return w, layers
+
+
+def build_graph(model: dict, w: dict, layers: list, batch: dict):
+    """The compute context and graph of one batch over the weights `w` / `layers` (a fresh graph per
+    evaluation, as llama.cpp builds one). Returns `(context, graph, expand roots)`."""
+    n_embd, n_head, n_head_kv = model["n_embd"], model["n_head"], model["n_head_kv"]
+    n_layer, n_ctx = model["n_layer"], model["n_ctx"]
+    head = n_embd // n_head
+    n_gqa = head * n_head_kv
+    rope, eps = model["rope"], model["rms_norm_eps"]
+    kvtype = gl.type_by_name(model["kvtype"])
+    n_tokens, n_kv, kv_head, n_outputs = batch["n_tokens"], batch["n_kv"], batch["kv_head"], batch["n_outputs"]
     ctx = gl.Context("compute")
     roots = []
     inp_tokens = ctx.new_tensor_1d(gl.I32, n_tokens, name="inp_tokens")
@@ -224,6 +247,4 @@ def build_llama(model: dict, placement: dict, batch: dict):
     graph = gl.Graph()
     for r in roots:
         gl.build_forward_expand(graph, r)
-    ordered = [ctxs[f"{kind}:{be}"] for kind in ("weights", "kv_cache") for be in CONTEXT_ORDER
-               if f"{kind}:{be}" in ctxs] + [ctx]
-    return ordered, graph, roots
+    return ctx, graph, roots

@@ -1,0 +1,855 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · The backend scheduler
+#
+# With one backend, chapter 04's graph allocator is enough. With a GPU in front of the CPU, someone
+# must decide **which backend computes each node**, cut the graph into *splits* that run on one
+# backend each, and copy every tensor that crosses from one split's backend to another's. That is
+# `ggml_backend_sched` (`ggml-backend.c:806-1700`). It is what llama.cpp uses for partial offload:
+# some layers on the GPU, the rest on the CPU.
+#
+# **Learning goals**
+#
+# 1. The five passes of `ggml_backend_sched_split_graph`: pre-allocated tensors and weights decide
+#    first (pass 1), GPU assignments spread to their neighbours (2), the rest go where their inputs
+#    are (3, 4), and the graph is cut into splits with input copies (5).
+# 2. The cause of every assignment (`1.wgt0`, `2.sup`, `3.best`, ...), and the `GGML_SCHED_DEBUG`
+#    printout that shows them.
+# 3. The scheduler's own graph copy — inputs, their copies and dependencies added per split — which
+#    is what the multi-buffer graph allocator plans in `ggml_backend_sched_reserve`.
+#
+# Exported: `ggml_lite.sched`.
+
+# %% [markdown]
+# ## 1 · The C
+#
+# The scheduler keeps, per tensor (a hash set keyed by the tensor pointer), a backend id
+# (`hv_tensor_backend_ids`, −1 = unassigned) and its copies per backend and copy index
+# (`hv_tensor_copies`). Backends are in **priority order**, and the last one must be the CPU:
+#
+# ```c
+# GGML_ASSERT(ggml_backend_is_cpu(backends[n_backends - 1])); // last backend must be CPU      (:1555)
+# ```
+#
+# `ggml_backend_sched_split_graph` (:1014-1433) then runs five passes over the graph:
+#
+# | pass | what it does | causes |
+# |---|---|---|
+# | 1 | leafs, then nodes: a tensor with a buffer goes to the first backend that supports its buffer type *and* the op; a view, to its view_src's; an INPUT, to the CPU; an op with a weight source, to the weight's backend — unless the weight is on the CPU and a higher-priority backend wants the op (`offload_op`) | `1.dst` `1.vsrc` `1.inp` `1.wgtN` `1.off` |
+# | 2 | expand non-CPU assignments down then up, then all assignments down then up, skipping view ops, only where the backend supports the op | `2.sup` |
+# | 3 | an assigned node moves to a higher-priority backend with the *same buffer type* if all its sources are usable there; an unassigned one goes to the backend that supports it with the most usable inputs | `3.upg` `3.best` |
+# | 4 | views take their view_src's backend; unassigned sources take their consumer's | `4.vsrc` `4.cur` |
+# | 5 | walk the nodes; a new split starts at a backend change, at a weight on another backend, or when the split's inputs are full; each source on another backend (whose memory the split's backend cannot use) gets a copy `BACKEND#name#c`, and the node reads the copy | `4.cpy` |
+#
+# The cause strings exist only in a debug build (`SET_CAUSE` is `#if 0` in the release source); the
+# scheduler fixtures were recorded with them switched on, and this port always keeps them.
+
+# %%
+# | default_exp sched
+
+# %%
+# | export
+"""The backend scheduler `ggml_backend_sched` (ggml-backend.c:806-1700): assign a backend to every
+node, split the graph, add the input copies, and plan the memory of all backends with one
+multi-buffer graph allocator."""
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from ggml_lite.backend import Backend, Status, dup_tensor_layout, is_view_op, tensor_copy
+from ggml_lite.buffer import BufferUsage
+from ggml_lite.cpu import is_cpu
+from ggml_lite.errors import SchedulerError
+from ggml_lite.gallocr import GAllocr
+from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, graph_view
+from ggml_lite.tensor import GGML_MAX_SRC, Context, Op, TensorFlag, UnaryOp, nbytes
+
+log = logging.getLogger("ggml_lite")
+
+GGML_SCHED_MAX_BACKENDS = 16
+GGML_SCHED_MAX_SPLIT_INPUTS = GGML_MAX_SRC
+GGML_SCHED_MAX_COPIES = 4
+INPUT = int(TensorFlag.INPUT)
+
+
+@dataclass
+class Split:
+    """`struct ggml_backend_sched_split`: a run of nodes `[i_start, i_end)` of the user's graph on one
+    backend, the tensors it needs copied in, and its graph view."""
+
+    backend_id: int
+    i_start: int
+    i_end: int = 0
+    inputs: list = field(default_factory=list)
+    graph: Graph = None
+
+    @property
+    def n_inputs(self) -> int:
+        return len(self.inputs)
+
+
+def op_desc(t) -> str:
+    """`ggml_op_desc`: the unary op's name for UNARY, else the op's."""
+    return UnaryOp(t.op_params[0]).name if t.op is Op.UNARY else t.op.name
+
+
+def fmt_size(size: int) -> str:
+    """`fmt_size` of the debug printout: whole MiB from 1 MiB on, else whole KiB."""
+    return f"{size // 1024 // 1024}M" if size >= 1024 * 1024 else f"{size // 1024}K"
+
+
+# %% [markdown]
+# ## 2 · Which backend: the helpers of pass 1
+#
+# `ggml_backend_sched_backend_from_buffer` (:870) answers "who can run `op` where this tensor's memory
+# is": the highest-priority backend that supports the buffer's type and the op. When none does, a
+# debug build warns that "the weight will need to be copied". `ggml_backend_sched_backend_id_from_cur`
+# (:898) is pass 1's decision for one tensor; note the abort when a pre-allocated tensor lives
+# where no backend can run its op (scenario 13 of the fixtures), here a `SchedulerError`.
+
+# %%
+# | export
+class _Assign:
+    """Pass-1 helpers, mixed into `BackendSched` (they read its backends and its tables)."""
+
+    def backend_id(self, backend) -> int:
+        """`ggml_backend_sched_backend_id`: the backend's priority (its index), or -1."""
+        return next((i for i, b in enumerate(self.backends) if b is backend), -1)
+
+    def backend_from_buffer(self, tensor, op) -> int:
+        """`ggml_backend_sched_backend_from_buffer`: the first backend that supports the buffer type of
+        `tensor`'s buffer and the op `op`; -1 (with the debug build's warning) when none does."""
+        buffer = tensor.buffer
+        if buffer is None:
+            return -1
+        for i, b in enumerate(self.backends):  # find highest prio backend that supports the buffer type and the op
+            if b.supports_buft(buffer.buft) and b.supports_op(op):
+                return i
+        log.warning("ggml_backend_sched_backend_from_buffer: warning: no backend supports op %s with a weight with "
+                    "buffer type %s used in tensor %s, the weight will need to be copied",
+                    op_desc(tensor), buffer.get_name(), tensor.name)
+        return -1
+
+    def backend_id_from_cur(self, tensor) -> int:
+        """`ggml_backend_sched_backend_id_from_cur`: pass 1 for one tensor (sets its cause)."""
+        cur = self.backend_from_buffer(tensor, tensor)  # assign pre-allocated nodes to their backend
+        if cur != -1:
+            self.causes[tensor] = "1.dst"
+            return cur
+        if tensor.view_src is not None:
+            cur = self.backend_from_buffer(tensor.view_src, tensor)
+            if cur != -1:
+                self.causes[tensor] = "1.vsrc"
+                return cur
+        if tensor.buffer is not None or (tensor.view_src is not None and tensor.view_src.buffer is not None):
+            # since the tensor is pre-allocated, it cannot be moved to another backend
+            raise SchedulerError(f"pre-allocated tensor in a backend that cannot run the operation: {tensor.name!r} "
+                                 f"({tensor.op.name}) lives in a {self._buffer_of(tensor).get_name()} buffer, and no "
+                                 f"backend that can use that memory supports {tensor.op.name}")
+        if tensor.flags & INPUT:  # graph input
+            self.causes[tensor] = "1.inp"
+            return self.n_backends - 1  # last backend (assumed CPU)
+        for i, src in enumerate(tensor.src):  # operations with weights go preferably where the weights are
+            if src is None:
+                continue
+            if src.buffer is not None and src.buffer.usage == BufferUsage.WEIGHTS:
+                src_backend_id = self.backend_from_buffer(src, tensor)
+                if src_backend_id == self.n_backends - 1:  # does a higher-priority backend want to offload it?
+                    for b in range(src_backend_id):
+                        if self.backends[b].supports_op(tensor) and self.backends[b].offload_op(tensor):
+                            self.causes[tensor] = "1.off"
+                            return b
+                self.causes[tensor] = f"1.wgt{i}"
+                return src_backend_id
+        return -1
+
+    @staticmethod
+    def _buffer_of(t):
+        return t.view_src.buffer if t.view_src is not None and t.buffer is None else t.buffer
+
+    def buffer_supported(self, t, backend_id: int) -> bool:
+        """`ggml_backend_sched_buffer_supported`: can backend `backend_id` use `t`'s memory — its buffer's
+        type, or, not yet allocated, the buffer type of its (or its view_src's) assigned backend?"""
+        buf = t.view_src.buffer if t.view_src is not None else t.buffer
+        buft = None
+        if buf is not None:
+            buft = buf.buft  # the tensor is already allocated
+        else:
+            tid = self.ids.get(t, -1)
+            if tid == -1 and t.view_src is not None:
+                tid = self.ids.get(t.view_src, -1)
+            if tid != -1:
+                buft = self.bufts[tid]
+        return buft is not None and self.backends[backend_id].supports_buft(buft)
+
+    def set_if_supported(self, node, cur_backend_id: int) -> None:
+        """`ggml_backend_sched_set_if_supported`: pass 2's assignment, only where the op is supported."""
+        if self.backends[cur_backend_id].supports_op(node):
+            self.ids[node] = cur_backend_id
+            self.causes[node] = "2.sup"
+
+
+# %% [markdown]
+# ## 3 · The scheduler and its five passes
+#
+# `BackendSched` holds what `struct ggml_backend_sched` holds. The per-tensor tables are dicts keyed
+# by the tensor (identity): `ids` for `hv_tensor_backend_ids` (missing = −1) and `copies` for
+# `hv_tensor_copies`, keyed `(tensor, backend_id, copy)`. `reset` clears them, as
+# `ggml_backend_sched_reset` does — so user pins (`set_tensor_backend`) must be made after a reset
+# and before the split, exactly as in llama.cpp.
+
+# %%
+# | export
+class BackendSched(_Assign):
+    """`struct ggml_backend_sched` (`ggml_backend_sched_new`): `backends` in priority order, the CPU
+    last; `bufts` (default: each backend's default buffer type); `parallel` gives
+    `GGML_SCHED_MAX_COPIES` copies of every input for pipeline parallelism. `debug` (default: the
+    GGML_SCHED_DEBUG environment variable) logs the assignments after every split."""
+
+    def __init__(self, backends, bufts=None, graph_size: int = GGML_DEFAULT_GRAPH_SIZE, parallel: bool = False,
+                 debug: bool = None):
+        backends = list(backends)
+        if not 0 < len(backends) <= GGML_SCHED_MAX_BACKENDS:
+            raise SchedulerError(f"{len(backends)} backends given: between 1 and {GGML_SCHED_MAX_BACKENDS} are possible")
+        if not is_cpu(backends[-1]):
+            raise SchedulerError(f"the last backend must be the CPU, got {backends[-1].get_name()}")
+        self.debug = os.environ.get("GGML_SCHED_DEBUG") is not None if debug is None else debug
+        self.backends = backends
+        self.n_backends = len(backends)
+        self.n_copies = GGML_SCHED_MAX_COPIES if parallel else 1
+        self.cur_copy = 0
+        self.graph_size = graph_size
+        self.bufts = list(bufts) if bufts is not None else [b.get_default_buffer_type() for b in backends]
+        for b, buft in zip(backends, self.bufts):
+            if not b.supports_buft(buft):
+                raise SchedulerError(f"backend {b.get_name()} cannot use buffer type {buft.get_name()}")
+        self.events = [[b.event_new() for _ in range(self.n_copies)] if self.n_copies > 1 else [None]
+                       for b in backends]
+        self.galloc = GAllocr(self.bufts)
+        self.ctx = None
+        self.splits = []
+        self.graph = Graph(0)
+        self.graph_inputs = []
+        # calloc'ed arrays of the C, written in place: what a shorter graph leaves is still compared
+        nodes_size = graph_size + graph_size * GGML_SCHED_MAX_SPLIT_INPUTS * 2
+        self.node_backend_ids, self.leaf_backend_ids = [0] * nodes_size, [0] * nodes_size
+        self.prev_node_backend_ids, self.prev_leaf_backend_ids = [0] * nodes_size, [0] * nodes_size
+        self.callback_eval = None
+        self.is_reset = False
+        self.is_alloc = False
+        self.reset()
+
+    # -- state ------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """`ggml_backend_sched_reset`: forget every assignment and copy (unless nothing changed since
+        the last reset); the next graph is split anew."""
+        if not self.is_reset:
+            self.ids, self.copies, self.causes = {}, {}, {}
+            self.is_reset = True
+        self.is_alloc = False
+
+    def set_tensor_backend(self, node, backend: Backend) -> None:
+        """`ggml_backend_sched_set_tensor_backend`: pin `node` to `backend` (cause "usr")."""
+        b = self.backend_id(backend)
+        if b < 0:
+            raise SchedulerError(f"set_tensor_backend({node.name!r}): {backend.get_name()} is not one of the "
+                                 f"scheduler's backends ({', '.join(x.get_name() for x in self.backends)})")
+        self.ids[node] = b
+        self.causes[node] = "usr"
+        self.is_reset = False
+
+    def get_tensor_backend(self, node):
+        """`ggml_backend_sched_get_tensor_backend`: the node's backend, or None when unassigned."""
+        b = self.ids.get(node, -1)
+        return None if b == -1 else self.backends[b]
+
+    def get_cause(self, node) -> str:
+        """`GET_CAUSE`: why `node` has its backend ("" when nothing set one)."""
+        return self.causes.get(node, "")
+
+    @property
+    def n_splits(self) -> int:
+        """`ggml_backend_sched_get_n_splits`."""
+        return len(self.splits)
+
+    def get_n_copies(self) -> int:
+        """`ggml_backend_sched_get_n_copies`."""
+        return self.n_copies
+
+    def get_n_backends(self) -> int:
+        """`ggml_backend_sched_get_n_backends`."""
+        return self.n_backends
+
+    def get_backend(self, i: int) -> Backend:
+        """`ggml_backend_sched_get_backend`."""
+        if not 0 <= i < self.n_backends:
+            raise SchedulerError(f"backend {i} asked, the scheduler has {self.n_backends}")
+        return self.backends[i]
+
+    def get_buffer_size(self, backend: Backend) -> int:
+        """`ggml_backend_sched_get_buffer_size`: the compute buffer of `backend` (its gallocr buffer)."""
+        b = self.backend_id(backend)
+        if b < 0:
+            raise SchedulerError(f"{backend.get_name()} is not one of the scheduler's backends")
+        return self.galloc.get_buffer_size(b)
+
+
+# %% [markdown]
+# ### 3.1 · Passes 1-4: a backend for every node
+#
+# Ported one pass per function, in the C's loop order. Pass 2's four sweeps are one function with
+# a direction and a flag: the first two skip the CPU (`cur_backend_id = -1` when they meet it), so
+# "cpu will never be used unless weights are on cpu, or there are no gpu ops between cpu ops".
+
+# %%
+# | export
+def _pass1(sched: BackendSched, graph) -> None:
+    """Pass 1: leafs, then nodes, not yet assigned (user pins are kept) get `backend_id_from_cur`."""
+    ids = sched.ids
+    for t in (*graph.leafs, *graph.nodes):
+        if ids.get(t, -1) == -1:  # do not overwrite user assignments
+            ids[t] = sched.backend_id_from_cur(t)
+
+
+def _expand(sched: BackendSched, nodes, skip_cpu: bool) -> None:
+    """One sweep of pass 2 over `nodes` (in the order given): carry the last assigned backend to the
+    unassigned nodes that it supports; with `skip_cpu`, the CPU is not carried."""
+    ids, cpu = sched.ids, sched.n_backends - 1
+    cur = -1
+    for node in nodes:
+        if is_view_op(node.op):
+            continue
+        b = ids.get(node, -1)
+        if b != -1:
+            cur = -1 if skip_cpu and b == cpu else b
+        elif cur != -1:
+            sched.set_if_supported(node, cur)
+
+
+def _pass2(sched: BackendSched, graph) -> None:
+    """Pass 2: expand gpu down, gpu up, rest down, rest up."""
+    nodes = graph.nodes
+    _expand(sched, nodes, True)
+    _expand(sched, reversed(nodes), True)
+    _expand(sched, nodes, False)
+    _expand(sched, reversed(nodes), False)
+
+
+def _pass3(sched: BackendSched, graph) -> None:
+    """Pass 3: unassigned nodes to the backend supporting them with the most usable inputs (`3.best`);
+    assigned ones up to a higher-priority backend of the same buffer type (`3.upg`)."""
+    ids, backends, bufts = sched.ids, sched.backends, sched.bufts
+    for node in graph.nodes:
+        if is_view_op(node.op):
+            continue
+        cur = ids.get(node, -1)
+        if cur == -1:  # unassigned node: find the backend with the most supported inputs
+            best = -1
+            for b in range(sched.n_backends):
+                if not backends[b].supports_op(node):
+                    continue
+                n = sum(1 for s in node.src if s is not None
+                        and (ids.get(s, -1) != -1 or ids.get(s.view_src, -1) != -1)
+                        and sched.buffer_supported(s, b))
+                if n > best:
+                    best = n
+                    ids[node] = b
+                    sched.causes[node] = "3.best"
+        else:  # assigned node: upgrade to higher prio backend if possible
+            for b in range(cur):
+                if bufts[b] is bufts[cur] and backends[b].supports_op(node) and \
+                        all(sched.buffer_supported(s, b) for s in node.src if s is not None):
+                    ids[node] = b
+                    sched.causes[node] = "3.upg"
+                    break
+
+
+def _pass4(sched: BackendSched, graph) -> None:
+    """Pass 4: views take their view_src's backend; unassigned sources their consumer's."""
+    ids, causes = sched.ids, sched.causes
+    for node in graph.nodes:
+        if node.view_src is not None and ids.get(node, -1) == -1:
+            ids[node] = ids.get(node.view_src, -1)
+            causes[node] = "4.vsrc"
+        cur = ids.get(node, -1)
+        for s in node.src:
+            if s is None or ids.get(s, -1) != -1:
+                continue
+            if s.view_src is not None:  # views are always on the same backend as the source
+                ids[s] = ids.get(s.view_src, -1)
+                causes[s] = "4.vsrc"
+            else:
+                ids[s] = cur
+                causes[s] = "4.cur"
+
+
+# %% [markdown]
+# ### 3.2 · Pass 5: splits and input copies
+#
+# A split ends where the backend changes. Two more reasons start a new one on the *same* backend,
+# both checked only once the split has inputs: a source that is a **weight of another backend**
+# ("the memory of the previously offloaded weights can be reused"), and a split whose inputs are
+# **full** (`GGML_SCHED_MAX_SPLIT_INPUTS` = 10) when the source would need one more copy. A source
+# whose memory the split's backend cannot use gets a copy per copy index, named
+# `BACKEND#name#c`, and the node is rewired to read the copy of `cur_copy`. With `n_copies > 1`,
+# INPUT tensors also get a copy per index on their own backend (the user's tensor is the one of
+# `cur_copy`), all flagged INPUT and OUTPUT so that the allocator never reuses them.
+
+# %%
+# | export
+def _copy_of(sched: BackendSched, src, backend_id: int, c: int, name_backend) -> object:
+    t = dup_tensor_layout(sched.ctx, src)
+    t.format_name("%s#%s#%d", name_backend.get_name(), src.name, c)
+    return t
+
+
+def _mark_copy(sched: BackendSched, t) -> None:
+    if sched.n_copies > 1:
+        t.flags |= TensorFlag.INPUT | TensorFlag.OUTPUT  # prevent ggml-alloc from overwriting the tensor
+    sched.causes[t] = "4.cpy"
+
+
+def _pass5(sched: BackendSched, graph) -> None:
+    """Pass 5: cut `graph` into splits and rewire sources to their copies."""
+    ids, copies, nodes = sched.ids, sched.copies, graph.nodes
+    i = next((k for k, n in enumerate(nodes) if not is_view_op(n.op)), len(nodes))
+    split = Split(ids.get(nodes[i], -1) if i < len(nodes) else -1, 0)  # the backend of the first non-view node
+    sched.splits = [split]
+    cur = split.backend_id
+    for i in range(i, len(nodes)):
+        node = nodes[i]
+        if is_view_op(node.op):
+            continue
+        node_b = ids.get(node, -1)
+        need_new_split = False
+        if node_b == cur and split.n_inputs > 0:
+            for s in node.src:
+                if s is None:
+                    continue
+                if s.buffer is not None and s.buffer.usage == BufferUsage.WEIGHTS and ids.get(s, -1) != cur:
+                    need_new_split = True  # a weight on another backend
+                    break
+                if split.n_inputs == GGML_SCHED_MAX_SPLIT_INPUTS:  # the split is full of inputs
+                    if ids.get(s, -1) != cur and (s, cur, 0) not in copies and not sched.buffer_supported(s, cur):
+                        need_new_split = True
+                        break
+        if node_b != cur or need_new_split:
+            split.i_end = i
+            split = Split(node_b, i)
+            sched.splits.append(split)
+            cur = node_b
+        for j, s in enumerate(node.src):  # find inputs that are not on the same backend
+            if s is None:
+                continue
+            s_b = ids.get(s, -1)
+            if s.flags & INPUT and sched.n_copies > 1 and (s, s_b, 0) not in copies:
+                for c in range(sched.n_copies):
+                    t = s if c == sched.cur_copy else _copy_of(sched, s, s_b, c, sched.backends[s_b])
+                    _mark_copy(sched, t)
+                    copies[(s, s_b, c)] = t
+                if len(sched.graph_inputs) >= GGML_SCHED_MAX_SPLIT_INPUTS:
+                    raise SchedulerError(f"more than {GGML_SCHED_MAX_SPLIT_INPUTS} graph inputs with n_copies > 1")
+                sched.graph_inputs.append(s)
+            if s_b != cur and not sched.buffer_supported(s, cur):
+                if (s, cur, 0) not in copies:  # create a copy of the input in the split's backend
+                    for c in range(sched.n_copies):
+                        t = _copy_of(sched, s, cur, c, sched.backends[cur])
+                        _mark_copy(sched, t)
+                        copies[(s, cur, c)] = t
+                    if split.n_inputs >= GGML_SCHED_MAX_SPLIT_INPUTS:
+                        raise SchedulerError(f"split {len(sched.splits) - 1} needs more than "
+                                             f"{GGML_SCHED_MAX_SPLIT_INPUTS} inputs (at {node.name!r})")
+                    split.inputs.append(s)
+                node.set_src(j, copies[(s, cur, sched.cur_copy)])
+    split.i_end = len(nodes)
+
+
+# %% [markdown]
+# ### 3.3 · The scheduler's graph copy
+#
+# What the graph allocator plans is not the user's graph but `sched->graph`: per split, for each
+# input, a **dependency** — a view of the input (`"<input> (view)"`, op NONE, on the input's
+# backend) whose only job is to keep the input alive until it is copied — then the input's copy
+# (on the split's backend, so it is allocated at the split's start), then the split's nodes. With
+# `n_copies > 1` every copy of every graph input and split input is added as a leaf first, so
+# that all of them are allocated before anything else. `node_backend_ids` / `leaf_backend_ids`
+# say which of the allocator's buffers each tensor goes to. (The previous ids are kept:
+# `alloc_splits` compares them to decide whether the allocator must plan again.)
+
+# %%
+# | export
+class _Writer:
+    """Appends into a fixed array from index 0 (`ids[graph_copy->n_nodes] = ...`)."""
+
+    __slots__ = ("array", "n")
+
+    def __init__(self, array):
+        self.array, self.n = array, 0
+
+    def append(self, value) -> None:
+        if self.n >= len(self.array):
+            self.array.extend([0] * len(self.array))  # the C reallocs the graph copy when it must grow
+        self.array[self.n] = value
+        self.n += 1
+
+
+def _build_graph_copy(sched: BackendSched, graph) -> None:
+    """The tail of `ggml_backend_sched_split_graph`: `sched.graph` and its backend ids."""
+    ids, copies, cc = sched.ids, sched.copies, sched.cur_copy
+    # swap node_backend_ids and leaf_backend_ids with the previous ones, then overwrite from index 0
+    sched.prev_node_backend_ids, sched.node_backend_ids = sched.node_backend_ids, sched.prev_node_backend_ids
+    sched.prev_leaf_backend_ids, sched.leaf_backend_ids = sched.leaf_backend_ids, sched.prev_leaf_backend_ids
+    n_cap = max(graph.n_nodes, graph.n_leafs) + sched.n_splits * GGML_SCHED_MAX_SPLIT_INPUTS * 2 * sched.n_copies
+    copy = Graph(max(sched.graph.size, n_cap))
+    node_ids, leaf_ids = _Writer(sched.node_backend_ids), _Writer(sched.leaf_backend_ids)
+    for split in sched.splits:
+        split.graph = graph_view(graph, split.i_start, split.i_end)
+        for inp in split.inputs:  # inputs are allocated by ggml-alloc at the start of the split
+            dep = sched.ctx.view_tensor(inp)  # a dependency so that the input is not freed before the copy
+            dep.set_src(0, inp)
+            copy.nodes.append(dep)
+            node_ids.append(ids.get(inp, -1))
+            copy.nodes.append(copies[(inp, split.backend_id, cc)])
+            node_ids.append(split.backend_id)
+        for j in range(split.i_start, split.i_end):
+            copy.nodes.append(graph.nodes[j])
+            node_ids.append(ids.get(graph.nodes[j], -1))
+    if sched.n_copies > 1:  # input copies as leafs, so that they are allocated first
+        for inp in sched.graph_inputs:
+            b = ids.get(inp, -1)
+            for c in range(sched.n_copies):
+                copy.leafs.append(copies[(inp, b, c)])
+                leaf_ids.append(b)
+        for split in sched.splits:
+            for inp in split.inputs:
+                for c in range(sched.n_copies):
+                    copy.leafs.append(copies[(inp, split.backend_id, c)])
+                    leaf_ids.append(split.backend_id)
+    for leaf in graph.leafs:  # the leafs of the original graph
+        copy.leafs.append(leaf)
+        leaf_ids.append(ids.get(leaf, -1))
+    sched.graph = copy
+
+
+def split_graph(sched: BackendSched, graph) -> None:
+    """`ggml_backend_sched_split_graph`: the five passes, the debug printout, the graph copy."""
+    sched.splits, sched.graph_inputs = [], []
+    sched.is_reset = False
+    sched.ctx = Context("sched")
+    _pass1(sched, graph)
+    _pass2(sched, graph)
+    _pass3(sched, graph)
+    _pass4(sched, graph)
+    _pass5(sched, graph)
+    if sched.debug:
+        log.debug("%s", print_assignments(sched, graph))
+    _build_graph_copy(sched, graph)
+
+
+# %% [markdown]
+# ### 3.4 · The debug printout
+#
+# `ggml_backend_sched_print_assignments` (:956) in the exact format of `GGML_SCHED_DEBUG`: a header per
+# split with its inputs, then every non-view node with its backend and cause and those of its
+# sources (printf widths `%10.10s`, `%20.20s`, `%5.5s`, `%8.8s`). The copies have no backend id, so
+# they print as `NULL` with their cause `4.cpy`. `print_assignments` returns the text (the C writes
+# it to stderr, starting with the empty line before the first split).
+
+# %%
+# | export
+def _cell(s: str, width: int) -> str:
+    """printf's `%W.Ws`: at most `width` characters, right-aligned in `width`."""
+    return s[:width].rjust(width)
+
+
+def _who(sched: BackendSched, t) -> str:
+    b = sched.get_tensor_backend(t)
+    return f"[{_cell(b.get_name() if b is not None else 'NULL', 5)} {_cell(sched.get_cause(t), 8)}]"
+
+
+def print_assignments(sched: BackendSched, graph) -> str:
+    """`ggml_backend_sched_print_assignments`: the GGML_SCHED_DEBUG text."""
+    out, cur_split = [], 0
+    for i, node in enumerate(graph.nodes):
+        if cur_split < sched.n_splits and i == sched.splits[cur_split].i_start:
+            split = sched.splits[cur_split]
+            ins = "".join(f"[{t.name} ({_cell(fmt_size(nbytes(t)), 5)})] " for t in split.inputs)
+            out.append(f"\n## SPLIT #{cur_split}: {sched.backends[split.backend_id].get_name()} # "
+                       f"{split.n_inputs} inputs: {ins}\n")
+            cur_split += 1
+        if is_view_op(node.op):
+            continue
+        line = (f"node #{i:3d} ({_cell(node.op.name, 10)}): {_cell(node.name, 20)} "
+                f"({_cell(fmt_size(nbytes(node)), 5)}) {_who(sched, node)}:")
+        for s in node.src:
+            if s is not None:
+                line += f" {_cell(s.name, 20)} ({_cell(fmt_size(nbytes(s)), 5)}) {_who(sched, s)}"
+        out.append(line + "\n")
+    return "".join(out)
+
+
+# %% [markdown]
+# ### 3.5 · Reserve
+#
+# `ggml_backend_sched_reserve` (:1624) splits a worst-case graph and has the multi-buffer graph
+# allocator plan `sched.graph` with the backend ids as buffer ids — one compute buffer per
+# backend, each sized for its splits — then resets the scheduler.
+
+# %%
+# | export
+def reserve(sched: BackendSched, measure_graph) -> bool:
+    """`ggml_backend_sched_reserve`: split, plan every backend's compute buffer, reset."""
+    split_graph(sched, measure_graph)
+    if not sched.galloc.reserve_n(sched.graph, sched.node_backend_ids, sched.leaf_backend_ids):
+        return False
+    sched.reset()
+    synchronize(sched)
+    return True
+
+
+def synchronize(sched: BackendSched) -> None:
+    """`ggml_backend_sched_synchronize`: every backend."""
+    for b in sched.backends:
+        b.synchronize()
+
+
+BackendSched.split_graph = split_graph
+BackendSched.print_assignments = print_assignments
+BackendSched.reserve = reserve
+BackendSched.synchronize = synchronize
+
+
+# %% [markdown]
+# ## 4 · Allocating and running the splits
+#
+# `ggml_backend_sched_alloc_graph` (:1634) splits the graph and places it with the kept plan
+# (`ggml_backend_sched_alloc_splits`, :1435). The graph allocator plans again only when it must — or
+# when a tensor moved to a backend of *another buffer type* than in the previous split (the
+# `prev_*_backend_ids` comparison); then the debug build says "failed to allocate graph,
+# reserving". `ggml_backend_sched_compute_splits` (:1468) runs the splits in order. Before each, its
+# inputs are copied in: a user INPUT **at once** (after the split's backend finished with the
+# previous copy: its event, or a synchronize) so the user may overwrite their tensor afterwards;
+# any other input asynchronously when the split's backend has `cpy_tensor_async`, else after
+# synchronizing the input's backend. With `parallel=True` there are four copies of every input and
+# one event per backend and copy; `cur_copy` rotates after each compute, so the next evaluation
+# writes other buffers while the previous may still run. The eval callback is asked about each node
+# (`ask=True`); runs of nodes nobody wants are computed together (`j0..j1`), and the callback sees
+# each wanted node after its backend synchronized.
+
+# %%
+# | export
+def alloc_splits(sched: BackendSched) -> bool:
+    """`ggml_backend_sched_alloc_splits`: place `sched.graph` with the kept plan, or plan it again
+    when a tensor changed buffer type since the previous split or the plan does not fit."""
+    bufts, now, prev = sched.bufts, sched.node_backend_ids, sched.prev_node_backend_ids
+
+    def changed(ids, prev_ids, n):
+        return any(ids[i] != prev_ids[i] and bufts[ids[i]] is not bufts[prev_ids[i]] for i in range(n))
+    backend_ids_changed = changed(now, prev, sched.graph.n_nodes) or \
+        changed(sched.leaf_backend_ids, sched.prev_leaf_backend_ids, sched.graph.n_leafs)
+    if backend_ids_changed or not sched.galloc.alloc_graph(sched.graph):
+        synchronize(sched)  # the re-allocation may move the split inputs to another address
+        log.debug("ggml_backend_sched_alloc_splits: failed to allocate graph, reserving (backend_ids_changed = %d)",
+                  int(backend_ids_changed))
+        sched.galloc.reserve_n(sched.graph, sched.node_backend_ids, sched.leaf_backend_ids)
+        if not sched.galloc.alloc_graph(sched.graph):
+            log.error("ggml_backend_sched_alloc_splits: failed to allocate graph")
+            return False
+    return True
+
+
+def alloc_graph(sched: BackendSched, graph) -> bool:
+    """`ggml_backend_sched_alloc_graph`: split `graph` and give every tensor its memory."""
+    split_graph(sched, graph)
+    if not alloc_splits(sched):
+        return False
+    sched.is_alloc = True
+    return True
+
+
+def _copy_inputs(sched: BackendSched, split) -> None:
+    """The input copies before a split (the first loop of `ggml_backend_sched_compute_splits`)."""
+    b = split.backend_id
+    split_backend, event = sched.backends[b], sched.events[b][sched.cur_copy]
+    for inp in split.inputs:
+        input_backend = sched.get_tensor_backend(inp)
+        cpy = sched.copies[(inp, b, sched.cur_copy)]
+        if inp.flags & INPUT:  # user inputs are copied at once, so that the user may overwrite them after
+            event.synchronize() if event is not None else split_backend.synchronize()
+            tensor_copy(inp, cpy)
+            continue
+        # wait for the split backend to finish using the input before overwriting it
+        split_backend.event_wait(event) if event is not None else split_backend.synchronize()
+        if split_backend._cpy_tensor_async is None or not split_backend._cpy_tensor_async(input_backend, inp, cpy):
+            input_backend.synchronize()
+            event.synchronize() if event is not None else split_backend.synchronize()
+            tensor_copy(inp, cpy)
+
+
+def _compute_with_callback(sched: BackendSched, split):
+    """The eval-callback path: nodes in runs `j0..j1`, the callback asked (`ask=True`) about each."""
+    backend, nodes, cb = sched.backends[split.backend_id], split.graph.nodes, sched.callback_eval
+    j0 = 0
+    while j0 < len(nodes):
+        t = nodes[j0]
+        need = cb(t, True)  # does the user need data from this node?
+        j1 = j0
+        while not need and j1 < len(nodes) - 1:  # the range of nodes that can be computed together
+            j1 += 1
+            t = nodes[j1]
+            need = cb(t, True)
+        ec = backend.graph_compute_async(graph_view(split.graph, j0, j1 + 1))
+        if ec != Status.SUCCESS:
+            return ec
+        backend.synchronize()
+        if need and not cb(t, False):
+            return None  # the callback asked to stop: the remaining splits still run
+        j0 = j1 + 1
+    return Status.SUCCESS
+
+
+def compute_splits(sched: BackendSched) -> Status:
+    """`ggml_backend_sched_compute_splits`: copy each split's inputs in, compute it, record its event;
+    then advance `cur_copy`."""
+    for split in sched.splits:
+        _copy_inputs(sched, split)
+        if sched.callback_eval is None:
+            ec = sched.backends[split.backend_id].graph_compute_async(split.graph)
+        else:
+            ec = _compute_with_callback(sched, split)
+        if ec is not None and ec != Status.SUCCESS:
+            return ec
+        event = sched.events[split.backend_id][sched.cur_copy]
+        if split.inputs and event is not None:  # record the event of this copy
+            event.record()
+    sched.cur_copy = (sched.cur_copy + 1) % sched.n_copies
+    return Status.SUCCESS
+
+
+def graph_compute_async(sched: BackendSched, graph) -> Status:
+    """`ggml_backend_sched_graph_compute_async`: allocate when not done yet, then run the splits."""
+    if not sched.is_reset and not sched.is_alloc:
+        sched.reset()
+    if not sched.is_alloc and not alloc_graph(sched, graph):
+        return Status.ALLOC_FAILED
+    return compute_splits(sched)
+
+
+def graph_compute(sched: BackendSched, graph) -> Status:
+    """`ggml_backend_sched_graph_compute`: `graph_compute_async`, then synchronize every backend."""
+    err = graph_compute_async(sched, graph)
+    synchronize(sched)
+    return err
+
+
+def set_eval_callback(sched: BackendSched, callback) -> None:
+    """`ggml_backend_sched_set_eval_callback`: `callback(tensor, ask: bool) -> bool` (the C's user data
+    is the closure)."""
+    sched.callback_eval = callback
+
+
+def free(sched: BackendSched) -> None:
+    """`ggml_backend_sched_free`: the events and the compute buffers."""
+    for row in sched.events:
+        for event in row:
+            if event is not None:
+                event.free()
+    sched.galloc.free()
+
+
+BackendSched.alloc_graph = alloc_graph
+BackendSched.graph_compute = graph_compute
+BackendSched.graph_compute_async = graph_compute_async
+BackendSched.set_eval_callback = set_eval_callback
+BackendSched.free = free
+
+
+# %% [markdown]
+# ## 5 · A worked example: two layers, two backends
+#
+# A small two-layer MLP: layer 1's weights live on a SIM device (configured like the fixtures' FAKE
+# accelerator: synchronous), layer 2's on the CPU, the input on the CPU. Pass 1 sends each matrix
+# product to its weight (`1.wgt0`) and the input to the CPU (`1.inp`); pass 2 spreads SIM to the
+# unassigned ops around layer 1; pass 5 cuts the graph where the backend changes and copies the
+# two tensors that cross.
+
+# %%
+import numpy as np  # noqa: E402
+
+import ggml_lite as gl  # noqa: E402
+
+sim = gl.sim_init("SIM", asynchronous=False)
+cpu = gl.cpu_init()
+w_sim, w_cpu = gl.Context("weights:SIM"), gl.Context("weights:CPU")
+w1 = w_sim.new_tensor_2d(gl.F16, 64, 128, name="w1")
+b1 = w_sim.new_tensor_1d(gl.F32, 128, name="b1")
+w2 = w_cpu.new_tensor_2d(gl.F16, 128, 32, name="w2")
+for ctx, backend in ((w_sim, sim), (w_cpu, cpu)):
+    gl.alloc_ctx_tensors(ctx, backend).set_usage(gl.BufferUsage.WEIGHTS)
+
+
+def mlp():
+    """A fresh compute graph over the same weights (a split rewires its graph: one graph, one split)."""
+    c = gl.Context("compute")
+    x = c.new_tensor_2d(gl.F32, 64, 8, name="x")
+    gl.set_input(x)
+    h = gl.add(c, gl.mul_mat(c, w1, x).set_name("h0"), b1).set_name("h1")
+    h = gl.silu(c, h).set_name("h2")
+    y = gl.soft_max(c, gl.mul_mat(c, w2, h).set_name("logits")).set_name("probs")
+    gl.set_output(y)
+    return gl.build_forward(y), x
+
+
+graph, x = mlp()
+
+sched = BackendSched([sim, cpu], debug=False)
+split_graph(sched, graph)
+print(print_assignments(sched, graph))
+
+# %% [markdown]
+# Reading it: `h0` follows its weight to SIM (`1.wgt0`); `h1` too (its weight source `b1` is in slot
+# 1: `1.wgt1`); `h2` (silu) has no weight and is not an input, so pass 1 leaves it, and pass 2
+# expands SIM down onto it (`2.sup`). `logits` follows `w2` to the CPU, and the CPU is never
+# expanded, so `probs` is reached only by the "rest" sweeps: `2.sup` from the CPU. Two tensors
+# cross backends: the input `x` into SIM (`SIM#x#0`), and `h2` back to the CPU (`CPU#h2#0`).
+#
+# The scheduler's graph copy holds the dependency views and the copies, and the reserve plans one
+# compute buffer per backend:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for t, b in zip(sched.graph.nodes, sched.node_backend_ids):
+    print(f"{sched.backends[b].get_name():4s} {t.op.name:8s} {t.name}")
+sched2 = BackendSched([sim, cpu], debug=False)
+graph2, _ = mlp()
+print("reserve:", reserve(sched2, graph2), "| splits", sched2.n_splits,
+      "| compute buffers:", {b.get_name(): sched2.get_buffer_size(b) for b in (sim, cpu)})
+
+# %% [markdown]
+# SIM's buffer: `SIM#x#0` (2 KiB) and `h0` (4 KiB), with `h1` and `h2` computed in place of `h0`.
+# The CPU's: `x` is freed once its dependency view has run, so `CPU#h2#0` (4 KiB) reuses its block;
+# then `logits` (1 KiB), with `probs` in place of it — 5120 bytes, plus the CPU buffer's 32.
+#
+# ## 6 · Check
+
+# %%
+assert {b.get_name(): sched2.get_buffer_size(b) for b in (sim, cpu)} == {"SIM": 2048 + 4096, "CPU": 4096 + 1024 + 32}
+assert [sched.backends[s.backend_id].get_name() for s in sched.splits] == ["SIM", "CPU"]
+assert [[i.name for i in s.inputs] for s in sched.splits] == [["x"], ["h2"]]
+assert [sched.get_cause(t) for t in graph.nodes if t.op is not gl.Op.NONE][:3] == ["1.wgt0", "1.wgt1", "2.sup"]
+assert sched.get_tensor_backend(x) is cpu and sched.get_cause(x) == "1.inp"
+assert sched.copies[(x, 0, 0)].name == "SIM#x#0" and sched.get_cause(sched.copies[(x, 0, 0)]) == "4.cpy"
+assert graph.nodes[0].src[1] is sched.copies[(x, 0, 0)]  # h0 now reads the copy
+print("chapter 06: all checks passed")

@@ -1,0 +1,156 @@
+"""The scheduler's assignment and splitting (`ggml_backend_sched_split_graph`) and its reserve, against the
+14 recorded scenarios (../shared/fixtures/ggml-seed-sched): every tensor's backend and cause, the splits
+and their inputs and copies, the scheduler's graph copy, the GGML_SCHED_DEBUG printout, n_splits,
+n_copies and every backend's compute-buffer size after the reserve; scenario 13's abort as an error."""
+
+import logging
+
+import pytest
+
+import ggml_lite as gl
+from conftest import NEEDS_SHARED, SCHED_FILES, fixture_path, load_json
+from ggml_lite.sched import BackendSched, print_assignments
+from sched_scenarios import build_llama, load_scenario
+
+pytestmark = NEEDS_SHARED
+WITH_GRAPH = [n for n in SCHED_FILES if not n.startswith("13_")]
+
+
+def _setup(name):
+    """A fresh scenario: backends, weights, the round-0 graph, and a scheduler with the pins applied."""
+    doc = load_json(fixture_path("ggml-seed-sched", name))
+    sc = load_scenario(doc)
+    sched = BackendSched(sc.backends, parallel=doc["sched_params"]["parallel"], debug=False)
+    _pin(sched, sc, doc)
+    return doc, sc, sched
+
+
+def _pin(sched, sc, doc):
+    by_name = {b.get_name(): b for b in sc.backends}
+    for p in doc["pins"]:
+        sched.set_tensor_backend(sc.gf.graph.get_tensor(p["tensor"]), by_name[p["backend"]])
+
+
+def _printout(stderr_lines) -> str:
+    """The GGML_SCHED_DEBUG part of a step's stderr (the gallocr messages follow it)."""
+    text = "\n".join(stderr_lines) + "\n"
+    text = text[text.find("\n## SPLIT #0"):]  # pass 1's warnings come before it
+    end = text.find("ggml_gallocr")
+    return text if end < 0 else text[:end]
+
+
+@pytest.mark.parametrize("name", WITH_GRAPH)
+def test_reserve_matches_the_recorded_step(name, caplog):
+    doc, sc, sched = _setup(name)
+    step = next(s for s in doc["steps"] if s["call"] == "ggml_backend_sched_reserve")
+    graph = sc.gf.graph
+    with caplog.at_level(logging.WARNING, logger="ggml_lite"):
+        sched.split_graph(graph)
+    printout = print_assignments(sched, graph)
+    assert printout == _printout(step["stderr"])
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == [line for line in step["stderr"] if line.startswith("ggml_backend_sched_backend_from_buffer")]
+    caplog.clear()
+    # the reserve proper, on a fresh scheduler and graph (the split above rewired the graph's sources)
+    doc, sc, sched = _setup(name)
+    with caplog.at_level(logging.INFO, logger="ggml_lite"):
+        assert sched.reserve(sc.gf.graph) == step["ok"]
+    assert (sched.n_splits, sched.get_n_copies()) == (step["n_splits"], step["n_copies"])
+    assert {b.get_name(): sched.get_buffer_size(b) for b in sc.backends} == step["buffer_sizes"]
+    gallocr_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ggml_gallocr")]
+    assert gallocr_lines == [line for line in step["stderr"] if line.startswith("ggml_gallocr")]
+
+
+@pytest.mark.parametrize("name", WITH_GRAPH)
+def test_every_assignment_split_and_copy(name):
+    """After a split like round 0's alloc_graph: backend and cause of every tensor, sources rewired to
+    the copies, the splits, and the scheduler's graph copy node for node."""
+    doc, sc, sched = _setup(name)
+    step = next(s for s in doc["steps"] if s["call"] == "ggml_backend_sched_alloc_graph")
+    sched.split_graph(sc.gf.graph)
+    by_name = {t.name: t for t in sc.gf.tensors.values()}
+    for rec in step["tensors"]:
+        t = by_name[rec["name"]]
+        b = sched.get_tensor_backend(t)
+        assert (b.get_name() if b else None, sched.get_cause(t)) == (rec["backend"], rec["cause"]), rec["name"]
+        assert [s.name if s is not None else None for s in t.src] == rec["src_names"][:len(t.src)], rec["name"]
+    assert [(sched.backends[s.backend_id].get_name(), s.i_start, s.i_end, [i.name for i in s.inputs])
+            for s in sched.splits] == \
+        [(s["backend"], s["i_start"], s["i_end"], [i["name"] for i in s["inputs"]]) for s in step["splits"]]
+    for s, rec in zip(sched.splits, step["splits"]):
+        for inp, want in zip(s.inputs, rec["inputs"]):
+            assert [sched.copies[(inp, s.backend_id, c)].name for c in range(sched.n_copies)] == want["copies"]
+    sg = step["sched_graph"]
+    got = [(t.name, t.op.name, sched.backends[b].get_name() if b != -1 else None)
+           for t, b in zip(sched.graph.nodes, sched.node_backend_ids)]
+    assert got == [(n["name"], n["op"], n["backend"]) for n in sg["nodes"]]
+    got = [(t.name, sched.backends[b].get_name() if b != -1 else None)
+           for t, b in zip(sched.graph.leafs, sched.leaf_backend_ids)]
+    assert got == [(n["name"], n["backend"]) for n in sg["leafs"]]
+    assert [int(t.flags) for t in sched.graph.nodes] == [n["flags_value"] for n in sg["nodes"]]
+
+
+def test_scenario_13_aborts_as_an_error(caplog):
+    """FAKE cannot CPY while the KV cache is in FAKE memory: the cpy into the cache view is
+    pre-allocated and no backend can run it. The reference aborts in pass 1 of the reserve."""
+    doc = load_json(fixture_path("ggml-seed-sched", "13_abort_deny_cpy_kv_in_fake"))
+    graph_doc = load_json(fixture_path("ggml-seed-sched", "02_full_offload_llama"))
+    batch = next(s["batch"] for s in graph_doc["steps"] if s["call"] == "ggml_backend_sched_reserve")
+    from sched_scenarios import make_backends, weight_gen, weight_values  # noqa: F401
+
+    backends = make_backends(doc)
+    by_name = {b.get_name(): b for b in backends}
+    ctxs, graph, _ = build_llama(doc["model"], doc["placement"], batch)
+    for ctx in ctxs[:-1]:
+        gl.alloc_ctx_tensors(ctx, by_name[ctx.name.split(":")[1]]).set_usage(
+            gl.BufferUsage.WEIGHTS if ctx.name.startswith("weights") else gl.BufferUsage.ANY)
+    sched = BackendSched(backends, debug=False)
+    with caplog.at_level(logging.WARNING, logger="ggml_lite"):
+        with pytest.raises(gl.SchedulerError, match="pre-allocated tensor in a backend that cannot run the operation"):
+            sched.reserve(graph)
+    assert caplog.records[0].getMessage() == doc["outcome"]["stderr_until_abort"][0]
+
+
+def test_the_last_backend_must_be_the_cpu():
+    with pytest.raises(gl.SchedulerError, match="last backend must be the CPU"):
+        BackendSched([gl.cpu_init(), gl.sim_init()])
+    with pytest.raises(gl.SchedulerError, match="not one of the scheduler's backends"):
+        BackendSched([gl.sim_init(), gl.cpu_init()]).set_tensor_backend(gl.Context().new_tensor_1d(gl.F32, 4),
+                                                                          gl.sim_init("OTHER"))
+
+
+def _rounds(doc):
+    """(alloc_graph step, graph_compute step) of every round."""
+    steps = doc["steps"]
+    return [(steps[k], steps[k + 1]) for k, s in enumerate(steps) if s["call"] == "ggml_backend_sched_alloc_graph"]
+
+
+@pytest.mark.parametrize("name", WITH_GRAPH)
+def test_graph_compute_gives_the_recorded_logits(name):
+    """Reserve with the round-0 graph, then per round: reset, a fresh graph, pins, alloc_graph, inputs,
+    graph_compute — all 256 logits equal ggml's bit for bit (the CPU kernels follow ggml's arithmetic,
+    SIM runs the same kernels, and the splits and copies move the same bytes)."""
+    import numpy as np
+
+    from sched_scenarios import batch_inputs, build_graph, model_tensors
+
+    doc, sc, sched = _setup(name)
+    assert sched.reserve(sc.gf.graph)
+    w, layers = model_tensors({t.name: t for t in sc.gf.tensors.values()}, doc["model"]["n_layer"])
+    for alloc_step, compute_step in _rounds(doc):
+        sched.reset()
+        _, graph, _ = build_graph(doc["model"], w, layers, alloc_step["batch"])
+        by_name = {b.get_name(): b for b in sc.backends}
+        for p in doc["pins"]:
+            sched.set_tensor_backend(graph.get_tensor(p["tensor"]), by_name[p["backend"]])
+        assert sched.alloc_graph(graph)
+        assert (sched.n_splits, sched.cur_copy) == (alloc_step["n_splits"], alloc_step["cur_copy"])
+        for key, value in batch_inputs(alloc_step["batch"]).items():
+            gl.tensor_set(graph.get_tensor(key), value)
+        assert sched.graph_compute(graph) == gl.Status.SUCCESS
+        assert sched.cur_copy == compute_step["cur_copy_after"]
+        got = gl.tensor_get(graph.get_tensor("result_output")).reshape(-1).astype(np.float64)
+        rec = next(o for o in compute_step["outputs"] if o["name"] == "result_output")
+        want = np.array(rec["values"], dtype=np.float64)
+        same = got.astype(np.float32) == want.astype(np.float32)  # 9 printed digits round-trip float32
+        assert same.all(), (name, compute_step["round"], int(same.sum()), np.abs(got - want).max())
