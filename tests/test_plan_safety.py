@@ -43,14 +43,20 @@ def _graph(seed):
     return rg
 
 
-def _fill(rg) -> None:
+def int_ranges(rg) -> dict:
+    """The value range of every i32 data tensor (before a scheduler rewires sources to copies)."""
+    return {t: _int_range(t, rg.graph) for t in O.graph_data_tensors(rg.graph) if t.type is gl.I32}
+
+
+def _fill(rg, ranges=None) -> None:
     """Deterministic data for every data tensor (by its index in creation order), after planning."""
     index = {t: k for k, t in enumerate(rg.tensors)}
+    ranges = ranges if ranges is not None else int_ranges(rg)
     for leaf in O.graph_data_tensors(rg.graph):
         n = gl.nelements(leaf)
         rng = np.random.default_rng(1000 + index.get(leaf, 999))
         if leaf.type is gl.I32:
-            lo, hi = _int_range(leaf, rg.graph)
+            lo, hi = ranges[leaf]
             gl.tensor_set(leaf, rng.integers(lo, max(hi, lo + 1), n).astype(np.int32))
             continue
         values = rng.uniform(-1, 1, n).astype(np.float32)

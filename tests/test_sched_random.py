@@ -1,0 +1,122 @@
+"""The scheduler beyond the fixtures (issue 6, deliverable 5): random graphs on [SIM, CPU] — SIM
+asynchronous or FAKE-like, with a random op deny-list, a random offload rule, random pins, with and
+without `parallel` — compute exactly what the CPU computes alone; every node is assigned, no split has
+more inputs than GGML_SCHED_MAX_SPLIT_INPUTS, and the pins are respected.
+
+Graphs are `ggml_oracle.compute_graph(seed)` (computable random graphs; weights in a separate context,
+which here becomes a WEIGHTS buffer on the CPU or on SIM), built twice from one seed: once for the
+CPU alone (graph allocator, CPU backend), once for the scheduler. Data tensors are flagged INPUT and
+filled after allocation (see tests/test_plan_safety.py)."""
+
+import random
+
+import numpy as np
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import ggml_lite as gl
+import ggml_oracle as O
+from ggml_lite.sched import GGML_SCHED_MAX_SPLIT_INPUTS, BackendSched
+from test_plan_safety import NOT_COMPUTABLE, _fill, _kept, _same, int_ranges
+
+MAX_OPS = 20
+DENIABLE = (gl.Op.ADD, gl.Op.MUL, gl.Op.MUL_MAT, gl.Op.SOFT_MAX, gl.Op.ROPE, gl.Op.RMS_NORM, gl.Op.UNARY,
+            gl.Op.CPY, gl.Op.CONT, gl.Op.SCALE, gl.Op.GET_ROWS)
+RUNS = []
+
+
+def _graph(seed, weights_backend=None):
+    """The compute graph of `seed`, data tensors flagged INPUT; its weights (pre-allocated on the CPU
+    by the builder) are moved to a WEIGHTS buffer of `weights_backend` when given."""
+    rg = O.compute_graph(seed, max_ops=MAX_OPS)
+    for t in O.graph_data_tensors(rg.graph):
+        if t.data is None:
+            gl.set_input(t)
+    if rg.preallocated:
+        wctx = rg.preallocated[0]
+        if weights_backend is not None:  # re-place the weights: free the CPU buffer, allocate anew
+            for t in wctx.tensors:
+                t.buffer = t.data = None
+            for t in rg.contexts[-1].tensors:  # views of weights (none in the compute context are allocated yet)
+                if t.view_src is not None and t.view_src.ctx is wctx:
+                    t.buffer = t.data = None
+            gl.alloc_ctx_tensors(wctx, weights_backend)
+        for buf in {id(t.buffer): t.buffer for t in wctx.tensors if t.buffer is not None}.values():
+            buf.set_usage(gl.BufferUsage.WEIGHTS)
+    return rg
+
+
+def _cpu_alone(seed):
+    rg = _graph(seed)
+    gl.GAllocr(gl.cpu_buffer_type()).alloc_graph(rg.graph)
+    _fill(rg)
+    gl.cpu_init().graph_compute(rg.graph)
+    return [gl.tensor_get(rg.graph.nodes[k]) for k in _kept(rg)]
+
+
+def _writes_elsewhere(sched, graph) -> list:
+    """Nodes that live in another tensor's memory (views, CPY, in-place ops: `view_src` set) assigned to
+    a backend that cannot use that memory. The reference scheduler makes such placements too, and
+    nothing later checks them: pass 2 expands a backend onto a CPY whose destination is a graph tensor
+    assigned elsewhere (an INPUT on the CPU, say) — a GPU would write host memory; and a view flagged
+    INPUT goes to the CPU (`1.inp`) although its view_src is in device memory — the CPU would read it
+    without a copy. SIM and the CPU refuse such accesses (`BackendError`, `BufferStateError`); these
+    graphs are left out here and counted in `MISPLACED`."""
+    bad = [t for t in graph.nodes if t.view_src is not None and t.op is not gl.Op.NONE
+           and not sched.buffer_supported(t.view_src, sched.backend_id(sched.get_tensor_backend(t)))]
+    if bad:
+        MISPLACED.append(bad[0].name)
+    return bad
+
+
+MISPLACED = []
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+@given(seed=st.integers(0, 2**31 - 1), knobs=st.integers(0, 2**31 - 1))
+def test_scheduled_graphs_compute_what_the_cpu_computes(seed, knobs):
+    try:
+        want = _cpu_alone(seed)
+    except NOT_COMPUTABLE:
+        assume(False)
+    r = random.Random(knobs)
+    deny = r.sample(DENIABLE, r.randrange(4))
+    sim = gl.sim_init("SIM", deny_ops=deny, offload=r.choice((None, "mul_mat", "cuda")),
+                      asynchronous=r.random() < 0.5)
+    cpu = gl.cpu_init()
+    rg = _graph(seed, weights_backend=sim if r.random() < 0.5 else cpu)
+    sched = BackendSched([sim, cpu], parallel=r.random() < 0.3, debug=False)
+    nodes = [t for t in rg.graph.nodes if t.op not in gl.VIEW_OPS and t.op is not gl.Op.NONE]
+    pins = {}
+    for t in r.sample(nodes, min(len(nodes), r.randrange(3))):
+        backend = r.choice((sim, cpu))
+        if backend.supports_op(t):
+            sched.set_tensor_backend(t, backend)
+            pins[t] = backend
+    ranges, kept = int_ranges(rg), _kept(rg)  # before the split rewires the sources
+    try:
+        assert sched.alloc_graph(rg.graph)
+    except gl.SchedulerError:  # a pre-allocated weight in SIM memory whose op SIM refuses: the C aborts
+        assume(False)
+    assume(not _writes_elsewhere(sched, rg.graph))
+    _fill(rg, ranges)
+    assert sched.graph_compute(rg.graph) == gl.Status.SUCCESS
+    got = [gl.tensor_get(rg.graph.nodes[k]) for k in kept]
+    assert _same(got, want), f"seed {seed}, knobs {knobs}: the scheduled graph computed other values"
+    assert all(sched.get_tensor_backend(t) is not None for t in rg.graph.nodes)  # every node is assigned
+    assert all(s.n_inputs <= GGML_SCHED_MAX_SPLIT_INPUTS for s in sched.splits)
+    assert all(sched.get_tensor_backend(t) is b and sched.get_cause(t) == "usr" for t, b in pins.items())
+    RUNS.append((seed, sched.n_splits, sim.asynchronous, sched.n_copies))
+
+
+def test_enough_scheduled_graphs():
+    """The property above ran on at least 100 computable graphs, some of them split across both
+    backends, some with an asynchronous SIM, some with pipeline copies."""
+    if not RUNS:
+        import pytest
+        pytest.skip("run together with test_scheduled_graphs_compute_what_the_cpu_computes")
+    assert len(RUNS) >= 100, len(RUNS)
+    assert sum(1 for _, n, _, _ in RUNS if n > 1) >= 20
+    assert any(a for _, n, a, _ in RUNS if n > 1) and any(c > 1 for *_, c in RUNS)
+    assert np.mean([n for _, n, _, _ in RUNS]) > 1
