@@ -2,13 +2,16 @@
 
     python -m ggml_lite plan GRAPH.json [--json] [--step K]
     python -m ggml_lite check FIXTURE.json [--no-numerics]
+    python -m ggml_lite sched SCENARIO.json [--check]
 
 `plan` runs the graph allocator (`GAllocr.reserve`, then `alloc_graph`) on a fixture-schema graph on
 the CPU buffer type and prints where every tensor goes. `check` does the same and compares with the
 plan recorded in the file (offsets, buffer sizes, and the allocator's messages; every step of a
 sequence file); when the file records computed results (../shared/fixtures/NUMERICS.md) it also fills
 the leafs, computes the graph on the CPU backend and compares every result within the tolerance it
-prints. It exits 0 only when everything is equal (results: within tolerance).
+prints. It exits 0 only when everything is equal (results: within tolerance). `sched` prints the
+scheduler's assignments of a recorded scenario's round-0 graph in GGML_SCHED_DEBUG format; with
+`--check` it replays the whole scenario (chapter 06) and exits 0 only when everything recorded matches.
 
 Exit codes: 0 success; 1 the plan or a result differs from the record; 2 the file or the arguments
 are unusable.
@@ -96,6 +99,29 @@ def _check_numerics(path: str, doc: dict) -> int:
     return 0
 
 
+def cmd_sched(args) -> int:
+    from ggml_lite.scenario import replay, scenario_printout  # chapter 06; imported only for this command
+
+    doc = _load(args.scenario)
+    if doc.get("schema") != "ggml-sched-fixture":
+        raise ValueError(f"{args.scenario}: not a scheduler scenario (schema {doc.get('schema')!r})")
+    if not args.check:
+        print(scenario_printout(doc), end="")
+        return 0
+    diffs = replay(doc)
+    if diffs:
+        print(f"{args.scenario}: {len(diffs)} difference(s) from the recorded scenario; the first:")
+        for d in diffs[:args.limit]:
+            print("  " + d)
+        return 1
+    rounds = sum(1 for s in doc["steps"] if s["call"] == "ggml_backend_sched_graph_compute")
+    what = ("the reference's abort reproduced" if not doc["outcome"].get("completed", True) else
+            f"reserve and {rounds} round(s) identical: assignments and causes, splits, copies, graph copy and "
+            f"offsets, buffer sizes, debug printout and messages, logits")
+    print(f"{args.scenario}: {what}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ggml_lite", description="ggml's memory planner, in Python.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -109,6 +135,11 @@ def main(argv=None) -> int:
     c.add_argument("--no-numerics", action="store_true", help="compare the plan only, not the recorded results")
     c.add_argument("--limit", type=int, default=10, help="how many differences to print (default 10)")
     c.set_defaults(run=cmd_check)
+    d = sub.add_parser("sched", help="the scheduler's assignments of a recorded scenario (GGML_SCHED_DEBUG format)")
+    d.add_argument("scenario", help="a ggml-seed-sched scenario file")
+    d.add_argument("--check", action="store_true", help="replay the whole scenario and compare everything recorded")
+    d.add_argument("--limit", type=int, default=10, help="how many differences to print (default 10)")
+    d.set_defaults(run=cmd_sched)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

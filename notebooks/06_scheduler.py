@@ -841,8 +841,438 @@ print("reserve:", reserve(sched2, graph2), "| splits", sched2.n_splits,
 # SIM's buffer: `SIM#x#0` (2 KiB) and `h0` (4 KiB), with `h1` and `h2` computed in place of `h0`.
 # The CPU's: `x` is freed once its dependency view has run, so `CPU#h2#0` (4 KiB) reuses its block;
 # then `logits` (1 KiB), with `probs` in place of it — 5120 bytes, plus the CPU buffer's 32.
+
+# %% [markdown]
+# ## 6 · Replaying the recorded scenarios
 #
-# ## 6 · Check
+# `../shared/fixtures/ggml-seed-sched/` records 14 runs of the real scheduler. To replay one, the
+# set-up must be rebuilt exactly: SIM configured as each FAKE backend (synchronous, its alignment,
+# `max_size`, deny-list and offload rule), the weight and KV-cache contexts allocated on their
+# backends (weights in WEIGHTS buffers, the cache cleared), every weight regenerated from the FNV-1a
+# hash of its name and the LCG of chapter 05, the inputs of each batch, and the LLaMA graph of the
+# scenario model built call for call as the recorder built it. `replay` then runs the recorded
+# steps — reserve, and per round reset, a fresh graph, pins, alloc_graph, inputs, graph_compute —
+# and lists every difference; `python -m ggml_lite sched SCENARIO.json --check` prints them.
+
+# %%
+# | export scenario
+"""Replaying a recorded scheduler scenario (../shared/fixtures/ggml-seed-sched/README.md): the FAKE
+backends as SIM, the weight and KV-cache buffers, the weight and input generators, the scenario's
+LLaMA graph, and the replay of every recorded step with the differences it finds."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import ggml_lite as gl
+from ggml_lite.numerics import lcg_states
+from ggml_lite.sched import BackendSched, print_assignments
+
+FNV_OFFSET, FNV_PRIME = 2166136261, 16777619
+
+
+def fnv1a32(data: bytes) -> int:
+    """32-bit FNV-1a: start at 2166136261; per byte, xor it in, then multiply by 16777619 mod 2^32."""
+    h = FNV_OFFSET
+    for b in data:
+        h = ((h ^ b) * FNV_PRIME) & 0xFFFFFFFF
+    return h
+
+
+def weight_values(seed: int, n: int, offset: float, scale: float) -> np.ndarray:
+    """The README's weight generator: element k uses the LCG state after k+1 steps from `seed`,
+    u = (s >> 8) / 2^24, value = offset + scale·(2u − 1) in double, rounded once to float32."""
+    u = (lcg_states(seed, n) >> np.uint64(8)).astype(np.float64) / 2.0**24
+    return (offset + scale * (2.0 * u - 1.0)).astype(np.float32)
+
+
+def weight_gen(name: str) -> tuple:
+    """(seed, offset, scale) of a weight, from its name."""
+    if "norm.weight" in name:
+        offset, scale = 1.0, 0.25
+    elif name == "token_embd.weight":
+        offset, scale = 0.0, 1.0
+    else:
+        offset, scale = 0.0, 0.125
+    return fnv1a32(name.encode()), offset, scale
+
+
+OFFLOAD_RULES = {  # the `offload_op` strings of the fixtures → SIM's rule names
+    None: None,
+    "op == MUL_MAT && ne[1] >= 32": "mul_mat",
+}
+
+
+def offload_rule(text):
+    if text is not None and text.startswith("ne[1] >= 32 && op != GET_ROWS"):
+        return "cuda"
+    return OFFLOAD_RULES[text]
+
+
+def make_backends(doc: dict, clock=None) -> list:
+    """The scenario's backends in priority order: SIM as FAKE (synchronous, its alignment, max_size,
+    deny-list and offload rule), and the CPU last."""
+    out = []
+    for b in doc["backends"]:
+        if b["is_cpu"]:
+            out.append(gl.cpu_init())
+        else:
+            out.append(gl.sim_init(b["name"], alignment=b["alignment"], max_size=b["max_size"],
+                                   deny_ops=b["supports_op_denied"], offload=offload_rule(b["offload_op"]),
+                                   asynchronous=False, clock=clock))
+    return out
+
+
+@dataclass
+class Scenario:
+    doc: dict
+    backends: list
+    gf: object  # graphio.GraphFile of the round-0 graph
+    buffers: dict  # external context label -> Buffer
+
+
+def load_scenario(doc: dict, clock=None) -> Scenario:
+    """Backends, the graph, and the external buffers allocated, cleared (KV cache) and filled (weights)."""
+    if "graph" not in doc:
+        raise gl.GraphFileError(f"scenario {doc.get('fixture')} records no graph (outcome {doc.get('outcome')}); "
+                                "build it with the LLaMA builder of the scenario's model")
+    backends = make_backends(doc, clock)
+    by_name = {b.get_name(): b for b in backends}
+    gf = gl.read_graph_file(doc)
+    buffers = {}
+    for ext in doc["external_buffers"]:
+        ctx = gf.contexts[ext["ctx"]]
+        buf = gl.alloc_ctx_tensors_from_buft(ctx, by_name[ext["buffer_type"]].get_default_buffer_type())
+        buf.set_usage(gl.BufferUsage[ext["usage"]])
+        if ext["ctx"].startswith("kv_cache:"):
+            buf.clear(0)
+        buffers[ext["ctx"]] = buf
+    for w in doc["weights"]:
+        t = gf.graph.get_tensor(w["name"]) or next(t for t in gf.tensors.values() if t.name == w["name"])
+        seed, offset, scale = weight_gen(w["name"])
+        values = weight_values(seed, gl.nelements(t), offset, scale)
+        gl.tensor_set(t, values.astype(np.float16) if t.type is gl.F16 else values)
+    return Scenario(doc, backends, gf, buffers)
+
+
+def batch_inputs(batch: dict) -> dict:
+    """The inputs of a batch (n_tokens, n_kv, kv_head, n_outputs), as the README defines them."""
+    n, n_kv, head, n_out = batch["n_tokens"], batch["n_kv"], batch["kv_head"], batch["n_outputs"]
+    pos = np.arange(head, head + n, dtype=np.int32)
+    mask = np.full((gl.GGML_PAD(n, 32), n_kv), -np.inf, dtype=np.float32)  # numpy shape: [rows, n_kv]
+    for i in range(n):
+        mask[i, : head + i + 1] = 0.0
+    return {"inp_tokens": ((37 * pos + 11) % 256).astype(np.int32), "inp_pos": pos, "KQ_mask": mask,
+            "inp_out_ids": np.arange(n - n_out, n, dtype=np.int32)}
+
+
+# -- the scenarios' model: llama.cpp's build_llama of Sep 2024, at toy size --------------------------------
+
+CONTEXT_ORDER = ("CPU", "FAKE", "FAKE1")  # weight contexts first, then cache contexts, each in this order
+
+
+def build_llama(model: dict, placement: dict, batch: dict):
+    """The scenario graph, built with the ggml_lite API as the recorder built it: weights in
+    `weights:<backend>` contexts and the KV cache in `kv_cache:<backend>` contexts by `placement`,
+    then the compute context. Returns `(contexts in id order, graph, expand roots)`."""
+    n_embd, n_head, n_head_kv = model["n_embd"], model["n_head"], model["n_head_kv"]
+    n_ff, n_vocab, n_ctx = model["n_ff"], model["n_vocab"], model["n_ctx"]
+    n_gqa = n_embd // n_head * n_head_kv
+    wtype, kvtype = gl.type_by_name(model["wtype"]), gl.type_by_name(model["kvtype"])
+    ctxs = {}
+
+    def ctx_of(kind, backend):
+        label = f"{kind}:{backend}"
+        if label not in ctxs:
+            ctxs[label] = gl.Context(label)
+        return ctxs[label]
+
+    def weight(backend, name, type, *ne):
+        return ctx_of("weights", backend).new_tensor(type, list(ne), name=name)
+
+    out_be = placement["output"]
+    w = {"token_embd": weight(placement["token_embd"], "token_embd.weight", wtype, n_embd, n_vocab),
+         "output_norm": weight(out_be, "output_norm.weight", gl.F32, n_embd),
+         "output": weight(out_be, "output.weight", wtype, n_embd, n_vocab)}
+    layers = []
+    for il, be in enumerate(placement["layers"]):
+        p = f"blk.{il}."
+        layers.append({
+            "attn_norm": weight(be, p + "attn_norm.weight", gl.F32, n_embd),
+            "wq": weight(be, p + "attn_q.weight", wtype, n_embd, n_embd),
+            "wk": weight(be, p + "attn_k.weight", wtype, n_embd, n_gqa),
+            "wv": weight(be, p + "attn_v.weight", wtype, n_embd, n_gqa),
+            "wo": weight(be, p + "attn_output.weight", wtype, n_embd, n_embd),
+            "ffn_norm": weight(be, p + "ffn_norm.weight", gl.F32, n_embd),
+            "gate": weight(be, p + "ffn_gate.weight", wtype, n_embd, n_ff),
+            "up": weight(be, p + "ffn_up.weight", wtype, n_embd, n_ff),
+            "down": weight(be, p + "ffn_down.weight", wtype, n_ff, n_embd),
+        })
+    for il, be in enumerate(placement["kv_cache"]):
+        c = ctx_of("kv_cache", be)
+        layers[il]["k_l"] = c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_k_l{il}")
+        layers[il]["v_l"] = c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_v_l{il}")
+
+    ctx, graph, roots = build_graph(model, w, layers, batch)
+    ordered = [ctxs[f"{kind}:{be}"] for kind in ("weights", "kv_cache") for be in CONTEXT_ORDER
+               if f"{kind}:{be}" in ctxs] + [ctx]
+    return ordered, graph, roots
+
+
+def model_tensors(tensors_by_name: dict, n_layer: int) -> tuple:
+    """`(w, layers)` of `build_graph` from existing tensors (the weights and cache of a loaded scenario)."""
+    t = tensors_by_name
+    w = {"token_embd": t["token_embd.weight"], "output_norm": t["output_norm.weight"], "output": t["output.weight"]}
+    roles = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
+             "ffn_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
+    layers = [{**{r: t[f"blk.{il}.{n}.weight"] for r, n in roles.items()},
+               "k_l": t[f"cache_k_l{il}"], "v_l": t[f"cache_v_l{il}"]} for il in range(n_layer)]
+    return w, layers
+
+
+def build_graph(model: dict, w: dict, layers: list, batch: dict):
+    """The compute context and graph of one batch over the weights `w` / `layers` (a fresh graph per
+    evaluation, as llama.cpp builds one). Returns `(context, graph, expand roots)`."""
+    n_embd, n_head, n_head_kv = model["n_embd"], model["n_head"], model["n_head_kv"]
+    n_layer, n_ctx = model["n_layer"], model["n_ctx"]
+    head = n_embd // n_head
+    n_gqa = head * n_head_kv
+    rope, eps = model["rope"], model["rms_norm_eps"]
+    kvtype = gl.type_by_name(model["kvtype"])
+    n_tokens, n_kv, kv_head, n_outputs = batch["n_tokens"], batch["n_kv"], batch["kv_head"], batch["n_outputs"]
+    ctx = gl.Context("compute")
+    roots = []
+    inp_tokens = ctx.new_tensor_1d(gl.I32, n_tokens, name="inp_tokens")
+    gl.set_input(inp_tokens)
+    inp_l = gl.get_rows(ctx, w["token_embd"], inp_tokens).set_name("inp_embd")
+    inp_pos = ctx.new_tensor_1d(gl.I32, n_tokens, name="inp_pos")
+    gl.set_input(inp_pos)
+    kq_mask = ctx.new_tensor_2d(gl.F32, n_kv, gl.GGML_PAD(n_tokens, 32), name="KQ_mask")
+    gl.set_input(kq_mask)
+    rope_args = (rope["n_dims"], rope["mode"], rope["n_ctx_orig"], rope["freq_base"], rope["freq_scale"],
+                 rope["ext_factor"], rope["attn_factor"], rope["beta_fast"], rope["beta_slow"])
+    elt = kvtype.type_size
+    for il, L in enumerate(layers):
+        inp_sa = inp_l
+        cur = gl.rms_norm(ctx, inp_l, eps).set_name(f"norm-{il}")
+        cur = gl.mul(ctx, cur, L["attn_norm"]).set_name(f"attn_norm-{il}")
+        q = gl.mul_mat(ctx, L["wq"], cur).set_name(f"Qcur-{il}")
+        k = gl.mul_mat(ctx, L["wk"], cur).set_name(f"Kcur-{il}")
+        v = gl.mul_mat(ctx, L["wv"], cur).set_name(f"Vcur-{il}")
+        q = gl.rope_ext(ctx, gl.reshape_3d(ctx, q, head, n_head, n_tokens), inp_pos, None, *rope_args).set_name(f"Qcur_rope-{il}")
+        k = gl.rope_ext(ctx, gl.reshape_3d(ctx, k, head, n_head_kv, n_tokens), inp_pos, None, *rope_args).set_name(f"Kcur_rope-{il}")
+        roots += [q, k, v]
+        qp = gl.permute(ctx, q, 0, 2, 1, 3).set_name(f"q-{il}")
+        k_view = gl.view_1d(ctx, L["k_l"], n_tokens * n_gqa, gl.row_size(kvtype, n_gqa) * kv_head).set_name(f"k_cache_view-{il}")
+        roots.append(gl.cpy(ctx, k, k_view))
+        v_t = gl.transpose(ctx, gl.reshape_2d(ctx, v, n_gqa, n_tokens))
+        v_view = gl.view_2d(ctx, L["v_l"], n_tokens, n_gqa, n_ctx * elt, kv_head * elt).set_name(f"v_cache_view-{il}")
+        roots.append(gl.cpy(ctx, v_t, v_view))
+        kk = gl.view_3d(ctx, L["k_l"], head, n_kv, n_head_kv, gl.row_size(kvtype, n_gqa), gl.row_size(kvtype, head),
+                        0).set_name(f"k-{il}")
+        vv = gl.view_3d(ctx, L["v_l"], n_kv, head, n_head_kv, elt * n_ctx, elt * n_ctx * head, 0).set_name(f"v-{il}")
+        kq = gl.mul_mat(ctx, kk, qp).set_name(f"kq-{il}")
+        kq = gl.soft_max_ext(ctx, kq, kq_mask, 1.0 / head ** 0.5, 0.0).set_name(f"kq_soft_max_ext-{il}")
+        kqv = gl.mul_mat(ctx, vv, kq).set_name(f"kqv-{il}")
+        merged = gl.permute(ctx, kqv, 0, 2, 1, 3).set_name(f"kqv_merged-{il}")
+        cur = gl.cont_2d(ctx, merged, n_embd, n_tokens).set_name(f"kqv_merged_cont-{il}")
+        roots.append(cur)
+        cur = gl.mul_mat(ctx, L["wo"], cur).set_name(f"kqv_out-{il}")
+        if il == n_layer - 1:  # skip computing output for unused tokens
+            out_ids = ctx.new_tensor_1d(gl.I32, n_outputs, name="inp_out_ids")
+            gl.set_input(out_ids)
+            cur = gl.get_rows(ctx, cur, out_ids)
+            inp_sa = gl.get_rows(ctx, inp_sa, out_ids)
+        ffn_inp = gl.add(ctx, cur, inp_sa).set_name(f"ffn_inp-{il}")
+        cur = gl.rms_norm(ctx, ffn_inp, eps).set_name(f"norm_ffn-{il}")
+        cur = gl.mul(ctx, cur, L["ffn_norm"]).set_name(f"ffn_norm-{il}")
+        up = gl.mul_mat(ctx, L["up"], cur).set_name(f"ffn_up-{il}")
+        gate = gl.mul_mat(ctx, L["gate"], cur).set_name(f"ffn_gate-{il}")
+        gate = gl.silu(ctx, gate).set_name(f"ffn_silu-{il}")
+        cur = gl.mul(ctx, gate, up).set_name(f"ffn_gate_par-{il}")
+        cur = gl.mul_mat(ctx, L["down"], cur).set_name(f"ffn_down-{il}")
+        inp_l = gl.add(ctx, cur, ffn_inp).set_name(f"l_out-{il}")
+    cur = gl.rms_norm(ctx, inp_l, eps).set_name("norm_out")
+    cur = gl.mul(ctx, cur, w["output_norm"]).set_name("result_norm")
+    cur = gl.mul_mat(ctx, w["output"], cur).set_name("result_output")
+    gl.set_output(cur)
+    roots.append(cur)
+    graph = gl.Graph()
+    for r in roots:
+        gl.build_forward_expand(graph, r)
+    return ctx, graph, roots
+
+
+# %% [markdown]
+# The replay listens to the `ggml_lite` logger — pass 1's warnings, the debug printout, the graph
+# allocator's messages — and rebuilds from them the text the C wrote to stderr, which the fixtures
+# recorded line for line.
+
+# %%
+# | export scenario
+import logging  # noqa: E402
+
+ROUND0 = {"n_tokens": 16, "n_kv": 32, "kv_head": 0, "n_outputs": 1}  # the README's round-0 batch
+
+
+class _Stderr(logging.Handler):
+    """Collects what the reference wrote to stderr (debug printout, warnings, gallocr messages)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.parts = []
+
+    def emit(self, record):
+        msg = record.getMessage()
+        self.parts.append(msg if msg.startswith("\n## SPLIT") else msg + "\n")
+
+    def __enter__(self):
+        self.logger = logging.getLogger("ggml_lite")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.DEBUG)
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.level)
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def _stderr_of(step) -> str:
+    return "\n".join(step["stderr"]) + "\n" if step.get("stderr") else ""
+
+
+def _pin(sched, graph, doc, backends) -> None:
+    by_name = {b.get_name(): b for b in backends}
+    for p in doc["pins"]:
+        sched.set_tensor_backend(graph.get_tensor(p["tensor"]), by_name[p["backend"]])
+
+
+def _replay_abort(doc) -> list:
+    """Scenario 13: the reference aborted in the reserve; ggml_lite must raise the same error."""
+    backends = make_backends(doc)
+    by_name = {b.get_name(): b for b in backends}
+    ctxs, graph, _ = build_llama(doc["model"], doc["placement"], ROUND0)
+    for ctx in ctxs[:-1]:
+        buf = gl.alloc_ctx_tensors(ctx, by_name[ctx.name.split(":")[1]])
+        buf.set_usage(gl.BufferUsage.WEIGHTS if ctx.name.startswith("weights") else gl.BufferUsage.ANY)
+    sched = BackendSched(backends, debug=True)
+    want = doc["outcome"]["stderr_until_abort"][-1].split(": ", 1)[-1]
+    try:
+        sched.reserve(graph)
+    except gl.SchedulerError as err:
+        return [] if want in str(err) else [f"reserve: aborted with {err!r}, the reference with {want!r}"]
+    return [f"reserve: completed, the reference aborted ({want})"]
+
+
+def _compare(what, got, want, out) -> None:
+    if got != want:
+        out.append(f"{what}: ggml_lite {got!r}, ggml {want!r}")
+
+
+def _check_alloc(sched, graph, step, out) -> None:
+    k = f"round {step['round']} alloc_graph"
+    _compare(f"{k}: n_splits", sched.n_splits, step["n_splits"], out)
+    _compare(f"{k}: cur_copy", sched.cur_copy, step["cur_copy"], out)
+    _compare(f"{k}: splits", [(sched.backends[s.backend_id].get_name(), s.i_start, s.i_end, [i.name for i in s.inputs])
+                              for s in sched.splits],
+             [(s["backend"], s["i_start"], s["i_end"], [i["name"] for i in s["inputs"]]) for s in step["splits"]], out)
+    tensors = {t.name: t for t in (*graph.nodes, *graph.leafs)}
+    for rec in step["tensors"]:
+        t = tensors.get(rec["name"])
+        b = sched.get_tensor_backend(t) if t is not None else None
+        _compare(f"{k}: {rec['name']}: backend and cause", (b.get_name() if b else None, sched.get_cause(t)),
+                 (rec["backend"], rec["cause"]), out)
+    base = {f"compute:{b.get_name()}": (sched.galloc.buffers[i].get_base() if sched.galloc.buffers[i] else None)
+            for i, b in enumerate(sched.backends)}
+    for kind, tensors_, ids in (("nodes", sched.graph.nodes, sched.node_backend_ids),
+                                ("leafs", sched.graph.leafs, sched.leaf_backend_ids)):
+        recs = step["sched_graph"][kind]
+        _compare(f"{k}: graph copy {kind}", len(tensors_), len(recs), out)
+        for t, b, rec in zip(tensors_, ids, recs):
+            got = (t.name, sched.backends[b].get_name() if b != -1 else None, int(t.flags))
+            off = t.data - base[rec["buffer"]] if rec["buffer"] in base and t.data is not None else rec["offset"]
+            _compare(f"{k}: graph copy {kind}[{rec['i']}]", got + (off,),
+                     (rec["name"], rec["backend"], rec["flags_value"], rec["offset"]), out)
+    _compare(f"{k}: buffer sizes", {b.get_name(): sched.get_buffer_size(b) for b in sched.backends},
+             step["buffer_sizes"], out)
+
+
+def scenario_printout(doc: dict) -> str:
+    """The GGML_SCHED_DEBUG printout of the scenario's round-0 graph after its pins (the text the
+    reserve step recorded, pass 1's warnings first)."""
+    if not doc["outcome"].get("completed", True):
+        backends = make_backends(doc)
+        by_name = {b.get_name(): b for b in backends}
+        ctxs, graph, _ = build_llama(doc["model"], doc["placement"], ROUND0)
+        for ctx in ctxs[:-1]:
+            gl.alloc_ctx_tensors(ctx, by_name[ctx.name.split(":")[1]]).set_usage(
+                gl.BufferUsage.WEIGHTS if ctx.name.startswith("weights") else gl.BufferUsage.ANY)
+        sched = BackendSched(backends, debug=True)
+    else:
+        sc = load_scenario(doc)
+        graph, sched = sc.gf.graph, BackendSched(sc.backends, parallel=doc["sched_params"]["parallel"], debug=True)
+        _pin(sched, graph, doc, sc.backends)
+    with _Stderr() as err:
+        try:
+            sched.split_graph(graph)
+        except gl.SchedulerError as e:
+            return err.text() + f"error: {e}\n"
+    return err.text()
+
+
+def replay(doc: dict) -> list:
+    """Every difference between a recorded scenario and ggml_lite's replay of it (empty: identical):
+    the reserve (stderr: warnings, GGML_SCHED_DEBUG printout, allocator messages; n_splits, n_copies,
+    buffer sizes), and per round alloc_graph (stderr, splits, every tensor's backend and cause, the
+    graph copy with every offset, buffer sizes) and graph_compute (status, cur_copy, the logits bit for
+    bit). Scenario 13 must end in the reference's abort."""
+    if not doc["outcome"].get("completed", True):
+        return _replay_abort(doc)
+    out = []
+    sc = load_scenario(doc)
+    sched = BackendSched(sc.backends, parallel=doc["sched_params"]["parallel"], debug=True)
+    steps = doc["steps"]
+    _pin(sched, sc.gf.graph, doc, sc.backends)
+    with _Stderr() as err:
+        ok = sched.reserve(sc.gf.graph)
+    res = steps[0]
+    _compare("reserve: ok", ok, res["ok"], out)
+    _compare("reserve: stderr", err.text(), _stderr_of(res), out)
+    _compare("reserve: n_splits, n_copies", (sched.n_splits, sched.n_copies), (res["n_splits"], res["n_copies"]), out)
+    _compare("reserve: buffer sizes", {b.get_name(): sched.get_buffer_size(b) for b in sc.backends},
+             res["buffer_sizes"], out)
+    w, layers = model_tensors({t.name: t for t in sc.gf.tensors.values()}, doc["model"]["n_layer"])
+    for k in range(1, len(steps), 2):
+        alloc_step, compute_step = steps[k], steps[k + 1]
+        sched.reset()
+        _, graph, _ = build_graph(doc["model"], w, layers, alloc_step["batch"])
+        _pin(sched, graph, doc, sc.backends)
+        with _Stderr() as err:
+            ok = sched.alloc_graph(graph)
+        _compare(f"round {alloc_step['round']} alloc_graph: ok", ok, alloc_step["ok"], out)
+        _compare(f"round {alloc_step['round']} alloc_graph: stderr", err.text(), _stderr_of(alloc_step), out)
+        _check_alloc(sched, graph, alloc_step, out)
+        for key, value in batch_inputs(alloc_step["batch"]).items():
+            gl.tensor_set(graph.get_tensor(key), value)
+        status = sched.graph_compute(graph)
+        r = f"round {compute_step['round']} graph_compute"
+        _compare(f"{r}: status", int(status), compute_step["status"], out)
+        _compare(f"{r}: cur_copy after", sched.cur_copy, compute_step["cur_copy_after"], out)
+        rec = next(o for o in compute_step["outputs"] if o["name"] == "result_output")
+        got = gl.tensor_get(graph.get_tensor("result_output")).reshape(-1)
+        want = np.array(rec["values"], dtype=np.float64).astype(np.float32)
+        n_diff = int((got != want).sum())
+        if n_diff:
+            out.append(f"{r}: {n_diff} of {want.size} logits differ (max |diff| {float(np.abs(got - want).max()):.3g})")
+    return out
+
+
+# %% [markdown]
+# ## 7 · Check
 
 # %%
 assert {b.get_name(): sched2.get_buffer_size(b) for b in (sim, cpu)} == {"SIM": 2048 + 4096, "CPU": 4096 + 1024 + 32}

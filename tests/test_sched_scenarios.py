@@ -8,7 +8,7 @@ import pytest
 
 import ggml_lite as gl
 from conftest import NEEDS_SHARED, SCHED_FILES, fixture_path, load_json
-from sched_scenarios import batch_inputs, fnv1a32, load_scenario, make_backends, offload_rule, weight_gen
+from ggml_lite.scenario import batch_inputs, fnv1a32, load_scenario, make_backends, offload_rule, weight_gen
 
 pytestmark = NEEDS_SHARED
 
@@ -98,7 +98,7 @@ def test_the_llama_builder_gives_the_recorded_graph(name):
     """The scenario graph rebuilt with the ggml_lite API equals the recorded one tensor for tensor (ids,
     names, contexts, types, shapes, strides, ops, op_params, sources, views, flags) and node for node."""
     from ggml_lite.graphio import graph_document
-    from sched_scenarios import build_llama
+    from ggml_lite.scenario import build_llama
 
     doc = _doc(name)
     ctxs, graph, roots = build_llama(doc["model"], doc["placement"], _round0_batch(doc))
@@ -122,7 +122,7 @@ def test_the_llama_builder_gives_the_recorded_graph(name):
 def test_the_builder_makes_scenario_13s_graph_and_round_1_of_09():
     """Graphs no file records: scenario 13 (it aborts before anything is recorded) and the second
     round of 09 (16 tokens at kv_head 16, so the cache views start at cell 16)."""
-    from sched_scenarios import build_llama
+    from ggml_lite.scenario import build_llama
 
     doc13 = _doc("13_abort_deny_cpy_kv_in_fake")  # no steps: the round-0 batch of the README
     batch0 = {"n_tokens": 16, "n_kv": 32, "kv_head": 0, "n_outputs": 1}

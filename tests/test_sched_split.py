@@ -10,7 +10,7 @@ import pytest
 import ggml_lite as gl
 from conftest import NEEDS_SHARED, SCHED_FILES, fixture_path, load_json
 from ggml_lite.sched import BackendSched, print_assignments
-from sched_scenarios import build_llama, load_scenario
+from ggml_lite.scenario import build_llama, load_scenario
 
 pytestmark = NEEDS_SHARED
 WITH_GRAPH = [n for n in SCHED_FILES if not n.startswith("13_")]
@@ -96,7 +96,7 @@ def test_scenario_13_aborts_as_an_error(caplog):
     doc = load_json(fixture_path("ggml-seed-sched", "13_abort_deny_cpy_kv_in_fake"))
     graph_doc = load_json(fixture_path("ggml-seed-sched", "02_full_offload_llama"))
     batch = next(s["batch"] for s in graph_doc["steps"] if s["call"] == "ggml_backend_sched_reserve")
-    from sched_scenarios import make_backends, weight_gen, weight_values  # noqa: F401
+    from ggml_lite.scenario import make_backends, weight_gen, weight_values  # noqa: F401
 
     backends = make_backends(doc)
     by_name = {b.get_name(): b for b in backends}
@@ -132,7 +132,7 @@ def test_graph_compute_gives_the_recorded_logits(name):
     SIM runs the same kernels, and the splits and copies move the same bytes)."""
     import numpy as np
 
-    from sched_scenarios import batch_inputs, build_graph, model_tensors
+    from ggml_lite.scenario import batch_inputs, build_graph, model_tensors
 
     doc, sc, sched = _setup(name)
     assert sched.reserve(sc.gf.graph)
@@ -154,3 +154,47 @@ def test_graph_compute_gives_the_recorded_logits(name):
         want = np.array(rec["values"], dtype=np.float64)
         same = got.astype(np.float32) == want.astype(np.float32)  # 9 printed digits round-trip float32
         assert same.all(), (name, compute_step["round"], int(same.sum()), np.abs(got - want).max())
+
+
+@pytest.mark.parametrize("name", SCHED_FILES)
+def test_sched_check_replays_every_scenario(name, capsys):
+    from ggml_lite.__main__ import main
+
+    assert main(["sched", str(fixture_path("ggml-seed-sched", name)), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert ("abort reproduced" in out) if name.startswith("13_") else ("identical" in out)
+
+
+def test_a_changed_record_is_reported(tmp_path, capsys):
+    """The replay can fail: a cause, a buffer size, a graph-copy offset and a logit changed in the
+    record are each reported, and `sched --check` exits 1."""
+    import copy
+    import json
+
+    from ggml_lite.__main__ import main
+    from ggml_lite.scenario import replay
+
+    doc = copy.deepcopy(load_json(fixture_path("ggml-seed-sched", "03_partial_offload")))
+    alloc = doc["steps"][1]
+    alloc["tensors"][5]["cause"] = "2.sup" if alloc["tensors"][5]["cause"] != "2.sup" else "3.best"
+    alloc["buffer_sizes"]["CPU"] += 32
+    node = next(n for n in alloc["sched_graph"]["nodes"] if n["offset"])
+    node["offset"] += 32
+    doc["steps"][2]["outputs"][0]["values"][7] += 1.0
+    diffs = replay(doc)
+    assert len(diffs) == 4, diffs
+    assert any("backend and cause" in d for d in diffs) and any("buffer sizes" in d for d in diffs)
+    assert any("graph copy nodes" in d for d in diffs) and any("1 of 256 logits differ" in d for d in diffs)
+    path = tmp_path / "changed.json"
+    path.write_text(json.dumps(doc))
+    assert main(["sched", str(path), "--check"]) == 1
+    assert "4 difference(s)" in capsys.readouterr().out
+
+
+def test_sched_prints_the_assignments(capsys):
+    from ggml_lite.__main__ import main
+
+    doc = load_json(fixture_path("ggml-seed-sched", "05_deny_soft_max"))
+    assert main(["sched", str(fixture_path("ggml-seed-sched", "05_deny_soft_max"))]) == 0
+    printed = capsys.readouterr().out
+    assert printed == "\n".join(doc["steps"][0]["stderr"][:len(printed.splitlines())]) + "\n"
