@@ -289,14 +289,21 @@ def _pin(sched, graph, doc, backends) -> None:
         sched.set_tensor_backend(graph.get_tensor(p["tensor"]), by_name[p["backend"]])
 
 
-def _replay_abort(doc) -> list:
-    """Scenario 13: the reference aborted in the reserve; ggml_lite must raise the same error."""
+def built_scenario(doc) -> tuple:
+    """`(backends, round-0 graph)` of a scenario that recorded no graph (13: it aborted first): the
+    graph built by `build_llama`, its weight and cache contexts allocated on their backends."""
     backends = make_backends(doc)
     by_name = {b.get_name(): b for b in backends}
     ctxs, graph, _ = build_llama(doc["model"], doc["placement"], ROUND0)
     for ctx in ctxs[:-1]:
         buf = gl.alloc_ctx_tensors(ctx, by_name[ctx.name.split(":")[1]])
         buf.set_usage(gl.BufferUsage.WEIGHTS if ctx.name.startswith("weights") else gl.BufferUsage.ANY)
+    return backends, graph
+
+
+def _replay_abort(doc) -> list:
+    """Scenario 13: the reference aborted in the reserve; ggml_lite must raise the same error."""
+    backends, graph = built_scenario(doc)
     sched = BackendSched(backends, debug=True)
     want = doc["outcome"]["stderr_until_abort"][-1].split(": ", 1)[-1]
     try:
@@ -343,12 +350,7 @@ def scenario_printout(doc: dict) -> str:
     """The GGML_SCHED_DEBUG printout of the scenario's round-0 graph after its pins (the text the
     reserve step recorded, pass 1's warnings first)."""
     if not doc["outcome"].get("completed", True):
-        backends = make_backends(doc)
-        by_name = {b.get_name(): b for b in backends}
-        ctxs, graph, _ = build_llama(doc["model"], doc["placement"], ROUND0)
-        for ctx in ctxs[:-1]:
-            gl.alloc_ctx_tensors(ctx, by_name[ctx.name.split(":")[1]]).set_usage(
-                gl.BufferUsage.WEIGHTS if ctx.name.startswith("weights") else gl.BufferUsage.ANY)
+        backends, graph = built_scenario(doc)
         sched = BackendSched(backends, debug=True)
     else:
         sc = load_scenario(doc)

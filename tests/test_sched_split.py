@@ -10,7 +10,7 @@ import pytest
 import ggml_lite as gl
 from conftest import NEEDS_SHARED, SCHED_FILES, fixture_path, load_json
 from ggml_lite.sched import BackendSched, print_assignments
-from ggml_lite.scenario import build_llama, load_scenario
+from ggml_lite.scenario import load_scenario
 
 pytestmark = NEEDS_SHARED
 WITH_GRAPH = [n for n in SCHED_FILES if not n.startswith("13_")]
@@ -93,17 +93,10 @@ def test_every_assignment_split_and_copy(name):
 def test_scenario_13_aborts_as_an_error(caplog):
     """FAKE cannot CPY while the KV cache is in FAKE memory: the cpy into the cache view is
     pre-allocated and no backend can run it. The reference aborts in pass 1 of the reserve."""
-    doc = load_json(fixture_path("ggml-seed-sched", "13_abort_deny_cpy_kv_in_fake"))
-    graph_doc = load_json(fixture_path("ggml-seed-sched", "02_full_offload_llama"))
-    batch = next(s["batch"] for s in graph_doc["steps"] if s["call"] == "ggml_backend_sched_reserve")
-    from ggml_lite.scenario import make_backends, weight_gen, weight_values  # noqa: F401
+    from ggml_lite.scenario import built_scenario
 
-    backends = make_backends(doc)
-    by_name = {b.get_name(): b for b in backends}
-    ctxs, graph, _ = build_llama(doc["model"], doc["placement"], batch)
-    for ctx in ctxs[:-1]:
-        gl.alloc_ctx_tensors(ctx, by_name[ctx.name.split(":")[1]]).set_usage(
-            gl.BufferUsage.WEIGHTS if ctx.name.startswith("weights") else gl.BufferUsage.ANY)
+    doc = load_json(fixture_path("ggml-seed-sched", "13_abort_deny_cpy_kv_in_fake"))
+    backends, graph = built_scenario(doc)
     sched = BackendSched(backends, debug=False)
     with caplog.at_level(logging.WARNING, logger="ggml_lite"):
         with pytest.raises(gl.SchedulerError, match="pre-allocated tensor in a backend that cannot run the operation"):
