@@ -117,7 +117,7 @@ def cmd_sched(args) -> int:
     rounds = sum(1 for s in doc["steps"] if s["call"] == "ggml_backend_sched_graph_compute")
     what = ("the reference's abort reproduced" if not doc["outcome"].get("completed", True) else
             f"reserve and {rounds} round(s) identical: assignments and causes, splits, copies, graph copy and "
-            f"offsets, buffer sizes, debug printout and messages, logits")
+            f"offsets, buffer sizes, debug printout and messages, backend calls, logits")
     print(f"{args.scenario}: {what}")
     return 0
 

@@ -12,6 +12,7 @@ import numpy as np
 import ggml_lite as gl
 from ggml_lite.numerics import lcg_states
 from ggml_lite.sched import BackendSched, print_assignments
+from ggml_lite.tensor import Op
 
 FNV_OFFSET, FNV_PRIME = 2166136261, 16777619
 
@@ -364,12 +365,81 @@ def scenario_printout(doc: dict) -> str:
     return err.text()
 
 
+class _Trace:
+    """Records the backend calls made while it is active, in the fixtures' trace format: every call of
+    the SIM backends (and their buffers) and the CPU's graph_compute. The hooks are wrapped on the
+    backend objects and on the SimBuffer class, and restored on exit."""
+
+    def __init__(self, sched):
+        self.sched, self.lines, self.undo = sched, [], []
+        self.event_names = {id(e): f"ev{c}" for row in sched.events for c, e in enumerate(row) if e is not None}
+
+    def _wrap(self, obj, name, make):
+        old = obj.__dict__.get(name, None) if isinstance(obj, type) else getattr(obj, name)
+        self.undo.append((obj, name, obj.__dict__.get(name, _MISSING)))
+        setattr(obj, name, make(old if not isinstance(obj, type) else getattr(obj, name)))
+
+    def __enter__(self):
+        from ggml_lite.sim import SimBackend, SimBuffer
+
+        lines, ev = self.lines, self.event_names
+        for b in self.sched.backends:
+            name = b.get_name()
+
+            def gc(orig, name=name):
+                def run(graph):
+                    nodes = graph.nodes
+                    real = [n for n in nodes if n.op not in (Op.NONE, Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE)]
+                    shown = real or nodes  # first and last name the non-view nodes
+                    lines.append(f"{name}.graph_compute n_nodes={len(nodes)} ({len(real)} non-view) "
+                                 f"first={shown[0].name} last={shown[-1].name}")
+                    return orig(graph)
+                return run
+            self._wrap(b, "_graph_compute", gc)
+            if not isinstance(b, SimBackend):
+                continue
+            self._wrap(b, "_synchronize", lambda orig, name=name: lambda: (lines.append(f"{name}.synchronize"), orig())[1])
+            self._wrap(b, "_event_record", lambda orig, name=name: lambda e: (
+                lines.append(f"{name}.event_record {ev.get(id(e), '?')}"), orig(e))[1])
+            self._wrap(b, "_event_synchronize", lambda orig, name=name: lambda e: (
+                lines.append(f"{name}.event_synchronize {ev.get(id(e), '?')}"), orig(e))[1])
+            self._wrap(b, "_event_wait", lambda orig, name=name: lambda e: (
+                lines.append(f"{name}.event_wait {e.backend.get_name()}.{ev.get(id(e), '?')}"), orig(e))[1])
+        self._wrap(SimBuffer, "set_tensor", lambda orig: lambda buf, t, data, offset, size: (
+            lines.append(f"{buf.buft.get_name()}.set_tensor {t.name} offset={offset} size={size}"),
+            orig(buf, t, data, offset, size))[1])
+        self._wrap(SimBuffer, "get_tensor", lambda orig: lambda buf, t, offset, size: (
+            lines.append(f"{buf.buft.get_name()}.get_tensor {t.name} offset={offset} size={size}"),
+            orig(buf, t, offset, size))[1])
+
+        def cpy(orig):
+            def run(buf, src, dst):
+                done = orig(buf, src, dst)
+                sbuf = src.view_src.buffer if src.view_src is not None else src.buffer
+                lines.append(f"{buf.buft.get_name()}.cpy_tensor {src.name} ({sbuf.get_name()}) -> {dst.name} "
+                             f"{'size=' + str(gl.nbytes(src)) if done else 'declined'}")
+                return done
+            return run
+        self._wrap(SimBuffer, "cpy_tensor", cpy)
+        return self
+
+    def __exit__(self, *exc):
+        for obj, name, old in reversed(self.undo):
+            if old is _MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+
+
+_MISSING = object()
+
+
 def replay(doc: dict) -> list:
     """Every difference between a recorded scenario and ggml_lite's replay of it (empty: identical):
     the reserve (stderr: warnings, GGML_SCHED_DEBUG printout, allocator messages; n_splits, n_copies,
     buffer sizes), and per round alloc_graph (stderr, splits, every tensor's backend and cause, the
     graph copy with every offset, buffer sizes) and graph_compute (status, cur_copy, the logits bit for
-    bit). Scenario 13 must end in the reference's abort."""
+    bit, and every backend call in order). Scenario 13 must end in the reference's abort."""
     if not doc["outcome"].get("completed", True):
         return _replay_abort(doc)
     out = []
@@ -398,8 +468,10 @@ def replay(doc: dict) -> list:
         _check_alloc(sched, graph, alloc_step, out)
         for key, value in batch_inputs(alloc_step["batch"]).items():
             gl.tensor_set(graph.get_tensor(key), value)
-        status = sched.graph_compute(graph)
+        with _Trace(sched) as trace:
+            status = sched.graph_compute(graph)
         r = f"round {compute_step['round']} graph_compute"
+        _compare(f"{r}: backend calls", trace.lines, compute_step["trace"], out)
         _compare(f"{r}: status", int(status), compute_step["status"], out)
         _compare(f"{r}: cur_copy after", sched.cur_copy, compute_step["cur_copy_after"], out)
         rec = next(o for o in compute_step["outputs"] if o["name"] == "result_output")
