@@ -160,8 +160,11 @@ def build_llama(model: dict, placement: dict, batch: dict):
         layers[il]["v_l"] = c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_v_l{il}")
 
     ctx, graph, roots = build_graph(model, w, layers, batch)
-    ordered = [ctxs[f"{kind}:{be}"] for kind in ("weights", "kv_cache") for be in CONTEXT_ORDER
-               if f"{kind}:{be}" in ctxs] + [ctx]
+    def rank(label):  # CPU, FAKE, FAKE1 as the recorder ordered them; other backends after, as created
+        be = label.split(":")[1]
+        return CONTEXT_ORDER.index(be) if be in CONTEXT_ORDER else len(CONTEXT_ORDER)
+    ordered = [ctxs[label] for kind in ("weights", "kv_cache")
+               for label in sorted((x for x in ctxs if x.startswith(kind + ":")), key=rank)] + [ctx]
     return ordered, graph, roots
 
 

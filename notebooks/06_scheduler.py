@@ -1015,8 +1015,11 @@ def build_llama(model: dict, placement: dict, batch: dict):
         layers[il]["v_l"] = c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_v_l{il}")
 
     ctx, graph, roots = build_graph(model, w, layers, batch)
-    ordered = [ctxs[f"{kind}:{be}"] for kind in ("weights", "kv_cache") for be in CONTEXT_ORDER
-               if f"{kind}:{be}" in ctxs] + [ctx]
+    def rank(label):  # CPU, FAKE, FAKE1 as the recorder ordered them; other backends after, as created
+        be = label.split(":")[1]
+        return CONTEXT_ORDER.index(be) if be in CONTEXT_ORDER else len(CONTEXT_ORDER)
+    ordered = [ctxs[label] for kind in ("weights", "kv_cache")
+               for label in sorted((x for x in ctxs if x.startswith(kind + ":")), key=rank)] + [ctx]
     return ordered, graph, roots
 
 
@@ -1346,10 +1349,283 @@ def replay(doc: dict) -> list:
 
 
 # %% [markdown]
+# ## 7 · Pictures
+#
+# Three pictures of a LLaMA-style model built with the ggml_lite API (the fixtures' 4-layer model,
+# `build_llama` above): **where every node runs** and where the graph is cut, **how the five passes
+# get there**, and **what the splits cost in time and memory**. Plotting helpers live in
+# `ggml_lite.viz.sched`.
+
+# %%
+# | export viz.sched
+"""Plotly figures and an ipywidgets stepper for the backend scheduler (chapter 06)."""
+
+import plotly.graph_objects as go
+
+PALETTE = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"]
+
+
+def _state(sched, graph):
+    """(backend name or None, cause) of every node."""
+    out = []
+    for t in graph.nodes:
+        b = sched.ids.get(t, -1)
+        out.append((sched.backends[b].get_name() if b != -1 else None, sched.causes.get(t, "")))
+    return out
+
+
+def sched_graph_figure(sched, graph, state=None, title: str = "where every node runs", copies: bool = True) -> go.Figure:
+    """Nodes in execution order (x) on the row of their backend (y); grey: not assigned yet; dotted
+    lines: split boundaries; lines between rows: the tensors copied into a split. `state` (a list of
+    `(backend, cause)` per node, see `pass_snapshots`) replaces the scheduler's current assignment."""
+    state = state or _state(sched, graph)
+    names = [b.get_name() for b in sched.backends]
+    rows = {n: k for k, n in enumerate(names)}
+    color = {n: PALETTE[k % len(PALETTE)] for k, n in enumerate(names)}
+    fig = go.Figure()
+    for n in [*names, None]:
+        idx = [i for i, (b, _) in enumerate(state) if b == n]
+        if not idx:
+            continue
+        y = [rows[n] if n is not None else len(names) for _ in idx]
+        fig.add_trace(go.Scatter(
+            x=idx, y=y, mode="markers", name=n or "unassigned", marker=dict(size=7, color=color.get(n, "#bbbbbb")),
+            hovertext=[f"#{i} {graph.nodes[i].name} ({graph.nodes[i].op.name}): {state[i][0]} {state[i][1]}" for i in idx],
+            hoverinfo="text"))
+    if copies:
+        index = {id(t): i for i, t in enumerate(graph.nodes)}
+        for split in sched.splits:
+            fig.add_vline(x=split.i_start - 0.5, line=dict(color="#888", dash="dot", width=1))
+            for inp in split.inputs:
+                src = index.get(id(inp))
+                b = sched.ids.get(inp, -1)
+                if src is None or b == -1:
+                    continue
+                fig.add_trace(go.Scatter(x=[src, split.i_start], y=[rows[names[b]], split.backend_id], mode="lines",
+                                         line=dict(color="#999", width=1), hoverinfo="text", showlegend=False,
+                                         hovertext=f"copy {inp.name}: {names[b]} → {names[split.backend_id]}"))
+    fig.update_layout(title=title, height=170 + 45 * len(names), xaxis=dict(title="node (execution order)"),
+                      yaxis=dict(tickvals=list(range(len(names) + 1)), ticktext=[*names, "unassigned"],
+                                 range=[-0.6, len(names) + 0.6]),
+                      margin=dict(l=20, r=20, t=50, b=40))
+    return fig
+
+
+def pass_snapshots(sched, graph, passes) -> list:
+    """Run `passes` (functions of (sched, graph), in order) and return `[(title, state)]`: the state
+    before any pass, then after each."""
+    snaps = [("before pass 1 (user pins only)", _state(sched, graph))]
+    for k, run in enumerate(passes, 1):
+        run(sched, graph)
+        snaps.append((f"after pass {k}", _state(sched, graph)))
+    return snaps
+
+
+def pass_stepper(sched, graph, snaps):
+    """An ipywidgets stepper through `pass_snapshots`: the figure of each state, and the nodes that
+    state assigned (or re-assigned), with their causes."""
+    import ipywidgets as w
+    from IPython.display import display
+
+    slider = w.IntSlider(min=0, max=len(snaps) - 1, description="state")
+    out = w.Output()
+
+    def show(change=None):
+        k = slider.value
+        title, state = snaps[k]
+        with out:
+            out.clear_output(wait=True)
+            prev = snaps[k - 1][1] if k else [(None, "")] * len(state)
+            changed = [(i, b, c) for i, ((b, c), p) in enumerate(zip(state, prev)) if (b, c) != p]
+            print(f"{title}: {len(changed)} node(s) changed")
+            for i, b, c in changed[:12]:
+                print(f"  #{i:3d} {graph.nodes[i].name:24s} -> {b} ({c})")
+            if len(changed) > 12:
+                print(f"  ... and {len(changed) - 12} more")
+            display(sched_graph_figure(sched, graph, state, title, copies=False))
+
+    slider.observe(show, names="value")
+    show()
+    return w.VBox([slider, out])
+
+
+def buffer_sizes_figure(rows: dict, title: str = "compute buffer per backend") -> go.Figure:
+    """Grouped bars: `rows` maps a placement's label to `{backend: bytes}`."""
+    backends = list(dict.fromkeys(b for sizes in rows.values() for b in sizes))
+    fig = go.Figure()
+    for k, b in enumerate(backends):
+        fig.add_trace(go.Bar(name=b, x=list(rows), y=[sizes.get(b, 0) / 1024 for sizes in rows.values()],
+                             marker_color=PALETTE[k % len(PALETTE)],
+                             hovertemplate=b + ": %{y:.1f} KiB<extra></extra>"))
+    fig.update_layout(title=title, barmode="group", yaxis=dict(title="KiB"), height=340,
+                      margin=dict(l=20, r=20, t=50, b=40))
+    return fig
+
+
+# %% [markdown]
+# ### 7.1 · Where every node runs
+#
+# The 4-layer model with layers 0-1 and their KV cache on the CPU, layers 2-3 and theirs on SIM, the
+# embeddings and the output head on the CPU — the placement of scenario 03. The graph is cut in
+# three: CPU `[0, 66)`, SIM `[66, 136)`, CPU `[136, 138)`. Note where the cuts fall: pass 2 pulls
+# `l_out-1`, the residual add that closes layer 1, and the final `norm_out` onto SIM, because the
+# expansion spreads SIM both ways while the CPU is never expanded. So `ffn_down-1` and `ffn_inp-1`
+# cross to SIM, and the head (`result_norm`, `result_output`: their weights are on the CPU) gets
+# `norm_out` back from SIM. The lines from row to row are those copies.
+
+# %%
+from ggml_lite.scenario import ROUND0, batch_inputs, build_llama  # noqa: E402
+from ggml_lite.viz.sched import buffer_sizes_figure, pass_snapshots, pass_stepper, sched_graph_figure  # noqa: E402
+
+MODEL = dict(n_embd=64, n_head=4, n_head_kv=2, n_ff=172, n_vocab=256, n_layer=4, n_ctx=64, wtype="f16", kvtype="f16",
+             rms_norm_eps=1e-5, rope=dict(mode=0, n_dims=16, n_ctx_orig=4096, freq_base=10000.0, freq_scale=1.0,
+                                          ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0))
+PARTIAL = dict(token_embd="CPU", output="CPU", layers=["CPU", "CPU", "SIM", "SIM"], kv_cache=["CPU", "CPU", "SIM", "SIM"])
+
+
+def llama_on(backends, placement, batch=ROUND0):
+    """The model's weights and cache allocated on `backends` by `placement`, and its round-0 graph."""
+    by_name = {b.get_name(): b for b in backends}
+    ctxs, g, _ = build_llama(MODEL, placement, batch)
+    for ctx in ctxs[:-1]:
+        buf = gl.alloc_ctx_tensors(ctx, by_name[ctx.name.split(":")[1]])
+        buf.set_usage(gl.BufferUsage.WEIGHTS if ctx.name.startswith("weights") else gl.BufferUsage.ANY)
+    return g
+
+
+sim7, cpu7 = gl.sim_init("SIM", asynchronous=False), gl.cpu_init()
+g7 = llama_on([sim7, cpu7], PARTIAL)
+sched7 = BackendSched([sim7, cpu7], debug=False)
+split_graph(sched7, g7)
+print([(sched7.backends[s.backend_id].get_name(), s.i_start, s.i_end, [i.name for i in s.inputs]) for s in sched7.splits])
+sched_graph_figure(sched7, g7, title="partial offload: layers 0-1 on the CPU, 2-3 and the head on SIM")
+
+
+# %% [markdown]
+# ### 7.2 · The five passes, one at a time
+#
+# The same graph, fresh, with the passes run one by one. Pass 1 places what the weights and inputs
+# decide (`1.wgt0`, `1.inp`, `1.vsrc` for the cache views); pass 2 fills most of the rest (`2.sup`);
+# passes 3 and 4 have little left here (the views, `4.vsrc`); pass 5 assigns nothing new — it cuts and
+# copies (section 7.1). Move the slider.
+
+# %% tags=["nbval-ignore-output"]
+g72 = llama_on([sim7, cpu7], PARTIAL)
+sched72 = BackendSched([sim7, cpu7], debug=False)
+sched72.ctx = gl.Context("sched")
+snaps = pass_snapshots(sched72, g72, [_pass1, _pass2, _pass3, _pass4, _pass5])
+pass_stepper(sched72, g72, snaps)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for title, state in snaps:
+    assigned = sum(1 for b, _ in state if b is not None)
+    print(f"{title:32s} assigned {assigned:3d} of {len(state)} nodes")
+
+# %% [markdown]
+# ### 7.3 · Time, and what pipeline parallelism buys
+#
+# Now SIM is asynchronous and shares a simulated clock with the CPU (given a cost model of its own:
+# 0.5 TFLOP/s, 60 GB/s). Three evaluations are queued back to back with `graph_compute_async`, as
+# llama.cpp does with micro-batches, then the scheduler is synchronized. Before a split, each input
+# that is not a user INPUT is copied after the split's backend is done with the previous use of its
+# copy buffer: with `parallel=False` that means **synchronizing SIM** — the host waits for the whole
+# previous evaluation on SIM; with `parallel=True` there are four copy buffers and an event per
+# backend and copy, and the wait is for an event recorded four evaluations ago.
+#
+# For scenario 03's placement that buys **nothing**: its last split (the output head) runs on the
+# CPU and needs `norm_out` from SIM, so each evaluation ends with the host waiting for SIM
+# (`ggml_backend_synchronize(input_backend)` before the blocking copy) — the next evaluation cannot
+# start earlier in either mode. Put the head on SIM too and the picture changes: the host no longer
+# waits at the end of an evaluation, and with `parallel=True` the CPU computes evaluation *k+1*'s
+# first layers while SIM still runs evaluation *k*.
+
+# %%
+from ggml_lite.scenario import build_graph, model_tensors  # noqa: E402
+from ggml_lite.viz.backends import timeline_figure  # noqa: E402
+
+CPU_COST = gl.CostModel(flops=0.5e12, mem_bw=60e9, copy_bw=16e9, latency=2e-6)
+HEAD_ON_SIM = dict(PARTIAL, output="SIM")
+
+
+def pipelined(placement, parallel: bool, n_evals: int = 3):
+    """Simulated time line of `n_evals` evaluations queued back to back: (clock, elapsed seconds)."""
+    clock = gl.SimClock()
+    sim_b, cpu_b = gl.sim_init("SIM", clock=clock), gl.cpu_init(clock=clock, cost=CPU_COST)
+    g0 = llama_on([sim_b, cpu_b], placement)
+    sch = BackendSched([sim_b, cpu_b], parallel=parallel, debug=False)
+    reserve(sch, g0)
+    w, layers = model_tensors({t.name: t for t in g0.leafs}, MODEL["n_layer"])
+    start = clock.host
+    for _ in range(n_evals):
+        sch.reset()
+        _, ge, _ = build_graph(MODEL, w, layers, ROUND0)
+        alloc_graph(sch, ge)
+        for key, value in batch_inputs(ROUND0).items():
+            gl.tensor_set(ge.get_tensor(key), value)
+        graph_compute_async(sch, ge)
+    synchronize(sch)
+    return clock, clock.host - start
+
+
+runs = {(label, par): pipelined(pl, par) for label, pl in (("scenario 03", PARTIAL), ("head on SIM", HEAD_ON_SIM))
+        for par in (False, True)}
+for (label, par), (_, t) in runs.items():
+    print(f"{label:12s} parallel={par!s:5s}: 3 evaluations in {t * 1e6:7.1f} µs of simulated time")
+
+# %%
+timeline_figure(runs[("head on SIM", False)][0].spans, lanes=["CPU", "SIM", "host copies"],
+                title="head on SIM, parallel=False: every copy into SIM waits for SIM to be idle")
+
+# %%
+timeline_figure(runs[("head on SIM", True)][0].spans, lanes=["CPU", "SIM", "host copies"],
+                title="head on SIM, parallel=True: the CPU runs ahead while SIM works")
+
+# %%
+timeline_figure(runs[("scenario 03", True)][0].spans, lanes=["CPU", "SIM", "host copies"],
+                title="scenario 03, parallel=True: the CPU head waits for SIM — no overlap to gain")
+
+# %% [markdown]
+# ### 7.4 · What placements and copies cost in memory
+#
+# The compute buffers after `reserve` for three set-ups of the same model: the partial offload above
+# (scenario 03); the same with `KQ_mask` pinned to SIM and `l_out-1` to the CPU (scenario 04: fewer
+# bytes cross, but SIM's buffer must now hold the mask); and the partial offload with `parallel=True`
+# (scenario 09: four copies of every input, so both buffers grow).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+def sizes(pins=(), parallel=False):
+    sim_b, cpu_b = gl.sim_init("SIM", asynchronous=False), gl.cpu_init()
+    g0 = llama_on([sim_b, cpu_b], PARTIAL)
+    sch = BackendSched([sim_b, cpu_b], parallel=parallel, debug=False)
+    for name, backend in pins:
+        sch.set_tensor_backend(g0.get_tensor(name), sim_b if backend == "SIM" else cpu_b)
+    reserve(sch, g0)
+    return {b.get_name(): sch.get_buffer_size(b) for b in (sim_b, cpu_b)}
+
+
+placements = {"partial (03)": sizes(),
+              "pins (04)": sizes([("KQ_mask", "SIM"), ("l_out-1", "CPU")] +
+                                 [(f"norm-{il}", be) for il, be in enumerate(PARTIAL["layers"])]),
+              "parallel (09)": sizes(parallel=True)}
+for label, row in placements.items():
+    print(f"{label:14s} {row}")
+buffer_sizes_figure(placements)
+
+
+# %% [markdown]
 # ## 7 · Check
 
 # %%
 assert {b.get_name(): sched2.get_buffer_size(b) for b in (sim, cpu)} == {"SIM": 2048 + 4096, "CPU": 4096 + 1024 + 32}
+assert [(sched7.backends[sp.backend_id].get_name(), sp.i_start, sp.i_end) for sp in sched7.splits] == \
+    [("CPU", 0, 66), ("SIM", 66, 136), ("CPU", 136, 138)]  # scenario 03's splits
+assert placements["partial (03)"] == {"SIM": 34560, "CPU": 38592}  # scenario 03's recorded buffer sizes
+assert placements["parallel (09)"] == {"SIM": 84480, "CPU": 52384}  # scenario 09's
+assert placements["pins (04)"] == {"SIM": 38656, "CPU": 38592}  # scenario 04's
+assert runs[("head on SIM", True)][1] < runs[("head on SIM", False)][1]
+assert runs[("scenario 03", True)][1] == runs[("scenario 03", False)][1]
 assert [sched.backends[s.backend_id].get_name() for s in sched.splits] == ["SIM", "CPU"]
 assert [[i.name for i in s.inputs] for s in sched.splits] == [["x"], ["h2"]]
 assert [sched.get_cause(t) for t in graph.nodes if t.op is not gl.Op.NONE][:3] == ["1.wgt0", "1.wgt1", "2.sup"]
