@@ -28,8 +28,11 @@
 #    printout that shows them.
 # 3. The scheduler's own graph copy — inputs, their copies and dependencies added per split — which
 #    is what the multi-buffer graph allocator plans in `ggml_backend_sched_reserve`.
+# 4. Running the splits: input copies, events, `parallel` copies, the eval callback — and, on a
+#    simulated clock, what pipeline parallelism buys and when it buys nothing.
 #
-# Exported: `ggml_lite.sched`.
+# Exported: `ggml_lite.sched`; `ggml_lite.scenario` (replaying the recorded scenarios) and
+# `ggml_lite.viz.sched` (the pictures).
 
 # %% [markdown]
 # ## 1 · The C
