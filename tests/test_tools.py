@@ -280,3 +280,26 @@ def test_sync_reports_a_failing_cell_and_keeps_the_old_ipynb_kernel(repo, capsys
     rc, out = run(repo, capsys, "nbsync", "notebooks/03_bad.py")
     assert rc == 1 and "03_bad.py" in out and "cell 1 raised ValueError: boom" in out
     assert (repo / "notebooks" / "03_bad.ipynb").read_bytes() == before
+
+
+def test_widget_views_get_ids_from_their_place():
+    """Executing draws random widget model ids; normalize makes them depend only on the cell and output,
+    so re-executing a notebook with widgets leaves the .ipynb unchanged (and every view has a fallback)."""
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("nbsync", ROOT / "tools" / "nbsync.py")
+    nbsync = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nbsync)
+
+    def executed(random_id):
+        nb = nbformat.v4.new_notebook()
+        cell = nbformat.v4.new_code_cell("w")
+        cell.outputs = [nbformat.v4.new_output("display_data", data={
+            nbsync.WIDGET_VIEW: {"model_id": random_id, "version_major": 2, "version_minor": 0}})]
+        nb.cells = [nbformat.v4.new_markdown_cell("x"), cell]
+        return nbsync.normalize(nb)
+
+    a, b = executed("435f63464a6d47cf9fe7931edd39492b"), executed("188209b326fd4dcbbe9adbf0b22228e7")
+    assert a == b
+    data = a.cells[1].outputs[0]["data"]
+    assert data[nbsync.WIDGET_VIEW]["model_id"] == f"{1:016x}{0:016x}" and "text/plain" in data

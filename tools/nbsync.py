@@ -48,18 +48,22 @@ def from_source(py: Path):
 def normalize(nb):
     """Drop what varies between machines and runs: widget state, jupytext and kernel details, timings,
     cell ids; merge consecutive stream outputs (their chunking depends on timing); make sure every
-    widget view has a text/plain fallback (the committed notebook has no widget state to render it)."""
+    widget view has a text/plain fallback (the committed notebook has no widget state to render it)
+    and a model id that depends only on its place (a fresh kernel draws random ids: without state to
+    point at, they would only churn the diffs)."""
     nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}}
     nb.nbformat, nb.nbformat_minor = 4, 4
-    for cell in nb.cells:
+    for ci, cell in enumerate(nb.cells):
         cell.pop("id", None)
         cell.metadata = {"tags": cell.metadata["tags"]} if cell.metadata.get("tags") else {}
         if cell.cell_type == "code":
             cell.outputs = merge_streams(cell.outputs)
-            for out in cell.outputs:
+            for oi, out in enumerate(cell.outputs):
                 data = out.get("data", {})
-                if WIDGET_VIEW in data and "text/plain" not in data:
-                    data["text/plain"] = "A Jupyter widget: run the notebook to use it."
+                if WIDGET_VIEW in data:
+                    data[WIDGET_VIEW] = dict(data[WIDGET_VIEW], model_id=f"{ci:016x}{oi:016x}")
+                    if "text/plain" not in data:
+                        data["text/plain"] = "A Jupyter widget: run the notebook to use it."
     return nb
 
 
