@@ -1619,7 +1619,7 @@ buffer_sizes_figure(placements)
 
 
 # %% [markdown]
-# ## 7 · Check
+# ## 8 · Check
 
 # %%
 assert {b.get_name(): sched2.get_buffer_size(b) for b in (sim, cpu)} == {"SIM": 2048 + 4096, "CPU": 4096 + 1024 + 32}
