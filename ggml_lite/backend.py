@@ -5,19 +5,21 @@
 and out, copies, events, graph plans, the registry, `ggml_backend_graph_copy` and
 `ggml_backend_compare_graph_backend`."""
 
+import abc
 import enum
 import logging
 
 import numpy as np
 
-from ggml_lite.buffer import _DTYPES, buffer_copy_tensor, view_init
+from ggml_lite.buffer import _DTYPES, buffer_copy_tensor, strided_view, view_init
 from ggml_lite.errors import (
     BackendError, DataTypeError, LayoutMismatchError, TensorBoundsError, TensorNotAllocatedError,
     UnknownBackendError,
 )
 from ggml_lite.graph import Graph, graph_view
 from ggml_lite.tallocr import alloc_ctx_tensors
-from ggml_lite.tensor import VIEW_OPS, Context, describe, nbytes
+from ggml_lite.gallocr import are_same_layout  # `ggml_are_same_layout`, in ggml-alloc.c and ggml-backend.c alike
+from ggml_lite.tensor import Context, describe, is_view_op, nbytes
 
 log = logging.getLogger("ggml_lite")
 
@@ -29,11 +31,6 @@ class Status(enum.IntEnum):
     FAILED = -1
     SUCCESS = 0
     ABORTED = 1
-
-
-def are_same_layout(a, b) -> bool:
-    """`ggml_are_same_layout` of ggml-backend.c (:233): same type, `ne` and `nb`."""
-    return a.type is b.type and list(a.ne) == list(b.ne) and list(a.nb) == list(b.nb)
 
 
 def tensor_buffer(t):
@@ -85,25 +82,12 @@ def tensor_get(tensor, offset: int = 0, size: int = None) -> np.ndarray:
     size = nbytes(tensor) - offset if size is None else size
     buf = _check_access(tensor, offset, size, "read")
     raw = np.frombuffer(buf.get_tensor(tensor, offset, size), dtype=np.uint8) if size else np.zeros(0, np.uint8)
-    if not whole:
-        return raw.copy()
-    return _shaped(tensor, raw)
-
-
-def _shaped(tensor, raw: np.ndarray) -> np.ndarray:
-    """`raw` (the tensor's `nbytes` bytes) seen with the tensor's dtype, shape and strides, copied."""
-    ne, nb = list(tensor.ne), list(tensor.nb)
-    if tensor.type.blck_size > 1:
-        ne[0] //= tensor.type.blck_size
-    k = len(tensor.shape)
-    view = np.ndarray(tuple(reversed(ne[:k])), dtype=_DTYPES[tensor.type.name], buffer=raw,
-                      strides=tuple(reversed(nb[:k])))
-    return view.copy()
+    return strided_view(tensor, raw).copy() if whole else raw.copy()
 
 
 class GraphPlan:
-    """`ggml_backend_graph_plan_t`: a graph prepared once and computed many times. The CPU's plan
-    keeps a shallow copy of the node list (the C's "FIXME: deep copy")."""
+    """`ggml_backend_graph_plan_t`: a graph prepared once and computed many times. Like the C's
+    (`cpu_plan->cgraph = *cgraph`), it holds a shallow copy: the node list, not the tensors."""
 
     def __init__(self, backend, graph):
         self.backend = backend
@@ -148,11 +132,11 @@ class Event:
         return f"Event({self.backend.get_name()}{', freed' if self.freed else ''})"
 
 
-class Backend:
+class Backend(abc.ABC):
     """`struct ggml_backend` with its `ggml_backend_i` table. Subclasses set `name` and implement the
-    hooks (`_get_default_buffer_type`, `_graph_compute`, `_supports_op`, `_supports_buft`); the
-    optional hooks are None here, as NULL in the C table, and the public methods fall back as the C
-    does."""
+    four abstract hooks (`_get_default_buffer_type`, `_graph_compute`, `_supports_op`,
+    `_supports_buft`); the optional hooks are None here, as NULL in the C table, and the public
+    methods fall back as the C does."""
 
     name = "backend"
     # optional entries of `struct ggml_backend_i` (NULL in the C when a backend lacks them)
@@ -173,18 +157,22 @@ class Backend:
     def __init__(self):
         self.freed = False
 
-    # -- the mandatory hooks -------------------------------------------------------------------------
+    # -- the mandatory hooks (a backend without one cannot be created) ---------------------------------
+    @abc.abstractmethod
     def _get_default_buffer_type(self):
-        raise NotImplementedError
+        """`iface.get_default_buffer_type`."""
 
+    @abc.abstractmethod
     def _graph_compute(self, graph) -> Status:
-        raise NotImplementedError
+        """`iface.graph_compute`: compute (or queue) every node of `graph`."""
 
+    @abc.abstractmethod
     def _supports_op(self, op) -> bool:
-        raise NotImplementedError
+        """`iface.supports_op`."""
 
+    @abc.abstractmethod
     def _supports_buft(self, buft) -> bool:
-        raise NotImplementedError
+        """`iface.supports_buft`."""
 
     # -- identity and memory ---------------------------------------------------------------------------
     def get_name(self) -> str:
@@ -446,11 +434,6 @@ def dup_tensor_layout(ctx: Context, t):
     d = ctx.dup_tensor(t)
     d.nb = list(t.nb)
     return d
-
-
-def is_view_op(op) -> bool:
-    """`ggml_is_view_op`: VIEW, RESHAPE, PERMUTE or TRANSPOSE."""
-    return op in VIEW_OPS
 
 
 class GraphCopy:

@@ -61,10 +61,14 @@ SQRT_2_OVER_PI = F4(0.79788456080286535587989211986876)
 
 from ggml_lite.backend import Backend, GraphPlan, Status
 from ggml_lite.buffer import cpu_buffer_type
-from ggml_lite.tensor import VIEW_OPS
 
 # `type_traits[type].vec_dot_type`: what src1 of a MUL_MAT is converted to before the dot products
 VEC_DOT_TYPE = {"f32": F32, "f16": F16, "q8_0": Q8_0, "q4_0": Q8_0}
+
+
+def mul_mat_supported(op) -> bool:
+    """The MUL_MAT clause of `ggml_backend_cpu_supports_op`: src1 is f32 or already src0's dot type."""
+    return op.src[1].type is F32 or op.src[1].type is VEC_DOT_TYPE.get(op.src[0].type.name)
 
 
 def fp32_to_fp16(x) -> np.ndarray:
@@ -899,16 +903,19 @@ def compute_forward_concat(node) -> None:
     _view4(node)[...] = out
 
 
-def compute_forward_norm(node) -> None:
-    """`ggml_compute_forward_norm_f32`: per row mean = f32(Σx / ne00) with Σ in double; v = x - mean
-    (f32); variance = f32(Σ v·v / ne00) (each v·v rounded to f32, Σ in double); y = v·(1/sqrtf(variance + eps))."""
+def _norm_input(node) -> tuple:
+    """The checks and inputs shared by norm and rms_norm: src0's f32 values, eps, the row length."""
     a = node.src[0]
     _need_type(node, a, (F32,), "src0")
     _same_shape(node, a, node)
     _need_nb0(node, a, "src0")
-    eps = F4(word_to_float(node.op_params[0]))
-    x = _read_f32(a)
-    n = a.ne[0]
+    return _read_f32(a), F4(word_to_float(node.op_params[0])), a.ne[0]
+
+
+def compute_forward_norm(node) -> None:
+    """`ggml_compute_forward_norm_f32`: per row mean = f32(Σx / ne00) with Σ in double; v = x - mean
+    (f32); variance = f32(Σ v·v / ne00) (each v·v rounded to f32, Σ in double); y = v·(1/sqrtf(variance + eps))."""
+    x, eps, n = _norm_input(node)
     with np.errstate(all="ignore"):
         mean = (_seq_sum_f64(x.astype(F8)) / n).astype(F4)
         v = x - mean[..., None]
@@ -920,20 +927,13 @@ def compute_forward_norm(node) -> None:
 def compute_forward_rms_norm(node) -> None:
     """`ggml_compute_forward_rms_norm_f32`: per row mean = f32(Σ x·x / ne00) (x·x rounded to f32, Σ in
     double); y = x·(1/sqrtf(mean + eps)) in float32."""
-    a = node.src[0]
-    _need_type(node, a, (F32,), "src0")
-    _same_shape(node, a, node)
-    _need_nb0(node, a, "src0")
-    eps = F4(word_to_float(node.op_params[0]))
-    x = _read_f32(a)
-    n = a.ne[0]
+    x, eps, n = _norm_input(node)
     with np.errstate(all="ignore"):
         mean = (_seq_sum_f64((x * x).astype(F8)) / n).astype(F4)
         scale = F4(1) / np.sqrt(mean + eps)
         _write(node, x * scale[..., None])
 
 
-_VEC_DOT_TYPE = {F32.name: F32, F16.name: F16, Q8_0.name: Q8_0, Q4_0.name: Q8_0}
 MUL_MAT_CHUNK = 1 << 21  # outputs x lanes per numpy step (bounds the temporaries)
 
 
@@ -955,7 +955,7 @@ def compute_forward_mul_mat(node) -> None:
     r2 = ne12/ne02 and r3 = ne13/ne03 (GQA broadcast). src1 rows are first converted to the
     vec_dot type of src0 (`from_float`: f16 for f16, q8_0 for q8_0 and q4_0)."""
     a, b = node.src[0], node.src[1]
-    vdt = _VEC_DOT_TYPE.get(a.type.name)
+    vdt = VEC_DOT_TYPE.get(a.type.name)
     if vdt is None:
         raise DataTypeError(f"MUL_MAT {describe(node)}: no vec_dot for a {a.type.name} src0")
     if a.nb[0] != a.type.type_size or b.nb[0] != b.type.type_size:
@@ -1258,15 +1258,14 @@ class CPUBackend(Backend):
                                          f"{node.src[1].type.name} is neither f32 nor the dot type of {node.src[0].type.name}")
             compute_forward(node)
         if self.clock is not None and graph.nodes:
-            seconds = sum(self.cost.op_seconds(n) for n in graph.nodes if n.op not in VIEW_OPS)
-            self.clock.host_work(self.name, "compute", _graph_label(graph), seconds)
+            self.clock.host_work(self.name, "compute", _graph_label(graph), self.cost.graph_seconds(graph))
         return Status.SUCCESS
 
     def _supports_op(self, op) -> bool:
         """`ggml_backend_cpu_supports_op`: everything, but a MUL_MAT whose src1 is neither f32 nor
         src0's dot type."""
         if op.op is Op.MUL_MAT:
-            return op.src[1].type is F32 or op.src[1].type is VEC_DOT_TYPE.get(op.src[0].type.name)
+            return mul_mat_supported(op)
         return True
 
     def _supports_buft(self, buft) -> bool:

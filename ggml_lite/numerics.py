@@ -76,11 +76,8 @@ def verify_numerics(doc: dict, gf) -> tuple:
     cpu_init().graph_compute(gf.graph)
     mixed = any(t.type.name != "f32" and t.type is not I32 for t in gf.tensors.values())
     tol = TOLERANCE_MIXED if mixed else TOLERANCE_F32
-    rows = []
-    for res in num["results"]:
-        got = _values_f32(gf.tensors[res["id"]])
-        rows.append((res["name"], _worst(res, got), None))
-    return tol, [(name, err, err <= tol) for name, err, _ in rows]
+    errors = [(res["name"], _worst(res, _values_f32(gf.tensors[res["id"]]))) for res in num["results"]]
+    return tol, [(name, err, err <= tol) for name, err in errors]
 
 
 def _as_f32(values) -> np.ndarray:

@@ -9,13 +9,13 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from ggml_lite.backend import Backend, Status, dup_tensor_layout, is_view_op, tensor_copy
+from ggml_lite.backend import Backend, Status, dup_tensor_layout, tensor_buffer, tensor_copy
 from ggml_lite.buffer import BufferUsage
 from ggml_lite.cpu import is_cpu
 from ggml_lite.errors import SchedulerError
 from ggml_lite.gallocr import GAllocr
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, graph_view
-from ggml_lite.tensor import GGML_MAX_SRC, Context, Op, TensorFlag, UnaryOp, nbytes
+from ggml_lite.tensor import GGML_MAX_SRC, Context, Op, TensorFlag, UnaryOp, is_view_op, nbytes
 
 log = logging.getLogger("ggml_lite")
 
@@ -86,7 +86,7 @@ class _Assign:
         if tensor.buffer is not None or (tensor.view_src is not None and tensor.view_src.buffer is not None):
             # since the tensor is pre-allocated, it cannot be moved to another backend
             raise SchedulerError(f"pre-allocated tensor in a backend that cannot run the operation: {tensor.name!r} "
-                                 f"({tensor.op.name}) lives in a {self._buffer_of(tensor).get_name()} buffer, and no "
+                                 f"({tensor.op.name}) lives in a {tensor_buffer(tensor).get_name()} buffer, and no "
                                  f"backend that can use that memory supports {tensor.op.name}")
         if tensor.flags & INPUT:  # graph input
             self.causes[tensor] = "1.inp"
@@ -105,14 +105,10 @@ class _Assign:
                 return src_backend_id
         return -1
 
-    @staticmethod
-    def _buffer_of(t):
-        return t.view_src.buffer if t.view_src is not None and t.buffer is None else t.buffer
-
     def buffer_supported(self, t, backend_id: int) -> bool:
         """`ggml_backend_sched_buffer_supported`: can backend `backend_id` use `t`'s memory — its buffer's
         type, or, not yet allocated, the buffer type of its (or its view_src's) assigned backend?"""
-        buf = t.view_src.buffer if t.view_src is not None else t.buffer
+        buf = tensor_buffer(t)
         buft = None
         if buf is not None:
             buft = buf.buft  # the tensor is already allocated
@@ -149,7 +145,6 @@ class BackendSched(_Assign):
         self.n_backends = len(backends)
         self.n_copies = GGML_SCHED_MAX_COPIES if parallel else 1
         self.cur_copy = 0
-        self.graph_size = graph_size
         self.bufts = list(bufts) if bufts is not None else [b.get_default_buffer_type() for b in backends]
         for b, buft in zip(backends, self.bufts):
             if not b.supports_buft(buft):
@@ -305,9 +300,10 @@ def _pass4(sched: BackendSched, graph) -> None:
                 causes[s] = "4.cur"
 
 
-def _copy_of(sched: BackendSched, src, backend_id: int, c: int, name_backend) -> object:
+def _copy_of(sched: BackendSched, src, backend, c: int) -> object:
+    """Copy `c` of `src` for `backend`: same layout, named `BACKEND#name#c`."""
     t = dup_tensor_layout(sched.ctx, src)
-    t.format_name("%s#%s#%d", name_backend.get_name(), src.name, c)
+    t.format_name("%s#%s#%d", backend.get_name(), src.name, c)
     return t
 
 
@@ -352,7 +348,7 @@ def _pass5(sched: BackendSched, graph) -> None:
             s_b = ids.get(s, -1)
             if s.flags & INPUT and sched.n_copies > 1 and (s, s_b, 0) not in copies:
                 for c in range(sched.n_copies):
-                    t = s if c == sched.cur_copy else _copy_of(sched, s, s_b, c, sched.backends[s_b])
+                    t = s if c == sched.cur_copy else _copy_of(sched, s, sched.backends[s_b], c)
                     _mark_copy(sched, t)
                     copies[(s, s_b, c)] = t
                 if len(sched.graph_inputs) >= GGML_SCHED_MAX_SPLIT_INPUTS:
@@ -361,7 +357,7 @@ def _pass5(sched: BackendSched, graph) -> None:
             if s_b != cur and not sched.buffer_supported(s, cur):
                 if (s, cur, 0) not in copies:  # create a copy of the input in the split's backend
                     for c in range(sched.n_copies):
-                        t = _copy_of(sched, s, cur, c, sched.backends[cur])
+                        t = _copy_of(sched, s, sched.backends[cur], c)
                         _mark_copy(sched, t)
                         copies[(s, cur, c)] = t
                     if split.n_inputs >= GGML_SCHED_MAX_SPLIT_INPUTS:

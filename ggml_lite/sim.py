@@ -12,7 +12,7 @@ import numpy as np
 
 from ggml_lite.backend import Backend, Event, Status, tensor_buffer
 from ggml_lite.buffer import HEAP, Buffer, BufferType
-from ggml_lite.cpu import VEC_DOT_TYPE, _graph_label, compute_forward
+from ggml_lite.cpu import _graph_label, compute_forward, mul_mat_supported
 from ggml_lite.errors import BackendError, UnsupportedOpError
 from ggml_lite.tensor import F32, VIEW_OPS, Op, describe, nbytes, nelements, op_by_name
 
@@ -52,13 +52,18 @@ class SimClock:
         self.host = max(self.host, t)
 
 
+def computes_nothing(op) -> bool:
+    """A view op or a leaf (op NONE): nothing to compute, no bytes moved."""
+    return op in VIEW_OPS or op is Op.NONE
+
+
 _FLOPS_PER_ELEMENT = {Op.SOFT_MAX: 5, Op.ROPE: 6, Op.NORM: 5, Op.RMS_NORM: 4, Op.UNARY: 4, Op.LOG: 4}
 
 
 def node_flops(node) -> int:
     """Floating point operations of one node (an estimate; copies and views do none)."""
     op = node.op
-    if op in VIEW_OPS or op in (Op.NONE, Op.CPY, Op.CONT, Op.DUP, Op.GET_ROWS, Op.CONCAT):
+    if computes_nothing(op) or op in (Op.CPY, Op.CONT, Op.DUP, Op.GET_ROWS, Op.CONCAT):
         return 0
     if op is Op.MUL_MAT:
         return 2 * node.src[0].ne[0] * nelements(node)
@@ -67,7 +72,7 @@ def node_flops(node) -> int:
 
 def node_bytes(node) -> int:
     """Bytes a node reads and writes: its sources and itself (views move nothing)."""
-    if node.op in VIEW_OPS or node.op is Op.NONE:
+    if computes_nothing(node.op):
         return 0
     return nbytes(node) + sum(nbytes(s) for s in node.src if s is not None)
 
@@ -83,7 +88,7 @@ class CostModel:
     latency: float = 5e-6
 
     def op_seconds(self, node) -> float:
-        if node.op in VIEW_OPS or node.op is Op.NONE:
+        if computes_nothing(node.op):
             return 0.0
         return self.latency + max(node_flops(node) / self.flops, node_bytes(node) / self.mem_bw)
 
@@ -299,7 +304,7 @@ class SimBackend(Backend):
         if op.op in self.deny_ops:
             return False
         if op.op is Op.MUL_MAT:
-            return op.src[1].type is F32 or op.src[1].type is VEC_DOT_TYPE.get(op.src[0].type.name)
+            return mul_mat_supported(op)
         return True
 
     def _supports_buft(self, buft) -> bool:
@@ -320,7 +325,7 @@ class SimBackend(Backend):
 
         def run():
             for node in nodes:
-                if node.op in VIEW_OPS or node.op is Op.NONE:
+                if computes_nothing(node.op):
                     continue
                 for t in (node, *node.src):
                     if t is not None:

@@ -537,12 +537,18 @@ def tensor_array(t: Tensor, device: bool = False) -> np.ndarray:
     if start < 0 or start + n > buf._extent():
         raise TensorBoundsError(f"{describe(t)} spans bytes [{start}, {start + n}) of buffer {buf.get_name()}, "
                                 f"which has {buf.size}")
+    return strided_view(t, buf.memory(), start)
+
+
+def strided_view(t: Tensor, memory: np.ndarray, offset: int = 0) -> np.ndarray:
+    """`t` seen in the bytes `memory` from `offset`: its dtype (blocks for quantized types), shape `ne`
+    reversed (trailing size-1 dimensions dropped) and strides `nb` reversed."""
     ne, nb = list(t.ne), list(t.nb)
     if t.type.blck_size > 1:
         ne[0] //= t.type.blck_size
     k = len(t.shape)
-    return np.ndarray(tuple(reversed(ne[:k])), dtype=_DTYPES[t.type.name], buffer=buf.memory(),
-                      offset=start, strides=tuple(reversed(nb[:k])))
+    return np.ndarray(tuple(reversed(ne[:k])), dtype=_DTYPES[t.type.name], buffer=memory,
+                      offset=offset, strides=tuple(reversed(nb[:k])))
 
 
 # %% [markdown]

@@ -124,7 +124,8 @@ def is_view(t) -> bool:
 
 
 def are_same_layout(a, b) -> bool:
-    """`ggml_are_same_layout`: same type, same `ne`, same `nb`."""
+    """`ggml_are_same_layout` (static in both ggml-alloc.c and ggml-backend.c:233): same type, same
+    `ne`, same `nb`."""
     return a.type is b.type and a.ne == b.ne and a.nb == b.nb
 
 
@@ -655,25 +656,19 @@ def gallocr_needs_realloc(galloc: GAllocr, graph) -> bool:
     if len(galloc.leaf_allocs) != len(graph.leafs):
         log.info("ggml_gallocr_needs_realloc: graph has different number of leafs")
         return True
-    # `ggml_gallocr_node_needs_realloc`, inlined for the tensors it has to size: a pre-allocated
-    # tensor, a view or an empty slot has size 0 and always fits; a planned one fits when its
-    # recorded `size_max` holds its size now (buffer_id -1: it was not planned at all).
-    known = galloc._known_size
+    # (`fits` returns at once for a pre-allocated tensor or a view, size 0: that test is made here
+    # first, as in `alloc_graph_impl`, which saves most of the calls and changes no result)
+    fits = gallocr_node_needs_realloc  # True = it fits (see its name)
     for node, (dst, planned) in zip(graph.nodes, galloc.node_allocs):
-        if node.data is None and node.view_src is None:
-            bid = dst.buffer_id
-            if bid == -1 or dst.size_max < known(bid, node):
-                log.info("ggml_gallocr_needs_realloc: node %s is not valid", node.name)
+        if node.data is None and node.view_src is None and not fits(galloc, node, dst):
+            log.info("ggml_gallocr_needs_realloc: node %s is not valid", node.name)
+            return True
+        for j, src in enumerate(node.src):
+            if src is None or src.data is not None or src.view_src is not None:
+                continue
+            if not fits(galloc, src, planned[j] if j < len(planned) else NOT_PLACED):
+                log.info("ggml_gallocr_needs_realloc: src %d (%s) of node %s is not valid", j, src.name, node.name)
                 return True
-        j = 0
-        for src in node.src:
-            if src is not None and src.data is None and src.view_src is None:
-                talloc = planned[j] if j < len(planned) else NOT_PLACED
-                bid = talloc.buffer_id
-                if bid == -1 or talloc.size_max < known(bid, src):
-                    log.info("ggml_gallocr_needs_realloc: src %d (%s) of node %s is not valid", j, src.name, node.name)
-                    return True
-            j += 1
     return False
 
 

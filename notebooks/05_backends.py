@@ -77,19 +77,21 @@
 and out, copies, events, graph plans, the registry, `ggml_backend_graph_copy` and
 `ggml_backend_compare_graph_backend`."""
 
+import abc
 import enum
 import logging
 
 import numpy as np
 
-from ggml_lite.buffer import _DTYPES, buffer_copy_tensor, view_init
+from ggml_lite.buffer import _DTYPES, buffer_copy_tensor, strided_view, view_init
 from ggml_lite.errors import (
     BackendError, DataTypeError, LayoutMismatchError, TensorBoundsError, TensorNotAllocatedError,
     UnknownBackendError,
 )
 from ggml_lite.graph import Graph, graph_view
 from ggml_lite.tallocr import alloc_ctx_tensors
-from ggml_lite.tensor import VIEW_OPS, Context, describe, nbytes
+from ggml_lite.gallocr import are_same_layout  # `ggml_are_same_layout`, in ggml-alloc.c and ggml-backend.c alike
+from ggml_lite.tensor import Context, describe, is_view_op, nbytes
 
 log = logging.getLogger("ggml_lite")
 
@@ -101,11 +103,6 @@ class Status(enum.IntEnum):
     FAILED = -1
     SUCCESS = 0
     ABORTED = 1
-
-
-def are_same_layout(a, b) -> bool:
-    """`ggml_are_same_layout` of ggml-backend.c (:233): same type, `ne` and `nb`."""
-    return a.type is b.type and list(a.ne) == list(b.ne) and list(a.nb) == list(b.nb)
 
 
 def tensor_buffer(t):
@@ -167,20 +164,7 @@ def tensor_get(tensor, offset: int = 0, size: int = None) -> np.ndarray:
     size = nbytes(tensor) - offset if size is None else size
     buf = _check_access(tensor, offset, size, "read")
     raw = np.frombuffer(buf.get_tensor(tensor, offset, size), dtype=np.uint8) if size else np.zeros(0, np.uint8)
-    if not whole:
-        return raw.copy()
-    return _shaped(tensor, raw)
-
-
-def _shaped(tensor, raw: np.ndarray) -> np.ndarray:
-    """`raw` (the tensor's `nbytes` bytes) seen with the tensor's dtype, shape and strides, copied."""
-    ne, nb = list(tensor.ne), list(tensor.nb)
-    if tensor.type.blck_size > 1:
-        ne[0] //= tensor.type.blck_size
-    k = len(tensor.shape)
-    view = np.ndarray(tuple(reversed(ne[:k])), dtype=_DTYPES[tensor.type.name], buffer=raw,
-                      strides=tuple(reversed(nb[:k])))
-    return view.copy()
+    return strided_view(tensor, raw).copy() if whole else raw.copy()
 
 
 # %% [markdown]
@@ -211,8 +195,8 @@ print(tensor_get(a, offset=4, size=8))     # bytes 4..11: the floats 1.0 and 2.0
 # %%
 # | export
 class GraphPlan:
-    """`ggml_backend_graph_plan_t`: a graph prepared once and computed many times. The CPU's plan
-    keeps a shallow copy of the node list (the C's "FIXME: deep copy")."""
+    """`ggml_backend_graph_plan_t`: a graph prepared once and computed many times. Like the C's
+    (`cpu_plan->cgraph = *cgraph`), it holds a shallow copy: the node list, not the tensors."""
 
     def __init__(self, backend, graph):
         self.backend = backend
@@ -257,11 +241,11 @@ class Event:
         return f"Event({self.backend.get_name()}{', freed' if self.freed else ''})"
 
 
-class Backend:
+class Backend(abc.ABC):
     """`struct ggml_backend` with its `ggml_backend_i` table. Subclasses set `name` and implement the
-    hooks (`_get_default_buffer_type`, `_graph_compute`, `_supports_op`, `_supports_buft`); the
-    optional hooks are None here, as NULL in the C table, and the public methods fall back as the C
-    does."""
+    four abstract hooks (`_get_default_buffer_type`, `_graph_compute`, `_supports_op`,
+    `_supports_buft`); the optional hooks are None here, as NULL in the C table, and the public
+    methods fall back as the C does."""
 
     name = "backend"
     # optional entries of `struct ggml_backend_i` (NULL in the C when a backend lacks them)
@@ -282,18 +266,22 @@ class Backend:
     def __init__(self):
         self.freed = False
 
-    # -- the mandatory hooks -------------------------------------------------------------------------
+    # -- the mandatory hooks (a backend without one cannot be created) ---------------------------------
+    @abc.abstractmethod
     def _get_default_buffer_type(self):
-        raise NotImplementedError
+        """`iface.get_default_buffer_type`."""
 
+    @abc.abstractmethod
     def _graph_compute(self, graph) -> Status:
-        raise NotImplementedError
+        """`iface.graph_compute`: compute (or queue) every node of `graph`."""
 
+    @abc.abstractmethod
     def _supports_op(self, op) -> bool:
-        raise NotImplementedError
+        """`iface.supports_op`."""
 
+    @abc.abstractmethod
     def _supports_buft(self, buft) -> bool:
-        raise NotImplementedError
+        """`iface.supports_buft`."""
 
     # -- identity and memory ---------------------------------------------------------------------------
     def get_name(self) -> str:
@@ -599,11 +587,6 @@ def dup_tensor_layout(ctx: Context, t):
     return d
 
 
-def is_view_op(op) -> bool:
-    """`ggml_is_view_op`: VIEW, RESHAPE, PERMUTE or TRANSPOSE."""
-    return op in VIEW_OPS
-
-
 class GraphCopy:
     """`struct ggml_backend_graph_copy`: the buffer, the two contexts and the copied graph."""
 
@@ -787,10 +770,14 @@ SQRT_2_OVER_PI = F4(0.79788456080286535587989211986876)
 
 from ggml_lite.backend import Backend, GraphPlan, Status
 from ggml_lite.buffer import cpu_buffer_type
-from ggml_lite.tensor import VIEW_OPS
 
 # `type_traits[type].vec_dot_type`: what src1 of a MUL_MAT is converted to before the dot products
 VEC_DOT_TYPE = {"f32": F32, "f16": F16, "q8_0": Q8_0, "q4_0": Q8_0}
+
+
+def mul_mat_supported(op) -> bool:
+    """The MUL_MAT clause of `ggml_backend_cpu_supports_op`: src1 is f32 or already src0's dot type."""
+    return op.src[1].type is F32 or op.src[1].type is VEC_DOT_TYPE.get(op.src[0].type.name)
 
 # %% [markdown]
 # #### Floats: what "f32 arithmetic" means here
@@ -1690,16 +1677,19 @@ def compute_forward_concat(node) -> None:
     _view4(node)[...] = out
 
 
-def compute_forward_norm(node) -> None:
-    """`ggml_compute_forward_norm_f32`: per row mean = f32(Σx / ne00) with Σ in double; v = x - mean
-    (f32); variance = f32(Σ v·v / ne00) (each v·v rounded to f32, Σ in double); y = v·(1/sqrtf(variance + eps))."""
+def _norm_input(node) -> tuple:
+    """The checks and inputs shared by norm and rms_norm: src0's f32 values, eps, the row length."""
     a = node.src[0]
     _need_type(node, a, (F32,), "src0")
     _same_shape(node, a, node)
     _need_nb0(node, a, "src0")
-    eps = F4(word_to_float(node.op_params[0]))
-    x = _read_f32(a)
-    n = a.ne[0]
+    return _read_f32(a), F4(word_to_float(node.op_params[0])), a.ne[0]
+
+
+def compute_forward_norm(node) -> None:
+    """`ggml_compute_forward_norm_f32`: per row mean = f32(Σx / ne00) with Σ in double; v = x - mean
+    (f32); variance = f32(Σ v·v / ne00) (each v·v rounded to f32, Σ in double); y = v·(1/sqrtf(variance + eps))."""
+    x, eps, n = _norm_input(node)
     with np.errstate(all="ignore"):
         mean = (_seq_sum_f64(x.astype(F8)) / n).astype(F4)
         v = x - mean[..., None]
@@ -1711,20 +1701,13 @@ def compute_forward_norm(node) -> None:
 def compute_forward_rms_norm(node) -> None:
     """`ggml_compute_forward_rms_norm_f32`: per row mean = f32(Σ x·x / ne00) (x·x rounded to f32, Σ in
     double); y = x·(1/sqrtf(mean + eps)) in float32."""
-    a = node.src[0]
-    _need_type(node, a, (F32,), "src0")
-    _same_shape(node, a, node)
-    _need_nb0(node, a, "src0")
-    eps = F4(word_to_float(node.op_params[0]))
-    x = _read_f32(a)
-    n = a.ne[0]
+    x, eps, n = _norm_input(node)
     with np.errstate(all="ignore"):
         mean = (_seq_sum_f64((x * x).astype(F8)) / n).astype(F4)
         scale = F4(1) / np.sqrt(mean + eps)
         _write(node, x * scale[..., None])
 
 
-_VEC_DOT_TYPE = {F32.name: F32, F16.name: F16, Q8_0.name: Q8_0, Q4_0.name: Q8_0}
 MUL_MAT_CHUNK = 1 << 21  # outputs x lanes per numpy step (bounds the temporaries)
 
 
@@ -1746,7 +1729,7 @@ def compute_forward_mul_mat(node) -> None:
     r2 = ne12/ne02 and r3 = ne13/ne03 (GQA broadcast). src1 rows are first converted to the
     vec_dot type of src0 (`from_float`: f16 for f16, q8_0 for q8_0 and q4_0)."""
     a, b = node.src[0], node.src[1]
-    vdt = _VEC_DOT_TYPE.get(a.type.name)
+    vdt = VEC_DOT_TYPE.get(a.type.name)
     if vdt is None:
         raise DataTypeError(f"MUL_MAT {describe(node)}: no vec_dot for a {a.type.name} src0")
     if a.nb[0] != a.type.type_size or b.nb[0] != b.type.type_size:
@@ -2054,15 +2037,14 @@ class CPUBackend(Backend):
                                          f"{node.src[1].type.name} is neither f32 nor the dot type of {node.src[0].type.name}")
             compute_forward(node)
         if self.clock is not None and graph.nodes:
-            seconds = sum(self.cost.op_seconds(n) for n in graph.nodes if n.op not in VIEW_OPS)
-            self.clock.host_work(self.name, "compute", _graph_label(graph), seconds)
+            self.clock.host_work(self.name, "compute", _graph_label(graph), self.cost.graph_seconds(graph))
         return Status.SUCCESS
 
     def _supports_op(self, op) -> bool:
         """`ggml_backend_cpu_supports_op`: everything, but a MUL_MAT whose src1 is neither f32 nor
         src0's dot type."""
         if op.op is Op.MUL_MAT:
-            return op.src[1].type is F32 or op.src[1].type is VEC_DOT_TYPE.get(op.src[0].type.name)
+            return mul_mat_supported(op)
         return True
 
     def _supports_buft(self, buft) -> bool:
@@ -2198,7 +2180,7 @@ import numpy as np
 
 from ggml_lite.backend import Backend, Event, Status, tensor_buffer
 from ggml_lite.buffer import HEAP, Buffer, BufferType
-from ggml_lite.cpu import VEC_DOT_TYPE, _graph_label, compute_forward
+from ggml_lite.cpu import _graph_label, compute_forward, mul_mat_supported
 from ggml_lite.errors import BackendError, UnsupportedOpError
 from ggml_lite.tensor import F32, VIEW_OPS, Op, describe, nbytes, nelements, op_by_name
 
@@ -2248,13 +2230,18 @@ class SimClock:
         self.host = max(self.host, t)
 
 
+def computes_nothing(op) -> bool:
+    """A view op or a leaf (op NONE): nothing to compute, no bytes moved."""
+    return op in VIEW_OPS or op is Op.NONE
+
+
 _FLOPS_PER_ELEMENT = {Op.SOFT_MAX: 5, Op.ROPE: 6, Op.NORM: 5, Op.RMS_NORM: 4, Op.UNARY: 4, Op.LOG: 4}
 
 
 def node_flops(node) -> int:
     """Floating point operations of one node (an estimate; copies and views do none)."""
     op = node.op
-    if op in VIEW_OPS or op in (Op.NONE, Op.CPY, Op.CONT, Op.DUP, Op.GET_ROWS, Op.CONCAT):
+    if computes_nothing(op) or op in (Op.CPY, Op.CONT, Op.DUP, Op.GET_ROWS, Op.CONCAT):
         return 0
     if op is Op.MUL_MAT:
         return 2 * node.src[0].ne[0] * nelements(node)
@@ -2263,7 +2250,7 @@ def node_flops(node) -> int:
 
 def node_bytes(node) -> int:
     """Bytes a node reads and writes: its sources and itself (views move nothing)."""
-    if node.op in VIEW_OPS or node.op is Op.NONE:
+    if computes_nothing(node.op):
         return 0
     return nbytes(node) + sum(nbytes(s) for s in node.src if s is not None)
 
@@ -2279,7 +2266,7 @@ class CostModel:
     latency: float = 5e-6
 
     def op_seconds(self, node) -> float:
-        if node.op in VIEW_OPS or node.op is Op.NONE:
+        if computes_nothing(node.op):
             return 0.0
         return self.latency + max(node_flops(node) / self.flops, node_bytes(node) / self.mem_bw)
 
@@ -2516,7 +2503,7 @@ class SimBackend(Backend):
         if op.op in self.deny_ops:
             return False
         if op.op is Op.MUL_MAT:
-            return op.src[1].type is F32 or op.src[1].type is VEC_DOT_TYPE.get(op.src[0].type.name)
+            return mul_mat_supported(op)
         return True
 
     def _supports_buft(self, buft) -> bool:
@@ -2537,7 +2524,7 @@ class SimBackend(Backend):
 
         def run():
             for node in nodes:
-                if node.op in VIEW_OPS or node.op is Op.NONE:
+                if computes_nothing(node.op):
                     continue
                 for t in (node, *node.src):
                     if t is not None:
@@ -2887,11 +2874,8 @@ def verify_numerics(doc: dict, gf) -> tuple:
     cpu_init().graph_compute(gf.graph)
     mixed = any(t.type.name != "f32" and t.type is not I32 for t in gf.tensors.values())
     tol = TOLERANCE_MIXED if mixed else TOLERANCE_F32
-    rows = []
-    for res in num["results"]:
-        got = _values_f32(gf.tensors[res["id"]])
-        rows.append((res["name"], _worst(res, got), None))
-    return tol, [(name, err, err <= tol) for name, err, _ in rows]
+    errors = [(res["name"], _worst(res, _values_f32(gf.tensors[res["id"]]))) for res in num["results"]]
+    return tol, [(name, err, err <= tol) for name, err in errors]
 
 
 def _as_f32(values) -> np.ndarray:

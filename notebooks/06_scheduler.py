@@ -71,13 +71,13 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from ggml_lite.backend import Backend, Status, dup_tensor_layout, is_view_op, tensor_copy
+from ggml_lite.backend import Backend, Status, dup_tensor_layout, tensor_buffer, tensor_copy
 from ggml_lite.buffer import BufferUsage
 from ggml_lite.cpu import is_cpu
 from ggml_lite.errors import SchedulerError
 from ggml_lite.gallocr import GAllocr
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, graph_view
-from ggml_lite.tensor import GGML_MAX_SRC, Context, Op, TensorFlag, UnaryOp, nbytes
+from ggml_lite.tensor import GGML_MAX_SRC, Context, Op, TensorFlag, UnaryOp, is_view_op, nbytes
 
 log = logging.getLogger("ggml_lite")
 
@@ -159,7 +159,7 @@ class _Assign:
         if tensor.buffer is not None or (tensor.view_src is not None and tensor.view_src.buffer is not None):
             # since the tensor is pre-allocated, it cannot be moved to another backend
             raise SchedulerError(f"pre-allocated tensor in a backend that cannot run the operation: {tensor.name!r} "
-                                 f"({tensor.op.name}) lives in a {self._buffer_of(tensor).get_name()} buffer, and no "
+                                 f"({tensor.op.name}) lives in a {tensor_buffer(tensor).get_name()} buffer, and no "
                                  f"backend that can use that memory supports {tensor.op.name}")
         if tensor.flags & INPUT:  # graph input
             self.causes[tensor] = "1.inp"
@@ -178,14 +178,10 @@ class _Assign:
                 return src_backend_id
         return -1
 
-    @staticmethod
-    def _buffer_of(t):
-        return t.view_src.buffer if t.view_src is not None and t.buffer is None else t.buffer
-
     def buffer_supported(self, t, backend_id: int) -> bool:
         """`ggml_backend_sched_buffer_supported`: can backend `backend_id` use `t`'s memory — its buffer's
         type, or, not yet allocated, the buffer type of its (or its view_src's) assigned backend?"""
-        buf = t.view_src.buffer if t.view_src is not None else t.buffer
+        buf = tensor_buffer(t)
         buft = None
         if buf is not None:
             buft = buf.buft  # the tensor is already allocated
@@ -233,7 +229,6 @@ class BackendSched(_Assign):
         self.n_backends = len(backends)
         self.n_copies = GGML_SCHED_MAX_COPIES if parallel else 1
         self.cur_copy = 0
-        self.graph_size = graph_size
         self.bufts = list(bufts) if bufts is not None else [b.get_default_buffer_type() for b in backends]
         for b, buft in zip(backends, self.bufts):
             if not b.supports_buft(buft):
@@ -412,9 +407,10 @@ def _pass4(sched: BackendSched, graph) -> None:
 
 # %%
 # | export
-def _copy_of(sched: BackendSched, src, backend_id: int, c: int, name_backend) -> object:
+def _copy_of(sched: BackendSched, src, backend, c: int) -> object:
+    """Copy `c` of `src` for `backend`: same layout, named `BACKEND#name#c`."""
     t = dup_tensor_layout(sched.ctx, src)
-    t.format_name("%s#%s#%d", name_backend.get_name(), src.name, c)
+    t.format_name("%s#%s#%d", backend.get_name(), src.name, c)
     return t
 
 
@@ -459,7 +455,7 @@ def _pass5(sched: BackendSched, graph) -> None:
             s_b = ids.get(s, -1)
             if s.flags & INPUT and sched.n_copies > 1 and (s, s_b, 0) not in copies:
                 for c in range(sched.n_copies):
-                    t = s if c == sched.cur_copy else _copy_of(sched, s, s_b, c, sched.backends[s_b])
+                    t = s if c == sched.cur_copy else _copy_of(sched, s, sched.backends[s_b], c)
                     _mark_copy(sched, t)
                     copies[(s, s_b, c)] = t
                 if len(sched.graph_inputs) >= GGML_SCHED_MAX_SPLIT_INPUTS:
@@ -468,7 +464,7 @@ def _pass5(sched: BackendSched, graph) -> None:
             if s_b != cur and not sched.buffer_supported(s, cur):
                 if (s, cur, 0) not in copies:  # create a copy of the input in the split's backend
                     for c in range(sched.n_copies):
-                        t = _copy_of(sched, s, cur, c, sched.backends[cur])
+                        t = _copy_of(sched, s, sched.backends[cur], c)
                         _mark_copy(sched, t)
                         copies[(s, cur, c)] = t
                     if split.n_inputs >= GGML_SCHED_MAX_SPLIT_INPUTS:
@@ -869,8 +865,7 @@ import numpy as np
 
 import ggml_lite as gl
 from ggml_lite.numerics import lcg_states
-from ggml_lite.sched import BackendSched, print_assignments
-from ggml_lite.tensor import Op
+from ggml_lite.sched import BackendSched
 
 FNV_OFFSET, FNV_PRIME = 2166136261, 16777619
 
@@ -994,30 +989,24 @@ def build_llama(model: dict, placement: dict, batch: dict):
     def weight(backend, name, type, *ne):
         return ctx_of("weights", backend).new_tensor(type, list(ne), name=name)
 
-    out_be = placement["output"]
-    w = {"token_embd": weight(placement["token_embd"], "token_embd.weight", wtype, n_embd, n_vocab),
-         "output_norm": weight(out_be, "output_norm.weight", gl.F32, n_embd),
-         "output": weight(out_be, "output.weight", wtype, n_embd, n_vocab)}
-    layers = []
+    out_be = placement["output"]  # created in llama.cpp's order: embeddings, head, then layer by layer
+    weight(placement["token_embd"], "token_embd.weight", wtype, n_embd, n_vocab)
+    weight(out_be, "output_norm.weight", gl.F32, n_embd)
+    weight(out_be, "output.weight", wtype, n_embd, n_vocab)
+    shapes = {"attn_norm": (gl.F32, n_embd), "attn_q": (wtype, n_embd, n_embd), "attn_k": (wtype, n_embd, n_gqa),
+              "attn_v": (wtype, n_embd, n_gqa), "attn_output": (wtype, n_embd, n_embd), "ffn_norm": (gl.F32, n_embd),
+              "ffn_gate": (wtype, n_embd, n_ff), "ffn_up": (wtype, n_embd, n_ff), "ffn_down": (wtype, n_ff, n_embd)}
     for il, be in enumerate(placement["layers"]):
-        p = f"blk.{il}."
-        layers.append({
-            "attn_norm": weight(be, p + "attn_norm.weight", gl.F32, n_embd),
-            "wq": weight(be, p + "attn_q.weight", wtype, n_embd, n_embd),
-            "wk": weight(be, p + "attn_k.weight", wtype, n_embd, n_gqa),
-            "wv": weight(be, p + "attn_v.weight", wtype, n_embd, n_gqa),
-            "wo": weight(be, p + "attn_output.weight", wtype, n_embd, n_embd),
-            "ffn_norm": weight(be, p + "ffn_norm.weight", gl.F32, n_embd),
-            "gate": weight(be, p + "ffn_gate.weight", wtype, n_embd, n_ff),
-            "up": weight(be, p + "ffn_up.weight", wtype, n_embd, n_ff),
-            "down": weight(be, p + "ffn_down.weight", wtype, n_ff, n_embd),
-        })
+        for name in LAYER_WEIGHTS.values():
+            weight(be, f"blk.{il}.{name}.weight", *shapes[name])
     for il, be in enumerate(placement["kv_cache"]):
         c = ctx_of("kv_cache", be)
-        layers[il]["k_l"] = c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_k_l{il}")
-        layers[il]["v_l"] = c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_v_l{il}")
+        c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_k_l{il}")
+        c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_v_l{il}")
+    w, layers = model_tensors({t.name: t for c in ctxs.values() for t in c.tensors}, len(placement["layers"]))
 
     ctx, graph, roots = build_graph(model, w, layers, batch)
+
     def rank(label):  # CPU, FAKE, FAKE1 as the recorder ordered them; other backends after, as created
         be = label.split(":")[1]
         return CONTEXT_ORDER.index(be) if be in CONTEXT_ORDER else len(CONTEXT_ORDER)
@@ -1026,13 +1015,16 @@ def build_llama(model: dict, placement: dict, batch: dict):
     return ordered, graph, roots
 
 
+# the per-layer weights: their role in `build_graph` -> their name `blk.<il>.<name>.weight`, in creation order
+LAYER_WEIGHTS = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
+                 "ffn_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
+
+
 def model_tensors(tensors_by_name: dict, n_layer: int) -> tuple:
     """`(w, layers)` of `build_graph` from existing tensors (the weights and cache of a loaded scenario)."""
     t = tensors_by_name
     w = {"token_embd": t["token_embd.weight"], "output_norm": t["output_norm.weight"], "output": t["output.weight"]}
-    roles = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
-             "ffn_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
-    layers = [{**{r: t[f"blk.{il}.{n}.weight"] for r, n in roles.items()},
+    layers = [{**{r: t[f"blk.{il}.{n}.weight"] for r, n in LAYER_WEIGHTS.items()},
                "k_l": t[f"cache_k_l{il}"], "v_l": t[f"cache_v_l{il}"]} for il in range(n_layer)]
     return w, layers
 
@@ -1152,7 +1144,8 @@ def _stderr_of(step) -> str:
     return "\n".join(step["stderr"]) + "\n" if step.get("stderr") else ""
 
 
-def _pin(sched, graph, doc, backends) -> None:
+def apply_pins(sched, graph, doc, backends) -> None:
+    """The scenario's `ggml_backend_sched_set_tensor_backend` calls, on the tensors of `graph`."""
     by_name = {b.get_name(): b for b in backends}
     for p in doc["pins"]:
         sched.set_tensor_backend(graph.get_tensor(p["tensor"]), by_name[p["backend"]])
@@ -1224,7 +1217,7 @@ def scenario_printout(doc: dict) -> str:
     else:
         sc = load_scenario(doc)
         graph, sched = sc.gf.graph, BackendSched(sc.backends, parallel=doc["sched_params"]["parallel"], debug=True)
-        _pin(sched, graph, doc, sc.backends)
+        apply_pins(sched, graph, doc, sc.backends)
     with _Stderr() as err:
         try:
             sched.split_graph(graph)
@@ -1243,12 +1236,12 @@ class _Trace:
         self.event_names = {id(e): f"ev{c}" for row in sched.events for c, e in enumerate(row) if e is not None}
 
     def _wrap(self, obj, name, make):
-        old = obj.__dict__.get(name, None) if isinstance(obj, type) else getattr(obj, name)
+        """Replace `obj.name` by `make(current)`; remember what `obj` itself held, to restore it."""
         self.undo.append((obj, name, obj.__dict__.get(name, _MISSING)))
-        setattr(obj, name, make(old if not isinstance(obj, type) else getattr(obj, name)))
+        setattr(obj, name, make(getattr(obj, name)))
 
     def __enter__(self):
-        from ggml_lite.sim import SimBackend, SimBuffer
+        from ggml_lite.sim import SimBackend, SimBuffer, computes_nothing
 
         lines, ev = self.lines, self.event_names
         for b in self.sched.backends:
@@ -1257,7 +1250,7 @@ class _Trace:
             def gc(orig, name=name):
                 def run(graph):
                     nodes = graph.nodes
-                    real = [n for n in nodes if n.op not in (Op.NONE, Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE)]
+                    real = [n for n in nodes if not computes_nothing(n.op)]
                     shown = real or nodes  # first and last name the non-view nodes
                     lines.append(f"{name}.graph_compute n_nodes={len(nodes)} ({len(real)} non-view) "
                                  f"first={shown[0].name} last={shown[-1].name}")
@@ -1314,7 +1307,7 @@ def replay(doc: dict) -> list:
     sc = load_scenario(doc)
     sched = BackendSched(sc.backends, parallel=doc["sched_params"]["parallel"], debug=True)
     steps = doc["steps"]
-    _pin(sched, sc.gf.graph, doc, sc.backends)
+    apply_pins(sched, sc.gf.graph, doc, sc.backends)
     with _Stderr() as err:
         ok = sched.reserve(sc.gf.graph)
     res = steps[0]
@@ -1328,7 +1321,7 @@ def replay(doc: dict) -> list:
         alloc_step, compute_step = steps[k], steps[k + 1]
         sched.reset()
         _, graph, _ = build_graph(doc["model"], w, layers, alloc_step["batch"])
-        _pin(sched, graph, doc, sc.backends)
+        apply_pins(sched, graph, doc, sc.backends)
         with _Stderr() as err:
             ok = sched.alloc_graph(graph)
         _compare(f"round {alloc_step['round']} alloc_graph: ok", ok, alloc_step["ok"], out)

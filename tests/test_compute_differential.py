@@ -190,6 +190,25 @@ def _report(rg, lines) -> str:
     return "\n".join([rg.describe(), *lines, "reproducer:", rg.source()])
 
 
+def _data_if_accepted(rg, seed, stats):
+    """The leaf data for `rg`, or None (counted) when ggml 0.15.3 would assert on the graph."""
+    stats["examples"] += 1
+    if not ggml_accepts(rg.graph):
+        stats["skipped: ggml 0.15.3 asserts"] += 1
+        return None
+    return make_data(rg.graph, seed)
+
+
+def _lite_or_skip(rg, data, stats):
+    """ggml_lite's planned computation of `rg` (its allocator), or None (counted) when the kernels
+    refuse the graph, as the reference ggml would abort on it."""
+    try:
+        return lite_compute(rg, data)
+    except gl.GGMLLiteError as err:
+        stats[f"skipped: {type(err).__name__}"] += 1
+        return None
+
+
 def test_lockstep_each_node_matches_ggml():
     stats = collections.Counter()
     worst = collections.defaultdict(float)
@@ -198,17 +217,13 @@ def test_lockstep_each_node_matches_ggml():
     @_settings(MAX_EXAMPLES)
     @given(O.graphs(), st.integers(0, 2**32 - 1))
     def check(rg, seed):
-        stats["examples"] += 1
         gf = rg.graph
-        if not ggml_accepts(gf):
-            stats["skipped: ggml 0.15.3 asserts"] += 1
+        data = _data_if_accepted(rg, seed, stats)
+        if data is None:
             return
-        data = make_data(gf, seed)
         with libm_exact():
-            try:
-                galloc = lite_compute(rg, data)
-            except gl.GGMLLiteError as err:  # the reference ggml would abort on this graph
-                stats[f"skipped: {type(err).__name__}"] += 1
+            galloc = _lite_or_skip(rg, data, stats)
+            if galloc is None:
                 return
             try:
                 steps = O.run_isolated(O.ggml_lockstep, gf, rg.roots, rg.preallocated, data, compute_forward)
@@ -248,19 +263,15 @@ def test_whole_graphs_match_ggml():
     @_settings(MAX_EXAMPLES)
     @given(O.compute_graphs(), st.integers(0, 2**32 - 1))
     def check(rg, seed):
-        stats["examples"] += 1
         gf = rg.graph
-        if not ggml_accepts(gf):
-            stats["skipped: ggml 0.15.3 asserts"] += 1
+        data = _data_if_accepted(rg, seed, stats)
+        if data is None:
             return
-        data = make_data(gf, seed)
         res = results_of(gf)
         with libm_exact():
-            try:
-                galloc = lite_compute(rg, data)
-            except gl.GGMLLiteError as err:
-                stats[f"skipped: {type(err).__name__}"] += 1
-                return
+            galloc = _lite_or_skip(rg, data, stats)
+        if galloc is None:
+            return
         try:
             mine = [lite_bytes(t) for t in res]
         finally:

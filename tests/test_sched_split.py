@@ -10,7 +10,7 @@ import pytest
 import ggml_lite as gl
 from conftest import NEEDS_SHARED, SCHED_FILES, fixture_path, load_json
 from ggml_lite.sched import BackendSched, print_assignments
-from ggml_lite.scenario import load_scenario
+from ggml_lite.scenario import apply_pins, load_scenario
 
 pytestmark = NEEDS_SHARED
 WITH_GRAPH = [n for n in SCHED_FILES if not n.startswith("13_")]
@@ -21,14 +21,8 @@ def _setup(name):
     doc = load_json(fixture_path("ggml-seed-sched", name))
     sc = load_scenario(doc)
     sched = BackendSched(sc.backends, parallel=doc["sched_params"]["parallel"], debug=False)
-    _pin(sched, sc, doc)
+    apply_pins(sched, sc.gf.graph, doc, sc.backends)
     return doc, sc, sched
-
-
-def _pin(sched, sc, doc):
-    by_name = {b.get_name(): b for b in sc.backends}
-    for p in doc["pins"]:
-        sched.set_tensor_backend(sc.gf.graph.get_tensor(p["tensor"]), by_name[p["backend"]])
 
 
 def _printout(stderr_lines) -> str:
@@ -133,9 +127,7 @@ def test_graph_compute_gives_the_recorded_logits(name):
     for alloc_step, compute_step in _rounds(doc):
         sched.reset()
         _, graph, _ = build_graph(doc["model"], w, layers, alloc_step["batch"])
-        by_name = {b.get_name(): b for b in sc.backends}
-        for p in doc["pins"]:
-            sched.set_tensor_backend(graph.get_tensor(p["tensor"]), by_name[p["backend"]])
+        apply_pins(sched, graph, doc, sc.backends)
         assert sched.alloc_graph(graph)
         assert (sched.n_splits, sched.cur_copy) == (alloc_step["n_splits"], alloc_step["cur_copy"])
         for key, value in batch_inputs(alloc_step["batch"]).items():
