@@ -46,6 +46,7 @@ The ratio printed is buffer size / bound (peak / bound in the last column, witho
 """
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -81,16 +82,22 @@ def median_us(samples) -> float:
     return statistics.median(samples) * 1e6
 
 
-def time_lite(name, repeat):
+def time_lite(name, repeat, collect_garbage=False):
     reserve, alloc = [], []
     for _ in range(repeat):
         gf, _, _ = load(name)  # fresh tensors: not timed
-        galloc = gl.GAllocr(gl.cpu_buffer_type())
-        t0 = time.perf_counter()
-        ok = galloc.reserve(gf.graph)
-        t1 = time.perf_counter()
-        ok = galloc.alloc_graph(gf.graph) and ok
-        t2 = time.perf_counter()
+        gc.collect()
+        if not collect_garbage:
+            gc.disable()  # timeit's convention: the collector's pauses depend on the whole heap
+        try:
+            t0 = time.perf_counter()
+            galloc = gl.GAllocr(gl.cpu_buffer_type())  # like ggml_gallocr_new in the C "fresh" column
+            ok = galloc.reserve(gf.graph)
+            t1 = time.perf_counter()
+            ok = galloc.alloc_graph(gf.graph) and ok
+            t2 = time.perf_counter()
+        finally:
+            gc.enable()
         assert ok, name
         reserve.append(t1 - t0)
         alloc.append(t2 - t1)

@@ -6,7 +6,6 @@ graph with one dynamic allocator per buffer type, keep the plan, and place the t
 
 import logging
 from dataclasses import dataclass
-from itertools import repeat
 from typing import NamedTuple
 
 from ggml_lite.buffer import SIZE_MAX, tensor_alloc, view_init
@@ -67,6 +66,7 @@ class TensorAlloc(NamedTuple):
 
 
 NOT_PLACED = TensorAlloc(-1, SIZE_MAX, 0)
+_tuple_new = tuple.__new__  # `_tuple_new(TensorAlloc, (b, o, s))`: a record without the keyword-capable constructor
 
 
 class NodeAlloc(NamedTuple):
@@ -187,9 +187,11 @@ class GAllocr:
             self.buf_tallocs.append(shared or DynTAllocr(buft.get_alignment(), trace=trace))
         self.n_buffers = len(bufts)
         self.hash_values = {}
-        self._sizes = [{} for _ in bufts]
-        self.node_allocs = []
-        self.leaf_allocs = []
+        # `ggml_backend_buft_get_alloc_size` of each buffer type, as one callable (see `alloc_size_fn`)
+        self._alloc_size = [buft.alloc_size_fn() for buft in bufts]
+        # the kept plan (section 2.2): a record per placed tensor, and the graph's slots when planned
+        self.tensor_allocs = {}
+        self.planned_nodes, self.planned_srcs, self.planned_leafs = [], [], []
 
     # -- ggml_gallocr_free -----------------------------------------------------------------------
     def free(self) -> None:
@@ -222,19 +224,32 @@ class GAllocr:
         hn = self.hash_get(node)
         hn.buffer_id, hn.offset, hn.allocated = buffer_id, offset, True
 
-    def _size(self, buffer_id: int, t) -> int:
-        """`ggml_backend_buft_get_alloc_size(galloc->bufts[buffer_id], t)`, memoised for one plan."""
-        cache = self._sizes[buffer_id]
-        size = cache.get(t)
-        if size is None:
-            size = cache[t] = self.bufts[buffer_id].get_alloc_size(t)
-        return size
-
     def _known_size(self, buffer_id: int, t) -> int:
-        """The same, looked up in the last plan's memo (a tensor's shape does not change once it is
-        in a graph) and computed, not stored, for a tensor the plan has not seen."""
-        size = self._sizes[buffer_id].get(t)
-        return size if size is not None else self.bufts[buffer_id].get_alloc_size(t)
+        """`ggml_backend_buft_get_alloc_size(galloc->bufts[buffer_id], t)`, read from the plan's record
+        of `t` when the plan placed `t` in that buffer (a tensor's shape does not change once it is in
+        a graph, so the size measured when it was placed still holds), computed otherwise."""
+        rec = self.tensor_allocs.get(t)
+        if rec is not None and rec.buffer_id == buffer_id:
+            return rec.size_max
+        return self._alloc_size[buffer_id](t)
+
+    def _record(self, t) -> "TensorAlloc":
+        """The plan's `struct tensor_alloc` for `t` (NOT_PLACED for None, views, pre-allocated data)."""
+        return self.tensor_allocs.get(t, NOT_PLACED)
+
+    @property
+    def node_allocs(self) -> list:
+        """`galloc->node_allocs` as the C lays it out: per node its own record and one per source
+        slot — rebuilt from `tensor_allocs` and `planned_nodes`/`planned_srcs` on each read."""
+        rec = self._record
+        return [NodeAlloc(rec(node), tuple(map(rec, srcs)))
+                for node, srcs in zip(self.planned_nodes, self.planned_srcs)]
+
+    @property
+    def leaf_allocs(self) -> list:
+        """`galloc->leaf_allocs`: per leaf the buffer id of its hash node and its record."""
+        hv = self.hash_values
+        return [LeafAlloc(hv[leaf].buffer_id if leaf in hv else 0, self._record(leaf)) for leaf in self.planned_leafs]
 
     # -- allocate / free one tensor ----------------------------------------------------------------
     def allocate_node(self, node, buffer_id: int, node_index: int = -1, phase: str = "node") -> None:
@@ -248,6 +263,7 @@ class GAllocr:
             return
         hn.allocated = True
         trace = self.trace
+        reused = None  # the parent whose memory `node` takes over, if any (the C returns at once)
         if node.op in CAN_INPLACE:  # try to reuse a parent's buffer (inplace)
             for parent in node.src:
                 if parent is None:
@@ -273,25 +289,26 @@ class GAllocr:
                             hn.buffer_id, hn.offset = p_hn.buffer_id, p_hn.offset
                             p_hn.allocated = False  # avoid freeing the parent
                             vs_hn.allocated = False
-                            if trace is not None:
-                                trace(PlaceEvent(node, node_index, phase, hn.buffer_id, hn.offset,
-                                                 self._size(hn.buffer_id, node), "inplace_view", parent))
-                            return
+                            reused, how = parent, "inplace_view"
+                            break
                     else:
                         hn.buffer_id, hn.offset = p_hn.buffer_id, p_hn.offset
                         p_hn.allocated = False  # avoid freeing the parent
-                        if trace is not None:
-                            trace(PlaceEvent(node, node_index, phase, hn.buffer_id, hn.offset,
-                                             self._size(hn.buffer_id, node), "inplace", parent))
-                        return
+                        reused, how = parent, "inplace"
+                        break
                 elif trace is not None:
                     trace(RejectEvent(node, parent, f"it still has {p_hn.n_children} children and {p_hn.n_views} views"))
-        # allocate tensor from the buffer (the first time this plan sizes `node`: remember it)
-        size = self._sizes[buffer_id][node] = self.bufts[buffer_id].get_alloc_size(node)
-        hn.offset = self.buf_tallocs[buffer_id].alloc(size, node)
-        hn.buffer_id = buffer_id
+        if reused is None:  # allocate tensor from the buffer
+            size = self._alloc_size[buffer_id](node)
+            hn.offset = self.buf_tallocs[buffer_id].alloc(size, node)
+            hn.buffer_id = buffer_id
+            how = "new"
+        else:
+            size = self._alloc_size[hn.buffer_id](node)
+        # the plan's record of `node` (section 2.2), kept now: its buffer and offset are final
+        self.tensor_allocs[node] = _tuple_new(TensorAlloc, (hn.buffer_id, hn.offset, size))
         if trace is not None:
-            trace(PlaceEvent(node, node_index, phase, buffer_id, hn.offset, size, "new"))
+            trace(PlaceEvent(node, node_index, phase, hn.buffer_id, hn.offset, size, how, reused))
 
     def free_node(self, node, node_index: int = -1, via=None) -> None:
         """`ggml_gallocr_free_node` (:546-560): give the memory back — never for an OUTPUT."""
@@ -300,9 +317,8 @@ class GAllocr:
             if self.trace is not None:
                 self.trace(FreeNodeEvent(node, node_index, hn.buffer_id, hn.offset, 0, via, kept_output=True))
             return
-        buffer_id = hn.buffer_id
-        size = self._sizes[buffer_id].get(node) or self._size(buffer_id, node)
-        self.buf_tallocs[buffer_id].free_tensor(hn.offset, size, node)
+        size = self.tensor_allocs[node].size_max  # get_alloc_size(bufts[hn->buffer_id], node), as placed
+        self.buf_tallocs[hn.buffer_id].free_tensor(hn.offset, size, node)
         hn.allocated = False
         if self.trace is not None:
             self.trace(FreeNodeEvent(node, node_index, hn.buffer_id, hn.offset, size, via))
@@ -333,7 +349,7 @@ class GAllocr:
 
     def __repr__(self):
         names = ", ".join(b.get_name() for b in self.bufts)
-        return f"GAllocr([{names}], {len(self.node_allocs)} nodes planned)"
+        return f"GAllocr([{names}], {len(self.planned_nodes)} nodes planned)"
 
 
 def _buffer_id(ids, i: int) -> int:
@@ -349,7 +365,7 @@ def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_i
     For speed, `allocate_node`'s first test (pre-allocated, placed, or a view: nothing to do) is
     also made before each call, which changes nothing but the number of calls."""
     galloc.hash_values = hv = {}
-    galloc._sizes = [{} for _ in range(galloc.n_buffers)]
+    galloc.tensor_allocs = {}
     OP_NONE = Op.NONE  # noqa: N806 (a local for the loop)
     allocate_node, free_node, trace = galloc.allocate_node, galloc.free_node, galloc.trace
     get = hv.get
@@ -423,36 +439,20 @@ def _check_ids(galloc: GAllocr, ids, n: int, what: str) -> None:
         raise BufferIdError(f"{what}[{bad}] = {ids[bad]}, the allocator has {galloc.n_buffers} buffer(s)")
 
 
-def _plan_records(galloc: GAllocr, _new=tuple.__new__) -> dict:
-    """The plan's `struct tensor_alloc` of every tensor it placed (not views, not pre-allocated
-    data), built once per tensor: a tensor is the source of several nodes. A tensor missing from
-    it gets NOT_PLACED, as `size_max == 0` marks in the C. (`tuple.__new__` builds the NamedTuple
-    without its slower keyword-capable constructor.)"""
-    recs, sizes, size_of = {}, galloc._sizes, galloc._size
-    for t, hn in galloc.hash_values.items():
-        if t.view_src is None and t.data is None:
-            bid = hn.buffer_id
-            size = sizes[bid].get(t)
-            recs[t] = _new(TensorAlloc, (bid, hn.offset, size if size is not None else size_of(bid, t)))
-    return recs
-
-
 def gallocr_reserve_n(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool:
-    """`ggml_gallocr_reserve_n` (:662-765): plan `graph` from scratch, record the plan per node and
-    leaf, and (re)allocate every buffer whose planned size exceeds its current size."""
+    """`ggml_gallocr_reserve_n` (:662-765): plan `graph` from scratch, keep the plan (section 2.2:
+    the records were written while placing, the slots are noted here), and (re)allocate every
+    buffer whose planned size exceeds its current size."""
     _check_ids(galloc, node_buffer_ids, len(graph.nodes), "node_buffer_ids")
     _check_ids(galloc, leaf_buffer_ids, len(graph.leafs), "leaf_buffer_ids")
     for talloc in galloc.buf_tallocs:  # reset allocators (a shared one is reset twice, as in C)
         talloc.reset()
     alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
 
-    # set the node_allocs from the hash table (an empty source slot, None, is not in `recs` either)
-    recs, new, not_placed = _plan_records(galloc), tuple.__new__, repeat(NOT_PLACED)
-    placed = recs.get
-    galloc.node_allocs = [new(NodeAlloc, (placed(node, NOT_PLACED), tuple(map(placed, node.src, not_placed))))
-                          for node in graph.nodes]
-    galloc.leaf_allocs = [LeafAlloc(galloc.hash_get(leaf).buffer_id, placed(leaf, NOT_PLACED))
-                          for leaf in graph.leafs]
+    # set the node_allocs and leaf_allocs: which tensor sat in each slot (copies, as the C's are)
+    galloc.planned_nodes = list(graph.nodes)
+    galloc.planned_srcs = [node.src.copy() for node in graph.nodes]
+    galloc.planned_leafs = list(graph.leafs)
 
     # reallocate buffers if needed
     for i in range(galloc.n_buffers):
@@ -517,25 +517,32 @@ def gallocr_node_needs_realloc(galloc: GAllocr, node, talloc: TensorAlloc) -> bo
 def gallocr_needs_realloc(galloc: GAllocr, graph) -> bool:
     """`ggml_gallocr_needs_realloc` (:808-844): must the graph be planned again? Yes when the node or
     leaf count differs from the plan's, or when a node or a source outgrew its planned size."""
-    if len(galloc.node_allocs) != len(graph.nodes):
+    if len(galloc.planned_nodes) != len(graph.nodes):
         log.info("ggml_gallocr_needs_realloc: graph has different number of nodes")
         return True
-    if len(galloc.leaf_allocs) != len(graph.leafs):
+    if len(galloc.planned_leafs) != len(graph.leafs):
         log.info("ggml_gallocr_needs_realloc: graph has different number of leafs")
         return True
-    # (`fits` returns at once for a pre-allocated tensor or a view, size 0: that test is made here
-    # first, as in `alloc_graph_impl`, which saves most of the calls and changes no result)
+    # Two tests are made here before `fits` is called, which saves most of the calls and changes no
+    # result: a pre-allocated tensor or a view needs 0 bytes (`fits` would return at once), and a
+    # slot that still holds the very tensor the plan placed fits by construction — its record was
+    # measured from that tensor (`_known_size` would return `size_max` itself).
     fits = gallocr_node_needs_realloc  # True = it fits (see its name)
-    for node, (dst, planned) in zip(graph.nodes, galloc.node_allocs):
-        if node.data is None and node.view_src is None and not fits(galloc, node, dst):
+    allocs = galloc.tensor_allocs
+    plan = allocs.get  # node_allocs[i].dst = plan(planned_nodes[i]), .src[j] likewise
+    for node, planned_node, planned_srcs in zip(graph.nodes, galloc.planned_nodes, galloc.planned_srcs):
+        if node.data is None and node.view_src is None and (node is not planned_node or node not in allocs) \
+                and not fits(galloc, node, plan(planned_node, NOT_PLACED)):
             log.info("ggml_gallocr_needs_realloc: node %s is not valid", node.name)
             return True
-        for j, src in enumerate(node.src):
-            if src is None or src.data is not None or src.view_src is not None:
-                continue
-            if not fits(galloc, src, planned[j] if j < len(planned) else NOT_PLACED):
-                log.info("ggml_gallocr_needs_realloc: src %d (%s) of node %s is not valid", j, src.name, node.name)
-                return True
+        j = 0
+        for src in node.src:
+            if src is not None and src.data is None and src.view_src is None:
+                planned_src = planned_srcs[j] if j < len(planned_srcs) else None
+                if (src is not planned_src or src not in allocs) and not fits(galloc, src, plan(planned_src, NOT_PLACED)):
+                    log.info("ggml_gallocr_needs_realloc: src %d (%s) of node %s is not valid", j, src.name, node.name)
+                    return True
+            j += 1
     return False
 
 
@@ -554,16 +561,16 @@ def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
     for buf in galloc.buffers:  # reset buffers
         if buf is not None:
             buf.reset()
-    init = gallocr_init_tensor
-    for leaf, la in zip(graph.leafs, galloc.leaf_allocs):
-        init(galloc, leaf, la.leaf)
-    for node, (dst, planned) in zip(graph.nodes, galloc.node_allocs):
+    init, plan = gallocr_init_tensor, galloc.tensor_allocs.get
+    for leaf, planned_leaf in zip(graph.leafs, galloc.planned_leafs):
+        init(galloc, leaf, plan(planned_leaf, NOT_PLACED))
+    for node, planned_node, planned_srcs in zip(graph.nodes, galloc.planned_nodes, galloc.planned_srcs):
         j = 0
         for src in node.src:
             # init_tensor does nothing to a source already placed (most are: earlier nodes)
             if src is not None and (src.data is None if src.view_src is None else src.buffer is None):
-                init(galloc, src, planned[j] if j < len(planned) else NOT_PLACED)
+                init(galloc, src, plan(planned_srcs[j], NOT_PLACED) if j < len(planned_srcs) else NOT_PLACED)
             j += 1
         if node.data is None or (node.view_src is not None and node.buffer is None):
-            init(galloc, node, dst)
+            init(galloc, node, plan(planned_node, NOT_PLACED))
     return True

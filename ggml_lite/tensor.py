@@ -269,10 +269,12 @@ def describe(t: Tensor) -> str:
 
 def nbytes(t: Tensor) -> int:
     """`ggml_nbytes`: the bytes spanned by the tensor (its strides included), as ggml computes it."""
-    ne, nb, tp = t.ne, t.nb, t.type
+    ne0, ne1, ne2, ne3 = t.ne
+    nb0, nb1, nb2, nb3 = t.nb
+    tp = t.type
     if tp.blck_size == 1:
-        return tp.type_size + (ne[0] - 1) * nb[0] + (ne[1] - 1) * nb[1] + (ne[2] - 1) * nb[2] + (ne[3] - 1) * nb[3]
-    return ne[0] * nb[0] // tp.blck_size + (ne[1] - 1) * nb[1] + (ne[2] - 1) * nb[2] + (ne[3] - 1) * nb[3]
+        return tp.type_size + (ne0 - 1) * nb0 + (ne1 - 1) * nb1 + (ne2 - 1) * nb2 + (ne3 - 1) * nb3
+    return ne0 * nb0 // tp.blck_size + (ne1 - 1) * nb1 + (ne2 - 1) * nb2 + (ne3 - 1) * nb3
 
 
 def nelements(t: Tensor) -> int:

@@ -166,6 +166,13 @@ class BufferType:
             raise BufferStateError(f"buffer type {self.name}: alloc_size {size} of {describe(tensor)} is below its nbytes {nbytes(tensor)}")
         return size
 
+    def alloc_size_fn(self):
+        """`get_alloc_size` as one callable for hot loops: `ggml_nbytes` itself when the type has no
+        `get_alloc_size` of its own (the C's NULL interface entry), else the bound method."""
+        if self._alloc_size is None and type(self).get_alloc_size is BufferType.get_alloc_size:
+            return nbytes
+        return self.get_alloc_size
+
     def is_host(self) -> bool:
         """`ggml_backend_buft_is_host`: is the memory directly readable by the CPU?"""
         return self.host
@@ -247,7 +254,8 @@ class Buffer:
 
     def get_base(self) -> int:
         """`ggml_backend_buffer_get_base`: the address of the first usable byte."""
-        self._alive()
+        if self.freed:
+            self._alive()  # raises
         return self._base
 
     def get_type(self) -> BufferType:

@@ -214,34 +214,30 @@ class DynTAllocr:
 
     def alloc(self, size: int, tensor=None) -> int:
         """`ggml_dyn_tallocr_alloc`: the offset of `size` bytes (rounded up to the alignment)."""
-        size = -(-size // self.alignment) * self.alignment  # aligned_offset(NULL, size, alignment), inlined
+        align = self.alignment
+        size = -(-size // align) * align  # aligned_offset(NULL, size, alignment), inlined
         blocks = self.blocks
-        n = len(blocks)
-        max_avail = 0
+        last = len(blocks) - 1
         best, best_size = -1, SIZE_MAX
-        for i in range(n - 1):  # the best fitting block besides the last block
+        for i in range(last):  # the best fitting block besides the last block
             bsize = blocks[i][1]
-            if bsize > max_avail:
-                max_avail = bsize
             if size <= bsize <= best_size:
                 best, best_size = i, bsize
-        how = "best_fit"
         if best == -1:  # the last block is our last resort
-            bsize = blocks[n - 1][1]
-            max_avail = max(max_avail, bsize)
-            if bsize < size:
+            if blocks[last][1] < size:
+                # the C tracks max_avail, the largest block seen, in the loop above; only this
+                # message reads it, so it is computed here: every block was seen
+                max_avail = max(b[1] for b in blocks)
                 log.error("ggml_dyn_tallocr_alloc: not enough space in the buffer to allocate %d bytes, "
                           "largest block available %d bytes", size, max_avail)
                 raise OutOfBufferSpaceError(f"not enough space to allocate {_tensor_name(tensor)}: needed {size} bytes, "
                                             f"largest free block {max_avail} bytes")
-            best, how = n - 1, "last_block"
+            best = last
         block = blocks[best]
-        block_size = block[1]
         offset = block[0]
         block[0] = offset + size
         block[1] -= size
-        removed = block[1] == 0
-        if removed:
+        if block[1] == 0:
             del blocks[best]
         if self.debug:
             self._debug_add(offset, size, tensor)
@@ -249,37 +245,44 @@ class DynTAllocr:
         if offset + size > before:
             self.max_size = offset + size
         if self.trace is not None:
-            self.trace(AllocEvent(tensor, size, offset, best, n, block_size, how, removed, before, self.max_size,
-                                  tuple(map(tuple, blocks))))
+            self.trace(AllocEvent(tensor, size, offset, best, last + 1, block[1] + size,
+                                  "best_fit" if best < last else "last_block", block[1] == 0, before,
+                                  self.max_size, tuple(map(tuple, blocks))))
         return offset
 
     def free_tensor(self, offset: int, size: int, tensor=None) -> None:
         """`ggml_dyn_tallocr_free_tensor`: give `[offset, offset + size)` back, merging with neighbours."""
-        size = -(-size // self.alignment) * self.alignment  # aligned_offset(NULL, size, alignment), inlined
+        align = self.alignment
+        size = -(-size // align) * align  # aligned_offset(NULL, size, alignment), inlined
         if self.debug:
             self._debug_remove(offset, tensor)
         blocks = self.blocks
         n = len(blocks)
+        end = offset + size
         for i in range(n):
             block = blocks[i]
             if block[0] + block[1] == offset:  # the freed range starts where block i ends
                 block[1] += size
                 how = "after_block"
-                if i < n - 1 and block[0] + block[1] == blocks[i + 1][0]:
+                if i < n - 1 and block[0] + block[1] == blocks[i + 1][0]:  # and ends where block i+1 starts
                     block[1] += blocks[i + 1][1]
                     del blocks[i + 1]
                     how = "after_block+next"
-                return self._traced_free(tensor, size, offset, i, how)
-            if offset + size == block[0]:  # the freed range ends where block i starts
+                if self.trace is not None:
+                    self._trace_free(tensor, size, offset, i, how)
+                return
+            if end == block[0]:  # the freed range ends where block i starts
                 block[0] = offset
                 block[1] += size
                 how = "before_block"
-                if i > 0 and blocks[i - 1][0] + blocks[i - 1][1] == block[0]:
+                if i > 0 and blocks[i - 1][0] + blocks[i - 1][1] == offset:  # and starts where block i-1 ends
                     blocks[i - 1][1] += block[1]
                     del blocks[i]
                     i -= 1
                     how = "before_block+previous"
-                return self._traced_free(tensor, size, offset, i, how)
+                if self.trace is not None:
+                    self._trace_free(tensor, size, offset, i, how)
+                return
         if n >= MAX_FREE_BLOCKS:
             raise OutOfFreeBlocksError(f"out of free blocks: freeing {_tensor_name(tensor)} ({size} B at {offset}) "
                                        f"needs a new block, and all {MAX_FREE_BLOCKS} are in use")
@@ -287,11 +290,11 @@ class DynTAllocr:
         while pos < n and blocks[pos][0] < offset:  # keep the list sorted by address
             pos += 1
         blocks.insert(pos, [offset, size])
-        self._traced_free(tensor, size, offset, pos, "insert")
-
-    def _traced_free(self, tensor, size, offset, block, how) -> None:
         if self.trace is not None:
-            self.trace(FreeEvent(tensor, size, offset, block, how, tuple(map(tuple, self.blocks))))
+            self._trace_free(tensor, size, offset, pos, "insert")
+
+    def _trace_free(self, tensor, size, offset, block, how) -> None:
+        self.trace(FreeEvent(tensor, size, offset, block, how, tuple(map(tuple, self.blocks))))
 
     # -- GGML_ALLOCATOR_DEBUG ---------------------------------------------------------------------
     def _debug_add(self, offset: int, size: int, tensor) -> None:

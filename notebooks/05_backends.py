@@ -2125,15 +2125,15 @@ print("max |ggml_lite - numpy| / max |numpy| =", np.abs(tensor_get(out) - refere
 graph2, x2, out2 = small_graph(w_cpu)
 galloc2 = gl.GAllocr(cpu.get_default_buffer_type())
 galloc2.reserve(graph2)
-by_name = {t.name: k for k, t in enumerate(graph2.nodes)}
-na = galloc2.node_allocs
-na[by_name["sq"]] = na[by_name["sq"]]._replace(dst=na[by_name["s"]].dst)  # two live tensors overlap
+by_name = {t.name: t for t in graph2.nodes}
+records = galloc2.tensor_allocs  # the plan's record of each placed tensor (chapter 04, section 2.2)
+records[by_name["sq"]] = records[by_name["s"]]  # two live tensors overlap
 galloc2.alloc_graph(graph2)
 tensor_set(x2, X)
 cpu.graph_compute(graph2)
 broken = tensor_get(out2)
 print("corrupted plan: max |out - numpy| =", np.abs(broken - reference).max())
-sq2 = graph2.nodes[by_name["sq"]]
+sq2 = by_name["sq"]
 print("and out == sq + sq exactly:", np.array_equal(broken, 2 * tensor_get(sq2)))
 
 

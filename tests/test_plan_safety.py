@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import ggml_lite as gl
 import ggml_oracle as O
 from ggml_lite.cpu import quantize_q8_0
-from ggml_lite.gallocr import TensorAlloc
+from ggml_lite.gallocr import NOT_PLACED, TensorAlloc
 
 MAX_OPS = 24
 
@@ -144,15 +144,15 @@ def _overlap_live_pair(rg, galloc) -> bool:
     OUTPUT, or a node nothing consumes), computed before `m` — two live tensors now overlap."""
     nodes, kept = rg.graph.nodes, set(_kept(rg))
     end = galloc.buffers[0].get_size() - 32
+    records = galloc.tensor_allocs  # the plan's record of each placed tensor (node_allocs[i].dst)
     for p_idx in sorted(kept):
-        p_rec = galloc.node_allocs[p_idx].dst
+        p_rec = records.get(nodes[p_idx], NOT_PLACED)
         if p_rec.size_max == 0:
             continue
         for m_idx in range(p_idx + 1, len(nodes)):
-            m_rec = galloc.node_allocs[m_idx].dst
+            m_rec = records.get(nodes[m_idx], NOT_PLACED)
             if m_rec.size_max and m_rec.offset != p_rec.offset and p_rec.offset + m_rec.size_max <= end:
-                galloc.node_allocs[m_idx] = galloc.node_allocs[m_idx]._replace(
-                    dst=TensorAlloc(p_rec.buffer_id, p_rec.offset, m_rec.size_max))
+                records[nodes[m_idx]] = TensorAlloc(p_rec.buffer_id, p_rec.offset, m_rec.size_max)
                 return True
     return False
 
