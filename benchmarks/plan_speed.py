@@ -5,11 +5,14 @@
 Part 1 — planning time, for fixture 07 (07_llama4_kvcache, 138 nodes) and fixture 13
 (13_llama7b_ctx512_all_outputs, 1,062 nodes). Medians over `--repeat` runs, in µs:
 
-* ggml_lite `GAllocr.reserve(gf)` on a new allocator, and `GAllocr.alloc_graph(gf)` right after it
-  (the plan is kept, so this is the needs-realloc check plus placing every tensor). `alloc_graph` gives
-  tensors their `data`, and a second call on the same tensors would find them placed and do almost
-  nothing, so every repeat plans a fresh graph: the fixture is loaded again (and its weights and KV
-  cache allocated) outside the timed region.
+* ggml_lite `GAllocr(...)` + `reserve(gf)` (a new allocator, like the C "fresh" column), and
+  `GAllocr.alloc_graph(gf)` right after it (the plan is kept, so this is the needs-realloc check plus
+  placing every tensor). `alloc_graph` gives tensors their `data`, and a second call on the same
+  tensors would find them placed and do almost nothing, so every repeat plans a fresh graph: the
+  fixture is loaded again (and its weights and KV cache allocated) outside the timed region. The
+  timed region runs with Python's cyclic garbage collector off, as `timeit` does by default: its
+  pauses depend on everything else the process holds (here, the fixtures loaded so far), not on the
+  planner. Each repeat starts with `gc.collect()`, and the collector is on again after it.
 * ggml (C, through ggml-python) on the same graph, mirrored by tests/ggml_oracle.py outside the timed
   region: `ggml_gallocr_reserve` repeated on one allocator, "fresh" (`ggml_gallocr_new` + reserve; the
   free is not timed), and `ggml_gallocr_alloc_graph` after a reserve, on freshly mirrored tensors each

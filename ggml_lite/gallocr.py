@@ -6,6 +6,7 @@ graph with one dynamic allocator per buffer type, keep the plan, and place the t
 
 import logging
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import NamedTuple
 
 from ggml_lite.buffer import SIZE_MAX, tensor_alloc, view_init
@@ -439,6 +440,9 @@ def _check_ids(galloc: GAllocr, ids, n: int, what: str) -> None:
         raise BufferIdError(f"{what}[{bad}] = {ids[bad]}, the allocator has {galloc.n_buffers} buffer(s)")
 
 
+_SRC = attrgetter("src")
+
+
 def gallocr_reserve_n(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool:
     """`ggml_gallocr_reserve_n` (:662-765): plan `graph` from scratch, keep the plan (section 2.2:
     the records were written while placing, the slots are noted here), and (re)allocate every
@@ -451,7 +455,7 @@ def gallocr_reserve_n(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_
 
     # set the node_allocs and leaf_allocs: which tensor sat in each slot (copies, as the C's are)
     galloc.planned_nodes = list(graph.nodes)
-    galloc.planned_srcs = [node.src.copy() for node in graph.nodes]
+    galloc.planned_srcs = list(map(list.copy, map(_SRC, graph.nodes)))  # [node.src.copy() for node in nodes]
     galloc.planned_leafs = list(graph.leafs)
 
     # reallocate buffers if needed
@@ -563,7 +567,8 @@ def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
             buf.reset()
     init, plan = gallocr_init_tensor, galloc.tensor_allocs.get
     for leaf, planned_leaf in zip(graph.leafs, galloc.planned_leafs):
-        init(galloc, leaf, plan(planned_leaf, NOT_PLACED))
+        if leaf.data is None or (leaf.view_src is not None and leaf.buffer is None):  # else init does nothing
+            init(galloc, leaf, plan(planned_leaf, NOT_PLACED))
     for node, planned_node, planned_srcs in zip(graph.nodes, galloc.planned_nodes, galloc.planned_srcs):
         j = 0
         for src in node.src:
