@@ -188,7 +188,8 @@ class GAllocr:
             self.buf_tallocs.append(shared or DynTAllocr(buft.get_alignment(), trace=trace))
         self.n_buffers = len(bufts)
         self.hash_values = {}
-        # `ggml_backend_buft_get_alloc_size` of each buffer type, as one callable (see `alloc_size_fn`)
+        # `ggml_backend_buft_get_alloc_size` of each buffer type, as one callable (see `alloc_size_fn`;
+        # taken again at every reserve and alloc_graph, so a buffer type changed in between is seen)
         self._alloc_size = [buft.alloc_size_fn() for buft in bufts]
         # the kept plan (section 2.2): a record per placed tensor, and the graph's slots when planned
         self.tensor_allocs = {}
@@ -318,7 +319,7 @@ class GAllocr:
             if self.trace is not None:
                 self.trace(FreeNodeEvent(node, node_index, hn.buffer_id, hn.offset, 0, via, kept_output=True))
             return
-        size = self.tensor_allocs[node].size_max  # get_alloc_size(bufts[hn->buffer_id], node), as placed
+        size = self._known_size(hn.buffer_id, node)  # get_alloc_size(bufts[hn->buffer_id], node)
         self.buf_tallocs[hn.buffer_id].free_tensor(hn.offset, size, node)
         hn.allocated = False
         if self.trace is not None:
@@ -451,6 +452,10 @@ def gallocr_reserve_n(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_
     _check_ids(galloc, leaf_buffer_ids, len(graph.leafs), "leaf_buffer_ids")
     for talloc in galloc.buf_tallocs:  # reset allocators (a shared one is reset twice, as in C)
         talloc.reset()
+    # forget the previous plan first: a plan that fails half-way (an exception) leaves none, which
+    # the next alloc_graph sees as a graph of another size (the C aborts instead)
+    galloc.planned_nodes, galloc.planned_srcs, galloc.planned_leafs = [], [], []
+    galloc._alloc_size = [buft.alloc_size_fn() for buft in galloc.bufts]
     alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
 
     # set the node_allocs and leaf_allocs: which tensor sat in each slot (copies, as the C's are)
@@ -554,6 +559,7 @@ def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
     """`ggml_gallocr_alloc_graph` (:846-895): plan again if needed (only with a single buffer — a
     multi-buffer allocator must be `reserve_n`'ed by its owner), reset the buffers, then place every
     leaf, and every node's sources and the node itself, from the recorded plan."""
+    galloc._alloc_size = [buft.alloc_size_fn() for buft in galloc.bufts]
     if gallocr_needs_realloc(galloc, graph):
         if galloc.n_buffers == 1:
             log.info("ggml_gallocr_alloc_graph: reallocating buffers automatically")

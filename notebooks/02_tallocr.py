@@ -169,7 +169,8 @@ class BufferType:
     def alloc_size_fn(self):
         """`get_alloc_size` as one callable for hot loops: `ggml_nbytes` itself when the type has no
         `get_alloc_size` of its own (the C's NULL interface entry), else the bound method."""
-        if self._alloc_size is None and type(self).get_alloc_size is BufferType.get_alloc_size:
+        if self._alloc_size is None and type(self).get_alloc_size is BufferType.get_alloc_size \
+                and "get_alloc_size" not in vars(self):
             return nbytes
         return self.get_alloc_size
 

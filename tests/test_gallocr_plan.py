@@ -107,3 +107,56 @@ def test_alloc_size_fn_is_get_alloc_size(kind):
     fn = buft.alloc_size_fn()
     assert fn(t) == buft.get_alloc_size(t)
     assert (fn is gl.nbytes) == (kind == "default")
+
+
+def _two_sqr(name_b: str = "b"):
+    ctx = gl.Context()
+    x = ctx.new_tensor_1d(gl.F32, 16, name="x")
+    gl.set_input(x)
+    out = gl.sqr(ctx, gl.sqr(ctx, x).set_name(name_b)).set_name("out")
+    gl.set_output(out)
+    return gl.build_forward(out)
+
+
+def test_a_plan_that_fails_half_way_leaves_no_plan():
+    """A `reserve` that raises forgets the previous plan, so the next `alloc_graph` plans again rather
+    than placing tensors from a mix of the two plans."""
+    def size(t):
+        if t.name == "boom":
+            raise RuntimeError("no size for boom")
+        return gl.nbytes(t)
+    galloc = gl.GAllocr(gl.BufferType("DEV", 32, is_host=True, alloc_size=size))
+    g1 = _two_sqr()
+    assert galloc.reserve(g1)
+    with pytest.raises(RuntimeError, match="boom"):
+        galloc.reserve(_two_sqr("boom"))
+    assert galloc.planned_nodes == [] and galloc.node_allocs == []
+    g1_again = _two_sqr()
+    assert galloc.alloc_graph(g1_again)
+    assert all(n.data is not None for n in g1_again.nodes)
+
+
+@pytest.mark.parametrize("how", ["hook", "instance"])
+def test_a_buffer_type_changed_after_the_allocator_was_made_is_seen(how):
+    buft = gl.BufferType("DEV", 32, is_host=True)
+    galloc = gl.GAllocr(buft)
+    if how == "hook":
+        buft._alloc_size = lambda t: gl.nbytes(t) + 64
+    else:
+        buft.get_alloc_size = lambda t: gl.nbytes(t) + 64
+    assert galloc.reserve(_two_sqr())
+    # each sqr takes its source's memory in place, so the plan holds one tensor: 64 bytes + the hook's 64
+    assert galloc.buf_tallocs[0].get_max_size() == 128
+
+
+def test_free_node_of_a_tensor_placed_by_set_node_offset():
+    """`ggml_gallocr_set_node_offset` (never called by ggml) marks a tensor placed without a plan
+    record; freeing it measures its size, as the C does."""
+    ctx = gl.Context()
+    t = ctx.new_tensor_1d(gl.F32, 100, name="t")
+    galloc = gl.GAllocr(gl.cpu_buffer_type())
+    galloc.buf_tallocs[0].alloc(1024)  # [0, 1024) in use
+    galloc.set_node_offset(t, 0, 512)
+    galloc.free_node(t)
+    assert galloc.buf_tallocs[0].free_blocks[0] == (512, 416)  # 400 bytes, aligned to 416
+    assert not galloc.is_own(t)
