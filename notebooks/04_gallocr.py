@@ -312,12 +312,15 @@ class GAllocr:
             self.buf_tallocs.append(shared or DynTAllocr(buft.get_alignment(), trace=trace))
         self.n_buffers = len(bufts)
         self.hash_values = {}
-        # `ggml_backend_buft_get_alloc_size` of each buffer type, as one callable (see `alloc_size_fn`;
-        # taken again at every reserve and alloc_graph, so a buffer type changed in between is seen)
-        self._alloc_size = [buft.alloc_size_fn() for buft in bufts]
+        self._take_size_fns()
         # the kept plan (section 2.2): a record per placed tensor, and the graph's slots when planned
         self.tensor_allocs = {}
         self.planned_nodes, self.planned_srcs, self.planned_leafs = [], [], []
+
+    def _take_size_fns(self) -> None:
+        """`ggml_backend_buft_get_alloc_size` of each buffer type, as one callable (`alloc_size_fn`);
+        taken again at every reserve and alloc_graph, so a buffer type changed in between is seen."""
+        self._alloc_size = [buft.alloc_size_fn() for buft in self.bufts]
 
     # -- ggml_gallocr_free -----------------------------------------------------------------------
     def free(self) -> None:
@@ -499,8 +502,7 @@ def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_i
 
     For speed, `allocate_node`'s first test (pre-allocated, placed, or a view: nothing to do) is
     also made before each call, which changes nothing but the number of calls."""
-    galloc.hash_values = hv = {}
-    galloc.tensor_allocs = {}
+    galloc.hash_values = hv = {}  # (the plan's records, `tensor_allocs`, were emptied by reserve_n)
     OP_NONE = Op.NONE  # noqa: N806 (a local for the loop)
     allocate_node, free_node, trace = galloc.allocate_node, galloc.free_node, galloc.trace
     get = hv.get
@@ -589,8 +591,8 @@ def gallocr_reserve_n(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_
         talloc.reset()
     # forget the previous plan first: a plan that fails half-way (an exception) leaves none, which
     # the next alloc_graph sees as a graph of another size (the C aborts instead)
-    galloc.planned_nodes, galloc.planned_srcs, galloc.planned_leafs = [], [], []
-    galloc._alloc_size = [buft.alloc_size_fn() for buft in galloc.bufts]
+    galloc.tensor_allocs, galloc.planned_nodes, galloc.planned_srcs, galloc.planned_leafs = {}, [], [], []
+    galloc._take_size_fns()
     alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
 
     # set the node_allocs and leaf_allocs: which tensor sat in each slot (copies, as the C's are)
@@ -705,7 +707,7 @@ def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
     """`ggml_gallocr_alloc_graph` (:846-895): plan again if needed (only with a single buffer — a
     multi-buffer allocator must be `reserve_n`'ed by its owner), reset the buffers, then place every
     leaf, and every node's sources and the node itself, from the recorded plan."""
-    galloc._alloc_size = [buft.alloc_size_fn() for buft in galloc.bufts]
+    galloc._take_size_fns()
     if gallocr_needs_realloc(galloc, graph):
         if galloc.n_buffers == 1:
             log.info("ggml_gallocr_alloc_graph: reallocating buffers automatically")
