@@ -7,7 +7,7 @@
 `plan` runs the graph allocator (`GAllocr.reserve`, then `alloc_graph`) on a fixture-schema graph on
 the CPU buffer type and prints where every tensor goes. `check` does the same and compares with the
 plan recorded in the file (offsets, buffer sizes, and the allocator's messages; every step of a
-sequence file); when the file records computed results (../shared/fixtures/NUMERICS.md) it also fills
+sequence file); when the file records computed results (tests/fixtures/README.md) it also fills
 the leafs, computes the graph on the CPU backend and compares every result within the tolerance it
 prints. It exits 0 only when everything is equal (results: within tolerance). `sched` prints the
 scheduler's assignments of a recorded scenario's round-0 graph in GGML_SCHED_DEBUG format; with
@@ -22,27 +22,47 @@ import json
 import sys
 from pathlib import Path
 
-from ggml_lite.errors import GGMLLiteError
+from ggml_lite.errors import GGMLLiteError, GraphFileError
 from ggml_lite.graphio import check_plan_file, plan_of, run_plan
 from ggml_lite.numerics import verify_numerics
 
 
 
 def _load(path: str) -> dict:
+    """The JSON object in the file at `path`, or `GraphFileError` saying why it cannot be one."""
     p = Path(path)
+    if p.is_dir():
+        raise GraphFileError(f"{path} is a directory; give one JSON file (e.g. {path.rstrip('/')}/NAME.json)")
     if not p.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
+        raise GraphFileError(f"{path}: no such file")
     try:
-        return json.loads(p.read_text())
+        doc = json.loads(p.read_text())
+    except UnicodeDecodeError:
+        raise GraphFileError(f"{path}: not a text file (JSON expected)") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not JSON ({e})") from None
+        raise GraphFileError(f"{path}: not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise GraphFileError(f"{path}: the top level is a JSON {type(doc).__name__.replace('dict', 'object')}, "
+                             "expected an object (a graph file or a scheduler scenario)")
+    return doc
+
+
+def _load_graph_file(path: str) -> dict:
+    """A graph file (ggml-seed schema) for `plan` and `check`; a scheduler scenario is pointed to `sched`."""
+    doc = _load(path)
+    if doc.get("schema") == "ggml-sched-fixture":
+        raise GraphFileError(f"{path} is a scheduler scenario (schema 'ggml-sched-fixture'): "
+                             f"use `python -m ggml_lite sched {path}` (--check to replay it)")
+    if "graph" not in doc and not isinstance(doc.get("steps"), list):
+        raise GraphFileError(f"{path}: no `graph` and no `steps`: not a graph file (schema {doc.get('schema')!r})")
+    return doc
 
 
 def cmd_plan(args) -> int:
-    doc = _load(args.graph)
+    doc = _load_graph_file(args.graph)
     if "steps" in doc and args.step is None:
         with_graph = [i for i, s in enumerate(doc["steps"]) if "graph" in s]
-        raise ValueError(f"{args.graph} is a sequence of {len(with_graph)} graphs: pass --step (one of {with_graph})")
+        raise GraphFileError(f"{args.graph} is a sequence of {len(with_graph)} graphs: pass --step (one of {with_graph})")
     gf, galloc, results = run_plan(doc, args.step)
     plan = plan_of(gf, galloc)
     names = {i: gf.records[i]["name"] for i in gf.tensors}
@@ -66,7 +86,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_check(args) -> int:
-    doc = _load(args.fixture)
+    doc = _load_graph_file(args.fixture)
     diffs = check_plan_file(doc, limit=args.limit)
     if diffs:
         print(f"{args.fixture}: the plan differs from the recorded one; first differences:")
@@ -100,11 +120,9 @@ def _check_numerics(path: str, doc: dict) -> int:
 
 
 def cmd_sched(args) -> int:
-    from ggml_lite.scenario import replay, scenario_printout  # chapter 06; imported only for this command
+    from ggml_lite.scenario import check_scenario, replay, scenario_printout  # chapter 06, only here
 
-    doc = _load(args.scenario)
-    if doc.get("schema") != "ggml-sched-fixture":
-        raise ValueError(f"{args.scenario}: not a scheduler scenario (schema {doc.get('schema')!r})")
+    doc = check_scenario(_load(args.scenario), args.scenario)
     if not args.check:
         print(scenario_printout(doc), end="")
         return 0
@@ -122,6 +140,18 @@ def cmd_sched(args) -> int:
     return 0
 
 
+def _causes_legend() -> str:
+    """The --help text of `sched`: what the printout's columns and cause codes mean."""
+    from ggml_lite.sched import CAUSES
+
+    lines = ["The printout is ggml's GGML_SCHED_DEBUG text: per node `node #i (OP): name (size) [BACKEND cause]:`",
+             "then each source the same way. As in ggml, names are cut to 20 characters, ops to 10, backend",
+             "names to 5 and causes to 8 (printf's %20.20s ...); sizes are whole KiB or MiB (K, M).", "",
+             "cause codes:"]
+    lines += [f"  {code:7s} {meaning}" for code, meaning in CAUSES.items()]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ggml_lite", description="ggml's memory planner, in Python.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -135,7 +165,8 @@ def main(argv=None) -> int:
     c.add_argument("--no-numerics", action="store_true", help="compare the plan only, not the recorded results")
     c.add_argument("--limit", type=int, default=10, help="how many differences to print (default 10)")
     c.set_defaults(run=cmd_check)
-    d = sub.add_parser("sched", help="the scheduler's assignments of a recorded scenario (GGML_SCHED_DEBUG format)")
+    d = sub.add_parser("sched", help="the scheduler's assignments of a recorded scenario (GGML_SCHED_DEBUG format)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_causes_legend())
     d.add_argument("scenario", help="a ggml-seed-sched scenario file")
     d.add_argument("--check", action="store_true", help="replay the whole scenario and compare everything recorded")
     d.add_argument("--limit", type=int, default=10, help="how many differences to print (default 10)")
@@ -147,8 +178,12 @@ def main(argv=None) -> int:
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (GGMLLiteError, OSError, ValueError, KeyError) as e:
+    except (GGMLLiteError, OSError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except (KeyError, ValueError, TypeError, IndexError) as e:  # a file the checks above let through
+        print(f"error: {getattr(args, 'graph', None) or getattr(args, 'fixture', None) or args.scenario}: "
+              f"unusable content ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
 
 

@@ -24,6 +24,22 @@ GGML_SCHED_MAX_SPLIT_INPUTS = GGML_MAX_SRC
 GGML_SCHED_MAX_COPIES = 4
 INPUT = int(TensorFlag.INPUT)
 
+# The cause codes of the debug printout (`SET_CAUSE`): pass number and reason (the table above).
+CAUSES = {
+    "usr": "pinned by the user (ggml_backend_sched_set_tensor_backend)",
+    "1.dst": "pass 1: the tensor's own buffer is on this backend (pre-allocated)",
+    "1.vsrc": "pass 1: its view_src's buffer is on this backend",
+    "1.inp": "pass 1: a graph input, so the last backend (the CPU)",
+    "1.wgtN": "pass 1: src[N] is a weight on this backend",
+    "1.off": "pass 1: a weight on the CPU, but this higher-priority backend offloads the op",
+    "2.sup": "pass 2: expanded from a neighbouring node; the backend supports the op",
+    "3.upg": "pass 3: upgraded to a higher-priority backend with the same buffer type",
+    "3.best": "pass 3: the backend supporting the op with the most usable inputs",
+    "4.vsrc": "pass 4: a view, on its view_src's backend",
+    "4.cur": "pass 4: an unassigned source, on its consumer's backend",
+    "4.cpy": "pass 5: a copy of an input made for the split's backend",
+}
+
 
 @dataclass
 class Split:

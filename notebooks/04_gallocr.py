@@ -829,18 +829,15 @@ for i, node in enumerate(graph.nodes):
 # it and rope gets a new block. `l_out-0` is the graph's OUTPUT; the final `add` takes `ffn_down-0`'s
 # block (offset 0), and that block is never freed.
 #
-# When `../shared` is present, this cell compares the plan with the one ggml recorded (fixture 06):
+# The project carries what ggml recorded for this very graph (`tests/fixtures/ggml-seed/06_llama_block.json`);
+# this cell compares every offset and the buffer size with it:
 
 # %%
-fixture = Path("../../shared/fixtures/ggml-seed/06_llama_block.json")
-if fixture.is_file():
-    rec = json.loads(fixture.read_text())
-    want = {t["name"]: t["offset"] for t in rec["graph"]["tensors"] if t["ctx"] == "compute"}
-    got = {t.name: t.data - base for t in graph.nodes + graph.leafs if t.name in want}
-    assert got == want and rec["buffer_size"] == galloc.get_buffer_size(0)
-    print(f"fixture 06: all {len(want)} compute tensors at ggml's offsets; buffer size {rec['buffer_size']} as recorded")
-else:
-    print("../shared is not here: the comparison with fixture 06 was skipped")
+rec = json.loads(Path("../tests/fixtures/ggml-seed/06_llama_block.json").read_text())
+want = {t["name"]: t["offset"] for t in rec["graph"]["tensors"] if t["ctx"] == "compute"}
+got = {t.name: t.data - base for t in graph.nodes + graph.leafs if t.name in want}
+assert got == want and rec["buffer_size"] == galloc.get_buffer_size(0)
+print(f"fixture 06: all {len(want)} compute tensors at ggml's offsets; buffer size {rec['buffer_size']} as recorded")
 
 # %% [markdown]
 # ## 4 · The memory timeline

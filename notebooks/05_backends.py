@@ -2164,7 +2164,7 @@ print("and out == sq + sq exactly:", np.array_equal(broken, 2 * tensor_get(sq2))
 #   any SIM memory.
 #
 # `asynchronous=False` gives the FAKE backend of the scheduler fixtures
-# (`../shared/fixtures/ggml-seed-sched/README.md`): no async tensor functions and no async copy
+# (`tests/fixtures/ggml-seed-sched/README.md`): no async tensor functions and no async copy
 # (their hooks are `None`), work done at once, and events that exist but are synchronous.
 
 # %%
@@ -2784,7 +2784,7 @@ timeline_figure(clock2.spans, title="SIM0 computes, SIM1 waits for its event and
 # ## 5 · `check` verifies numerics
 #
 # A fixture-schema file may also record what the real ggml *computed*
-# (`../shared/fixtures/NUMERICS.md`): a seed, how each leaf is filled, and the values of every
+# (`tests/fixtures/README.md`): a seed (`data_generator.data_seed`), how each leaf is filled, and the values of every
 # OUTPUT node and the last node. With a CPU backend, `python -m ggml_lite check FILE.json` can
 # now verify them: plan the graph (chapter 04), fill every leaf from its own 32-bit LCG stream,
 # compute on the CPU backend, compare. The stream is generated with a jump-ahead — `s_k = M_k·s_0 +
@@ -2795,11 +2795,11 @@ timeline_figure(clock2.spans, title="SIM0 computes, SIM1 waits for its event and
 # ggml's SIMD kernels and these numpy ones differ in the last bits, and an element-wise relative
 # error is meaningless for outputs near zero. The tolerance is `1e-4` for a graph of f32 tensors
 # only and `5e-3` when an f16 or quantized tensor takes part (their rounding differs between the
-# two implementations, see NUMERICS.md); `check` prints it and the worst error of every result.
+# two implementations); `check` prints it and the worst error of every result.
 
 # %%
 # | export numerics
-"""The `numerics` extension of the fixture schema (../shared/fixtures/NUMERICS.md): the leaf data
+"""The `numerics` extension of the fixture schema (`tests/fixtures/README.md`): the leaf data
 generator, and the verification of recorded results on the CPU backend."""
 
 import numpy as np
@@ -2856,6 +2856,20 @@ def _values_f32(tensor) -> np.ndarray:
     return tensor_get(tensor).astype(np.float32).reshape(-1)
 
 
+def data_seed(doc: dict) -> int:
+    """The leaf-data seed: `data_generator.data_seed` (the spec's place), else a top-level `data_seed`
+    (files written before the spec said so)."""
+    gen = doc.get("data_generator")
+    seed = gen.get("data_seed") if isinstance(gen, dict) else None
+    if seed is None:
+        seed = doc.get("data_seed")
+    if seed is None:
+        raise GraphFileError("numerics: the file has no seed: expected `data_generator.data_seed` (an integer)")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
+        raise GraphFileError(f"numerics: the seed must be an integer in [0, 2^32), the file has {seed!r}")
+    return seed
+
+
 def verify_numerics(doc: dict, gf) -> tuple:
     """Fill the leafs of the planned graph `gf` (a `graphio.GraphFile` after `run_plan`), compute it on
     the CPU backend and compare every recorded result. Returns `(tolerance, rows)` with one row per
@@ -2863,9 +2877,7 @@ def verify_numerics(doc: dict, gf) -> tuple:
     num = doc.get("numerics")
     if not isinstance(num, dict) or "results" not in num or "leaf_data" not in num:
         raise GraphFileError("numerics: the file has no `numerics` block with `leaf_data` and `results`")
-    seed = doc.get("data_seed")
-    if seed is None:
-        raise GraphFileError("numerics: the file has no `data_seed`")
+    seed = data_seed(doc)
     for leaf in num["leaf_data"]:
         t = gf.tensors.get(leaf["id"])
         if t is None:

@@ -86,6 +86,22 @@ GGML_SCHED_MAX_SPLIT_INPUTS = GGML_MAX_SRC
 GGML_SCHED_MAX_COPIES = 4
 INPUT = int(TensorFlag.INPUT)
 
+# The cause codes of the debug printout (`SET_CAUSE`): pass number and reason (the table above).
+CAUSES = {
+    "usr": "pinned by the user (ggml_backend_sched_set_tensor_backend)",
+    "1.dst": "pass 1: the tensor's own buffer is on this backend (pre-allocated)",
+    "1.vsrc": "pass 1: its view_src's buffer is on this backend",
+    "1.inp": "pass 1: a graph input, so the last backend (the CPU)",
+    "1.wgtN": "pass 1: src[N] is a weight on this backend",
+    "1.off": "pass 1: a weight on the CPU, but this higher-priority backend offloads the op",
+    "2.sup": "pass 2: expanded from a neighbouring node; the backend supports the op",
+    "3.upg": "pass 3: upgraded to a higher-priority backend with the same buffer type",
+    "3.best": "pass 3: the backend supporting the op with the most usable inputs",
+    "4.vsrc": "pass 4: a view, on its view_src's backend",
+    "4.cur": "pass 4: an unassigned source, on its consumer's backend",
+    "4.cpy": "pass 5: a copy of an input made for the split's backend",
+}
+
 
 @dataclass
 class Split:
@@ -844,7 +860,7 @@ print("reserve:", reserve(sched2, graph2), "| splits", sched2.n_splits,
 # %% [markdown]
 # ## 6 · Replaying the recorded scenarios
 #
-# `../shared/fixtures/ggml-seed-sched/` records 14 runs of the real scheduler. To replay one, the
+# `tests/fixtures/ggml-seed-sched/` records 14 runs of the real scheduler. To replay one, the
 # set-up must be rebuilt exactly: SIM configured as each FAKE backend (synchronous, its alignment,
 # `max_size`, deny-list and offload rule), the weight and KV-cache contexts allocated on their
 # backends (weights in WEIGHTS buffers, the cache cleared), every weight regenerated from the FNV-1a
@@ -855,7 +871,7 @@ print("reserve:", reserve(sched2, graph2), "| splits", sched2.n_splits,
 
 # %%
 # | export scenario
-"""Replaying a recorded scheduler scenario (../shared/fixtures/ggml-seed-sched/README.md): the FAKE
+"""Replaying a recorded scheduler scenario (tests/fixtures/ggml-seed-sched/README.md): the FAKE
 backends as SIM, the weight and KV-cache buffers, the weight and input generators, the scenario's
 LLaMA graph, and the replay of every recorded step with the differences it finds."""
 
@@ -1208,9 +1224,38 @@ def _check_alloc(sched, graph, step, out) -> None:
              step["buffer_sizes"], out)
 
 
+SCENARIO_FIELDS = {  # what a replay reads, by kind of scenario (the README's top-level keys)
+    "completed": ("sched_params", "backends", "model", "placement", "external_buffers", "weights", "pins",
+                  "graph", "steps"),
+    "aborted": ("backends", "model", "placement"),
+}
+
+
+def check_scenario(doc, where: str = "the scenario") -> dict:
+    """`doc` if it is a scheduler scenario a replay can use; else `GraphFileError` naming what is
+    missing (its `outcome` first: it says which of the two kinds the file is)."""
+    if not isinstance(doc, dict) or doc.get("schema") != "ggml-sched-fixture":
+        schema = doc.get("schema") if isinstance(doc, dict) else None
+        raise gl.GraphFileError(f"{where}: not a scheduler scenario (schema {schema!r}, "
+                                "expected 'ggml-sched-fixture')")
+    outcome = doc.get("outcome")
+    if not isinstance(outcome, dict):
+        raise gl.GraphFileError(f"{where}: no `outcome` object (`{{\"completed\": true}}`, or false with the "
+                                "reference's abort); every recorded scenario has one")
+    kind = "completed" if outcome.get("completed", True) else "aborted"
+    missing = [k for k in SCENARIO_FIELDS[kind] if k not in doc]
+    if kind == "aborted" and not outcome.get("stderr_until_abort"):
+        missing.append("outcome.stderr_until_abort")
+    if missing:
+        raise gl.GraphFileError(f"{where}: a {kind} scenario needs {', '.join(f'`{k}`' for k in missing)}, "
+                                "which the file lacks")
+    return doc
+
+
 def scenario_printout(doc: dict) -> str:
     """The GGML_SCHED_DEBUG printout of the scenario's round-0 graph after its pins (the text the
     reserve step recorded, pass 1's warnings first)."""
+    check_scenario(doc)
     if not doc["outcome"].get("completed", True):
         backends, graph = built_scenario(doc)
         sched = BackendSched(backends, debug=True)
@@ -1301,6 +1346,7 @@ def replay(doc: dict) -> list:
     buffer sizes), and per round alloc_graph (stderr, splits, every tensor's backend and cause, the
     graph copy with every offset, buffer sizes) and graph_compute (status, cur_copy, the logits bit for
     bit, and every backend call in order). Scenario 13 must end in the reference's abort."""
+    check_scenario(doc)
     if not doc["outcome"].get("completed", True):
         return _replay_abort(doc)
     out = []
@@ -1342,6 +1388,23 @@ def replay(doc: dict) -> list:
         if n_diff:
             out.append(f"{r}: {n_diff} of {want.size} logits differ (max |diff| {float(np.abs(got - want).max()):.3g})")
     return out
+
+
+# %% [markdown]
+# All 14 recorded scenarios, replayed from the copies the project carries (`tests/fixtures/`): every
+# recorded fact — assignments and causes, splits, the graph copy with its offsets, buffer sizes, the
+# printout, every backend call, the logits bit for bit, and scenario 13's abort — must come out the same.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+import json
+from pathlib import Path
+
+scenario_diffs = {}
+for path in sorted(Path("../tests/fixtures/ggml-seed-sched").glob("*.json")):
+    scenario_diffs[path.stem] = replay(json.loads(path.read_text()))
+n_same = sum(not d for d in scenario_diffs.values())
+print(f"{n_same} of {len(scenario_diffs)} recorded scenarios identical to the real ggml's scheduler")
 
 
 # %% [markdown]
@@ -1629,4 +1692,5 @@ assert [sched.get_cause(t) for t in graph.nodes if t.op is not gl.Op.NONE][:3] =
 assert sched.get_tensor_backend(x) is cpu and sched.get_cause(x) == "1.inp"
 assert sched.copies[(x, 0, 0)].name == "SIM#x#0" and sched.get_cause(sched.copies[(x, 0, 0)]) == "4.cpy"
 assert graph.nodes[0].src[1] is sched.copies[(x, 0, 0)]  # h0 now reads the copy
+assert len(scenario_diffs) == 14 and not any(scenario_diffs.values()), scenario_diffs
 print("chapter 06: all checks passed")

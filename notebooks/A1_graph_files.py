@@ -14,7 +14,7 @@
 # # A1 · Graph files — reading and writing graphs recorded from the real ggml
 #
 # The project's promise is *byte-identical to ggml*. The evidence is a set of JSON files recorded
-# from the real C library (`../shared/fixtures/`): every tensor of a graph with its shape, strides,
+# from the real C library (`tests/fixtures/`, carried by the project): every tensor of a graph with its shape, strides,
 # op, sources, view and flags, and what the allocator and scheduler did with it. This appendix
 # turns such a file into ggml_lite tensors and a graph, and back.
 #
@@ -33,7 +33,7 @@
 # %% [markdown]
 # ## 1 · The schema in one tensor
 #
-# One entry of `graph.tensors` (the full description is `../shared/fixtures/ggml-seed/README.md`):
+# One entry of `graph.tensors` (the full description is `tests/fixtures/ggml-seed/README.md`):
 #
 # ```json
 # {"id": 4, "name": "v_rows4_12", "ctx": "compute", "graph_role": "node", "type": "f32",
@@ -56,7 +56,7 @@
 
 # %%
 # | export
-"""Graph files in the fixture schema (`../shared/fixtures/ggml-seed/README.md`): load a recorded graph
+"""Graph files in the fixture schema (`tests/fixtures/ggml-seed/README.md`): load a recorded graph
 into ggml_lite tensors by replaying ggml's op constructors, check it against the record, and write it
 back. Also writes a fixture-schema file for a graph built with the ggml_lite API."""
 
@@ -623,24 +623,21 @@ for what, edit in cases.items():
     print(f"{what:14s} -> {broken(edit)}")
 
 # %% [markdown]
-# ## 8 · The recorded fixtures (when `../shared` is present)
+# ## 8 · The recorded fixtures
 #
-# A user's clone has no fixtures; the project's CI has them beside the project. When they are there,
-# this cell loads every `ggml-seed` graph and says what it checked.
+# The project carries the 14 graph files ggml recorded (`tests/fixtures/ggml-seed/`); this cell
+# rebuilds every graph they hold and says what it checked.
 
 # %%
-shared = Path("../../shared/fixtures/ggml-seed")
-if shared.is_dir():
-    n_files = n_tensors = 0
-    for f in sorted(shared.glob("*.json")):
-        d = json.loads(f.read_text())
-        for s in ([None] if "graph" in d else [i for i, st in enumerate(d["steps"]) if "graph" in st]):
-            gf = read_graph_file(d, step=s)
-            n_files += s in (None, 0)
-            n_tensors += len(gf.tensors)
-    print(f"{n_files} fixture files: {n_tensors} tensors rebuilt; shapes, strides, sizes, views, names and node/leaf order match")
-else:
-    print("../shared is not here: skipped the comparison with the recorded fixtures")
+n_files = n_tensors = 0
+for f in sorted(Path("../tests/fixtures/ggml-seed").glob("*.json")):
+    d = json.loads(f.read_text())
+    for s in ([None] if "graph" in d else [i for i, st in enumerate(d["steps"]) if "graph" in st]):
+        gf = read_graph_file(d, step=s)
+        n_files += s in (None, 0)
+        n_tensors += len(gf.tensors)
+assert n_files == 14
+print(f"{n_files} fixture files: {n_tensors} tensors rebuilt; shapes, strides, sizes, views, names and node/leaf order match")
 
 # %% [markdown]
 # ## 9 · Plans: run a file through the graph allocator and compare

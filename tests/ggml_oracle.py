@@ -135,6 +135,71 @@ def _need_ggml():
 
 
 # ---------------------------------------------------------------------------------------------
+# how the oracle was built: bit-exact comparisons only where it sums in the reproduced order
+# ---------------------------------------------------------------------------------------------
+
+# `ggml_cpu_has_*` report the instruction sets ggml was *compiled* for (compile-time macros), which
+# fix the SIMD width and so the order in which dot products, silu's and soft_max's vectorised exp and
+# the row sums are evaluated. ggml_lite's exact kernels reproduce the build of the recorded fixtures:
+# x86-64 with AVX2, FMA and F16C, no AVX-512, no llamafile sgemm. `make setup` builds ggml-python that
+# way (GGML_NATIVE=OFF ...), but a user's own install may be native: then the comparisons below the
+# exact ones fall back to the documented tolerance (`tests/test_compute_differential.py`).
+REPRODUCED_BUILD = {"avx2": True, "fma": True, "f16c": True, "avx512": False, "llamafile": False}
+_BUILD_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512", "avx512_vnni", "neon", "arm_fma", "sve", "llamafile")
+
+
+def build_info() -> dict:
+    """{flag: bool} for the instruction sets the installed ggml was compiled with (`ggml_cpu_has_avx2`,
+    `ggml_cpu_has_avx512`, ...); a flag ggml-python does not export is False."""
+    g = _need_ggml()
+    info = {}
+    for flag in _BUILD_FLAGS:
+        try:
+            info[flag] = bool(getattr(g, f"ggml_cpu_has_{flag}")())
+        except (AttributeError, RuntimeError):  # not exported by this ggml-python / this library
+            info[flag] = False
+    return info
+
+
+def sums_in_reproduced_order() -> bool:
+    """Does the installed ggml evaluate in the order ggml_lite's exact kernels reproduce?"""
+    info = build_info()
+    return all(info[k] == v for k, v in REPRODUCED_BUILD.items())
+
+
+def describe_build() -> str:
+    """One line for the test report: which ggml, built with what, compared how."""
+    if _g is None:
+        return f"ggml-python is not importable ({IMPORT_ERROR}): the differential tests skip"
+    info = build_info()
+    flags = " ".join(k.upper() for k, v in info.items() if v) or "no SIMD"
+    mode = ("bit-exact comparisons (the build of the recorded fixtures)" if sums_in_reproduced_order() else
+            "comparisons within the documented tolerance (another summation order than the fixtures' build)")
+    return f"ggml {_g.ggml_version().decode()} via ggml-python, built with {flags}: {mode}"
+
+
+# ---------------------------------------------------------------------------------------------
+# hypothesis settings of the oracle tests: a failure is reported in seconds
+# ---------------------------------------------------------------------------------------------
+
+SHRINK_SECONDS = 20  # the most time hypothesis may spend shrinking one failure (its default is 300)
+
+
+def oracle_settings(max_examples: int):
+    """Settings for the random-graph tests: derandomized, no example database, no deadline; phases
+    without `explain` (it re-runs the failing example many times to annotate lines); shrinking bounded
+    to `SHRINK_SECONDS` (hypothesis exposes no setting for it, so its engine's constant is lowered here;
+    `tests/test_differential.py` checks that the constant still exists)."""
+    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis.internal.conjecture import engine
+
+    engine.MAX_SHRINKING_SECONDS = min(engine.MAX_SHRINKING_SECONDS, SHRINK_SECONDS)
+    return settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
+                    print_blob=False, suppress_health_check=list(HealthCheck),
+                    phases=(Phase.explicit, Phase.generate, Phase.shrink))
+
+
+# ---------------------------------------------------------------------------------------------
 # name <-> value maps, read from the shared library itself
 # ---------------------------------------------------------------------------------------------
 
@@ -1456,6 +1521,32 @@ def run_isolated(fn, *args, timeout: float = 120.0, **kwargs):
         how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
         raise GGMLAbort(f"{getattr(fn, '__name__', fn)} failed in the child ({how}): {err_text[-2000:]}")
     return pickle.loads(b"".join(chunks[r_out]))
+
+
+def run_batch(fn, arg_tuples: list, timeout: float = 600.0) -> list:
+    """`[fn(*args) for args in arg_tuples]` in ONE forked child (a process per batch, not per graph).
+    Each entry of the result is the value, or a `GGMLAbort` when that call raised. Should ggml abort
+    the child (a failed `GGML_ASSERT` kills the whole process), the batch is run again one child per
+    call, so the abort is pinned on the call that caused it."""
+    def each():
+        out = []
+        for args in arg_tuples:
+            try:
+                out.append(fn(*args))
+            except Exception as err:  # noqa: BLE001 - reported per call
+                out.append(GGMLAbort(f"{type(err).__name__}: {err}"))
+        return out
+
+    try:
+        return run_isolated(each, timeout=timeout)
+    except GGMLAbort:
+        out = []
+        for args in arg_tuples:
+            try:
+                out.append(run_isolated(fn, *args))
+            except GGMLAbort as err:
+                out.append(err)
+        return out
 
 
 # -- random graphs whose values can be compared with ggml 0.15.3 exactly ---------------------------

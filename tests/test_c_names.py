@@ -9,9 +9,9 @@ import re
 import pytest
 
 import ggml_lite
-from conftest import ROOT, SHARED
+from helpers import REFERENCE, ROOT
 
-FUNCTIONS_MD = SHARED / "reference" / "FUNCTIONS.md"
+FUNCTIONS_MD = REFERENCE / "FUNCTIONS.md"
 
 
 def chapters():

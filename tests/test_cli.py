@@ -9,10 +9,8 @@ import sys
 
 import pytest
 
-from conftest import NEEDS_SHARED, ROOT, SEED_FILES, fixture_path, load_json
+from helpers import ROOT, SEED_FILES, fixture_path, load_json
 from ggml_lite.__main__ import main
-
-pytestmark = NEEDS_SHARED
 
 
 def _write(tmp_path, doc, name="graph.json"):
@@ -52,7 +50,7 @@ def test_check_with_numerics_computes_or_skips(tmp_path, capsys):
     assert "numerics: skipped" in capsys.readouterr().out
     del doc["data_seed"]
     assert main(["check", _write(tmp_path, doc)]) == 2
-    assert "no `data_seed`" in capsys.readouterr().err
+    assert "expected `data_generator.data_seed`" in capsys.readouterr().err
 
 
 def test_plan_json_gives_every_offset_and_the_buffer_size(capsys):
@@ -87,3 +85,84 @@ def test_the_module_runs_as_a_command():
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "plan identical" in p.stdout
+
+
+# -- unusable inputs: a specific message and exit 2, never a traceback or exit 1 ----------------------
+
+@pytest.mark.parametrize("command", ["plan", "check", "sched"])
+@pytest.mark.parametrize("content, needle", [
+    ("[1, 2, 3]", "the top level is a JSON list, expected an object"),
+    ('"text"', "the top level is a JSON str, expected an object"),
+    ("42", "the top level is a JSON int, expected an object"),
+])
+def test_a_top_level_that_is_not_an_object_exits_2(tmp_path, capsys, command, content, needle):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    assert main([command, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["plan", "check", "sched"])
+def test_a_directory_is_named_as_such(tmp_path, capsys, command):
+    assert main([command, str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory" in err and "no such file" not in err
+
+
+@pytest.mark.parametrize("command", ["plan", "check"])
+def test_plan_and_check_point_a_scenario_to_sched(capsys, command):
+    path = str(fixture_path("ggml-seed-sched", "03_partial_offload"))
+    assert main([command, path]) == 2
+    err = capsys.readouterr().err
+    assert "is a scheduler scenario" in err and "python -m ggml_lite sched" in err
+    assert "sequence of 0 graphs" not in err
+
+
+@pytest.mark.parametrize("check", [False, True])
+def test_a_scenario_without_outcome_names_the_field(tmp_path, capsys, check):
+    doc = load_json(fixture_path("ggml-seed-sched", "03_partial_offload"))
+    del doc["outcome"]
+    assert main(["sched", _write(tmp_path, doc)] + (["--check"] if check else [])) == 2
+    err = capsys.readouterr().err
+    assert "no `outcome` object" in err and "KeyError" not in err
+
+
+def test_a_scenario_missing_a_section_names_it(tmp_path, capsys):
+    doc = load_json(fixture_path("ggml-seed-sched", "03_partial_offload"))
+    del doc["weights"], doc["pins"]
+    assert main(["sched", _write(tmp_path, doc), "--check"]) == 2
+    assert "needs `weights`, `pins`" in capsys.readouterr().err
+
+
+def test_a_graph_file_given_to_sched_is_refused(capsys):
+    assert main(["sched", str(fixture_path("ggml-seed", "01_mlp_small"))]) == 2
+    assert "not a scheduler scenario (schema 'ggml-gallocr-fixture'" in capsys.readouterr().err
+
+
+def test_a_json_object_that_is_no_graph_file(tmp_path, capsys):
+    assert main(["plan", _write(tmp_path, {"schema": "something-else"})]) == 2
+    assert "no `graph` and no `steps`" in capsys.readouterr().err
+
+
+def test_sched_help_explains_every_cause_code():
+    from ggml_lite.sched import CAUSES
+
+    p = subprocess.run([sys.executable, "-m", "ggml_lite", "sched", "--help"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert p.returncode == 0
+    for code in ("usr", "1.dst", "1.vsrc", "1.inp", "1.wgtN", "1.off", "2.sup", "3.upg", "3.best", "4.vsrc",
+                 "4.cur", "4.cpy"):
+        assert code in CAUSES and f"  {code} " in p.stdout, code
+    assert "cut to 20 characters" in p.stdout
+
+
+def test_every_cause_the_scheduler_sets_is_explained():
+    """The legend cannot fall behind the code: every cause string sched.py assigns is in CAUSES."""
+    import re
+
+    src = (ROOT / "ggml_lite" / "sched.py").read_text()
+    set_causes = set(re.findall(r'causes\[\w+\] = f?"([^"]+)"', src))
+    from ggml_lite.sched import CAUSES
+
+    assert set_causes and {c.replace("{i}", "N") for c in set_causes} <= set(CAUSES)

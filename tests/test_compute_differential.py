@@ -1,14 +1,26 @@
-"""Differential tests: the CPU kernels against the real ggml, through ggml-python 0.0.45 (ggml 0.15.3,
-built with AVX2/FMA/F16C, no llamafile), on hypothesis-generated random graphs.
+"""Differential tests: the CPU kernels against the real ggml, through ggml-python 0.0.45 (ggml 0.15.3),
+on seeded random graphs.
 
-Two comparisons, each over at least `N_GRAPHS` graphs (derandomized, no example database):
+**Which comparison runs depends on how the oracle was built** (`ggml_oracle.build_info`, which asks
+`ggml_cpu_has_avx2`, `ggml_cpu_has_avx512`, ...; the pytest header line says which mode ran).
+`make setup` builds ggml-python like the recorded fixtures' ggml (AVX2, FMA, F16C, no AVX-512, no
+llamafile), so on any x86-64 machine it sums in the order the exact kernels reproduce and values are
+compared bit for bit. An oracle built otherwise (a native build on an AVX-512 machine, arm64) rounds
+dot products, silu's and soft_max's vectorised exp and row sums differently in the last bits; then
+every comparison below is made within `BUILD_TOL` (normwise: max |a - b| / max |ggml|) instead, and
+still fails on any real difference.
 
-* **Lockstep** (`test_lockstep_each_node_matches_ggml`, the full op mix of `ggml_oracle.graphs()`):
+Two comparisons, each over at least `N_GRAPHS` graphs (seeds 0, 1, 2, ...; x50 with `--long`). The
+graphs go to ggml in batches of `BATCH` per forked child process (`ggml_oracle.run_batch`), so a
+GGML_ASSERT fails the test instead of killing it, without a process per graph. A failure names the
+seed and prints the graph as ggml_lite code.
+
+* **Lockstep** (`test_lockstep_each_node_matches_ggml`, the full op mix of `ggml_oracle.random_graph`):
   the graph is computed one node at a time on both sides from identical memory (before node i,
   ggml's current bytes of the node's sources and destination are copied into ggml_lite's tensors;
   both planners place tensors identically), so each node is compared on identical inputs and
-  nothing accumulates. Tolerance: identical values (NaN matches NaN) for every op, except three op
-  families that ggml 0.15.3 computes differently from the reference (llama.cpp daa9623, which the
+  nothing accumulates. Bit-exact mode: identical values (NaN matches NaN) for every op, except three
+  op families that ggml 0.15.3 computes differently from the reference (llama.cpp daa9623, which the
   kernels follow and the recorded fixtures confirm bit for bit): normal-mode rope (another FMA
   contraction in its C++ `rotate_pairs`), norm (mean and variance via `ggml_vec_cvar_f32`), and f32
   mul_mat whose K is not a multiple of 32 (the leftovers of `ggml_vec_dot_f32`). For those the
@@ -16,23 +28,23 @@ Two comparisons, each over at least `N_GRAPHS` graphs (derandomized, no example 
   the largest value; an elementwise relative bound is meaningless for outputs near zero, which these
   ops produce by cancellation).
 
-* **Whole graphs** (`test_whole_graphs_match_ggml`, `ggml_oracle.compute_graphs()`): both sides
-  compute the whole graph (ggml_lite: `GAllocr` reserve + alloc_graph, `compute_forward` over
-  `gf.nodes`; ggml: `ggml_backend_graph_compute`), with the graph allocator's memory reuse and
-  in-place ops, and every result (OUTPUT-flagged nodes and nodes nothing consumes) is compared.
-  Graph-level tolerance: 0 (identical values). Justification: the op mix is restricted to the ops
-  the lockstep test finds bit-identical (the three families above are left out or replaced, see
-  `_ComputeBuilder`), so by induction over the nodes identical inputs give identical results and no
-  error can accumulate. With the full mix a whole graph cannot have a finite tolerance: one 1-ulp
-  difference from norm becomes a 13 % difference in log(sum_rows(norm(x))) (cancellation), so the
-  full mix is compared in lockstep only.
+* **Whole graphs** (`test_whole_graphs_match_ggml`, `ggml_oracle.compute_graph`): both sides compute
+  the whole graph (ggml_lite: `GAllocr` reserve + alloc_graph, `compute_forward` over `gf.nodes`;
+  ggml: `ggml_backend_graph_compute`), with the graph allocator's memory reuse and in-place ops, and
+  every result (OUTPUT-flagged nodes and nodes nothing consumes) is compared. Bit-exact mode:
+  identical values. Justification: the op mix is restricted to the ops the lockstep test finds
+  bit-identical (the three families above are left out or replaced, see `_ComputeBuilder`), so by
+  induction over the nodes identical inputs give identical results and no error can accumulate. With
+  the full mix a whole graph cannot have a finite tolerance: one 1-ulp difference from norm becomes a
+  13 % difference in log(sum_rows(norm(x))) (cancellation). For the same reason, in tolerance mode a
+  result beyond `BUILD_TOL` is accepted only when the lockstep of that graph finds every node within
+  it (counted in the report).
 
 Transcendental functions are evaluated with the C library (`libm_exact`), as the real ggml does on
 this machine, so they are part of the exact comparison. Graphs that the reference ggml could not
 compute (a kernel raises: ggml would abort) or that ggml 0.15.3 refuses (its element-wise kernels
 assert nb[0] == sizeof(float) even for one-element rows; the reference only did so in debug builds)
-are counted and skipped. ggml runs in a forked child process, so an unexpected GGML_ASSERT fails the
-test instead of killing it.
+are counted and skipped.
 """
 
 import collections
@@ -42,8 +54,6 @@ import zlib
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import ggml_lite as gl
 import ggml_oracle as O
@@ -56,15 +66,24 @@ pytestmark = pytest.mark.skipif(
     not O.available(), reason=f"the real ggml is not available: `import ggml` (ggml-python) failed: {O.IMPORT_ERROR}")
 
 N_GRAPHS = 200          # graphs that must be compared (not skipped) per test
-MAX_EXAMPLES = 330      # hypothesis examples per test (some graphs are skipped, see above)
+LONG_FACTOR = 50        # `--long` (make test-long) compares 50x as many
+BATCH = 25              # graphs computed by ggml in one forked child
+MAX_SEED = 10**7        # seeds tried before a test gives up finding enough comparable graphs
 VERSION_TOL = 1e-6      # normwise tolerance of the three version-dependent op families (worst seen: 5.9e-7)
 ELEMENTWISE = frozenset({Op.SQR, Op.SQRT, Op.LOG, Op.UNARY, Op.LEAKY_RELU})
 REPORT = {}             # test name -> counters and worst errors (printed by `python test_compute_differential.py`)
 
 
-def _settings(n):
-    return settings(max_examples=n, derandomize=True, database=None, deadline=None, print_blob=False,
-                    suppress_health_check=list(HealthCheck))
+# What the comparison may expect of the installed oracle (tests/ggml_oracle.py: build_info). Built like
+# the recorded fixtures (AVX2/FMA/F16C, no AVX-512: `make setup` pins that build), ggml sums in the
+# order the exact kernels reproduce and values must be identical. Built otherwise (a native AVX-512
+# build, arm64 NEON, ...), every node is compared within BUILD_TOL instead, normwise (max |a - b| over
+# max |ggml|) on identical inputs: dot products, the vectorised exp of silu and soft_max and other row
+# reductions round differently in the last bits (worst node seen with a native AVX-512 build: 1.2e-6).
+EXACT_ORDER = O.available() and O.sums_in_reproduced_order()
+BUILD_TOL = 1e-5
+ORACLE_MODE = "oracle sums in the reproduced order: bit-exact" if EXACT_ORDER else \
+    f"oracle built otherwise: within {BUILD_TOL:g} normwise"
 
 
 # -- data -------------------------------------------------------------------------------------------
@@ -114,7 +133,8 @@ def results_of(graph) -> list:
 
 def values(t, raw: bytes) -> np.ndarray:
     if t.type is gl.F32:
-        return np.frombuffer(raw, np.float32).astype(np.float64)
+        with np.errstate(invalid="ignore"):  # a signalling NaN raises FE_INVALID when widened
+            return np.frombuffer(raw, np.float32).astype(np.float64)
     if t.type is gl.F16:
         return np.frombuffer(raw, np.float16).astype(np.float64)
     if t.type is gl.I32:
@@ -190,111 +210,158 @@ def _report(rg, lines) -> str:
     return "\n".join([rg.describe(), *lines, "reproducer:", rg.source()])
 
 
-def _data_if_accepted(rg, seed, stats):
-    """The leaf data for `rg`, or None (counted) when ggml 0.15.3 would assert on the graph."""
-    stats["examples"] += 1
+def _prepared(build, seed, stats):
+    """(graph, data, allocator) of the graph `build(seed)` planned, filled and (whole graphs) computed
+    by ggml_lite, or None (counted) when ggml 0.15.3 would assert on it or the kernels refuse it, as
+    the reference ggml would abort on it."""
+    rg = build(seed)
+    stats["graphs built"] += 1
     if not ggml_accepts(rg.graph):
         stats["skipped: ggml 0.15.3 asserts"] += 1
         return None
-    return make_data(rg.graph, seed)
-
-
-def _lite_or_skip(rg, data, stats):
-    """ggml_lite's planned computation of `rg` (its allocator), or None (counted) when the kernels
-    refuse the graph, as the reference ggml would abort on it."""
+    data = make_data(rg.graph, seed)
     try:
-        return lite_compute(rg, data)
+        galloc = lite_compute(rg, data)
     except gl.GGMLLiteError as err:
         stats[f"skipped: {type(err).__name__}"] += 1
         return None
+    return rg, data, galloc
 
 
-def test_lockstep_each_node_matches_ggml():
-    stats = collections.Counter()
-    worst = collections.defaultdict(float)
-    t0 = time.perf_counter()
-
-    @_settings(MAX_EXAMPLES)
-    @given(O.graphs(), st.integers(0, 2**32 - 1))
-    def check(rg, seed):
-        gf = rg.graph
-        data = _data_if_accepted(rg, seed, stats)
-        if data is None:
-            return
+def _batches(build, n_wanted, stats, call_ggml):
+    """Yield (seed, rg, data, ggml's answer) for seeded graphs `build(0)`, `build(1)`, ... until
+    `n_wanted` graphs could be compared: ggml_lite plans and computes `BATCH` graphs, then one forked
+    child runs ggml on all of them (`ggml_oracle.run_batch`). ggml_lite's allocators are freed after
+    the batch. A graph on which ggml aborts fails the test with its reproducer."""
+    seed = compared = 0
+    while compared < n_wanted:
+        batch = []
         with libm_exact():
-            galloc = _lite_or_skip(rg, data, stats)
-            if galloc is None:
-                return
-            try:
-                steps = O.run_isolated(O.ggml_lockstep, gf, rg.roots, rg.preallocated, data, compute_forward)
-            finally:
+            while len(batch) < BATCH and seed < MAX_SEED:
+                got = _prepared(build, seed, stats)
+                if got is not None:
+                    batch.append((seed, *got))
+                seed += 1
+            answers = O.run_batch(call_ggml, [(rg, data) for _, rg, data, _ in batch])
+        try:
+            for (sd, rg, data, _), answer in zip(batch, answers):
+                assert not isinstance(answer, O.GGMLAbort), _report(rg, [f"seed {sd}: ggml failed: {answer}"])
+                yield sd, rg, data, answer
+                compared += 1
+        finally:
+            for *_, galloc in batch:
                 galloc.free()
+        assert seed < MAX_SEED, f"only {compared} of {n_wanted} graphs were comparable: {dict(stats)}"
+
+
+def _node_problem(node, mine, theirs, stats, worst) -> str:
+    """'' when ggml_lite's bytes of `node` are acceptable against ggml's, else what is wrong. Bit-exact
+    oracle: identical values, except the version-dependent families within `VERSION_TOL`. Another
+    oracle build: every node within `BUILD_TOL` (normwise, on identical inputs)."""
+    if mine == theirs:
+        return ""
+    a, b = values(node, mine), values(node, theirs)
+    if same_values(a, b):
+        return ""  # NaN payloads may differ
+    family = version_dependent(node) if EXACT_ORDER else "build order"
+    tol = VERSION_TOL if EXACT_ORDER else BUILD_TOL
+    err = normwise_error(a, b)
+    if family and err <= tol:
+        worst[family] = max(worst[family], err)
+        stats[f"nodes within tolerance: {family}"] += 1
+        return ""
+    n_diff = int(np.sum(~((a == b) | (np.isnan(a) & np.isnan(b)))))
+    limit = f"tolerance {tol}" if family else "must be identical"
+    return (f"node {op_label(node)} {gl.describe(node)}: {n_diff} of {a.size} values differ, "
+            f"normwise error {err:.3g} ({limit})")
+
+
+def _lockstep_in_ggml(rg, data):
+    return O.ggml_lockstep(rg.graph, rg.roots, rg.preallocated, data, compute_forward)
+
+
+def _whole_in_ggml(rg, data):
+    return O.ggml_compute(rg.graph, rg.roots, rg.preallocated, data, results_of(rg.graph))
+
+
+def test_lockstep_each_node_matches_ggml(long_run):
+    """Every node of `N_GRAPHS` random graphs (the full op mix), computed on identical inputs on both
+    sides, agrees with ggml (see the module docstring for the tolerances)."""
+    stats, worst = collections.Counter(), collections.defaultdict(float)
+    t0 = time.perf_counter()
+    n = N_GRAPHS * (LONG_FACTOR if long_run else 1)
+    for seed, rg, data, steps in _batches(O.random_graph, n, stats, _lockstep_in_ggml):
         bad = []
         for i, mine, theirs in steps:
-            node = gf.nodes[i]
             stats["nodes"] += 1
-            if mine == theirs:
-                continue
-            a, b = values(node, mine), values(node, theirs)
-            if same_values(a, b):
-                continue  # NaN payloads may differ
-            family = version_dependent(node)
-            err = normwise_error(a, b)
-            if family and err <= VERSION_TOL:
-                worst[family] = max(worst[family], err)
-                stats[f"nodes within tolerance: {family}"] += 1
-                continue
-            n_diff = int(np.sum(~((a == b) | (np.isnan(a) & np.isnan(b)))))
-            limit = f"tolerance {VERSION_TOL}" if family else "must be identical"
-            bad.append(f"node {i} {op_label(node)} {gl.describe(node)}: {n_diff} of {a.size} values differ, "
-                       f"normwise error {err:.3g} ({limit})")
+            problem = _node_problem(rg.graph.nodes[i], mine, theirs, stats, worst)
+            if problem:
+                bad.append(f"node {i}: {problem}")
         stats["graphs compared"] += 1
-        assert not bad, _report(rg, bad)
-
-    check()
-    REPORT["lockstep"] = dict(stats, seconds=round(time.perf_counter() - t0, 1), worst=dict(worst))
-    assert stats["graphs compared"] >= N_GRAPHS, dict(stats)
+        assert not bad, _report(rg, [f"seed {seed} ({ORACLE_MODE}):", *bad])
+    REPORT["lockstep"] = dict(stats, seconds=round(time.perf_counter() - t0, 1), worst=dict(worst), mode=ORACLE_MODE)
 
 
-def test_whole_graphs_match_ggml():
-    stats = collections.Counter()
+def test_whole_graphs_match_ggml(long_run):
+    """The results of `N_GRAPHS` random graphs of the restricted mix, each computed whole on both sides
+    (memory reuse and in-place ops included), agree with ggml. Bit-exact oracle: identical values.
+    Another build: within `BUILD_TOL`; a result beyond it must be explained by the lockstep of the same
+    graph (every node within `BUILD_TOL` on identical inputs: the difference grew by cancellation)."""
+    stats, worst = collections.Counter(), collections.defaultdict(float)
     t0 = time.perf_counter()
-
-    @_settings(MAX_EXAMPLES)
-    @given(O.compute_graphs(), st.integers(0, 2**32 - 1))
-    def check(rg, seed):
-        gf = rg.graph
-        data = _data_if_accepted(rg, seed, stats)
-        if data is None:
-            return
-        res = results_of(gf)
-        with libm_exact():
-            galloc = _lite_or_skip(rg, data, stats)
-        if galloc is None:
-            return
-        try:
-            mine = [lite_bytes(t) for t in res]
-        finally:
-            galloc.free()
-        theirs = O.run_isolated(O.ggml_compute, gf, rg.roots, rg.preallocated, data, res)
+    n = N_GRAPHS * (LONG_FACTOR if long_run else 1)
+    for seed, rg, data, theirs in _batches(O.compute_graph, n, stats, _whole_in_ggml):
+        res = results_of(rg.graph)
         bad = []
-        for t, a_raw, b_raw in zip(res, mine, theirs):
+        for t, a_raw, b_raw in zip(res, [lite_bytes(t) for t in res], theirs):
             stats["results"] += 1
             if a_raw == b_raw:
                 stats["results bit-identical"] += 1
                 continue
             a, b = values(t, a_raw), values(t, b_raw)
-            if same_values(a, b):
+            err = normwise_error(a, b)
+            if same_values(a, b) or (not EXACT_ORDER and err <= BUILD_TOL):
+                worst["results"] = max(worst["results"], 0 if same_values(a, b) else err)
                 continue
-            bad.append(f"result {op_label(t)} {gl.describe(t)}: normwise error {normwise_error(a, b):.3g} "
-                       f"(must be identical)")
+            limit = "must be identical" if EXACT_ORDER else f"tolerance {BUILD_TOL}"
+            bad.append(f"result {op_label(t)} {gl.describe(t)}: normwise error {err:.3g} ({limit})")
+        if bad and not EXACT_ORDER:
+            bad = _unexplained(rg, data, bad, stats)
         stats["graphs compared"] += 1
-        stats["nodes"] += gf.n_nodes
-        assert not bad, _report(rg, bad)
+        stats["nodes"] += rg.graph.n_nodes
+        assert not bad, _report(rg, [f"seed {seed} ({ORACLE_MODE}):", *bad])
+    REPORT["whole graphs"] = dict(stats, seconds=round(time.perf_counter() - t0, 1), worst=dict(worst),
+                                  mode=ORACLE_MODE)
 
-    check()
-    REPORT["whole graphs"] = dict(stats, seconds=round(time.perf_counter() - t0, 1))
-    assert stats["graphs compared"] >= N_GRAPHS, dict(stats)
+
+def _unexplained(rg, data, bad, stats) -> list:
+    """`bad` unless the lockstep of the same graph finds every node within `BUILD_TOL`."""
+    with libm_exact():
+        galloc = plan_and_fill(rg, data)
+        try:
+            steps = O.run_isolated(_lockstep_in_ggml, rg, data)
+        finally:
+            galloc.free()
+    node_bad = [p for i, mine, theirs in steps
+                if (p := _node_problem(rg.graph.nodes[i], mine, theirs, collections.Counter(),
+                                       collections.defaultdict(float)))]
+    if node_bad:
+        return bad + ["the lockstep of this graph finds:", *node_bad]
+    stats["graphs whose results grew beyond the tolerance by cancellation (lockstep within it)"] += 1
+    return []
+
+
+def test_a_wrong_node_fails_in_either_mode():
+    """The node comparison rejects a result 1e-4 off (relative) whichever way the oracle was built: the
+    tolerance of the other-build mode is 10x below that."""
+    ctx = gl.Context("cmp")
+    y = gl.silu(ctx, _x(ctx, [64, 2]))
+    theirs = np.linspace(-1, 1, 128, dtype=np.float32)
+    mine = theirs * np.float32(1 + 1e-4)
+    stats, worst = collections.Counter(), collections.defaultdict(float)
+    assert _node_problem(y, theirs.tobytes(), theirs.tobytes(), stats, worst) == ""
+    assert "values differ" in _node_problem(y, mine.tobytes(), theirs.tobytes(), stats, worst)
+    assert BUILD_TOL < 1e-4
 
 
 def test_whole_graph_comparison_can_fail():
@@ -345,7 +412,9 @@ def test_q8_0_conversion_is_the_simd_one():
     mine = lite_bytes(y)
     galloc.free()
     got = np.frombuffer(theirs, np.float32)[0]
-    assert np.frombuffer(mine, np.float32)[0] == got
+    if EXACT_ORDER:
+        assert np.frombuffer(mine, np.float32)[0] == got
+    assert abs(np.frombuffer(mine, np.float32)[0] - got) <= BUILD_TOL * abs(got)
     assert abs(got - 2.0) < 0.01, got  # the reference quantizer would give 3.0
 
     # cpy into a q8_0 tensor uses the same from_float
@@ -447,10 +516,10 @@ def test_op_zoo_matches_ggml(name):
     if y.type.is_quantized:  # quantized results: the blocks must be identical
         assert mine == theirs, f"{name}: {y.type.name} blocks differ"
     a, b = values(y, mine), values(y, theirs)
-    family = version_dependent(y)
     err = normwise_error(a, b)
     zoo[name] = "same values" if same_values(a, b) else f"normwise {err:.2g}"
-    assert same_values(a, b) or (family and err <= VERSION_TOL), f"{name}: normwise error {err:.3g}"
+    tol = (VERSION_TOL if version_dependent(y) else 0.0) if EXACT_ORDER else BUILD_TOL
+    assert same_values(a, b) or err <= tol, f"{name}: normwise error {err:.3g} ({ORACLE_MODE}, tolerance {tol:g})"
 
 
 @pytest.mark.parametrize("op", [gl.UnaryOp.GELU, gl.UnaryOp.GELU_QUICK])
@@ -469,7 +538,10 @@ def test_gelu_tables_match_ggml_on_every_f16_input(op):
     mine = lite_bytes(y)
     galloc.free()
     (theirs,) = O.run_isolated(O.ggml_compute, gf, [y], (), data, [y])
-    assert mine == theirs
+    if EXACT_ORDER:
+        assert mine == theirs
+    else:
+        assert normwise_error(values(y, mine), values(y, theirs)) <= BUILD_TOL, ORACLE_MODE
 
 
 def summary() -> str:
@@ -480,8 +552,9 @@ def summary() -> str:
 
 
 if __name__ == "__main__":
-    test_lockstep_each_node_matches_ggml()
-    test_whole_graphs_match_ggml()
+    print(O.describe_build())
+    test_lockstep_each_node_matches_ggml(False)
+    test_whole_graphs_match_ggml(False)
     for case in sorted(ZOO):
         test_op_zoo_matches_ggml(case)
     print(summary())

@@ -1,4 +1,4 @@
-"""The CPU kernels against the recorded op fixtures (`../shared/fixtures/ggml-seed-ops`).
+"""The CPU kernels against the recorded op fixtures (`tests/fixtures/ggml-seed-ops`).
 
 Every case of every fixture file is replayed: the inputs are created with the ggml_lite API (f16 and
 quantized inputs from their raw bytes), the recorded graph is rebuilt op by op with ggml_lite's
@@ -19,14 +19,13 @@ import numpy as np
 import pytest
 
 import ggml_lite as gl
-from conftest import FIXTURES
+from helpers import FIXTURES, OPS_FILES
 from ggml_lite.cpu import (
     compute_forward, fma_f32, fp32_to_fp16, gelu_table, libm_exact, quantize_row_q8_0, quantize_row_q8_0_ref, v_expf,
 )
 from ggml_lite.tensor import Op, UnaryOp, word_to_float
 
 OPS_DIR = FIXTURES / "ggml-seed-ops"
-NEEDS_OPS = pytest.mark.skipif(not OPS_DIR.is_dir(), reason=f"{OPS_DIR} is absent (fixtures live beside the project)")
 
 FILES = ["ops_binary", "ops_unary", "ops_copy", "ops_get_rows", "ops_mul_mat", "ops_norm", "ops_rope", "ops_softmax"]
 
@@ -76,9 +75,7 @@ TOLERANCES = {
 
 
 def load_cases():
-    """[(file, case)] for every case of every fixture file, in file order (empty without ../shared)."""
-    if not OPS_DIR.is_dir():
-        return []
+    """[(file, case)] for every case of every fixture file (tests/fixtures/ggml-seed-ops), in file order."""
     out = []
     for f in FILES:
         doc = json.loads((OPS_DIR / f"{f}.json").read_text())
@@ -235,15 +232,8 @@ def replay_case(case: dict) -> dict:
     return res
 
 
-def _ids():
-    return [c["name"] for _, c in CASES] or ["no-fixtures"]
-
-
-@NEEDS_OPS
-@pytest.mark.parametrize("fc", CASES or [None], ids=_ids())
+@pytest.mark.parametrize("fc", CASES, ids=[c["name"] for _, c in CASES])
 def test_op_fixture(fc, record_property):
-    if fc is None:
-        pytest.skip("no fixtures")
     _, case = fc
     tol = TOLERANCES[case["name"]]
     res = replay_case(case)
@@ -255,12 +245,12 @@ def test_op_fixture(fc, record_property):
     assert res["max_rel"] <= tol, f"{case['name']}: worst relative error {res['max_rel']:.3g} > {tol:.3g} ({res})"
 
 
-@NEEDS_OPS
 def test_every_case_has_a_tolerance():
+    assert sorted(FILES) == OPS_FILES  # every recorded file is read
+    assert len(CASES) == 80
     assert {c["name"] for _, c in CASES} == set(TOLERANCES)
 
 
-@NEEDS_OPS
 def test_every_case_is_bit_identical_with_the_c_library():
     """With the C library's expf/expm1f/logf/tanhf/... per element (`libm_exact`), every one of the
     recorded outputs is reproduced bit for bit (f16 outputs byte for byte)."""
@@ -280,7 +270,6 @@ def _replay_with(case, change_input=None):
     return compare(case, r.tensors[case["output"]["name"]])
 
 
-@NEEDS_OPS
 def test_a_one_ulp_input_change_fails_an_exact_case():
     case = next(c for _, c in CASES if c["name"] == "add_same_shape")
     assert _replay_with(case)["max_rel"] == 0
@@ -293,7 +282,6 @@ def test_a_one_ulp_input_change_fails_an_exact_case():
     assert res["max_rel"] > TOLERANCES["add_same_shape"] and res["n_equal"] == res["n"] - 1
 
 
-@NEEDS_OPS
 def test_a_wrong_f16_rounding_fails(monkeypatch):
     """Truncating instead of rounding to nearest even in the f32 -> f16 conversion breaks cpy_f32_f16."""
     kernels = sys.modules[compute_forward.__module__]

@@ -17,11 +17,11 @@ message includes the graph as ggml_lite code.
 import ctypes
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 import ggml_lite as gl
 import ggml_oracle as O
-from conftest import NEEDS_SHARED, fixture_path
+from helpers import fixture_path
 from ggml_lite.tensor import Op
 
 pytestmark = pytest.mark.skipif(
@@ -81,7 +81,6 @@ def _fixture_plan(name, ext_alloc="malloc"):
     return gf, O.ggml_plan(gf.graph, roots, pre, ext_alloc=ext_alloc)
 
 
-@NEEDS_SHARED
 @pytest.mark.parametrize("name", SINGLE_GRAPH_FIXTURES)
 def test_oracle_reproduces_fixture(name):
     """The real ggml, driven by the oracle, puts every tensor where the recorded reference run did;
@@ -100,7 +99,6 @@ def test_oracle_reproduces_fixture(name):
         [e["size"] for e in doc.get("external_buffers", [])]
 
 
-@NEEDS_SHARED
 def test_reserved_address_space_gives_the_same_plan():
     """The fallback for weights too large to malloc lays them out as ggml_backend_alloc_ctx_tensors does."""
     gf, a = _fixture_plan("07_llama4_kvcache", "malloc")
@@ -164,19 +162,31 @@ def test_offsets_are_none_outside_the_compute_buffer_and_sizes_keep_the_delta():
 
 # -- random graphs -----------------------------------------------------------------------------------
 
-@settings(max_examples=300, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@O.oracle_settings(max_examples=300)
 @given(O.graphs())
 def test_random_graph_plans_are_identical(rg):
     diffs = O.check_random_graph(rg)
     assert not diffs, _report(rg, diffs)
 
 
+def test_shrinking_is_bounded():
+    """`oracle_settings` bounds hypothesis's shrinking through its engine's constant (no public setting
+    exists): the constant must still be there and lowered, else a failure could shrink for 5 minutes."""
+    from hypothesis import Phase
+    from hypothesis.internal.conjecture import engine
+
+    s = O.oracle_settings(10)
+    assert engine.MAX_SHRINKING_SECONDS <= O.SHRINK_SECONDS
+    assert Phase.explain not in s.phases and s.database is None and s.derandomize
+
+
 @pytest.mark.parametrize("first, count, max_ops", [(0, 1500, 40), (100_000, 100, 200)])
-def test_seeded_random_graph_plans_are_identical(first, count, max_ops):
-    """A seeded sweep (`random_graph(seed)` reproduces any failure; `benchmarks/differential.py` runs
-    longer sweeps). The second row builds larger graphs, with more fragmentation."""
+def test_seeded_random_graph_plans_are_identical(first, count, max_ops, long_run):
+    """A seeded sweep (`random_graph(seed)` reproduces any failure; x20 with --long;
+    `benchmarks/differential.py` runs any length). The second row builds larger graphs, with more
+    fragmentation."""
     failures = []
+    count *= 20 if long_run else 1
     for seed in range(first, first + count):
         rg = O.random_graph(seed, max_ops=max_ops)
         diffs = O.check_random_graph(rg)

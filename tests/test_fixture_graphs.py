@@ -1,6 +1,6 @@
 """Every recorded graph, rebuilt with ggml_lite, equals what the real ggml built.
 
-For each graph of ../shared/fixtures (ggml-seed: 14 files, two of them sequences of graphs;
+For each graph of tests/fixtures (ggml-seed: 14 files, two of them sequences of graphs;
 ggml-seed-sched: the scheduler scenarios' input graphs) the tensors are rebuilt by replaying their ops,
 the graph by calling build_forward_expand on expand_roots in order, and then node order, leaf order,
 names, ne, nb, nbytes and view offsets are compared field by field with the record.
@@ -10,10 +10,9 @@ import re
 
 import pytest
 
-from conftest import NEEDS_SHARED, SCHED_FILES, SEED_FILES, fixture_path, graph_sections, load_json
+from helpers import SCHED_FILES, SEED_FILES, fixture_path, graph_sections, load_json
 from ggml_lite.graphio import dumps, read_graph_file, to_document
 
-pytestmark = NEEDS_SHARED
 AUTO_SUFFIX = re.compile(r" \((view|reshaped|permuted|transposed|cont|copy|copy of .*)\)$")
 
 
@@ -86,3 +85,9 @@ def test_llama7b_graph_shape():
     doc = load_json(fixture_path("ggml-seed", "13_llama7b_ctx512_all_outputs"))
     gf = read_graph_file(doc)
     assert (gf.graph.n_nodes, gf.graph.n_leafs, len(gf.tensors)) == (1062, 359, 1421)
+
+
+def test_the_project_carries_every_recorded_file():
+    """The recorded data lives in the project (tests/fixtures), so no fixture test can vanish."""
+    assert len(SEED_FILES) == 14 and len(SCHED_FILES) == 14
+    assert SEED_FILES[0] == "01_mlp_small" and SCHED_FILES[-1] == "14_two_devices_pinned_norm"

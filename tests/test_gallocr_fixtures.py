@@ -5,10 +5,8 @@ import copy
 
 import pytest
 
-from conftest import NEEDS_SHARED, SEED_FILES, fixture_path, load_json
+from helpers import SEED_FILES, fixture_path, load_json
 from ggml_lite.graphio import check_plan_file, plan_of, recorded_plan, run_plan
-
-pytestmark = NEEDS_SHARED
 
 
 @pytest.mark.parametrize("name", SEED_FILES)

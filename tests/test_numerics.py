@@ -1,4 +1,4 @@
-"""The `numerics` extension (../shared/fixtures/NUMERICS.md): the leaf data generator and `check`'s
+"""The `numerics` extension (tests/fixtures/README.md): the leaf data generator and `check`'s
 verification of recorded results, on files built here with the real ggml (ggml-python) computing the
 results."""
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ggml_lite as gl
-from conftest import NEEDS_SHARED
+from helpers import fixture_path, load_json
 from ggml_lite.numerics import LCG_A, LCG_C, MASK, fill_leaf, lcg_states, leaf_values
 
 
@@ -67,13 +67,13 @@ def _bytes_for(t, values) -> bytes:
     return values.tobytes()
 
 
-def _numerics_document(name: str, seed: int, ranges: dict) -> dict:
+def _numerics_document(name: str, seed: int, ranges: dict, legacy_seed: bool = False) -> dict:
     """Fixture `name` with a `numerics` block whose results the real ggml (ggml-python) computed from
-    the NUMERICS.md leaf data."""
+    the specified leaf data; the seed in `data_generator.data_seed` (the spec's layout), or at the top
+    level with `legacy_seed` (the layout this project wrote before)."""
     import copy
 
     import ggml_oracle as O
-    from conftest import fixture_path, load_json
     from ggml_lite.graphio import allocate_external
 
     doc = copy.deepcopy(load_json(fixture_path("ggml-seed", name)))
@@ -107,25 +107,31 @@ def _numerics_document(name: str, seed: int, ranges: dict) -> dict:
         else:
             entry["values"] = [float(x) for x in v]
         results.append(entry)
-    doc.update(numeric=True, data_generator="NUMERICS.md LCG", data_seed=seed,
-               numerics={"leaf_data": leaf_data, "results": results})
+    doc.update(numeric=True, numerics={"leaf_data": leaf_data, "results": results})
+    if legacy_seed:
+        doc.update(data_generator="LCG", data_seed=seed)
+    else:
+        doc["data_generator"] = {"kind": "lcg32", "data_seed": seed}
     return doc
 
 
 needs_ggml = pytest.mark.skipif(not __import__("ggml_oracle").available(), reason="ggml-python is not importable")
 
 
-@NEEDS_SHARED
 @needs_ggml
-@pytest.mark.parametrize("name, ranges", [
-    ("06_llama_block", {"inp_pos": (0, 64)}),
-    ("07_llama4_kvcache", {"inp_tokens": (0, 256), "inp_pos": (0, 64), "inp_out_ids": (0, 16)}),
+@pytest.mark.parametrize("name, ranges, legacy_seed", [
+    ("06_llama_block", {"inp_pos": (0, 64)}, False),
+    ("07_llama4_kvcache", {"inp_tokens": (0, 256), "inp_pos": (0, 64), "inp_out_ids": (0, 16)}, False),
+    ("06_llama_block", {"inp_pos": (0, 64)}, True),
 ])
-def test_check_verifies_results_computed_by_ggml(name, ranges, tmp_path, capsys):
+def test_check_verifies_results_computed_by_ggml(name, ranges, legacy_seed, tmp_path, capsys):
+    """A file in the spec's layout (seed in `data_generator.data_seed`; the last row: the older
+    top-level `data_seed`) whose results ggml computed: `check` verifies it, and a changed value fails."""
     from ggml_lite.__main__ import main
     from ggml_lite.graphio import dumps
 
-    doc = _numerics_document(name, 1234, ranges)
+    doc = _numerics_document(name, 1234, ranges, legacy_seed)
+    assert ("data_seed" in doc) == legacy_seed and (doc["data_generator"] == "LCG") == legacy_seed
     path = tmp_path / f"{name}_numeric.json"
     path.write_text(dumps(doc))
     assert main(["check", str(path)]) == 0
@@ -140,3 +146,22 @@ def test_check_verifies_results_computed_by_ggml(name, ranges, tmp_path, capsys)
     path.write_text(dumps(doc))
     assert main(["check", str(path)]) == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("generator, top, message", [
+    ({"data_seed": 7}, {}, None),
+    ({"data_seed": 7}, {"data_seed": 9}, None),  # the spec's place wins
+    ("LCG", {"data_seed": 7}, None),
+    ({"kind": "lcg32"}, {}, "expected `data_generator.data_seed`"),
+    ({"data_seed": "7"}, {}, "must be an integer"),
+    ({"data_seed": -1}, {}, "must be an integer in"),
+])
+def test_the_seed_is_read_where_the_spec_puts_it(generator, top, message):
+    from ggml_lite.numerics import data_seed
+
+    doc = {"data_generator": generator, **top}
+    if message is None:
+        assert data_seed(doc) == 7
+    else:
+        with pytest.raises(gl.GraphFileError, match=message):
+            data_seed(doc)

@@ -6,23 +6,22 @@ more inputs than GGML_SCHED_MAX_SPLIT_INPUTS, and the pins are respected.
 Graphs are `ggml_oracle.compute_graph(seed)` (computable random graphs; weights in a separate context,
 which here becomes a WEIGHTS buffer on the CPU or on SIM), built twice from one seed: once for the
 CPU alone (graph allocator, CPU backend), once for the scheduler. Data tensors are flagged INPUT and
-filled after allocation (see tests/test_plan_safety.py)."""
+filled after allocation (tests/helpers.py)."""
 
+import collections
 import random
 
 import numpy as np
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
 
 import ggml_lite as gl
 import ggml_oracle as O
 from ggml_lite.sched import GGML_SCHED_MAX_SPLIT_INPUTS, BackendSched
-from test_plan_safety import NOT_COMPUTABLE, _fill, _kept, _same, int_ranges
+from helpers import NOT_COMPUTABLE, fill, int_ranges, kept, same
 
 MAX_OPS = 20
+N_GRAPHS = 120  # computable scheduled graphs the test must see
 DENIABLE = (gl.Op.ADD, gl.Op.MUL, gl.Op.MUL_MAT, gl.Op.SOFT_MAX, gl.Op.ROPE, gl.Op.RMS_NORM, gl.Op.UNARY,
             gl.Op.CPY, gl.Op.CONT, gl.Op.SCALE, gl.Op.GET_ROWS)
-RUNS = []
 
 
 def _graph(seed, weights_backend=None):
@@ -49,9 +48,9 @@ def _graph(seed, weights_backend=None):
 def _cpu_alone(seed):
     rg = _graph(seed)
     gl.GAllocr(gl.cpu_buffer_type()).alloc_graph(rg.graph)
-    _fill(rg)
+    fill(rg)
     gl.cpu_init().graph_compute(rg.graph)
-    return [gl.tensor_get(rg.graph.nodes[k]) for k in _kept(rg)]
+    return [gl.tensor_get(rg.graph.nodes[k]) for k in kept(rg)]
 
 
 def _writes_elsewhere(sched, graph) -> list:
@@ -61,25 +60,18 @@ def _writes_elsewhere(sched, graph) -> list:
     assigned elsewhere (an INPUT on the CPU, say) — a GPU would write host memory; and a view flagged
     INPUT goes to the CPU (`1.inp`) although its view_src is in device memory — the CPU would read it
     without a copy. SIM and the CPU refuse such accesses (`BackendError`, `BufferStateError`); these
-    graphs are left out here and counted in `MISPLACED`."""
-    bad = [t for t in graph.nodes if t.view_src is not None and t.op is not gl.Op.NONE
-           and not sched.buffer_supported(t.view_src, sched.backend_id(sched.get_tensor_backend(t)))]
-    if bad:
-        MISPLACED.append(bad[0].name)
-    return bad
+    graphs are left out (and counted)."""
+    return [t for t in graph.nodes if t.view_src is not None and t.op is not gl.Op.NONE
+            and not sched.buffer_supported(t.view_src, sched.backend_id(sched.get_tensor_backend(t)))]
 
 
-MISPLACED = []
-
-
-@settings(max_examples=120, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
-@given(seed=st.integers(0, 2**31 - 1), knobs=st.integers(0, 2**31 - 1))
-def test_scheduled_graphs_compute_what_the_cpu_computes(seed, knobs):
+def _scheduled(seed, knobs):
+    """The graph of `seed` scheduled on [SIM, CPU] as `knobs` decides, computed; returns
+    (results, run record) or (None, reason) for a graph left out."""
     try:
         want = _cpu_alone(seed)
     except NOT_COMPUTABLE:
-        assume(False)
+        return None, "not computable"
     r = random.Random(knobs)
     deny = r.sample(DENIABLE, r.randrange(4))
     sim = gl.sim_init("SIM", deny_ops=deny, offload=r.choice((None, "mul_mat", "cuda")),
@@ -94,29 +86,39 @@ def test_scheduled_graphs_compute_what_the_cpu_computes(seed, knobs):
         if backend.supports_op(t):
             sched.set_tensor_backend(t, backend)
             pins[t] = backend
-    ranges, kept = int_ranges(rg), _kept(rg)  # before the split rewires the sources
+    ranges, keep = int_ranges(rg), kept(rg)  # before the split rewires the sources
     try:
         assert sched.alloc_graph(rg.graph)
     except gl.SchedulerError:  # a pre-allocated weight in SIM memory whose op SIM refuses: the C aborts
-        assume(False)
-    assume(not _writes_elsewhere(sched, rg.graph))
-    _fill(rg, ranges)
+        return None, "the reference aborts"
+    if _writes_elsewhere(sched, rg.graph):
+        return None, "misplaced view or CPY"
+    fill(rg, ranges)
     assert sched.graph_compute(rg.graph) == gl.Status.SUCCESS
-    got = [gl.tensor_get(rg.graph.nodes[k]) for k in kept]
-    assert _same(got, want), f"seed {seed}, knobs {knobs}: the scheduled graph computed other values"
+    got = [gl.tensor_get(rg.graph.nodes[k]) for k in keep]
+    assert same(got, want), f"seed {seed}, knobs {knobs}: the scheduled graph computed other values"
     assert all(sched.get_tensor_backend(t) is not None for t in rg.graph.nodes)  # every node is assigned
     assert all(s.n_inputs <= GGML_SCHED_MAX_SPLIT_INPUTS for s in sched.splits)
     assert all(sched.get_tensor_backend(t) is b and sched.get_cause(t) == "usr" for t, b in pins.items())
-    RUNS.append((seed, sched.n_splits, sim.asynchronous, sched.n_copies))
+    return got, (seed, sched.n_splits, sim.asynchronous, sched.n_copies)
 
 
-def test_enough_scheduled_graphs():
-    """The property above ran on at least 100 computable graphs, some of them split across both
-    backends, some with an asynchronous SIM, some with pipeline copies."""
-    if not RUNS:
-        import pytest
-        pytest.skip("run together with test_scheduled_graphs_compute_what_the_cpu_computes")
-    assert len(RUNS) >= 100, len(RUNS)
-    assert sum(1 for _, n, _, _ in RUNS if n > 1) >= 20
-    assert any(a for _, n, a, _ in RUNS if n > 1) and any(c > 1 for *_, c in RUNS)
-    assert np.mean([n for _, n, _, _ in RUNS]) > 1
+def test_scheduled_graphs_compute_what_the_cpu_computes(long_run):
+    """At least `N_GRAPHS` computable graphs (x50 with --long) compute what the CPU computes alone;
+    some of them split across both backends, some with an asynchronous SIM, some with pipeline
+    copies. Graph k is `compute_graph(k)` with knobs `k`: a failure names k, which reproduces it.
+    Graphs left out are counted by reason."""
+    runs, left_out = [], collections.Counter()
+    n = N_GRAPHS * (50 if long_run else 1)
+    seed = 0
+    while len(runs) < n:
+        assert seed < 20 * n, (len(runs), dict(left_out))
+        got, record = _scheduled(seed, knobs=seed)
+        if got is None:
+            left_out[record] += 1
+        else:
+            runs.append(record)
+        seed += 1
+    assert sum(1 for _, k, _, _ in runs if k > 1) >= n // 5, "too few graphs were split"
+    assert any(a for _, k, a, _ in runs if k > 1) and any(c > 1 for *_, c in runs)
+    assert np.mean([k for _, k, _, _ in runs]) > 1

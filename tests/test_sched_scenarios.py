@@ -7,10 +7,8 @@ import numpy as np
 import pytest
 
 import ggml_lite as gl
-from conftest import NEEDS_SHARED, SCHED_FILES, fixture_path, load_json
+from helpers import SCHED_FILES, fixture_path, load_json
 from ggml_lite.scenario import batch_inputs, fnv1a32, load_scenario, make_backends, offload_rule, weight_gen
-
-pytestmark = NEEDS_SHARED
 
 
 def _doc(name):

@@ -1,5 +1,5 @@
 """The scheduler's assignment and splitting (`ggml_backend_sched_split_graph`) and its reserve, against the
-14 recorded scenarios (../shared/fixtures/ggml-seed-sched): every tensor's backend and cause, the splits
+14 recorded scenarios (tests/fixtures/ggml-seed-sched): every tensor's backend and cause, the splits
 and their inputs and copies, the scheduler's graph copy, the GGML_SCHED_DEBUG printout, n_splits,
 n_copies and every backend's compute-buffer size after the reserve; scenario 13's abort as an error."""
 
@@ -8,11 +8,9 @@ import logging
 import pytest
 
 import ggml_lite as gl
-from conftest import NEEDS_SHARED, SCHED_FILES, fixture_path, load_json
+from helpers import SCHED_FILES, fixture_path, load_json
 from ggml_lite.sched import BackendSched, print_assignments
 from ggml_lite.scenario import apply_pins, load_scenario
-
-pytestmark = NEEDS_SHARED
 WITH_GRAPH = [n for n in SCHED_FILES if not n.startswith("13_")]
 
 
