@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT.parent / "shared" / "fixtures" / "ggml-seed" / "07_llama4_kvcache.json"
+FIXTURE = ROOT / "tests" / "fixtures" / "ggml-seed" / "07_llama4_kvcache.json"
 
 import ggml_lite as gl  # noqa: E402
 from ggml_lite.buffer import tensor_array  # noqa: E402

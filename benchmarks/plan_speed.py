@@ -63,7 +63,7 @@ from ggml_lite.graphio import allocate_external  # noqa: E402
 
 import ggml_oracle as O  # noqa: E402
 
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "ggml-seed"
+FIXTURES = ROOT / "tests" / "fixtures" / "ggml-seed"
 TIMED = ["07_llama4_kvcache", "13_llama7b_ctx512_all_outputs"]
 SINGLE = ["01_mlp_small", "02_elementwise_inplace", "03_views_layout", "04_outputs_middle", "05_inputs_flagged",
           "06_llama_block", "07_llama4_kvcache", "08_random_dag_chain_s1234", "09_random_dag_wide_s42",

@@ -182,7 +182,7 @@ def describe_build() -> str:
 # hypothesis settings of the oracle tests: a failure is reported in seconds
 # ---------------------------------------------------------------------------------------------
 
-SHRINK_SECONDS = 20  # the most time hypothesis may spend shrinking one failure (its default is 300)
+SHRINK_SECONDS = 10  # the most time hypothesis may spend shrinking one failure (its default is 300)
 
 
 def oracle_settings(max_examples: int):
