@@ -12,12 +12,15 @@ ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
 # The differential tests' oracle, ggml-python, ships only as source, so pip compiles its ggml for the
 # local CPU. It is built instead like the ggml that recorded the fixtures (AVX2, FMA, F16C; no AVX-512),
-# so that it sums in the order the exact kernels reproduce on every x86-64 machine (a C compiler and
-# cmake from PyPI are all it needs; on arm64 these flags are ignored and the tests compare within their
-# tolerance). --no-cache-dir: a wheel built natively by an earlier install must not be reused.
+# so that it sums in the order the exact kernels reproduce, with or without AVX-512 (a C compiler and
+# cmake from PyPI are all it needs). --no-cache-dir: a wheel built natively by an earlier install must
+# not be reused.
+# A CPU that cannot run AVX2 code (arm64, an old x86) gets a native build; the tests then compare
+# within their tolerance.
 ORACLE            := ggml-python==0.0.45
-ORACLE_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF
-ORACLE_STAMP      := $(VENV)/.oracle-0.0.45-avx2-noavx512
+HAS_AVX2          := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo yes)
+ORACLE_CMAKE_ARGS := $(if $(HAS_AVX2),-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF)
+ORACLE_STAMP      := $(VENV)/.oracle-0.0.45-$(if $(HAS_AVX2),avx2-noavx512,native)
 
 .PHONY: setup lab test test-long check-sync export sync clean
 
