@@ -2,8 +2,8 @@
 # Edit the notebook, then run `make export`.
 
 """Backends (ggml-backend.c:125-310, 1700-1872): the interface a backend implements, tensor data in
-and out, copies, events, graph plans, the registry, `ggml_backend_graph_copy` and
-`ggml_backend_compare_graph_backend`."""
+and out, copies, events, graph plans, `ggml_backend_graph_copy` and `ggml_backend_compare_graph_backend`
+(the registry is `ggml_lite.registry`)."""
 
 import abc
 import enum
@@ -14,7 +14,6 @@ import numpy as np
 from ggml_lite.buffer import _DTYPES, buffer_copy_tensor, strided_view, view_init
 from ggml_lite.errors import (
     BackendError, DataTypeError, LayoutMismatchError, TensorBoundsError, TensorNotAllocatedError,
-    UnknownBackendError,
 )
 from ggml_lite.graph import Graph, graph_view
 from ggml_lite.tallocr import alloc_ctx_tensors
@@ -338,95 +337,6 @@ def tensor_copy_async(backend_src: Backend, backend_dst: Backend, src, dst) -> N
     backend_src.synchronize()
     backend_dst.synchronize()
     tensor_copy(src, dst)
-
-
-GGML_REG_MAX_BACKENDS = 64
-
-
-class _RegEntry:
-    """`struct ggml_backend_reg`."""
-
-    __slots__ = ("name", "init_fn", "default_buffer_type", "user_data")
-
-    def __init__(self, name, init_fn, default_buffer_type, user_data):
-        self.name, self.init_fn = name, init_fn
-        self.default_buffer_type, self.user_data = default_buffer_type, user_data
-
-
-_REGISTRY: list = []
-_REGISTRY_INITIALIZED = False
-
-
-def _registry_init() -> None:
-    """`ggml_backend_registry_init`: registers the built-in backends once (CPU, then SIM)."""
-    global _REGISTRY_INITIALIZED
-    if _REGISTRY_INITIALIZED:
-        return
-    _REGISTRY_INITIALIZED = True
-    from ggml_lite.cpu import cpu_buffer_type, reg_cpu_init  # imported here: cpu and sim import this module
-    from ggml_lite.sim import reg_sim_init, sim_default_buffer_type
-
-    register("CPU", reg_cpu_init, cpu_buffer_type(), None)
-    register("SIM", reg_sim_init, sim_default_buffer_type(), None)
-
-
-def register(name: str, init_fn, default_buffer_type, user_data=None) -> None:
-    """`ggml_backend_register`: `init_fn(params: str, user_data)` creates a backend."""
-    if len(_REGISTRY) >= GGML_REG_MAX_BACKENDS:
-        raise BackendError(f"cannot register backend {name!r}: the registry holds {GGML_REG_MAX_BACKENDS} backends")
-    _REGISTRY.append(_RegEntry(str(name)[:127], init_fn, default_buffer_type, user_data))
-    log.debug("ggml_backend_register: registered backend %s", name)
-
-
-def reg_get_count() -> int:
-    """`ggml_backend_reg_get_count`."""
-    _registry_init()
-    return len(_REGISTRY)
-
-
-def reg_find_by_name(name: str):
-    """`ggml_backend_reg_find_by_name`: the index of the first backend called exactly `name`, or None."""
-    _registry_init()
-    return next((i for i, e in enumerate(_REGISTRY) if e.name == name), None)
-
-
-def _reg_entry(i: int) -> _RegEntry:
-    _registry_init()
-    if not 0 <= i < len(_REGISTRY):
-        raise UnknownBackendError(f"registry index {i} asked, the registry holds {len(_REGISTRY)} backends")
-    return _REGISTRY[i]
-
-
-def reg_get_name(i: int) -> str:
-    """`ggml_backend_reg_get_name`."""
-    return _reg_entry(i).name
-
-
-def reg_init_backend(i: int, params: str = "") -> Backend:
-    """`ggml_backend_reg_init_backend`: call entry `i`'s init function with `params`."""
-    e = _reg_entry(i)
-    return e.init_fn(params, e.user_data)
-
-
-def reg_init_backend_from_str(backend_str: str) -> Backend:
-    """`ggml_backend_reg_init_backend_from_str`: "NAME" or "NAME:params"."""
-    name, sep, params = backend_str.partition(":")
-    i = reg_find_by_name(name)
-    if i is None:
-        log.error("ggml_backend_reg_init_backend_from_str: backend %s not found", name)
-        known = ", ".join(e.name for e in _REGISTRY)
-        raise UnknownBackendError(f"backend {name!r} not found (from {backend_str!r}); registered: {known}")
-    return reg_init_backend(i, params)
-
-
-def reg_get_default_buffer_type(i: int):
-    """`ggml_backend_reg_get_default_buffer_type`."""
-    return _reg_entry(i).default_buffer_type
-
-
-def reg_alloc_buffer(i: int, size: int):
-    """`ggml_backend_reg_alloc_buffer`: a buffer of entry `i`'s default buffer type."""
-    return reg_get_default_buffer_type(i).alloc_buffer(size)
 
 
 def dup_tensor_layout(ctx: Context, t):

@@ -1258,7 +1258,7 @@ class CPUBackend(Backend):
                                          f"{node.src[1].type.name} is neither f32 nor the dot type of {node.src[0].type.name}")
             compute_forward(node)
         if self.clock is not None and graph.nodes:
-            self.clock.host_work(self.name, "compute", _graph_label(graph), self.cost.graph_seconds(graph))
+            self.clock.host_work(self.name, "compute", graph_label(graph), self.cost.graph_seconds(graph))
         return Status.SUCCESS
 
     def _supports_op(self, op) -> bool:
@@ -1273,7 +1273,7 @@ class CPUBackend(Backend):
         return buft.is_host()
 
 
-def _graph_label(graph) -> str:
+def graph_label(graph) -> str:
     """A graph as the timelines label it: its node count and first/last node names."""
     n = len(graph.nodes)
     return f"{n} node{'s' if n != 1 else ''}: {graph.nodes[0].name} .. {graph.nodes[-1].name}" if n > 1 else graph.nodes[0].name

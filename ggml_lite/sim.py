@@ -12,7 +12,7 @@ import numpy as np
 
 from ggml_lite.backend import Backend, Event, Status, tensor_buffer
 from ggml_lite.buffer import HEAP, Buffer, BufferType
-from ggml_lite.cpu import _graph_label, compute_forward, mul_mat_supported
+from ggml_lite.cpu import graph_label, compute_forward, mul_mat_supported
 from ggml_lite.errors import BackendError, UnsupportedOpError
 from ggml_lite.tensor import F32, VIEW_OPS, Op, describe, nbytes, nelements, op_by_name
 
@@ -331,7 +331,7 @@ class SimBackend(Backend):
                     if t is not None:
                         self._own(t, "read")
                 compute_forward(node, device=True)
-        self._enqueue(_Item("compute", _graph_label(graph), self.cost.graph_seconds(graph), run))
+        self._enqueue(_Item("compute", graph_label(graph), self.cost.graph_seconds(graph), run))
         return Status.SUCCESS
 
     # -- events ---------------------------------------------------------------------------------------------

@@ -33,7 +33,8 @@
 #    events, a cost model with a simulated clock — and the copies between it and the host.
 # 4. The registry, `ggml_backend_graph_copy` and `ggml_backend_compare_graph_backend`.
 #
-# Exported: `ggml_lite.backend`, `ggml_lite.cpu`, `ggml_lite.sim`, `ggml_lite.viz.backends`.
+# Exported: `ggml_lite.backend`, `ggml_lite.cpu`, `ggml_lite.sim`, `ggml_lite.registry`, `ggml_lite.numerics`,
+# `ggml_lite.viz.backends`.
 
 # %% [markdown]
 # ## 1 · The interface
@@ -74,8 +75,8 @@
 # %%
 # | export
 """Backends (ggml-backend.c:125-310, 1700-1872): the interface a backend implements, tensor data in
-and out, copies, events, graph plans, the registry, `ggml_backend_graph_copy` and
-`ggml_backend_compare_graph_backend`."""
+and out, copies, events, graph plans, `ggml_backend_graph_copy` and `ggml_backend_compare_graph_backend`
+(the registry is `ggml_lite.registry`)."""
 
 import abc
 import enum
@@ -86,7 +87,6 @@ import numpy as np
 from ggml_lite.buffer import _DTYPES, buffer_copy_tensor, strided_view, view_init
 from ggml_lite.errors import (
     BackendError, DataTypeError, LayoutMismatchError, TensorBoundsError, TensorNotAllocatedError,
-    UnknownBackendError,
 )
 from ggml_lite.graph import Graph, graph_view
 from ggml_lite.tallocr import alloc_ctx_tensors
@@ -465,110 +465,7 @@ def tensor_copy_async(backend_src: Backend, backend_dst: Backend, src, dst) -> N
 
 
 # %% [markdown]
-# ### 1.4 · The registry
-#
-# `ggml-backend.c:308-421`: a fixed table of at most 64 entries (name, init function, default buffer
-# type, user data), filled on first use by `ggml_backend_registry_init` with the CPU and whatever
-# accelerators were compiled in. `ggml_backend_reg_init_backend_from_str("NAME:params")` splits at
-# the first `:` and hands the rest to the backend's init function. Here the built-in entries are
-# `CPU` and `SIM` (params `name=SIM1,alignment=64,max_size=65536,deny=SOFT_MAX+ROPE`, see §3). Two
-# departures, both for Python callers: a name that is not found gives None from `reg_find_by_name`
-# (the C returns `SIZE_MAX`) and an `UnknownBackendError` from `reg_init_backend_from_str` (the C
-# prints "backend X not found" and returns NULL).
-
-# %%
-# | export
-GGML_REG_MAX_BACKENDS = 64
-
-
-class _RegEntry:
-    """`struct ggml_backend_reg`."""
-
-    __slots__ = ("name", "init_fn", "default_buffer_type", "user_data")
-
-    def __init__(self, name, init_fn, default_buffer_type, user_data):
-        self.name, self.init_fn = name, init_fn
-        self.default_buffer_type, self.user_data = default_buffer_type, user_data
-
-
-_REGISTRY: list = []
-_REGISTRY_INITIALIZED = False
-
-
-def _registry_init() -> None:
-    """`ggml_backend_registry_init`: registers the built-in backends once (CPU, then SIM)."""
-    global _REGISTRY_INITIALIZED
-    if _REGISTRY_INITIALIZED:
-        return
-    _REGISTRY_INITIALIZED = True
-    from ggml_lite.cpu import cpu_buffer_type, reg_cpu_init  # imported here: cpu and sim import this module
-    from ggml_lite.sim import reg_sim_init, sim_default_buffer_type
-
-    register("CPU", reg_cpu_init, cpu_buffer_type(), None)
-    register("SIM", reg_sim_init, sim_default_buffer_type(), None)
-
-
-def register(name: str, init_fn, default_buffer_type, user_data=None) -> None:
-    """`ggml_backend_register`: `init_fn(params: str, user_data)` creates a backend."""
-    if len(_REGISTRY) >= GGML_REG_MAX_BACKENDS:
-        raise BackendError(f"cannot register backend {name!r}: the registry holds {GGML_REG_MAX_BACKENDS} backends")
-    _REGISTRY.append(_RegEntry(str(name)[:127], init_fn, default_buffer_type, user_data))
-    log.debug("ggml_backend_register: registered backend %s", name)
-
-
-def reg_get_count() -> int:
-    """`ggml_backend_reg_get_count`."""
-    _registry_init()
-    return len(_REGISTRY)
-
-
-def reg_find_by_name(name: str):
-    """`ggml_backend_reg_find_by_name`: the index of the first backend called exactly `name`, or None."""
-    _registry_init()
-    return next((i for i, e in enumerate(_REGISTRY) if e.name == name), None)
-
-
-def _reg_entry(i: int) -> _RegEntry:
-    _registry_init()
-    if not 0 <= i < len(_REGISTRY):
-        raise UnknownBackendError(f"registry index {i} asked, the registry holds {len(_REGISTRY)} backends")
-    return _REGISTRY[i]
-
-
-def reg_get_name(i: int) -> str:
-    """`ggml_backend_reg_get_name`."""
-    return _reg_entry(i).name
-
-
-def reg_init_backend(i: int, params: str = "") -> Backend:
-    """`ggml_backend_reg_init_backend`: call entry `i`'s init function with `params`."""
-    e = _reg_entry(i)
-    return e.init_fn(params, e.user_data)
-
-
-def reg_init_backend_from_str(backend_str: str) -> Backend:
-    """`ggml_backend_reg_init_backend_from_str`: "NAME" or "NAME:params"."""
-    name, sep, params = backend_str.partition(":")
-    i = reg_find_by_name(name)
-    if i is None:
-        log.error("ggml_backend_reg_init_backend_from_str: backend %s not found", name)
-        known = ", ".join(e.name for e in _REGISTRY)
-        raise UnknownBackendError(f"backend {name!r} not found (from {backend_str!r}); registered: {known}")
-    return reg_init_backend(i, params)
-
-
-def reg_get_default_buffer_type(i: int):
-    """`ggml_backend_reg_get_default_buffer_type`."""
-    return _reg_entry(i).default_buffer_type
-
-
-def reg_alloc_buffer(i: int, size: int):
-    """`ggml_backend_reg_alloc_buffer`: a buffer of entry `i`'s default buffer type."""
-    return reg_get_default_buffer_type(i).alloc_buffer(size)
-
-
-# %% [markdown]
-# ### 1.5 · Copying a whole graph to another backend, and comparing two backends
+# ### 1.4 · Copying a whole graph to another backend, and comparing two backends
 #
 # `ggml_backend_graph_copy` (:1771-1840) rebuilds a computed graph on another backend: every tensor
 # is duplicated **with its layout** (`ggml_dup_tensor_layout`, :794), non-view tensors with data go
@@ -2037,7 +1934,7 @@ class CPUBackend(Backend):
                                          f"{node.src[1].type.name} is neither f32 nor the dot type of {node.src[0].type.name}")
             compute_forward(node)
         if self.clock is not None and graph.nodes:
-            self.clock.host_work(self.name, "compute", _graph_label(graph), self.cost.graph_seconds(graph))
+            self.clock.host_work(self.name, "compute", graph_label(graph), self.cost.graph_seconds(graph))
         return Status.SUCCESS
 
     def _supports_op(self, op) -> bool:
@@ -2052,7 +1949,7 @@ class CPUBackend(Backend):
         return buft.is_host()
 
 
-def _graph_label(graph) -> str:
+def graph_label(graph) -> str:
     """A graph as the timelines label it: its node count and first/last node names."""
     n = len(graph.nodes)
     return f"{n} node{'s' if n != 1 else ''}: {graph.nodes[0].name} .. {graph.nodes[-1].name}" if n > 1 else graph.nodes[0].name
@@ -2180,7 +2077,7 @@ import numpy as np
 
 from ggml_lite.backend import Backend, Event, Status, tensor_buffer
 from ggml_lite.buffer import HEAP, Buffer, BufferType
-from ggml_lite.cpu import _graph_label, compute_forward, mul_mat_supported
+from ggml_lite.cpu import graph_label, compute_forward, mul_mat_supported
 from ggml_lite.errors import BackendError, UnsupportedOpError
 from ggml_lite.tensor import F32, VIEW_OPS, Op, describe, nbytes, nelements, op_by_name
 
@@ -2530,7 +2427,7 @@ class SimBackend(Backend):
                     if t is not None:
                         self._own(t, "read")
                 compute_forward(node, device=True)
-        self._enqueue(_Item("compute", _graph_label(graph), self.cost.graph_seconds(graph), run))
+        self._enqueue(_Item("compute", graph_label(graph), self.cost.graph_seconds(graph), run))
         return Status.SUCCESS
 
     # -- events ---------------------------------------------------------------------------------------------
@@ -2929,15 +2826,129 @@ print("jump-ahead == loop for 1000 states:", lcg_states((42 + 2654435761 * 4) & 
 # %% [markdown]
 # ## 6 · The registry and comparing two backends
 #
+# `ggml-backend.c:308-421`: a fixed table of at most 64 entries (name, init function, default buffer
+# type, user data), filled on first use by `ggml_backend_registry_init` with the CPU and whatever
+# accelerators were compiled in. `ggml_backend_reg_init_backend_from_str("NAME:params")` splits at
+# the first `:` and hands the rest to the backend's init function. Here the built-in entries are
+# `CPU` and `SIM` (params `name=SIM1,alignment=64,max_size=65536,deny=SOFT_MAX+ROPE`, see §3). Two
+# departures, both for Python callers: a name that is not found gives None from `reg_find_by_name`
+# (the C returns `SIZE_MAX`) and an `UnknownBackendError` from `reg_init_backend_from_str` (the C
+# prints "backend X not found" and returns NULL).
+#
+# The registry is a module of its own (`ggml_lite.registry`): it knows every backend, so it comes after
+# them and nothing it registers imports it.
+
+# %%
+# | export registry
+"""The backend registry (ggml-backend.c:308-421): backends created by name, "NAME:params"."""
+
+import logging
+
+from ggml_lite.backend import Backend
+from ggml_lite.cpu import cpu_buffer_type, reg_cpu_init
+from ggml_lite.errors import BackendError, UnknownBackendError
+from ggml_lite.sim import reg_sim_init, sim_default_buffer_type
+
+log = logging.getLogger("ggml_lite")
+
+GGML_REG_MAX_BACKENDS = 64
+
+
+class _RegEntry:
+    """`struct ggml_backend_reg`."""
+
+    __slots__ = ("name", "init_fn", "default_buffer_type", "user_data")
+
+    def __init__(self, name, init_fn, default_buffer_type, user_data):
+        self.name, self.init_fn = name, init_fn
+        self.default_buffer_type, self.user_data = default_buffer_type, user_data
+
+
+_REGISTRY: list = []
+_REGISTRY_INITIALIZED = False
+
+
+def _registry_init() -> None:
+    """`ggml_backend_registry_init`: registers the built-in backends once (CPU, then SIM)."""
+    global _REGISTRY_INITIALIZED
+    if _REGISTRY_INITIALIZED:
+        return
+    _REGISTRY_INITIALIZED = True
+
+    register("CPU", reg_cpu_init, cpu_buffer_type(), None)
+    register("SIM", reg_sim_init, sim_default_buffer_type(), None)
+
+
+def register(name: str, init_fn, default_buffer_type, user_data=None) -> None:
+    """`ggml_backend_register`: `init_fn(params: str, user_data)` creates a backend."""
+    if len(_REGISTRY) >= GGML_REG_MAX_BACKENDS:
+        raise BackendError(f"cannot register backend {name!r}: the registry holds {GGML_REG_MAX_BACKENDS} backends")
+    _REGISTRY.append(_RegEntry(str(name)[:127], init_fn, default_buffer_type, user_data))
+    log.debug("ggml_backend_register: registered backend %s", name)
+
+
+def reg_get_count() -> int:
+    """`ggml_backend_reg_get_count`."""
+    _registry_init()
+    return len(_REGISTRY)
+
+
+def reg_find_by_name(name: str):
+    """`ggml_backend_reg_find_by_name`: the index of the first backend called exactly `name`, or None."""
+    _registry_init()
+    return next((i for i, e in enumerate(_REGISTRY) if e.name == name), None)
+
+
+def _reg_entry(i: int) -> _RegEntry:
+    _registry_init()
+    if not 0 <= i < len(_REGISTRY):
+        raise UnknownBackendError(f"registry index {i} asked, the registry holds {len(_REGISTRY)} backends")
+    return _REGISTRY[i]
+
+
+def reg_get_name(i: int) -> str:
+    """`ggml_backend_reg_get_name`."""
+    return _reg_entry(i).name
+
+
+def reg_init_backend(i: int, params: str = "") -> Backend:
+    """`ggml_backend_reg_init_backend`: call entry `i`'s init function with `params`."""
+    e = _reg_entry(i)
+    return e.init_fn(params, e.user_data)
+
+
+def reg_init_backend_from_str(backend_str: str) -> Backend:
+    """`ggml_backend_reg_init_backend_from_str`: "NAME" or "NAME:params"."""
+    name, sep, params = backend_str.partition(":")
+    i = reg_find_by_name(name)
+    if i is None:
+        log.error("ggml_backend_reg_init_backend_from_str: backend %s not found", name)
+        known = ", ".join(e.name for e in _REGISTRY)
+        raise UnknownBackendError(f"backend {name!r} not found (from {backend_str!r}); registered: {known}")
+    return reg_init_backend(i, params)
+
+
+def reg_get_default_buffer_type(i: int):
+    """`ggml_backend_reg_get_default_buffer_type`."""
+    return _reg_entry(i).default_buffer_type
+
+
+def reg_alloc_buffer(i: int, size: int):
+    """`ggml_backend_reg_alloc_buffer`: a buffer of entry `i`'s default buffer type."""
+    return reg_get_default_buffer_type(i).alloc_buffer(size)
+
+
+# %% [markdown]
 # The registry creates backends by name. `compare_graph_backend` then runs the small graph node by
 # node on the CPU and on a copy on a SIM, and the callback sees each pair of results.
 
 # %%
 # NBVAL_CHECK_OUTPUT
 from ggml_lite import backend as be  # noqa: E402
+from ggml_lite import registry as reg  # noqa: E402
 
-print([be.reg_get_name(i) for i in range(be.reg_get_count())])
-sim_r = be.reg_init_backend_from_str("SIM:name=SIM2,alignment=256,deny=SOFT_MAX")
+print([reg.reg_get_name(i) for i in range(reg.reg_get_count())])
+sim_r = reg.reg_init_backend_from_str("SIM:name=SIM2,alignment=256,deny=SOFT_MAX")
 print(sim_r, "| alignment", sim_r.get_alignment(), "| denies", sorted(o.name for o in sim_r.deny_ops))
 
 graph, x, out = small_graph(w_cpu)
@@ -2971,7 +2982,7 @@ show(lambda: tensor_set(t, np.zeros(12, np.float32)))                # out of bo
 show(lambda: tensor_set(t, np.zeros(8, np.float64)))                 # wrong dtype
 show(lambda: be.tensor_copy(t, a))                                   # different layouts
 show(lambda: sim_r.graph_compute(gl.build_forward(gl.soft_max(ctx, t))))  # denied op
-show(lambda: be.reg_init_backend_from_str("CUDA:0"))                 # unknown backend
+show(lambda: reg.reg_init_backend_from_str("CUDA:0"))                 # unknown backend
 err_buf.free()
 show(lambda: tensor_get(t))                                          # freed buffer
 show(err_buf.free)                                                   # freed twice

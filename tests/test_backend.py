@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import ggml_lite as gl
-from ggml_lite import backend as B
+from ggml_lite import registry as R
 
 
 def _host_tensor(ne=(8, 4), type=gl.F32, name="t"):
@@ -286,10 +286,10 @@ def test_registry(monkeypatch):
         gl.reg_init_backend_from_str("CUDA:0")
     with pytest.raises(gl.BackendError, match="unknown SIM parameter 'colour'"):
         gl.reg_init_backend_from_str("SIM:colour=red")
-    monkeypatch.setattr(B, "_REGISTRY", list(B._REGISTRY))
+    monkeypatch.setattr(R, "_REGISTRY", list(R._REGISTRY))
     gl.register("MINE", lambda params, user: ("made", params, user), gl.cpu_buffer_type(), user_data=7)
     assert gl.reg_init_backend_from_str("MINE:p=1") == ("made", "p=1", 7)
-    monkeypatch.setattr(B, "_REGISTRY", [None] * B.GGML_REG_MAX_BACKENDS)
+    monkeypatch.setattr(R, "_REGISTRY", [None] * R.GGML_REG_MAX_BACKENDS)
     with pytest.raises(gl.BackendError, match="holds 64 backends"):
         gl.register("ONE_TOO_MANY", None, None)
 
