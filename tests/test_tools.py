@@ -303,3 +303,31 @@ def test_widget_views_get_ids_from_their_place():
     assert a == b
     data = a.cells[1].outputs[0]["data"]
     assert data[nbsync.WIDGET_VIEW]["model_id"] == f"{1:016x}{0:016x}" and "text/plain" in data
+
+
+def test_the_package_imports_form_a_dag():
+    """No import cycle between ggml_lite's modules (DESIGN §2: the package is a DAG in chapter order)."""
+    import ast
+
+    pkg = ROOT / "ggml_lite"
+    mods = {".".join(p.relative_to(ROOT).with_suffix("").parts): p for p in pkg.rglob("*.py")}
+    edges = {m: set() for m in mods}
+    for m, p in mods.items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in mods and node.module != m:
+                edges[m].add(node.module)
+    state, cycles = {}, []
+
+    def visit(u, stack):
+        state[u] = "open"
+        for v in sorted(edges[u]):
+            if state.get(v) == "open":
+                cycles.append(" -> ".join(stack[stack.index(v):] + [u, v]) if v in stack else f"{u} -> {v}")
+            elif v not in state:
+                visit(v, stack + [u])
+        state[u] = "done"
+
+    for m in sorted(mods):
+        if m not in state:
+            visit(m, [])
+    assert not cycles, cycles
