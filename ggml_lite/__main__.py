@@ -59,10 +59,10 @@ def _load_graph_file(path: str) -> dict:
 
 
 def cmd_plan(args) -> int:
-    doc = _load_graph_file(args.graph)
+    doc = _load_graph_file(args.file)
     if "steps" in doc and args.step is None:
         with_graph = [i for i, s in enumerate(doc["steps"]) if "graph" in s]
-        raise GraphFileError(f"{args.graph} is a sequence of {len(with_graph)} graphs: pass --step (one of {with_graph})")
+        raise GraphFileError(f"{args.file} is a sequence of {len(with_graph)} graphs: pass --step (one of {with_graph})")
     gf, galloc, results = run_plan(doc, args.step)
     plan = plan_of(gf, galloc)
     names = {i: gf.records[i]["name"] for i in gf.tensors}
@@ -86,22 +86,22 @@ def cmd_plan(args) -> int:
 
 
 def cmd_check(args) -> int:
-    doc = _load_graph_file(args.fixture)
+    doc = _load_graph_file(args.file)
     diffs = check_plan_file(doc, limit=args.limit)
     if diffs:
-        print(f"{args.fixture}: the plan differs from the recorded one; first differences:")
+        print(f"{args.file}: the plan differs from the recorded one; first differences:")
         for d in diffs:
             print("  " + d)
         return 1
     graphs = doc["steps"] if "steps" in doc else [doc]
     n = sum(len(g["graph"]["tensors"]) for g in graphs if "graph" in g)
     sizes = ", ".join(str(g["buffer_size"]) for g in graphs)
-    print(f"{args.fixture}: plan identical to ggml's ({len(graphs)} graph(s), {n} tensors; buffer size {sizes})")
+    print(f"{args.file}: plan identical to ggml's ({len(graphs)} graph(s), {n} tensors; buffer size {sizes})")
     if doc.get("numeric") or "numerics" in doc:
         if args.no_numerics:
             print("numerics: skipped (--no-numerics)")
             return 0
-        return _check_numerics(args.fixture, doc)
+        return _check_numerics(args.file, doc)
     return 0
 
 
@@ -122,13 +122,13 @@ def _check_numerics(path: str, doc: dict) -> int:
 def cmd_sched(args) -> int:
     from ggml_lite.scenario import check_scenario, replay, scenario_printout  # chapter 06, only here
 
-    doc = check_scenario(_load(args.scenario), args.scenario)
+    doc = check_scenario(_load(args.file), args.file)
     if not args.check:
         print(scenario_printout(doc), end="")
         return 0
     diffs = replay(doc)
     if diffs:
-        print(f"{args.scenario}: {len(diffs)} difference(s) from the recorded scenario; the first:")
+        print(f"{args.file}: {len(diffs)} difference(s) from the recorded scenario; the first:")
         for d in diffs[:args.limit]:
             print("  " + d)
         return 1
@@ -136,7 +136,7 @@ def cmd_sched(args) -> int:
     what = ("the reference's abort reproduced" if not doc["outcome"].get("completed", True) else
             f"reserve and {rounds} round(s) identical: assignments and causes, splits, copies, graph copy and "
             f"offsets, buffer sizes, debug printout and messages, backend calls, logits")
-    print(f"{args.scenario}: {what}")
+    print(f"{args.file}: {what}")
     return 0
 
 
@@ -156,18 +156,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ggml_lite", description="ggml's memory planner, in Python.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="plan a fixture-schema graph with the graph allocator (CPU buffer type)")
-    p.add_argument("graph", help="a fixture-schema JSON file")
+    p.add_argument("file", metavar="GRAPH.json", help="a fixture-schema JSON file")
     p.add_argument("--json", action="store_true", help='print {"buffer_size": int, "tensors": {name: {"offset": int|null}}}')
     p.add_argument("--step", type=int, default=None, help="the step of a sequence file")
     p.set_defaults(run=cmd_plan)
     c = sub.add_parser("check", help="plan again and compare with the plan recorded in the file")
-    c.add_argument("fixture", help="a ggml-seed fixture file")
+    c.add_argument("file", metavar="FIXTURE.json", help="a ggml-seed fixture file")
     c.add_argument("--no-numerics", action="store_true", help="compare the plan only, not the recorded results")
     c.add_argument("--limit", type=int, default=10, help="how many differences to print (default 10)")
     c.set_defaults(run=cmd_check)
     d = sub.add_parser("sched", help="the scheduler's assignments of a recorded scenario (GGML_SCHED_DEBUG format)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_causes_legend())
-    d.add_argument("scenario", help="a ggml-seed-sched scenario file")
+    d.add_argument("file", metavar="SCENARIO.json", help="a ggml-seed-sched scenario file")
     d.add_argument("--check", action="store_true", help="replay the whole scenario and compare everything recorded")
     d.add_argument("--limit", type=int, default=10, help="how many differences to print (default 10)")
     d.set_defaults(run=cmd_sched)
@@ -182,8 +182,7 @@ def main(argv=None) -> int:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     except (KeyError, ValueError, TypeError, IndexError) as e:  # a file the checks above let through
-        print(f"error: {getattr(args, 'graph', None) or getattr(args, 'fixture', None) or args.scenario}: "
-              f"unusable content ({type(e).__name__}: {e})", file=sys.stderr)
+        print(f"error: {args.file}: unusable content ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
 
 

@@ -2887,6 +2887,12 @@ def register(name: str, init_fn, default_buffer_type, user_data=None) -> None:
     log.debug("ggml_backend_register: registered backend %s", name)
 
 
+
+# %% [markdown]
+# Lookups and creation by name; every one fills the table first (`ggml_backend_registry_init`).
+
+# %%
+# | export registry
 def reg_get_count() -> int:
     """`ggml_backend_reg_get_count`."""
     _registry_init()
