@@ -11,7 +11,7 @@ sequence file); when the file records computed results (tests/fixtures/README.md
 the leafs, computes the graph on the CPU backend and compares every result within the tolerance it
 prints. It exits 0 only when everything is equal (results: within tolerance). `sched` prints the
 scheduler's assignments of a recorded scenario's round-0 graph in GGML_SCHED_DEBUG format; with
-`--check` it replays the whole scenario (chapter 06) and exits 0 only when everything recorded matches.
+`--check` it replays the whole scenario (appendix A3) and exits 0 only when everything recorded matches.
 
 Exit codes: 0 success; 1 the plan or a result differs from the record; 2 the file or the arguments
 are unusable.
@@ -120,7 +120,7 @@ def _check_numerics(path: str, doc: dict) -> int:
 
 
 def cmd_sched(args) -> int:
-    from ggml_lite.scenario import check_scenario, replay, scenario_printout  # chapter 06, only here
+    from ggml_lite.scenario import check_scenario, replay, scenario_printout  # appendix A3, only here
 
     doc = check_scenario(_load(args.file), args.file)
     if not args.check:

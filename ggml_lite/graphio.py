@@ -534,7 +534,7 @@ def run_plan(source, step: int = None, galloc=None, call: str = None) -> tuple:
     `galloc` (a new CPU `GAllocr` when None). Returns `(GraphFile, galloc, {call: result})`, where
     a result holds ok, buffer_size_before, buffer_size, the compute buffer's `handle` (the address
     of its C struct) before and after, and the log lines."""
-    from ggml_lite.gallocr import GAllocr  # chapter 04 builds on this appendix's loader
+    from ggml_lite.gallocr import GAllocr  # chapter 05 builds on this appendix's loader
 
     gf = read_graph_file(source, step)
     allocate_external(gf)
@@ -590,3 +590,20 @@ def check_plan_file(source, limit: int = 10) -> list:
             out += _compare_call(call, doc.get(call, {}), res[call])
         out += plan_differences(recorded_plan(gf), plan_of(gf, galloc), gf, limit)
     return out[:limit] if limit else out
+
+
+# ## 10 · `check` verifies numerics
+#
+# A fixture-schema file may also record what the real ggml *computed*
+# (`tests/fixtures/README.md`): a seed (`data_generator.data_seed`), how each leaf is filled, and the values of every
+# OUTPUT node and the last node. With a CPU backend, `python -m ggml_lite check FILE.json` can
+# verify them: plan the graph (chapter 05), fill every leaf from its own 32-bit LCG stream,
+# compute on the CPU backend, compare. The stream is generated with a jump-ahead — `s_k = M_k·s_0 +
+# C_k (mod 2^32)`, where the coefficients for `k = 1..n` are doubled `log2 n` times — so a large
+# leaf costs a few numpy operations, not a Python loop per value.
+#
+# The comparison is relative to the result's largest magnitude, `max|got − want| / max|want|`:
+# ggml's SIMD kernels and these numpy ones differ in the last bits, and an element-wise relative
+# error is meaningless for outputs near zero. The tolerance is `1e-4` for a graph of f32 tensors
+# only and `5e-3` when an f16 or quantized tensor takes part (their rounding differs between the
+# two implementations); `check` prints it and the worst error of every result.

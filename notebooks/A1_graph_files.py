@@ -175,7 +175,7 @@ def validate_graph_doc(g: dict) -> list:
 # %% [markdown]
 # ## 3 · Loading is replaying
 #
-# Each recorded tensor is rebuilt with the op constructor of chapter 00 that ggml itself called —
+# Each recorded tensor is rebuilt with the op constructor of chapter 01 that ggml itself called —
 # `VIEW` with `view_4d` and the recorded strides and offset, `PERMUTE` with the recorded axes,
 # `ROPE` with its eleven parameters, and so on. A tensor whose `view_src` is set but whose op is not
 # a view op was made by an *in-place* op (`ggml_scale_inplace`: the result is a view of the input).
@@ -567,7 +567,7 @@ print(back.graph, [t.name for t in back.graph.nodes])
 # ### A picture: which tensors own memory
 #
 # Per tensor of the file: its size, coloured by what it is. Views and reshapes cost nothing — they
-# share their root's bytes — which is why the allocator of chapter 04 skips them.
+# share their root's bytes — which is why the allocator of chapter 05 skips them.
 
 # %%
 import plotly.graph_objects as go
@@ -645,7 +645,7 @@ print(f"{n_files} fixture files: {n_tensors} tensors rebuilt; shapes, strides, s
 # A `ggml-seed` file records what `ggml_gallocr` did. To do it again the file's pre-allocated
 # contexts (`external_buffers`: weights, KV cache) are first allocated as the recorder did —
 # `ggml_backend_alloc_ctx_tensors` on the CPU buffer type, which also checks their recorded sizes
-# and `ext_offset`s — then a fresh `GAllocr` (chapter 04) runs `reserve` and `alloc_graph`, and
+# and `ext_offset`s — then a fresh `GAllocr` (chapter 05) runs `reserve` and `alloc_graph`, and
 # the allocator's log lines are collected per call. A sequence file (11, 12) replays its steps on
 # one allocator. `check_plan_file` lists every difference with the record; the CLI's `check` and
 # the tests use it.
@@ -655,7 +655,7 @@ print(f"{n_files} fixture files: {n_tensors} tensors rebuilt; shapes, strides, s
 # `alloc_graph` sets, so the fact exists from the second `alloc_graph` step on (null before). And
 # glibc hands a just-freed struct's address to the next buffer, so a buffer that `reserve_n`
 # reallocated usually reads "not replaced" (file 11, step 1: the log says "reallocating", the
-# record says false). ggml_lite's simulated heap reuses small chunks the same way (chapter 02), so
+# record says false). ggml_lite's simulated heap reuses small chunks the same way (chapter 03), so
 # the comparison is made on the same terms.
 
 # %%
@@ -765,7 +765,7 @@ def run_plan(source, step: int = None, galloc=None, call: str = None) -> tuple:
     `galloc` (a new CPU `GAllocr` when None). Returns `(GraphFile, galloc, {call: result})`, where
     a result holds ok, buffer_size_before, buffer_size, the compute buffer's `handle` (the address
     of its C struct) before and after, and the log lines."""
-    from ggml_lite.gallocr import GAllocr  # chapter 04 builds on this appendix's loader
+    from ggml_lite.gallocr import GAllocr  # chapter 05 builds on this appendix's loader
 
     gf = read_graph_file(source, step)
     allocate_external(gf)
@@ -823,8 +823,154 @@ def check_plan_file(source, limit: int = 10) -> list:
     return out[:limit] if limit else out
 
 
+# ## 10 · `check` verifies numerics
+#
+# A fixture-schema file may also record what the real ggml *computed*
+# (`tests/fixtures/README.md`): a seed (`data_generator.data_seed`), how each leaf is filled, and the values of every
+# OUTPUT node and the last node. With a CPU backend, `python -m ggml_lite check FILE.json` can
+# verify them: plan the graph (chapter 05), fill every leaf from its own 32-bit LCG stream,
+# compute on the CPU backend, compare. The stream is generated with a jump-ahead — `s_k = M_k·s_0 +
+# C_k (mod 2^32)`, where the coefficients for `k = 1..n` are doubled `log2 n` times — so a large
+# leaf costs a few numpy operations, not a Python loop per value.
+#
+# The comparison is relative to the result's largest magnitude, `max|got − want| / max|want|`:
+# ggml's SIMD kernels and these numpy ones differ in the last bits, and an element-wise relative
+# error is meaningless for outputs near zero. The tolerance is `1e-4` for a graph of f32 tensors
+# only and `5e-3` when an f16 or quantized tensor takes part (their rounding differs between the
+# two implementations); `check` prints it and the worst error of every result.
+
+# %%
+# | export numerics
+"""The `numerics` extension of the fixture schema (`tests/fixtures/README.md`): the leaf data
+generator, and the verification of recorded results on the CPU backend."""
+
+import numpy as np
+
+from ggml_lite.backend import tensor_get, tensor_set
+from ggml_lite.cpu import cpu_init, quantize_q8_0
+from ggml_lite.errors import GraphFileError
+from ggml_lite.tensor import F16, F32, I32, Q8_0
+
+MASK = 0xFFFFFFFF
+LCG_A, LCG_C = 1664525, 1013904223
+TOLERANCE_F32, TOLERANCE_MIXED = 1e-4, 5e-3
+
+
+def lcg_states(seed: int, n: int) -> np.ndarray:
+    """The states `s_1..s_n` of the LCG `s ← (1664525·s + 1013904223) mod 2^32` from `s_0 = seed`."""
+    m = np.array([LCG_A], dtype=np.uint64)  # s_k = m[k-1]·s_0 + c[k-1]
+    c = np.array([LCG_C], dtype=np.uint64)
+    while m.size < n:  # s_{j+k} = m_k·s_j + c_k: double the known coefficients
+        mj, cj = m[-1], c[-1]
+        m = np.concatenate([m, (m * mj) & MASK])
+        c = np.concatenate([c, (m[: c.size] * cj + c) & MASK])
+    return ((m[:n] * np.uint64(seed & MASK) + c[:n]) & MASK).astype(np.uint64)
+
+
+def leaf_values(data_seed: int, leaf_id: int, n: int, kind: str, value_range=None) -> np.ndarray:
+    """The `n` values of leaf `leaf_id` in memory order: f32 in [-1, 1), or integers in `range`."""
+    u = lcg_states((data_seed + 2654435761 * (leaf_id + 1)) & MASK, n) >> np.uint64(8)
+    if value_range is not None or kind in ("int", "i32"):
+        if value_range is None:
+            raise GraphFileError(f"leaf {leaf_id}: an integer leaf needs a range [lo, hi)")
+        lo, hi = value_range
+        return (lo + (u % np.uint64(hi - lo)).astype(np.int64)).astype(np.int32)
+    return ((u.astype(np.float64) - 2.0**23) / 2.0**23).astype(np.float32)
+
+
+def fill_leaf(tensor, data_seed: int, leaf_id: int, kind: str = "float", value_range=None) -> None:
+    """Write the generated data of one leaf: f32 as is, f16 rounded to nearest even, q8_0 quantized by
+    ggml's reference quantizer, i32 integers."""
+    n = tensor.ne[0] * tensor.ne[1] * tensor.ne[2] * tensor.ne[3]
+    values = leaf_values(data_seed, leaf_id, n, kind, value_range)
+    if tensor.type is F32 or tensor.type is I32:
+        tensor_set(tensor, values.astype(np.float32 if tensor.type is F32 else np.int32))
+    elif tensor.type is F16:
+        tensor_set(tensor, values.astype(np.float16))
+    elif tensor.type is Q8_0:
+        tensor_set(tensor, quantize_q8_0(values).view(np.uint8))
+    else:
+        raise GraphFileError(f"leaf {leaf_id} ({tensor.name}): no generator for type {tensor.type.name}")
+
+
+def _values_f32(tensor) -> np.ndarray:
+    """The tensor's values as f32 in ggml memory order (i0 fastest)."""
+    return tensor_get(tensor).astype(np.float32).reshape(-1)
+
+
+def data_seed(doc: dict) -> int:
+    """The leaf-data seed: `data_generator.data_seed` (the spec's place), else a top-level `data_seed`
+    (files written before the spec said so)."""
+    gen = doc.get("data_generator")
+    seed = gen.get("data_seed") if isinstance(gen, dict) else None
+    if seed is None:
+        seed = doc.get("data_seed")
+    if seed is None:
+        raise GraphFileError("numerics: the file has no seed: expected `data_generator.data_seed` (an integer)")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
+        raise GraphFileError(f"numerics: the seed must be an integer in [0, 2^32), the file has {seed!r}")
+    return seed
+
+
+def verify_numerics(doc: dict, gf) -> tuple:
+    """Fill the leafs of the planned graph `gf` (a `graphio.GraphFile` after `run_plan`), compute it on
+    the CPU backend and compare every recorded result. Returns `(tolerance, rows)` with one row per
+    result: `(name, worst relative error, ok)`."""
+    num = doc.get("numerics")
+    if not isinstance(num, dict) or "results" not in num or "leaf_data" not in num:
+        raise GraphFileError("numerics: the file has no `numerics` block with `leaf_data` and `results`")
+    seed = data_seed(doc)
+    for leaf in num["leaf_data"]:
+        t = gf.tensors.get(leaf["id"])
+        if t is None:
+            raise GraphFileError(f"numerics: leaf_data names tensor id {leaf['id']}, which the graph does not have")
+        fill_leaf(t, seed, leaf["id"], leaf.get("kind", "float"), leaf.get("range"))
+    cpu_init().graph_compute(gf.graph)
+    mixed = any(t.type.name != "f32" and t.type is not I32 for t in gf.tensors.values())
+    tol = TOLERANCE_MIXED if mixed else TOLERANCE_F32
+    errors = [(res["name"], _worst(res, _values_f32(gf.tensors[res["id"]]))) for res in num["results"]]
+    return tol, [(name, err, err <= tol) for name, err in errors]
+
+
+def _as_f32(values) -> np.ndarray:
+    return np.array([float(v) for v in values], dtype=np.float64)
+
+
+def _worst(res: dict, got: np.ndarray) -> float:
+    """Relative error of one result: against its largest recorded magnitude; for a summarised result,
+    the `first` values and the `sum` / `sum_sq` (relative to the sum of magnitudes / sum of squares)."""
+    if got.size != res["n_elements"]:
+        return float("inf")
+    g = got.astype(np.float64)
+    if not res.get("summary"):
+        want = _as_f32(res["values"])
+        scale = max(np.max(np.abs(want)), np.finfo(np.float32).tiny)
+        return float(np.max(np.abs(g - want)) / scale) if want.size else 0.0
+    first = _as_f32(res["first"])
+    scale = max(np.max(np.abs(first)), np.finfo(np.float32).tiny)
+    errs = [float(np.max(np.abs(g[: first.size] - first)) / scale)]
+    errs.append(abs(g.sum() - res["sum"]) / max(np.abs(g).sum(), 1e-30))
+    errs.append(abs((g * g).sum() - res["sum_sq"]) / max(res["sum_sq"], 1e-30))
+    return max(errs)
+
+
 # %% [markdown]
-# ## 10 · Check
+# The generator for leaf 3 of a file with `data_seed` 42 — floats in memory order — and the
+# jump-ahead checked against the plain recurrence:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(leaf_values(42, 3, 5, "float"))
+print(leaf_values(42, 3, 5, "int", (0, 10)))
+s_, plain = (42 + 2654435761 * 4) & MASK, []
+for _ in range(1000):
+    s_ = (LCG_A * s_ + LCG_C) & MASK
+    plain.append(s_)
+print("jump-ahead == loop for 1000 states:", lcg_states((42 + 2654435761 * 4) & MASK, 1000).tolist() == plain)
+
+
+# %% [markdown]
+# ## 11 · Check
 
 # %%
 assert [t.name for t in back.graph.nodes] == [t.name for t in graph.nodes]
@@ -832,4 +978,5 @@ assert [t.name for t in back.graph.leafs] == ["wq", "x"]
 assert dumps(to_document(back)) == text  # a round trip changes nothing
 assert all(broken(e) != "loaded" for e in cases.values())
 assert "tensor #2" in broken(cases["unknown op"]) and "99" in broken(cases["dangling src"])
+assert lcg_states(7, 3).tolist()[:2] == [(LCG_A * 7 + LCG_C) & MASK, (LCG_A * ((LCG_A * 7 + LCG_C) & MASK) + LCG_C) & MASK]
 print("appendix A1: all checks passed")

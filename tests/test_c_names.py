@@ -1,5 +1,7 @@
-"""Every C function that ../shared/reference/FUNCTIONS.md lists for a chapter that exists is named,
-in backticks, in the docstring of a ggml_lite function, method or class (DESIGN: names map to C)."""
+"""Every C function that ../shared/reference/FUNCTIONS.md lists is named, in backticks, in the docstring
+of a ggml_lite function, method or class (DESIGN: names map to C). FUNCTIONS.md groups them under the
+chapter names of wave 1 (01_aligned_offsets ... 06_scheduler); the course has been renumbered since, so
+the grouping is only reported, not matched against notebook names."""
 
 import importlib
 import inspect
@@ -9,13 +11,13 @@ import re
 import pytest
 
 import ggml_lite
-from helpers import REFERENCE, ROOT
+from helpers import REFERENCE
 
 FUNCTIONS_MD = REFERENCE / "FUNCTIONS.md"
 
 
 def chapters():
-    """{chapter: [C names]} from FUNCTIONS.md, for chapters whose notebook exists."""
+    """{heading: [C names]} from FUNCTIONS.md."""
     out, current = {}, None
     for line in FUNCTIONS_MD.read_text().splitlines():
         if line.startswith("## "):
@@ -23,7 +25,7 @@ def chapters():
             out[current] = []
         elif current and line.startswith("- `"):
             out[current].append(line.split("`")[1])
-    return {ch: names for ch, names in out.items() if (ROOT / "notebooks" / f"{ch}.py").exists()}
+    return out
 
 
 def docstrings() -> str:
@@ -44,6 +46,6 @@ def docstrings() -> str:
 def test_every_listed_c_function_has_a_named_counterpart():
     named = set(re.findall(r"`([A-Za-z_0-9]+)`", docstrings()))
     found = chapters()
-    assert found, "no chapter of FUNCTIONS.md has a notebook yet"
+    assert sum(map(len, found.values())) > 100, "FUNCTIONS.md lists fewer C functions than expected: not parsed?"
     missing = {ch: [n for n in names if n not in named] for ch, names in found.items()}
     assert not any(missing.values()), missing

@@ -11,12 +11,12 @@
 # ---
 
 # %% [markdown]
-# # 04 · The graph allocator
+# # 05 · The graph allocator
 #
 # A compute graph of a 7B LLaMA has a thousand intermediate tensors, but only a handful are alive
 # at any moment: each dies once its last consumer has run. ggml's graph allocator `ggml_gallocr`
 # walks the graph in execution order, gives each node memory from the dynamic allocator of
-# chapter 03, lets a node **overwrite its parent** when that is safe, and frees a parent as soon as
+# chapter 04, lets a node **overwrite its parent** when that is safe, and frees a parent as soon as
 # its last child has run. The highest offset ever handed out becomes the compute buffer's size —
 # 70.50 MiB instead of the gigabytes that one buffer per tensor would take.
 #
@@ -195,7 +195,7 @@ class LeafAlloc(NamedTuple):
 #
 # The allocator tells an optional `trace` callable what it decides, as small events; the
 # stepper and the timeline below are built from them. Without a trace nothing is built. The
-# dynamic allocators underneath report to the same sink (chapter 03's `AllocEvent`, `FreeEvent`).
+# dynamic allocators underneath report to the same sink (chapter 04's `AllocEvent`, `FreeEvent`).
 
 # %%
 # | export
@@ -850,7 +850,7 @@ print(f"fixture 06: all {len(want)} compute tensors at ggml's offsets; buffer si
 
 # %%
 # | export viz.timeline
-"""Pictures of a graph-allocator plan (chapter 04): tensor lifetimes from a trace, the peak-live
+"""Pictures of a graph-allocator plan (chapter 05): tensor lifetimes from a trace, the peak-live
 lower bound, a plotly memory timeline, and an ipywidgets stepper through the plan's decisions."""
 
 from dataclasses import dataclass
@@ -1131,7 +1131,7 @@ for n_tokens in (10, 4, 16, 16):
 #
 # A multi-buffer allocator (`GAllocr([buft0, buft1])`) will not re-plan by itself: `alloc_graph`
 # logs "cannot reallocate multi buffer graph automatically, call reserve" and returns False, because
-# only its owner (the scheduler of chapter 06) knows which node goes to which buffer.
+# only its owner (the scheduler of chapter 09) knows which node goes to which buffer.
 
 # %%
 two = GAllocr([gl.cpu_buffer_type(), gl.BufferType("OTHER", 64, is_host=True)])
@@ -1156,10 +1156,10 @@ print(refused, refusal_log)
 #   weights). Flag a tensor INPUT or keep it in another buffer to protect it.
 # * **A planned graph looks pre-allocated.** After `alloc_graph`, every tensor has `data`; reserving
 #   the *same* tensors again plans nothing (they count as external). Plans are for fresh graphs.
-# * **The buffer is `max_size + 32`** (the CPU buffer type's alignment slack, chapter 02), and it is
+# * **The buffer is `max_size + 32`** (the CPU buffer type's alignment slack, chapter 03), and it is
 #   reallocated only to grow, never to shrink.
 # * **`GGML_OP_NONE` nodes are not view users**: the scheduler adds such nodes to hold dependencies
-#   (chapter 06), and they must not keep a view's root alive.
+#   (chapter 09), and they must not keep a view's root alive.
 # * **One departure**: for a node the plan did not place (`buffer_id == -1`) that now needs memory, the
 #   C dereferences a NULL buffer type; the port reports the node "not valid" and plans again.
 
@@ -1189,4 +1189,4 @@ assert refused is False and "cannot reallocate multi buffer graph" in refusal_lo
 assert peak <= traced.buf_tallocs[0].max_size
 assert any(isinstance(e, PlaceEvent) and e.how == "inplace" and e.parent is b for e in ev)
 assert not any(isinstance(e, PlaceEvent) and e.how == "inplace_view" for e in events)
-print("chapter 04: all checks passed")
+print("chapter 05: all checks passed")

@@ -11,7 +11,7 @@
 # ---
 
 # %% [markdown]
-# # 01 · Aligned offsets
+# # 02 · Aligned offsets
 #
 # Every allocator in ggml places tensors at offsets that are multiples of an **alignment**. This
 # chapter ports the two tiny functions that do it — `aligned_offset` (ggml-alloc.c) and the macro
@@ -111,7 +111,7 @@ print("unchecked GGML_PAD(100, 24) would give", (100 + 23) & ~23, "— not a mul
 # %% [markdown]
 # ## 3 · A picture: what padding costs
 #
-# Six tensors placed one after another, as the linear allocator of chapter 02 does, with alignment
+# Six tensors placed one after another, as the linear allocator of chapter 03 does, with alignment
 # 32 and with 128 (a typical GPU alignment). Blue is data, grey is padding. Small tensors pay the
 # most: a 4-byte scalar takes a whole 128-byte slot on the GPU.
 
@@ -169,4 +169,4 @@ for bad in (0, 3, 24, -32):
         raise AssertionError("expected AlignmentError")
     except al.AlignmentError:
         pass
-print("chapter 01: all checks passed")
+print("chapter 02: all checks passed")

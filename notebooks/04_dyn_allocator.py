@@ -11,11 +11,11 @@
 # ---
 
 # %% [markdown]
-# # 03 · The dynamic best-fit allocator
+# # 04 · The dynamic best-fit allocator
 #
-# The linear allocator of chapter 02 never frees; that is right for weights, which live as long as
+# The linear allocator of chapter 03 never frees; that is right for weights, which live as long as
 # the model. A compute graph is different: most intermediate tensors die a few nodes after they are
-# born, and their memory should be reused. ggml's graph allocator (chapter 04) does its planning on
+# born, and their memory should be reused. ggml's graph allocator (chapter 05) does its planning on
 # an **offset allocator without memory** — `ggml_dyn_tallocr` — that hands out offsets, takes them
 # back, and remembers the highest offset it ever handed out. That high-water mark becomes the size
 # of the compute buffer.
@@ -354,14 +354,14 @@ def _size_of(t) -> int:
 # %% [markdown]
 # ## 4 · Watching it work
 #
-# The memory bar (exported to `ggml_lite.viz.memory`, shared with chapters 04 and 06) draws
+# The memory bar (exported to `ggml_lite.viz.memory`, shared with chapters 05 and 09) draws
 # allocations and free blocks of an offset range; the open-ended last block is drawn up to a little
 # beyond `max_size`. The stepper replays a trace with a slider and a play button and says, at each
 # step, what the allocator decided and why.
 
 # %%
 # | export viz.memory
-"""Plotly memory bars and an ipywidgets stepper for allocator traces (chapters 03, 04, 06)."""
+"""Plotly memory bars and an ipywidgets stepper for allocator traces (chapters 04, 05, 09)."""
 
 import plotly.graph_objects as go
 
@@ -584,4 +584,4 @@ assert d.free_blocks == [(0, gl.SIZE_MAX // 2)] and d.max_size == 192  # everyth
 assert dyn.max_size == 192 and ff.max_size == 256
 assert fevents[-1].how == "last_block" and fdyn.max_size == 640
 assert dbg.free_blocks[0] == (0, 64) and dbg.free_blocks[1][0] == 0 and dbg.live_debug_tensors() == []
-print("chapter 03: all checks passed")
+print("chapter 04: all checks passed")

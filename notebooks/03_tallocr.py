@@ -11,7 +11,7 @@
 # ---
 
 # %% [markdown]
-# # 02 · Buffers and the linear allocator `tallocr`
+# # 03 · Buffers and the linear allocator `tallocr`
 #
 # A tensor gets memory in two steps: a **buffer type** hands out a **buffer** (one block of memory
 # on some device), and an allocator decides where in that buffer each tensor goes. This chapter
@@ -219,7 +219,7 @@ def cpu_buffer_type() -> CPUBufferType:
 #
 # So a CPU buffer asked for `n` bytes reports `n + 32`, and at most 31 of the extra bytes are lost to
 # aligning the base — the rest is slack at the end. `usage` tells the scheduler which buffers hold
-# weights (chapter 06).
+# weights (chapter 09).
 
 # %%
 # | export
@@ -811,4 +811,4 @@ assert tensor_array(y).shape == (2,) and tensor_array(y).dtype.names == ("d", "q
 assert cb.get_tensor(x, 4, 4) == np.float32(1).tobytes()
 assert len(wbuf.buffers) == 4 and all(p.get_usage() == BufferUsage.WEIGHTS for p in wbuf.buffers)
 assert wbuf.get_size() == sum(p.get_size() for p in wbuf.buffers)
-print("chapter 02: all checks passed")
+print("chapter 03: all checks passed")

@@ -1,0 +1,1 @@
+"""models: modules exported from the notebooks."""

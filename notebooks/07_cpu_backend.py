@@ -1,0 +1,1515 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+
+# %% [markdown]
+# # 07 · The CPU backend
+#
+# Chapter 06 defined what a backend is. The CPU backend fills that table with the simplest answers:
+# its memory is host memory (the CPU buffer type of chapter 03), it has no queue and no events, and
+# `graph_compute` runs the nodes in order. What it adds is arithmetic: one numpy function per op,
+# reading the sources through their strides and writing into the node's own bytes. That makes every
+# memory plan of chapters 03–05 **proven by results**: a plan that overlaps two live tensors now
+# corrupts a number (§4).
+#
+# **Learning goals**
+#
+# 1. `ggml_backend_cpu_*`: what the CPU backend supports (every op, but one rule for `MUL_MAT`).
+# 2. How a kernel sees a tensor: a numpy view over the buffer's bytes, any strides, any view.
+# 3. The details that make ggml's numbers what they are: sums in double, src1 converted to the
+#    weight's *dot type*, f16 rounding, rope's angles.
+# 4. Why the graph allocator's reuse is safe — and what happens when it is not.
+#
+# Exported: `ggml_lite.cpu`.
+
+# %%
+# | default_exp cpu
+
+# %%
+import numpy as np
+
+import ggml_lite as gl
+from ggml_lite.backend import tensor_get, tensor_set
+
+# ## 1 · The C
+#
+# `ggml-backend.c:559-732`. The CPU backend is small because the work is elsewhere (`ggml.c`'s
+# kernels): its default buffer type is the CPU buffer type of chapter 03, it can use any host
+# memory, and `graph_compute` is `ggml_graph_compute` over the nodes in order. Its `supports_op`
+# says yes to nearly everything:
+#
+# ```c
+# GGML_CALL static bool ggml_backend_cpu_supports_op(ggml_backend_t backend, const struct ggml_tensor * op) { // :629
+#     switch (op->op) {
+#         case GGML_OP_CPY:     return op->type != GGML_TYPE_IQ2_XXS && ...;   // types without from_float
+#         case GGML_OP_MUL_MAT: return op->src[1]->type == GGML_TYPE_F32 ||
+#                                      op->src[1]->type == ggml_internal_get_type_traits(op->src[0]->type).vec_dot_type;
+#         default:              return true;
+#     }
+# }
+# ```
+#
+# The types of this project all have `from_float`, so only the `MUL_MAT` rule matters here: src1
+# must be f32, or already of src0's *dot type* — f16 for f16 weights, q8_0 for q8_0 and q4_0
+# weights (§2.1 shows why). It has no queue, no events and no async copies: every entry for them
+# is `NULL`. Threads, thread pools and abort callbacks have no meaning in this port.
+#
+# ## 2 · How the CPU computes
+#
+# Each op is a numpy kernel that reads its sources through `tensor_array` (the bytes of chapter 03,
+# seen with `ne`/`nb`) and writes into the node's own bytes. Nothing is returned: if the graph
+# allocator put two live tensors at the same offset, one overwrites the other, exactly as in ggml.
+
+# %%
+# | export
+"""The CPU backend (ggml-backend.c:559-732) and the numpy kernels it computes with.
+
+The CPU backend's compute kernels: `compute_forward(node)` computes one graph node from its sources,
+with numpy, the way ggml's CPU backend computes it (`ggml_compute_forward` in ggml.c, llama.cpp
+`daa9623`, an x86-64 build with AVX2, FMA and F16C, one thread).
+
+"The way ggml computes it" is meant literally where that is reproducible:
+
+* f32 arithmetic stays f32 (numpy float32 ops round exactly like the C's `float` ops); sums that ggml
+  accumulates in `ggml_float` (double) are accumulated in float64, in ggml's order (sequentially).
+* gcc -O3 fuses `a*b + c` into one FMA instruction; `fma_f32` rounds such expressions once.
+* The SIMD kernels are emulated lane by lane: `ggml_v_expf` (silu, soft_max), the 4 x 8-lane
+  accumulators of `ggml_vec_dot_f32` / `ggml_vec_dot_f16`, the 8-lane block sums of
+  `ggml_vec_dot_q8_0_q8_0` / `ggml_vec_dot_q4_0_q8_0`, and their horizontal reductions.
+* `mul_mat` converts src1 to the weight's `vec_dot_type` first (f16, or q8_0 with the AVX2
+  `quantize_row_q8_0`), as `ggml_compute_forward_mul_mat` does.
+* GELU and GELU-quick are lookups in f16 tables built like `ggml_init` builds them.
+* rope follows `ggml_rope_cache_init`'s float32 theta recurrence and `rope_yarn`.
+
+The C library is the one thing numpy cannot vectorise bit for bit: by default `expf`, `expm1f`,
+`logf`, `tanhf`, `sinf`, `cosf` on arrays are evaluated in float64 and rounded once to float32 (the
+correctly rounded value; glibc's results are within 1 ulp of it). With `LIBM_EXACT = True` they call
+the C library itself through ctypes, one element at a time (about 0.5 us per value), and match a
+glibc build of ggml bit for bit. Scalars that ggml computes once per op (rope's `theta_scale`, ALiBi
+slopes, YaRN's `mscale`) and the two GELU tables always come from the C library when it loads.
+
+Every kernel reads all of its sources into fresh arrays before it writes the destination, so a
+destination that shares memory with a source (in-place ops, the graph allocator's memory reuse) is
+safe. Where ggml's kernel asserts (`GGML_ASSERT`) or would read memory the wrong way, the kernel
+raises a `ggml_lite.errors` exception instead of computing garbage.
+"""
+
+
+import contextlib
+import contextvars
+import ctypes
+import ctypes.util
+import functools
+import math
+
+import numpy as np
+
+from ggml_lite.buffer import tensor_array
+from ggml_lite.errors import (
+    DataTypeError, LayoutError, ShapeError, TensorBoundsError, UnknownOpError, UnsupportedOpError,
+)
+from ggml_lite.tensor import (
+    F16, F32, I32, Q4_0, Q8_0, Op, UnaryOp, describe, is_contiguous, word_to_float,
+)
+
+F4, F8 = np.float32, np.float64
+QK = 32  # elements per q8_0 / q4_0 block (`QK8_0`, `QK4_0`)
+
+# ggml.c constants
+GELU_COEF_A = F4(0.044715)
+GELU_QUICK_COEF = F4(-1.702)
+SQRT_2_OVER_PI = F4(0.79788456080286535587989211986876)
+
+from ggml_lite.backend import Backend, GraphPlan, Status
+from ggml_lite.buffer import cpu_buffer_type
+from ggml_lite.registry import declare_builtin
+
+# `type_traits[type].vec_dot_type`: what src1 of a MUL_MAT is converted to before the dot products
+VEC_DOT_TYPE = {"f32": F32, "f16": F16, "q8_0": Q8_0, "q4_0": Q8_0}
+
+
+def mul_mat_supported(op) -> bool:
+    """The MUL_MAT clause of `ggml_backend_cpu_supports_op`: src1 is f32 or already src0's dot type."""
+    return op.src[1].type is F32 or op.src[1].type is VEC_DOT_TYPE.get(op.src[0].type.name)
+
+# %% [markdown]
+# #### Floats: what "f32 arithmetic" means here
+# numpy's float32 operations round exactly like the C's `float` operations, so most kernels are
+# plain numpy. Three details need help. gcc `-O3` fuses `a·b + c` into one FMA instruction, which
+# rounds once (`fma_f32`). The C library's `expf`, `tanhf`, `cosf`, ... are evaluated in float64 and
+# rounded once — the correctly rounded value, within about an ulp of glibc's — and the few scalars
+# ggml computes once per op (rope's `theta_scale`, ALiBi slopes, the GELU tables) call the C library
+# itself through ctypes when it is there, so they match a glibc build bit for bit.
+
+
+# %%
+# | export
+def fp32_to_fp16(x) -> np.ndarray:
+    """`GGML_FP32_TO_FP16` / `ggml_fp32_to_fp16_row` (F16C `_mm256_cvtps_ph`): round to nearest even."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, dtype=F4).astype(np.float16)
+
+
+def fp16_to_fp32(h) -> np.ndarray:
+    """`GGML_FP16_TO_FP32` / `ggml_fp16_to_fp32_row`: exact widening."""
+    return np.asarray(h, dtype=np.float16).astype(F4)
+
+
+def fma_f32(a, b, c) -> np.ndarray:
+    """`fmaf(a, b, c)` / `_mm256_fmadd_ps`: a·b + c for float32 operands, rounded once to float32.
+
+    a·b is exact in float64; the float64 sum then rounds once more, and that double rounding can only
+    go wrong when the float64 sum lands exactly on a float32 midpoint. Those (rare) elements are
+    nudged one float64 ulp towards the exact sum (its TwoSum error) before the final rounding."""
+    with np.errstate(invalid="ignore", over="ignore"):  # (a signalling NaN warns when widened)
+        a64 = np.asarray(a, dtype=F4).astype(F8)
+        b64 = np.asarray(b, dtype=F4).astype(F8)
+        c64 = np.asarray(c, dtype=F4).astype(F8)
+        shape = np.broadcast_shapes(a64.shape, b64.shape, c64.shape)
+        p = np.broadcast_to(a64 * b64, shape).reshape(-1)
+        c64 = np.broadcast_to(c64, shape).reshape(-1)
+        s = p + c64
+    bits = s.view(np.int64)
+    mag = np.abs(s)
+    mid = ((bits & 0x1FFFFFFF) == 0x10000000) & (mag >= 2.0 ** -126)
+    tiny = (mag < 2.0 ** -126) & (s != 0)
+    if tiny.any():  # float32 subnormal range: test for an exact midpoint directly
+        st = s[tiny]
+        r = st.astype(F4)
+        toward = np.where(st > r.astype(F8), F4(np.inf), F4(-np.inf)).astype(F4)
+        midpoint = (r.astype(F8) + np.nextafter(r, toward).astype(F8)) / 2
+        mid[tiny] = st == midpoint
+    if mid.any():
+        pb, cb, sm = p[mid], c64[mid], s[mid]
+        with np.errstate(invalid="ignore"):
+            bb = sm - pb
+            err = (pb - (sm - bb)) + (cb - bb)  # TwoSum: exact sum = sm + err
+        s[mid] = np.where(err > 0, np.nextafter(sm, np.inf), np.where(err < 0, np.nextafter(sm, -np.inf), sm))
+    with np.errstate(over="ignore"):
+        return s.astype(F4).reshape(shape)
+
+
+LIBM_EXACT = False  # True: array math calls the C library per element (bit-exact with glibc, slow)
+
+
+@contextlib.contextmanager
+def libm_exact(enabled: bool = True):
+    """Within the block, array math uses the C library per element (`LIBM_EXACT`)."""
+    global LIBM_EXACT
+    saved, LIBM_EXACT = LIBM_EXACT, enabled
+    try:
+        yield
+    finally:
+        LIBM_EXACT = saved
+
+
+def _math_f32(name: str, f64, x) -> np.ndarray:
+    """The C library's float function `name` on an array: the C function itself per element when
+    `LIBM_EXACT` (and libm loads), else `f64` evaluated in float64 and rounded once to float32."""
+    x = np.asarray(x, dtype=F4)
+    if LIBM_EXACT and _libm() is not None:
+        return _libm_vec(name, x)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return f64(x.astype(F8)).astype(F4)
+
+
+def expf(x) -> np.ndarray:
+    """`expf` (libm) on an array (see `LIBM_EXACT`)."""
+    return _math_f32("expf", np.exp, x)
+
+
+def _expm1f(x):
+    return _math_f32("expm1f", np.expm1, x)
+
+
+def _logf(x):
+    return _math_f32("logf", np.log, x)
+
+
+def _tanhf(x):
+    return _math_f32("tanhf", np.tanh, x)
+
+
+def _cosf(x):
+    return _math_f32("cosf", np.cos, x)
+
+
+def _sinf(x):
+    return _math_f32("sinf", np.sin, x)
+
+
+@functools.lru_cache(maxsize=None)
+def _libm():
+    """The C math library, if ctypes can load it (None otherwise)."""
+    name = ctypes.util.find_library("m")
+    try:
+        lib = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    if lib is None:
+        return None
+    for fn, nargs in (("expf", 1), ("expm1f", 1), ("logf", 1), ("tanhf", 1), ("powf", 2), ("cosf", 1), ("sinf", 1)):
+        f = getattr(lib, fn)
+        f.restype = ctypes.c_float
+        f.argtypes = [ctypes.c_float] * nargs
+    return lib
+
+
+_F64_OF = {"expf": math.exp, "expm1f": math.expm1, "logf": math.log, "tanhf": math.tanh, "cosf": math.cos,
+           "sinf": math.sin, "powf": math.pow}
+
+
+def libm_f32(name: str, *args) -> F4:
+    """One scalar call of the C library's float function `name` (expf, logf, tanhf, powf, cosf, sinf),
+    through ctypes; without a loadable libm, the float64 function rounded to float32."""
+    lib = _libm()
+    args = [float(F4(a)) for a in args]
+    if lib is not None:
+        return F4(getattr(lib, name)(*args))
+    try:
+        return F4(_F64_OF[name](*args))
+    except (OverflowError, ValueError):
+        return F4(np.nan)
+
+
+def _libm_vec(name: str, x: np.ndarray) -> np.ndarray:
+    """The C library's float function `name` applied element by element through ctypes (float64
+    stand-in when libm does not load)."""
+    lib = _libm()
+    x = np.asarray(x, dtype=F4)
+    if lib is None:
+        with np.errstate(all="ignore"):
+            return np.vectorize(_F64_OF[name], otypes=[F8])(x.astype(F8)).astype(F4)
+    f = getattr(lib, name)
+    return np.fromiter((f(v) for v in x.ravel().tolist()), dtype=F4, count=x.size).reshape(x.shape)
+
+
+def _hsum8(v: np.ndarray) -> np.ndarray:
+    """`hsum_float_8` (and the inline sum in `ggml_vec_soft_max_f32`): 8 float32 lanes (last axis)
+    added as ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))."""
+    with np.errstate(all="ignore"):
+        r = v[..., 4:8] + v[..., 0:4]
+        r0 = r[..., 0] + r[..., 2]
+        r1 = r[..., 1] + r[..., 3]
+        return r0 + r1
+
+
+def _reduce_f32x8(acc: np.ndarray) -> np.ndarray:
+    """`GGML_F32x8_REDUCE` on four 8-lane accumulators (last axis = 32 = 4 x 8): x0+=x2, x1+=x3,
+    x0+=x1, then ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)) (two `_mm_hadd_ps`)."""
+    x = acc.reshape(acc.shape[:-1] + (4, 8))
+    with np.errstate(all="ignore"):
+        x0 = x[..., 0, :] + x[..., 2, :]
+        x1 = x[..., 1, :] + x[..., 3, :]
+        x0 = x0 + x1
+        t0 = x0[..., 0:4] + x0[..., 4:8]
+        return (t0[..., 0] + t0[..., 1]) + (t0[..., 2] + t0[..., 3])
+
+
+def _seq_sum_f64(v: np.ndarray) -> np.ndarray:
+    """A float64 sum along the last axis, one element after the other (a C loop `sum += x[i]`;
+    numpy's own sum is pairwise)."""
+    if v.shape[-1] == 0:
+        return np.zeros(v.shape[:-1], dtype=F8)
+    with np.errstate(all="ignore"):
+        return np.cumsum(v, axis=-1, dtype=F8)[..., -1]
+
+
+# %% [markdown]
+# #### Blocks: q8_0 and q4_0
+# A q8_0 block is an f16 scale `d` and 32 int8 values (34 bytes); a q4_0 block an f16 `d` and 16
+# bytes of nibbles, element `j` in the low nibble of byte `j` and element `j + 16` in its high
+# nibble, each `(nibble − 8)·d`. Dequantizing is exact. Quantizing follows ggml's reference
+# quantizers: for q8_0 `d = max|x| / 127`, `q = roundf(x / d)` (halves away from zero) with the
+# *unrounded* f32 `d`, and only the stored scale rounded to f16; for q4_0 the element of largest
+# magnitude (first on ties) gives `d = m / −8`. What `mul_mat` (for src1) and `cpy` into q8_0 use is
+# another function, the AVX2 `quantize_row_q8_0`: it multiplies by `127 / amax` and rounds halves
+# **to even** — a tie such as 2.5 becomes 2 there and 3 in the reference quantizer.
+
+
+# %%
+# | export
+Q8_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
+Q4_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "u1", 16)])
+
+
+def _blocks(x) -> np.ndarray:
+    x = np.asarray(x, dtype=F4)
+    if x.shape[-1] % QK:
+        raise ShapeError(f"a row of {x.shape[-1]} values is not a whole number of {QK}-element blocks")
+    return x.reshape(x.shape[:-1] + (x.shape[-1] // QK, QK))
+
+
+def _c_max(a, b):
+    """`MAX(a, b)` / `_mm_max_ps(a, b)`: a > b ? a : b (a NaN in either place yields b)."""
+    return np.where(a > b, a, b)
+
+
+def quantize_row_q8_0_ref(x) -> np.ndarray:
+    """`quantize_row_q8_0_ref` (what `ggml_quantize_chunk` uses): per block amax = max|x| (a C
+    `MAX` scan), d = amax/127, id = 1/d (0 when d = 0), q = roundf(x·id) (halves away from zero),
+    d stored as f16. `x` has rows on its last axis; returns q8_0 blocks (last axis = blocks per row).
+    A non-finite x·id converts to 0 (the low byte of cvttss2si's 0x80000000)."""
+    xb = _blocks(x)
+    ax = np.abs(xb)
+    amax = np.zeros(xb.shape[:-1], dtype=F4)
+    for j in range(QK):
+        amax = _c_max(amax, ax[..., j])
+    with np.errstate(all="ignore"):
+        d = amax / F4(127)
+        idv = np.where(d != 0, F4(1) / np.where(d != 0, d, F4(1)), F4(0)).astype(F4)
+        v = (xb * idv[..., None]).astype(F8)
+        q = np.trunc(v + np.copysign(0.5, v))
+        q = np.where(np.isfinite(q) & (np.abs(q) < 2.0 ** 31), q, 0).astype(np.int64)
+    out = np.empty(xb.shape[:-1], dtype=Q8_0_DTYPE)
+    out["d"] = fp32_to_fp16(d)
+    out["qs"] = (q & 0xFF).astype(np.uint8).view(np.int8)
+    return out
+
+
+def quantize_q8_0(values) -> np.ndarray:
+    """The q8_0 blocks of `values` (memory order, a multiple of 32 values) as ggml stores quantized
+    data it is given (`ggml_quantize_chunk` -> `quantize_row_q8_0_ref`): a 1-d array of blocks, so
+    `.view(np.uint8)` gives the bytes."""
+    return quantize_row_q8_0_ref(np.asarray(values, dtype=F4).reshape(-1))
+
+
+def quantize_row_q8_0(x) -> np.ndarray:
+    """`quantize_row_q8_0`, the AVX2 path (type_traits[q8_0].from_float: `mul_mat`'s conversion of
+    src1, `cpy` into q8_0): d = amax/127 stored as f16, but id = 127/amax and q = x·id rounded to
+    nearest *even* (`_mm256_round_ps(v, _MM_ROUND_NEAREST)`), unlike the reference quantizer."""
+    xb = _blocks(x)
+    ax = np.abs(xb).reshape(xb.shape[:-1] + (4, 8))  # four 8-lane registers v0..v3
+    m = _c_max(_c_max(_c_max(ax[..., 0, :], ax[..., 1, :]), ax[..., 2, :]), ax[..., 3, :])
+    m4 = _c_max(m[..., 4:8], m[..., 0:4])                        # extractf128 hi, lo
+    m2 = _c_max(m4[..., 0:2], m4[..., 2:4])                      # movehl
+    amax = _c_max(m2[..., 0], m2[..., 1])                        # max_ss with movehdup
+    with np.errstate(all="ignore"):
+        d = amax / F4(127)
+        idv = np.where(amax != 0, F4(127) / np.where(amax != 0, amax, F4(1)), F4(0)).astype(F4)
+        q = np.rint(xb * idv[..., None])
+        # _mm256_cvtps_epi32 gives 0x80000000 for NaN and out-of-range values; packs saturate to int8
+        q = np.where(np.isfinite(q) & (np.abs(q) < 2.0 ** 31), np.clip(q, -128, 127), -128)
+    out = np.empty(xb.shape[:-1], dtype=Q8_0_DTYPE)
+    out["d"] = fp32_to_fp16(d)
+    out["qs"] = q.astype(np.int8)
+    return out
+
+
+def quantize_row_q4_0_ref(x) -> np.ndarray:
+    """`quantize_row_q4_0_ref` (also q4_0's from_float): per block m = the element of largest
+    magnitude (first on ties), d = m/-8, id = 1/d, q = min(15, (int8_t)(x·id + 8.5)) (truncating),
+    element j in the low nibble of byte j, j+16 in the high nibble. x·id + 8.5 is fused into one FMA,
+    as gcc -O3 contracts it (an assumption: the fixtures cannot tell; ggml-python's build does not
+    fuse it, which changes a nibble only when x·id + 8.5 is within an ulp of an integer)."""
+    xb = _blocks(x)
+    ax = np.abs(xb)
+    k = np.argmax(np.where(np.isnan(ax), F4(-1), ax), axis=-1)  # the first maximum (the C's strict `<` scan)
+    m = np.take_along_axis(xb, k[..., None], axis=-1)[..., 0]
+    d = (m / F4(-8)).astype(F4)
+    with np.errstate(divide="ignore"):
+        idv = np.where(d != 0, F4(1) / np.where(d != 0, d, F4(1)), F4(0)).astype(F4)
+    v = fma_f32(xb, idv[..., None], F4(8.5))
+    with np.errstate(invalid="ignore"):  # (int8_t) of a float: cvttss2si (0x80000000 if out of range), low byte
+        t = np.where(np.isfinite(v) & (np.abs(v) < 2.0 ** 31), np.trunc(v), -(2.0 ** 31)).astype(np.int64)
+    q = np.minimum(15, (t & 0xFF).astype(np.uint8).view(np.int8)).astype(np.uint8)
+    out = np.empty(xb.shape[:-1], dtype=Q4_0_DTYPE)
+    out["d"] = fp32_to_fp16(d)
+    out["qs"] = q[..., :16] | (q[..., 16:] << 4)
+    return out
+
+
+def dequantize_row_q8_0(blocks) -> np.ndarray:
+    """`dequantize_row_q8_0`: element j of a block is qs[j]·d (exact in f32)."""
+    d = blocks["d"].astype(F4)[..., None]
+    y = blocks["qs"].astype(F4) * d
+    return y.reshape(y.shape[:-2] + (-1,))
+
+
+def dequantize_row_q4_0(blocks) -> np.ndarray:
+    """`dequantize_row_q4_0`: element j is ((qs[j] & 15) - 8)·d, element j+16 is ((qs[j] >> 4) - 8)·d."""
+    d = blocks["d"].astype(F4)[..., None]
+    qs = blocks["qs"]
+    lo = (qs & 0x0F).astype(np.int16) - 8
+    hi = (qs >> 4).astype(np.int16) - 8
+    y = np.concatenate([lo, hi], axis=-1).astype(F4) * d
+    return y.reshape(y.shape[:-2] + (-1,))
+
+
+_DEQUANT = {Q8_0.name: dequantize_row_q8_0, Q4_0.name: dequantize_row_q4_0}
+_FROM_FLOAT = {Q8_0.name: quantize_row_q8_0, Q4_0.name: quantize_row_q4_0_ref}
+
+
+def _q_ints(blocks, type) -> np.ndarray:
+    """The 32 small integers of each block, in element order (int8 for q8_0, nibble - 8 for q4_0)."""
+    if type is Q8_0:
+        return blocks["qs"].astype(np.int8)
+    qs = blocks["qs"]
+    lo = (qs & 0x0F).astype(np.int8) - 8
+    hi = (qs >> 4).astype(np.int8) - 8
+    return np.concatenate([lo, hi], axis=-1)
+
+
+# %% [markdown]
+# #### The SIMD kernels, lane by lane
+# ggml's dot products are not sequential sums: `ggml_vec_dot_f32` keeps 4 × 8 float lanes of FMA
+# accumulators and reduces them at the end; the q8_0 dot product sums 8-lane blocks. A sequential
+# numpy sum differs in the last bits — about 100 ulp on the f32 matrix products of the op fixtures —
+# so the lanes are emulated. The same holds for `ggml_v_expf`, the vectorised exponential that silu
+# and soft_max use for blocks of 8 (`expf` for the tail), and for the f16 tables of GELU and
+# GELU-quick: for −10 < x < 10 the result is the table entry of `f16(x)`, the tanh-approximation
+# GELU of that f16 value rounded to f16 — within 4e-3 of the true GELU, and exactly ggml's.
+
+
+# %%
+# | export
+def _c(h: str) -> F4:
+    return F4(float.fromhex(h))
+
+
+_EXP_C = {k: _c(v) for k, v in dict(
+    shift="0x1.8p23", invln2="0x1.715476p+0", ln2hi="0x1.62e4p-1", ln2lo="0x1.7f7d1cp-20",
+    p0="0x1.0e4020p-7", p1="0x1.573e2ep-5", p2="0x1.555e66p-3", p3="0x1.fffdb6p-2", p4="0x1.ffffecp-1").items()}
+
+
+def v_expf(x) -> np.ndarray:
+    """`ggml_v_expf` (AVX2 + FMA): ggml's vectorised exp (max error 1.5 ulp), every step emulated
+    lane by lane: n = round(x/ln2) via the 1.5·2^23 shift, b = x - n·ln2 (two FMAs), a degree-5
+    polynomial j in b (FMAs), 2^n built in the exponent bits; |n| > 126 and |n| > 192 are handled
+    with the split scale s1·s2 and the overflow/underflow branch, as in the C. The C's "all lanes
+    small" shortcut computes the same value per lane, so it needs no emulation."""
+    C = _EXP_C
+    x = np.asarray(x, dtype=F4)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        z = fma_f32(x, C["invln2"], C["shift"])
+        n = z - C["shift"]
+        b = fma_f32(-n, C["ln2lo"], fma_f32(-n, C["ln2hi"], x))
+        zb = np.ascontiguousarray(z).view(np.uint32)
+        e = (zb << np.uint32(23)).astype(np.uint32)
+        k = (e + np.uint32(0x3F800000)).view(F4)
+        an = np.abs(n)
+        c = an > F4(126)
+        u = b * b
+        j = fma_f32(fma_f32(fma_f32(C["p0"], b, C["p1"]), u, fma_f32(C["p2"], b, C["p3"])), u, C["p4"] * b)
+        small = fma_f32(k, j, k)
+        if not c.any():
+            return small
+        g = np.where(n <= F4(0), np.uint32(0x82000000), np.uint32(0)).astype(np.uint32)
+        s1 = (g + np.uint32(0x7F000000)).astype(np.uint32).view(F4)
+        s2 = (e - g).astype(np.uint32).view(F4)
+        d = an > F4(192)
+        big = fma_f32(s2, j, s2) * s1
+        return np.where(d, s1 * s1, np.where(c, big, small)).astype(F4)
+
+
+def _silu_tail(x):
+    """`ggml_silu_f32`: x/(1 + expf(-x))."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return x / (F4(1) + expf(-x))
+
+
+def vec_silu_f32(x) -> np.ndarray:
+    """`ggml_vec_silu_f32` on rows (last axis): blocks of 8 from the row start go through
+    `ggml_v_silu` (x / (1 + ggml_v_expf(0 - x))), the remaining n % 8 through `ggml_silu_f32`."""
+    x = np.asarray(x, dtype=F4)
+    n = x.shape[-1]
+    nv = n - n % 8
+    y = np.empty_like(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        xv = x[..., :nv]
+        y[..., :nv] = xv / (F4(1) + v_expf(F4(0) - xv))
+        y[..., nv:] = _silu_tail(x[..., nv:])
+    return y
+
+
+def vec_soft_max_f32(w, mx) -> tuple:
+    """`ggml_vec_soft_max_f32` on rows (last axis): y = exp(w - max) -- `ggml_v_expf` on blocks of 8
+    from the row start, `expf` on the tail -- and the row sum in double: each block's 8 values
+    added as in `hsum_float_8` (float32), then block sums and tail values added one by one in
+    float64. Returns (y float32, sum float64)."""
+    w = np.asarray(w, dtype=F4)
+    n = w.shape[-1]
+    nv = n - n % 8
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = w - mx[..., None]
+    y = np.empty_like(w)
+    y[..., :nv] = v_expf(diff[..., :nv])
+    y[..., nv:] = expf(diff[..., nv:])
+    blocks = y[..., :nv].reshape(w.shape[:-1] + (nv // 8, 8))
+    parts = np.concatenate([_hsum8(blocks).astype(F8), y[..., nv:].astype(F8)], axis=-1)
+    return y, _seq_sum_f64(parts)
+
+
+def _gelu_f32(x, tanh):
+    """`ggml_gelu_f32` as gcc -O3 compiles it: 0.5x·(1 + tanhf(√(2/π)x·(1 + 0.044715x·x))), the
+    inner 1 + (0.044715x)·x fused into one FMA."""
+    inner = fma_f32(GELU_COEF_A * x, x, F4(1))
+    arg = (SQRT_2_OVER_PI * x) * inner
+    return (F4(0.5) * x) * (F4(1) + tanh(arg))
+
+
+@functools.lru_cache(maxsize=None)
+def gelu_table() -> np.ndarray:
+    """`ggml_table_gelu_f16` (filled in `ggml_init`): for each of the 65536 f16 bit patterns h,
+    f16(`ggml_gelu_f32`(h)). tanhf is the C library's (ctypes) when available."""
+    with np.errstate(all="ignore"):
+        x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(F4)
+        return fp32_to_fp16(_gelu_f32(x, lambda a: _libm_vec("tanhf", a)))
+
+
+@functools.lru_cache(maxsize=None)
+def gelu_quick_table() -> np.ndarray:
+    """`ggml_table_gelu_quick_f16`: f16(`ggml_gelu_quick_f32`(h)) = f16(h·(1/(1 + expf(-1.702·h))))
+    for each f16 bit pattern h."""
+    with np.errstate(all="ignore"):
+        x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(F4)
+        e = _libm_vec("expf", GELU_QUICK_COEF * x)
+        return fp32_to_fp16(x * (F4(1) / (F4(1) + e)))
+
+
+def _table_lookup(table, x):
+    idx = fp32_to_fp16(x).view(np.uint16)
+    return table[idx].astype(F4)
+
+
+def vec_gelu_f32(x) -> np.ndarray:
+    """`ggml_vec_gelu_f32` with GGML_GELU_FP16: 0 for x <= -10, x for x >= 10, otherwise the f16
+    table entry of f16(x)."""
+    x = np.asarray(x, dtype=F4)
+    with np.errstate(invalid="ignore"):
+        return np.where(x <= F4(-10), F4(0), np.where(x >= F4(10), x, _table_lookup(gelu_table(), x))).astype(F4)
+
+
+def vec_gelu_quick_f32(x) -> np.ndarray:
+    """`ggml_vec_gelu_quick_f32` with GGML_GELU_QUICK_FP16: the f16 table entry of f16(x) for every x
+    (no range guards)."""
+    return _table_lookup(gelu_quick_table(), np.asarray(x, dtype=F4))
+
+
+def vec_dot_f32(x, y) -> np.ndarray:
+    """`ggml_vec_dot_f32` (AVX2/FMA) for every pair of rows: x (M, K), y (N, K) float32 -> (N, M).
+    The first K & ~31 elements go to 4 accumulators of 8 lanes (one FMA per element,
+    `GGML_F32_VEC_FMA`), reduced by `GGML_F32x8_REDUCE`; the leftovers are added to the float32
+    result one by one, `sumf += x[i]*y[i]` with the product rounded first (gcc did not fuse this
+    loop-carried sum: the fixtures K = 16 and K = 200 match only unfused)."""
+    x = np.asarray(x, dtype=F4)
+    y = np.asarray(y, dtype=F4)
+    K = x.shape[-1]
+    npk = K & ~31
+    acc = np.zeros((y.shape[0], x.shape[0], 32), dtype=F4)
+    for i in range(0, npk, 32):
+        acc = fma_f32(x[None, :, i:i + 32], y[:, None, i:i + 32], acc)
+    res = _reduce_f32x8(acc)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i in range(npk, K):
+            res = res + x[None, :, i] * y[:, None, i]
+    return res.astype(F4)
+
+
+def vec_dot_f16(x, y) -> np.ndarray:
+    """`ggml_vec_dot_f16` (AVX2/F16C) for every pair of rows: x (M, K), y (N, K) float16 -> (N, M).
+    Same 4 x 8 accumulators as `ggml_vec_dot_f32` (the f16·f16 products are exact in f32, so each
+    FMA is one rounded add), reduced to a double; leftovers added in double; the result is
+    rounded to float32 at the end."""
+    xf = np.asarray(x, dtype=np.float16).astype(F4)
+    yf = np.asarray(y, dtype=np.float16).astype(F4)
+    K = xf.shape[-1]
+    npk = K & ~31
+    acc = np.zeros((yf.shape[0], xf.shape[0], 32), dtype=F4)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i in range(0, npk, 32):
+            acc = acc + xf[None, :, i:i + 32] * yf[:, None, i:i + 32]
+        res = _reduce_f32x8(acc).astype(F8)
+        if npk < K:
+            tail = (xf[None, :, npk:] * yf[:, None, npk:]).astype(F8)
+            res = _seq_sum_f64(np.concatenate([res[..., None], tail], axis=-1))
+        return res.astype(F4)
+
+
+def _vec_dot_q_q8_0(xd, xq, yd, yq) -> np.ndarray:
+    """The AVX2 loop shared by `ggml_vec_dot_q8_0_q8_0` and `ggml_vec_dot_q4_0_q8_0`: per block,
+    the scale d = f32(dx·dy) and 8 lanes q (lane k = integer sum of the products of elements
+    4k..4k+3, `mul_sum_i8_pairs_float`), acc = fma(d, q, acc) block after block; then `hsum_float_8`.
+    xd (M, nb) / xq (M, nb, 32) are src0's scales and integers, yd (N, nb) / yq (N, nb, 32) src1's."""
+    M, nb = xd.shape
+    N = yd.shape[0]
+
+    def lanes(a, b):  # (M, nb, 32) x (N, nb, 32) -> (N, M, nb, 8): sums of 4 products, exact in f32
+        ag = a.astype(F4).reshape(M, nb * 8, 4).transpose(1, 0, 2)  # (G, M, 4)
+        bg = b.astype(F4).reshape(N, nb * 8, 4).transpose(1, 2, 0)  # (G, 4, N)
+        return np.matmul(ag, bg).reshape(nb, 8, M, N).transpose(3, 2, 0, 1)
+
+    q = lanes(xq, yq)
+    # `_mm256_sign_epi8(y, x)` negates y where x < 0, and -(-128) wraps to -128: such a product comes
+    # out as |x|·(-128) instead of x·(-128), i.e. 256·x lower (no int16 saturation is possible)
+    wrap = yq == -128
+    if wrap.any():
+        q = q + lanes(np.where(xq < 0, xq, 0), np.where(wrap, 256, 0))
+    d = (yd.astype(F4)[:, None, :] * xd.astype(F4)[None, :, :]).astype(F4)  # (N, M, nb)
+    acc = np.zeros((N, M, 8), dtype=F4)
+    for b in range(nb):
+        acc = fma_f32(d[:, :, b, None], q[:, :, b, :], acc)
+    return _hsum8(acc).astype(F4)
+
+
+def vec_dot_q8_0_q8_0(x, y) -> np.ndarray:
+    """`ggml_vec_dot_q8_0_q8_0` (AVX2) for every pair of rows: x (M, nb), y (N, nb) q8_0 blocks -> (N, M)."""
+    return _vec_dot_q_q8_0(x["d"], _q_ints(x, Q8_0), y["d"], _q_ints(y, Q8_0))
+
+
+def vec_dot_q4_0_q8_0(x, y) -> np.ndarray:
+    """`ggml_vec_dot_q4_0_q8_0` (AVX2) for every pair of rows: x (M, nb) q4_0 blocks, y (N, nb) q8_0
+    blocks -> (N, M). The nibbles are unpacked to -8..7 (`bytes_from_nibbles_32`) in element order."""
+    return _vec_dot_q_q8_0(x["d"], _q_ints(x, Q4_0), y["d"], _q_ints(y, Q8_0))
+
+
+# %% [markdown]
+# #### Reading and writing tensors
+# A kernel sees a tensor as a 4-d numpy view (`ne3, ne2, ne1, ne0`) over the buffer's bytes — any
+# strides, a view of a view, a permuted cache. Every kernel reads all of its sources into fresh
+# arrays **before** it writes the destination, so a destination that shares memory with a source —
+# an in-place op, or the graph allocator's reuse — is safe. Where ggml's kernel would `GGML_ASSERT`
+# (a unary op on rows that are not contiguous, an unsupported type), the kernel raises a
+# `ggml_lite.errors` exception naming the op, the tensor and the rule instead of computing garbage.
+
+
+# %%
+# | export
+_DEVICE = contextvars.ContextVar("device", default=False)  # set by compute_forward(node, device)
+
+
+def _view4(t) -> np.ndarray:
+    """The numpy view of `t` with 4 axes (ne3, ne2, ne1, ne0) (blocks on the last axis when quantized)."""
+    a = tensor_array(t, device=_DEVICE.get())
+    while a.ndim < 4:
+        a = a[np.newaxis]
+    return a
+
+
+def _read_f32(t) -> np.ndarray:
+    """A fresh float32 (ne3, ne2, ne1, ne0) array of `t`'s values (f16 widened, q8_0/q4_0 dequantized)."""
+    a = _view4(t)
+    if t.type is F32:
+        return np.array(a, dtype=F4, copy=True)
+    if t.type is F16:
+        return a.astype(F4)
+    if t.type.name in _DEQUANT:
+        return _DEQUANT[t.type.name](a)
+    raise DataTypeError(f"{describe(t)}: cannot read {t.type.name} values as f32")
+
+
+def _write(t, values) -> None:
+    """Store float32 (or same-type) values into `t` through its strides (f16 rounded to nearest even)."""
+    dst = _view4(t)
+    if t.type is F32:
+        dst[...] = np.asarray(values, dtype=F4).reshape(dst.shape)
+    elif t.type is F16:
+        dst[...] = fp32_to_fp16(values).reshape(dst.shape)
+    elif t.type is I32:
+        dst[...] = np.asarray(values).reshape(dst.shape)
+    else:
+        raise DataTypeError(f"{describe(t)}: cannot store values into a {t.type.name} tensor element-wise")
+
+
+def _need_type(node, t, types, what="source") -> None:
+    if t.type not in types:
+        names = "/".join(x.name for x in types)
+        raise DataTypeError(f"{node.op.name} {describe(node)}: {what} {describe(t)} must be {names} "
+                            f"(ggml's CPU kernel has no {t.type.name} variant here)")
+
+
+def _need_nb0(node, t, what: str, strict: bool = True) -> None:
+    """nb[0] must be the element size: always when ggml checks it with GGML_ASSERT (`strict`); only for
+    rows of more than one element when it is a debug-only `assert` (a release build reads just
+    element 0 of each row then, which is well defined)."""
+    if t.nb[0] != t.type.type_size and (strict or t.ne[0] > 1):
+        raise LayoutError(f"{node.op.name} {describe(node)}: {what} {describe(t)} must have contiguous "
+                          f"elements (nb[0] = {t.nb[0]}, need {t.type.type_size}); ggml's kernel asserts or "
+                          f"reads it the wrong way")
+
+
+def _rows_uniform(t) -> bool:
+    """Does row i of `t` (flat row index) start at i·nb[1], as the kernels that loop `i*nb[1]` assume?"""
+    ne, nb = t.ne, t.nb
+    stride = nb[1]
+    for d in (2, 3):
+        stride *= ne[d - 1]
+        if ne[d] > 1 and nb[d] != stride:
+            return False
+    return True
+
+
+def _need_rows(node, t, what: str, strict: bool = False) -> None:
+    _need_nb0(node, t, what, strict)
+    if not _rows_uniform(t):
+        raise LayoutError(f"{node.op.name} {describe(node)}: ggml's kernel finds row i of {what} {describe(t)} "
+                          f"at i*nb[1], but its rows are not evenly spaced (nb = {list(t.nb)})")
+
+
+def _same_shape(node, a, b) -> None:
+    if list(a.ne) != list(b.ne):
+        raise ShapeError(f"{node.op.name} {describe(node)}: {describe(a)} and {describe(b)} must have the same shape")
+
+
+# %% [markdown]
+# #### One function per op
+# `compute_forward` dispatches on the op, as `ggml_compute_forward` does; view ops (VIEW, RESHAPE,
+# PERMUTE, TRANSPOSE) and leafs compute nothing. The details that decide ggml's numbers: src1 of
+# add/sub/mul/div is *repeated* over the destination (broadcast by `ne` ratios); sums, norm and
+# rms_norm accumulate in double (`ggml_float`); soft_max takes `scale·x + slope·mask`, its maximum,
+# `ggml_v_expf` and a double sum, and masked `−inf` entries come out as exactly 0; `mul_mat` first
+# converts src1 rows to src0's dot type (f16, or q8_0 for q8_0/q4_0 weights) and broadcasts src0
+# over dims 2 and 3 (grouped-query attention); rope computes its angles with `ggml_rope_cache_init`'s
+# float32 recurrence — `theta *= theta_scale` once per rotated pair, then `cosf`/`sinf` and
+# `rope_yarn` — rather than a `pow` per dimension.
+
+
+# %%
+# | export
+def compute_forward_dup(node) -> None:
+    """`ggml_compute_forward_dup` (DUP, CONT, CPY): copy src0's elements, in ggml order (i0 fastest),
+    into the destination's elements in its own order, converting the type: same type byte for byte
+    (`ggml_compute_forward_dup_bytes`); f32/f16 -> f32/f16 element-wise (`_dup_f32`, `_dup_f16`,
+    `GGML_FP32_TO_FP16` rounding to nearest even); f32/f16 -> q8_0/q4_0 row by row with the type's
+    from_float (contiguous destination only). For CPY the destination is the node, a view of src[1]."""
+    src = node.src[0]
+    if src.nelements != node.nelements:
+        raise ShapeError(f"{node.op.name} {describe(node)}: {describe(src)} has {src.nelements} elements, "
+                         f"the destination {node.nelements}")
+    st, dt = src.type, node.type
+    if st is dt and (st is I32 or not st.is_quantized):
+        vals = np.array(_view4(src), copy=True).reshape(-1)
+        dst = _view4(node)
+        dst[...] = vals.reshape(dst.shape)
+        return
+    if st is dt:  # quantized, same type: whole blocks
+        if is_contiguous(src) and is_contiguous(node):
+            vals = np.array(_view4(src), copy=True).reshape(-1)
+            dst = _view4(node)
+            dst[...] = vals.reshape(dst.shape)
+            return
+        if src.ne[0] == node.ne[0]:
+            vals = np.array(_view4(src), copy=True)
+            dst = _view4(node)
+            dst[...] = vals.reshape(dst.shape)
+            return
+        raise LayoutError(f"{node.op.name} {describe(node)}: a {st.name} copy between differently shaped, "
+                          f"non-contiguous tensors would split blocks")
+    if st not in (F32, F16):
+        raise DataTypeError(f"{node.op.name} {describe(node)}: ggml cannot convert {st.name} to {dt.name} "
+                            f"(ggml_compute_forward_dup handles f16/f32 sources)")
+    if dt in (F32, F16):
+        vals = _read_f32(src).reshape(-1)
+        _write(node, vals)
+        return
+    if dt.name in _FROM_FLOAT:
+        if not is_contiguous(node):
+            raise LayoutError(f"{node.op.name} {describe(node)}: ggml quantizes only into a contiguous destination")
+        _need_nb0(node, src, "src0")
+        if src.ne[0] % QK:
+            raise ShapeError(f"{node.op.name} {describe(node)}: rows of {src.ne[0]} elements of {describe(src)} "
+                             f"are not whole {dt.name} blocks")
+        rows = _read_f32(src).reshape(-1, src.ne[0])
+        blocks = _FROM_FLOAT[dt.name](rows).reshape(-1)
+        dst = _view4(node)
+        dst[...] = blocks.reshape(dst.shape)
+        return
+    raise DataTypeError(f"{node.op.name} {describe(node)}: no conversion from {st.name} to {dt.name}")
+
+
+def _broadcast_src1(node, a_shape, b) -> np.ndarray:
+    """src1 repeated to src0's shape: element i of src0 pairs with element i % ne1 of src1 in every
+    dimension (`ggml_can_repeat`; ne00/ne10 whole rows of src1 per row of src0)."""
+    reps = tuple(a // n for a, n in zip(a_shape, b.shape))
+    return np.tile(b, reps)
+
+
+_BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide}
+
+
+def compute_forward_binary(node) -> None:
+    """`ggml_compute_forward_add_f32` / `_sub_f32` / `_mul_f32` / `_div_f32`: dst = src0 op src1 with
+    src1 broadcast over src0 (`i1k = i0k % ne1k`), one float32 operation per element. Also
+    `ggml_compute_forward_add_f16_f32` / `_add_f16_f16` (same shapes, result rounded to f16) and
+    `ggml_compute_forward_add_q_f32` (dequantize the row, add, quantize with from_float)."""
+    a, b = node.src[0], node.src[1]
+    op = node.op
+    if a.type is F32:
+        _need_type(node, b, (F32,), "src1")
+        _need_type(node, node, (F32,), "the result")
+        _need_nb0(node, a, "src0")
+        _need_nb0(node, node, "the result")
+        if any(a.ne[i] % b.ne[i] for i in range(4)):
+            raise ShapeError(f"{op.name} {describe(node)}: {describe(b)} does not broadcast to {describe(a)}")
+        x = _read_f32(a)
+        y = _broadcast_src1(node, x.shape, _read_f32(b))
+        with np.errstate(all="ignore"):
+            _write(node, _BINARY[op](x, y).astype(F4))
+        return
+    if op is not Op.ADD:
+        raise DataTypeError(f"{op.name} {describe(node)}: ggml's {op.name.lower()} kernel takes f32 src0 only, "
+                            f"not {describe(a)}")
+    _same_shape(node, a, b)
+    _need_nb0(node, a, "src0")
+    if a.type is F16:
+        _need_type(node, b, (F16, F32), "src1")
+        _need_type(node, node, (F16,) if b.type is F16 else (F16, F32), "the result")
+        _need_nb0(node, b, "src1")
+        _need_nb0(node, node, "the result")
+        with np.errstate(all="ignore"):
+            _write(node, _read_f32(a) + _read_f32(b))
+        return
+    if a.type.name in _FROM_FLOAT:
+        _need_type(node, b, (F32,), "src1")
+        _need_nb0(node, b, "src1")
+        _need_type(node, node, (a.type,), "the result")
+        if not (node.nb[0] <= node.nb[1] <= node.nb[2] <= node.nb[3]):
+            raise LayoutError(f"ADD {describe(node)}: the destination cannot be transposed or permuted")
+        with np.errstate(all="ignore"):
+            rows = (_read_f32(a) + _read_f32(b)).astype(F4)
+        blocks = _FROM_FLOAT[node.type.name](rows)
+        _view4(node)[...] = blocks
+        return
+    raise DataTypeError(f"ADD {describe(node)}: no kernel for {a.type.name} + {b.type.name}")
+
+
+def compute_forward_add1(node) -> None:
+    """`ggml_compute_forward_add1_f32` / `_add1_f16_f32` / `_add1_f16_f16`: every element plus the
+    scalar src1, in float32 (rounded to f16 for an f16 result)."""
+    a, b = node.src[0], node.src[1]
+    if b.nelements != 1:
+        raise ShapeError(f"ADD1 {describe(node)}: {describe(b)} must be a scalar")
+    if a.type is F32:
+        _need_type(node, b, (F32,), "src1")
+    elif a.type is F16:
+        _need_type(node, b, (F16, F32), "src1")
+        _need_type(node, node, (F16,), "the result")
+    else:
+        raise DataTypeError(f"ADD1 {describe(node)}: no kernel for a {a.type.name} src0 here")
+    _need_nb0(node, a, "src0")
+    _need_nb0(node, node, "the result")
+    v = _read_f32(b).reshape(())
+    with np.errstate(all="ignore"):
+        _write(node, _read_f32(a) + v)
+
+
+def _unary_rows(node, fn, strict: bool = False) -> None:
+    """The shape shared by sqr/sqrt/log/unary/leaky_relu: f32, rows found at i·nb[1], same shape
+    (`strict`: ggml checks nb[0] with GGML_ASSERT, as for log)."""
+    a = node.src[0]
+    _need_type(node, a, (F32,), "src0")
+    _need_type(node, node, (F32,), "the result")
+    _same_shape(node, a, node)
+    _need_rows(node, a, "src0", strict)
+    _need_rows(node, node, "the result", strict)
+    with np.errstate(all="ignore"):
+        _write(node, fn(_read_f32(a)))
+
+
+def compute_forward_sqr(node) -> None:
+    """`ggml_compute_forward_sqr_f32`: x·x."""
+    _unary_rows(node, lambda x: x * x)
+
+
+def compute_forward_sqrt(node) -> None:
+    """`ggml_compute_forward_sqrt_f32`: sqrtf (IEEE, exact rounding)."""
+    _unary_rows(node, np.sqrt)
+
+
+def compute_forward_log(node) -> None:
+    """`ggml_compute_forward_log_f32`: logf."""
+    _unary_rows(node, _logf, strict=True)
+
+
+def compute_forward_leaky_relu(node) -> None:
+    """`ggml_compute_forward_leaky_relu_f32` (`ggml_vec_leaky_relu_f32`): (x > 0 ? x : 0) +
+    slope·(x < 0 ? x : 0); the slope is op_params[0]."""
+    ns = F4(word_to_float(node.op_params[0]))
+    _unary_rows(node, lambda x: np.where(x > 0, x, F4(0)) + ns * np.where(x < 0, x, F4(0)))
+
+
+def _hard(x):
+    return np.fmin(F4(1), np.fmax(F4(0), (x + F4(3)) / F4(6)))
+
+
+_UNARY_FN = {
+    UnaryOp.ABS: np.abs,                                                      # fabsf
+    UnaryOp.SGN: lambda x: np.where(x > 0, F4(1), np.where(x < 0, F4(-1), F4(0))),
+    UnaryOp.NEG: np.negative,
+    UnaryOp.STEP: lambda x: np.where(x > 0, F4(1), F4(0)),
+    UnaryOp.TANH: _tanhf,
+    UnaryOp.ELU: lambda x: np.where(x > 0, x, _expm1f(x)),                    # expm1f
+    UnaryOp.RELU: lambda x: np.where(x > 0, x, F4(0)),
+    UnaryOp.SIGMOID: lambda x: F4(1) / (F4(1) + expf(-x)),
+    UnaryOp.GELU: vec_gelu_f32,
+    UnaryOp.GELU_QUICK: vec_gelu_quick_f32,
+    UnaryOp.SILU: vec_silu_f32,
+    UnaryOp.HARDSWISH: lambda x: x * _hard(x),
+    UnaryOp.HARDSIGMOID: _hard,
+    UnaryOp.EXP: expf,
+}
+
+
+def compute_forward_unary(node) -> None:
+    """`ggml_compute_forward_unary`: the unary op in op_params[0] applied row by row with its
+    `ggml_vec_<op>_f32` (f32 only): abs, sgn, neg, step, relu exactly; tanh, elu (expm1f),
+    sigmoid, exp, hardswish, hardsigmoid with libm stand-ins; gelu and gelu_quick through the f16
+    tables; silu through `ggml_v_silu` for blocks of 8 and `ggml_silu_f32` for the rest of a row."""
+    try:
+        u = UnaryOp(node.op_params[0])
+    except ValueError:
+        raise UnknownOpError(f"UNARY {describe(node)}: unknown unary op {node.op_params[0]}") from None
+    _unary_rows(node, lambda x: np.asarray(_UNARY_FN[u](x), dtype=F4))
+
+
+def compute_forward_scale(node) -> None:
+    """`ggml_compute_forward_scale_f32`: every element times op_params[0] (float32 multiply);
+    ggml asserts that source and destination are contiguous."""
+    a = node.src[0]
+    _need_type(node, a, (F32,), "src0")
+    _same_shape(node, a, node)
+    for t, what in ((a, "src0"), (node, "the result")):
+        if not is_contiguous(t):
+            raise LayoutError(f"SCALE {describe(node)}: {what} {describe(t)} must be contiguous (ggml asserts)")
+    s = F4(word_to_float(node.op_params[0]))
+    with np.errstate(all="ignore"):
+        _write(node, _read_f32(a) * s)
+
+
+def compute_forward_sum(node) -> None:
+    """`ggml_compute_forward_sum_f32`: each row summed in double (`ggml_vec_sum_f32_ggf`), the row
+    sums added in double, the total stored as f32. f16 (`_sum_f16`): float32 sums, f16 result."""
+    a = node.src[0]
+    _need_nb0(node, a, "src0", strict=False)
+    x = _read_f32(a)
+    if a.type is F32:
+        rows = _seq_sum_f64(x.astype(F8))
+        total = _seq_sum_f64(rows.reshape(-1))
+        _write(node, np.asarray(total, dtype=F8).astype(F4))
+        return
+    if a.type is F16:
+        rows = np.cumsum(x, axis=-1, dtype=F4)[..., -1] if x.shape[-1] else np.zeros(x.shape[:-1], F4)
+        flat = rows.reshape(-1)
+        total = np.cumsum(flat, dtype=F4)[-1] if flat.size else F4(0)
+        _write(node, np.asarray(total, dtype=F4))
+        return
+    raise DataTypeError(f"SUM {describe(node)}: no kernel for {a.type.name}")
+
+
+def compute_forward_sum_rows(node) -> None:
+    """`ggml_compute_forward_sum_rows_f32`: each row summed in double (`ggml_vec_sum_f32`), stored as f32."""
+    a = node.src[0]
+    _need_type(node, a, (F32,), "src0")
+    _need_nb0(node, a, "src0")
+    _need_nb0(node, node, "the result")
+    _write(node, _seq_sum_f64(_read_f32(a).astype(F8)).astype(F4)[..., None])
+
+
+def compute_forward_mean(node) -> None:
+    """`ggml_compute_forward_mean_f32`: the row sum in double rounded to f32, then divided by
+    (float) ne00 in float32."""
+    a = node.src[0]
+    _need_type(node, a, (F32,), "src0")
+    _need_nb0(node, a, "src0", strict=False)
+    s = _seq_sum_f64(_read_f32(a).astype(F8)).astype(F4)
+    _write(node, (s / F4(a.ne[0]))[..., None])
+
+
+def compute_forward_concat(node) -> None:
+    """`ggml_compute_forward_concat_f32` (f32, i32): src0 then src1 along dim op_params[0]."""
+    a, b = node.src[0], node.src[1]
+    _need_type(node, a, (F32, I32), "src0")
+    for t, what in ((a, "src0"), (b, "src1"), (node, "the result")):
+        _need_nb0(node, t, what)
+    dim = node.op_params[0]
+    if not 0 <= dim < 4:
+        raise ShapeError(f"CONCAT {describe(node)}: dim {dim} out of range")
+    x = np.array(_view4(a), copy=True)
+    y = np.array(_view4(b), copy=True)
+    out = np.concatenate([x, y], axis=3 - dim)
+    _view4(node)[...] = out
+
+
+def _norm_input(node) -> tuple:
+    """The checks and inputs shared by norm and rms_norm: src0's f32 values, eps, the row length."""
+    a = node.src[0]
+    _need_type(node, a, (F32,), "src0")
+    _same_shape(node, a, node)
+    _need_nb0(node, a, "src0")
+    return _read_f32(a), F4(word_to_float(node.op_params[0])), a.ne[0]
+
+
+def compute_forward_norm(node) -> None:
+    """`ggml_compute_forward_norm_f32`: per row mean = f32(Σx / ne00) with Σ in double; v = x - mean
+    (f32); variance = f32(Σ v·v / ne00) (each v·v rounded to f32, Σ in double); y = v·(1/sqrtf(variance + eps))."""
+    x, eps, n = _norm_input(node)
+    with np.errstate(all="ignore"):
+        mean = (_seq_sum_f64(x.astype(F8)) / n).astype(F4)
+        v = x - mean[..., None]
+        var = (_seq_sum_f64((v * v).astype(F8)) / n).astype(F4)
+        scale = F4(1) / np.sqrt(var + eps)
+        _write(node, v * scale[..., None])
+
+
+def compute_forward_rms_norm(node) -> None:
+    """`ggml_compute_forward_rms_norm_f32`: per row mean = f32(Σ x·x / ne00) (x·x rounded to f32, Σ in
+    double); y = x·(1/sqrtf(mean + eps)) in float32."""
+    x, eps, n = _norm_input(node)
+    with np.errstate(all="ignore"):
+        mean = (_seq_sum_f64((x * x).astype(F8)) / n).astype(F4)
+        scale = F4(1) / np.sqrt(mean + eps)
+        _write(node, x * scale[..., None])
+
+
+MUL_MAT_CHUNK = 1 << 21  # outputs x lanes per numpy step (bounds the temporaries)
+
+
+def _mul_mat_rows(type, x, y) -> np.ndarray:
+    """`vec_dot` of src0 rows x (M, ...) with converted src1 rows y (N, ...) -> (N, M) float32,
+    in chunks of src1 rows."""
+    M, N = x.shape[0], y.shape[0]
+    fn = {F32.name: vec_dot_f32, F16.name: vec_dot_f16, Q8_0.name: vec_dot_q8_0_q8_0,
+          Q4_0.name: vec_dot_q4_0_q8_0}[type.name]
+    step = max(1, MUL_MAT_CHUNK // max(1, 32 * M))
+    if N <= step:
+        return fn(x, y)
+    return np.concatenate([fn(x, y[i:i + step]) for i in range(0, N, step)], axis=0)
+
+
+def compute_forward_mul_mat(node) -> None:
+    """`ggml_compute_forward_mul_mat` (no llamafile sgemm, no BLAS): dst[i01, i11, i12, i13] =
+    vec_dot(row i01 of src0 plane (i12 / r2, i13 / r3), row (i11, i12, i13) of src1), with
+    r2 = ne12/ne02 and r3 = ne13/ne03 (GQA broadcast). src1 rows are first converted to the
+    vec_dot type of src0 (`from_float`: f16 for f16, q8_0 for q8_0 and q4_0)."""
+    a, b = node.src[0], node.src[1]
+    vdt = VEC_DOT_TYPE.get(a.type.name)
+    if vdt is None:
+        raise DataTypeError(f"MUL_MAT {describe(node)}: no vec_dot for a {a.type.name} src0")
+    if a.nb[0] != a.type.type_size or b.nb[0] != b.type.type_size:
+        raise LayoutError(f"MUL_MAT {describe(node)}: ggml does not support permuted src0 or src1 "
+                          f"(nb00 = {a.nb[0]}, nb10 = {b.nb[0]})")
+    nb = node.nb
+    if not (nb[0] == 4 and nb[0] <= nb[1] <= nb[2] <= nb[3]):
+        raise LayoutError(f"MUL_MAT {describe(node)}: the destination cannot be transposed or permuted")
+    ne0, ne1 = a.ne, b.ne
+    if ne0[0] != ne1[0] or ne1[2] % ne0[2] or ne1[3] % ne0[3]:
+        raise ShapeError(f"MUL_MAT {describe(node)}: cannot multiply {describe(a)} by {describe(b)}")
+    if b.type is not vdt:
+        _need_type(node, b, (F32,), "src1")
+        y = _read_f32(b)
+        if vdt is F16:
+            y = fp32_to_fp16(y)
+        else:
+            if b.ne[0] % QK:
+                raise ShapeError(f"MUL_MAT {describe(node)}: rows of {describe(b)} are not whole q8_0 blocks")
+            y = quantize_row_q8_0(y)
+    else:
+        y = np.array(_view4(b), copy=True)
+    x = np.array(_view4(a), copy=True)
+    r2, r3 = ne1[2] // ne0[2], ne1[3] // ne0[3]
+    out = np.empty((ne1[3], ne1[2], ne1[1], ne0[1]), dtype=F4)
+    for i13 in range(ne1[3]):
+        for i12 in range(ne1[2]):
+            out[i13, i12] = _mul_mat_rows(a.type, x[i13 // r3, i12 // r2], y[i13, i12])
+    _write(node, out)
+
+
+def compute_forward_get_rows(node) -> None:
+    """`ggml_compute_forward_get_rows` (`_f32`, `_f16`, `_q`): dst row (i10, i11, i12) = row
+    ids[i10, i11, i12] of src0's plane (i11, i12), converted with the type's to_float
+    (`ggml_fp16_to_fp32_row`, `dequantize_row_*`); i32 rows are copied bit for bit."""
+    a, ids = node.src[0], node.src[1]
+    _need_type(node, ids, (I32,), "the indices")
+    _need_type(node, a, (F32, F16, Q8_0, Q4_0, I32), "src0")
+    _need_nb0(node, a, "src0")
+    idx = np.array(_view4(ids), copy=True)[0]  # (ne12, ne11, ne10)
+    if idx.size and (idx.min() < 0 or idx.max() >= a.ne[1]):
+        bad = int(idx.min()) if idx.min() < 0 else int(idx.max())
+        raise TensorBoundsError(f"GET_ROWS {describe(node)}: row index {bad} "
+                                f"is outside the {a.ne[1]} rows of {describe(a)}")
+    if a.type is I32:
+        src = np.array(_view4(a), copy=True)
+    else:
+        src = _read_f32(a)
+    i12 = np.arange(idx.shape[0])[:, None, None]
+    i11 = np.arange(idx.shape[1])[None, :, None]
+    rows = src[i12, i11, idx]  # (ne12, ne11, ne10, ne00)
+    _write(node, rows)
+
+
+def compute_forward_diag_mask(node) -> None:
+    """`ggml_compute_forward_diag_mask_f32` (DIAG_MASK_INF with -INFINITY, DIAG_MASK_ZERO with 0):
+    copy src0 unless the node already shares its memory, then set element (row j, column i) of
+    every plane to the value where i > n_past + j."""
+    a = node.src[0]
+    _need_type(node, a, (F32,), "src0")
+    n_past = node.op_params[0]
+    if n_past < 0:
+        raise ShapeError(f"{node.op.name} {describe(node)}: n_past {n_past} must be >= 0")
+    _need_nb0(node, a, "src0")
+    _need_nb0(node, node, "the result")
+    inplace = a.data == node.data
+    if not inplace and not (is_contiguous(a) and is_contiguous(node)):
+        raise LayoutError(f"{node.op.name} {describe(node)}: ggml copies src0 with memcpy, so both tensors must "
+                          f"be contiguous")
+    if node.ne[3] > 1 and node.nb[3] != node.nb[2] * node.ne[2]:
+        raise LayoutError(f"{node.op.name} {describe(node)}: ggml addresses the planes as k*nb[2]")
+    value = F4(-np.inf) if node.op is Op.DIAG_MASK_INF else F4(0)
+    x = _read_f32(a)
+    nc, nr = a.ne[0], a.ne[1]
+    i = np.arange(nc)[None, :]
+    j = np.arange(nr)[:, None]
+    mask = (i >= n_past) & (i > n_past + j)
+    _write(node, np.where(mask, value, x))
+
+
+def _alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
+    """The ALiBi slope of each head in `ggml_compute_forward_soft_max_f32`: m0 = powf(2, -max_bias /
+    n_head_log2), m1 = powf(2, -(max_bias/2) / n_head_log2); head h < n_head_log2 gets powf(m0, h+1),
+    the others powf(m1, 2(h - n_head_log2) + 1); slope 1 when max_bias = 0."""
+    if not max_bias > 0:
+        return np.ones(n_head, dtype=F4)
+    n_head_log2 = 1 << int(math.floor(math.log2(n_head)))
+    mb = F4(max_bias)
+    m0 = libm_f32("powf", 2.0, F4(-mb) / F4(n_head_log2))
+    m1 = libm_f32("powf", 2.0, F4(-(mb / F4(2))) / F4(n_head_log2))
+    return np.array([libm_f32("powf", m0, h + 1) if h < n_head_log2 else
+                     libm_f32("powf", m1, 2 * (h - n_head_log2) + 1) for h in range(n_head)], dtype=F4)
+
+
+def compute_forward_soft_max(node) -> None:
+    """`ggml_compute_forward_soft_max_f32`: per row w = x·scale (float32), plus slope·mask row
+    (i1 % ne01) fused into one FMA (f16 masks widened first); max; exp and double sum by
+    `ggml_vec_soft_max_f32`; y = exp·f32(1/sum). Masked -inf entries give exactly 0."""
+    a = node.src[0]
+    mask = node.src[1] if len(node.src) > 1 else None
+    _need_type(node, a, (F32,), "src0")
+    _same_shape(node, a, node)
+    for t, what in ((a, "src0"), (node, "the result")):
+        if not is_contiguous(t):
+            raise LayoutError(f"SOFT_MAX {describe(node)}: {what} {describe(t)} must be contiguous")
+    scale = F4(word_to_float(node.op_params[0]))
+    max_bias = word_to_float(node.op_params[1])
+    x = _read_f32(a)  # (ne03, ne02, ne01, ne00)
+    ne00, ne01, ne02 = a.ne[0], a.ne[1], a.ne[2]
+    with np.errstate(all="ignore"):
+        w = x * scale
+        if mask is not None:
+            _need_type(node, mask, (F32, F16), "the mask")
+            if not is_contiguous(mask) or mask.ne[0] != ne00 or mask.ne[1] < ne01:
+                raise LayoutError(f"SOFT_MAX {describe(node)}: the mask {describe(mask)} must be a contiguous "
+                                  f"[{ne00}, >= {ne01}] matrix")
+            m = _read_f32(mask)[0, 0, :ne01, :]  # row i1 % ne01 of the mask
+            slopes = _alibi_slopes(ne02, max_bias)[None, :, None, None]
+            w = fma_f32(np.broadcast_to(slopes, w.shape), np.broadcast_to(m, w.shape), w)
+        mx = np.max(w, axis=-1) if ne00 else np.full(w.shape[:-1], -np.inf, F4)
+        y, s = vec_soft_max_f32(w, mx.astype(F4))
+        inv = (1.0 / s).astype(F4)
+        _write(node, y * inv[..., None])
+
+
+def rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float, beta_slow: float):
+    """`ggml_rope_yarn_corr_dims`: the first and last rotated pair index of YaRN's ramp,
+    [max(0, floor(corr_dim(beta_fast))), min(n_dims - 1, ceil(corr_dim(beta_slow)))] with
+    `ggml_rope_yarn_corr_dim`(n_rot) = n_dims·logf(n_ctx_orig / (n_rot·2π)) / (2·logf(base)), in float32."""
+    def corr_dim(n_rot):
+        arg = F4(n_ctx_orig) / (F4(n_rot) * F4(2) * F4(math.pi))
+        return F4(n_dims) * libm_f32("logf", arg) / (F4(2) * libm_f32("logf", freq_base))
+    with np.errstate(all="ignore"):
+        start = np.floor(corr_dim(beta_fast))
+        end = np.ceil(corr_dim(beta_slow))
+    # MAX(0, start) and MIN(n_dims - 1, end) as the C macros evaluate them (a NaN stays NaN)
+    return (F4(0) if F4(0) > start else start), (F4(n_dims - 1) if F4(n_dims - 1) < end else end)
+
+
+def rope_cache(pos, n_dims: int, freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
+               corr_dims, freq_factors=None) -> tuple:
+    """`ggml_rope_cache_init` + `rope_yarn` for positions `pos` (int array) and pairs k < n_dims/2:
+    theta starts at (float) p and is multiplied by theta_scale = powf(base, -2/n_dims) once per pair
+    (float32); theta_extrap = theta / ff; theta_interp = freq_scale·theta_extrap; with ext_factor != 0
+    theta mixes both with rope_yarn_ramp·ext_factor and mscale = attn_factor·(1 + 0.1·logf(1/freq_scale));
+    cos = cosf(theta)·mscale, sin = sinf(theta)·mscale. Returns (cos, sin), each (len(pos), n_dims/2)."""
+    half = n_dims // 2
+    theta_scale = libm_f32("powf", freq_base, F4(-2.0) / F4(n_dims))
+    p = np.asarray(pos, dtype=np.int64).astype(F4)
+    steps = np.empty((p.size, max(half, 1)), dtype=F4)
+    steps[:, 0] = p
+    steps[:, 1:] = theta_scale
+    with np.errstate(all="ignore"):
+        theta = np.multiply.accumulate(steps, axis=1, dtype=F4)[:, :half]
+    ff = np.ones(half, dtype=F4) if freq_factors is None else np.asarray(freq_factors, dtype=F4)[:half]
+    fs, ef, mscale = F4(freq_scale), F4(ext_factor), F4(attn_factor)
+    with np.errstate(all="ignore"):
+        theta_extrap = theta / ff[None, :]
+        theta_interp = fs * theta_extrap
+        if ef != 0:
+            low, high = corr_dims
+            i0 = np.arange(half) * 2
+            yv = ((i0 // 2).astype(F4) - F4(low)) / max(F4(0.001), F4(high) - F4(low))
+            ramp = F4(1) - np.minimum(F4(1), np.maximum(F4(0), yv))
+            ramp_mix = (ramp * ef).astype(F4)
+            th = fma_f32(theta_interp, (F4(1) - ramp_mix)[None, :], theta_extrap * ramp_mix[None, :])
+            mscale = mscale * fma_f32(F4(0.1), libm_f32("logf", F4(1) / fs), F4(1))
+        else:
+            th = theta_interp
+        return _cosf(th) * F4(mscale), _sinf(th) * F4(mscale)
+
+
+def compute_forward_rope(node) -> None:
+    """`ggml_compute_forward_rope_f32` / `_rope_f16` (forward): rows of src0 plane i2 use position
+    pos[i2]; normal mode rotates (x[2k], x[2k+1]), NeoX mode (mode & 2) rotates (x[k], x[k + n_dims/2]),
+    by the cached cos/sin of pair k: (x0·cos - x1·sin, x0·sin + x1·cos), each with its first product
+    fused into an FMA by gcc; elements from n_dims on are copied (in pairs, so ne0 - n_dims must be
+    even: an odd tail makes ggml write past the row, which is refused here)."""
+    a, pos = node.src[0], node.src[1]
+    ff_t = node.src[2] if len(node.src) > 2 else None
+    _need_type(node, a, (F32, F16), "src0")
+    _need_type(node, pos, (I32,), "the positions")
+    _same_shape(node, a, node)
+    _need_nb0(node, a, "src0")
+    _need_nb0(node, node, "the result")
+    p = node.op_params
+    n_dims, mode, n_ctx_orig = p[1], p[2], p[4]
+    freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (word_to_float(w) for w in p[5:11])
+    ne0 = a.ne[0]
+    if n_dims > ne0 or n_dims % 2:
+        raise ShapeError(f"ROPE {describe(node)}: n_dims {n_dims} must be even and <= ne0 {ne0}")
+    if (ne0 - n_dims) % 2:
+        raise ShapeError(f"ROPE {describe(node)}: ne0 - n_dims = {ne0 - n_dims} is odd; ggml copies the unrotated "
+                         f"tail in pairs and would write one element past every row (past the tensor for the last)")
+    if pos.nelements < a.ne[2]:
+        raise ShapeError(f"ROPE {describe(node)}: {describe(pos)} has fewer than ne2 = {a.ne[2]} positions")
+    ff = None
+    if ff_t is not None:
+        _need_type(node, ff_t, (F32,), "freq_factors")
+        if ff_t.ne[0] < n_dims // 2:
+            raise ShapeError(f"ROPE {describe(node)}: freq_factors {describe(ff_t)} needs >= {n_dims // 2} values")
+        ff = _read_f32(ff_t).reshape(-1)
+    positions = np.array(_view4(pos), copy=True).reshape(-1)[:a.ne[2]]
+    corr = rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+    cos, sin = rope_cache(positions, n_dims, freq_base, freq_scale, ext_factor, attn_factor, corr, ff)
+    cos = cos[None, :, None, :]  # (1, ne2, 1, n_dims/2)
+    sin = sin[None, :, None, :]
+    x = _read_f32(a)
+    y = x.copy()
+    half = n_dims // 2
+    if mode & 2:
+        x0, x1 = x[..., :half], x[..., half:n_dims]
+    else:
+        x0, x1 = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
+    with np.errstate(all="ignore"):
+        r0 = fma_f32(x0, cos, -(x1 * sin))
+        r1 = fma_f32(x0, sin, x1 * cos)
+    if mode & 2:
+        y[..., :half], y[..., half:n_dims] = r0, r1
+    else:
+        y[..., 0:n_dims:2], y[..., 1:n_dims:2] = r0, r1
+    _write(node, y)  # f16: the rotated values are rounded to f16, the copied tail is unchanged
+
+
+def compute_forward_none(node) -> None:
+    """NONE, VIEW, RESHAPE, PERMUTE, TRANSPOSE: nothing to compute (`ggml_compute_forward` skips them)."""
+
+
+_FORWARD = {
+    Op.NONE: compute_forward_none, Op.VIEW: compute_forward_none, Op.RESHAPE: compute_forward_none,
+    Op.PERMUTE: compute_forward_none, Op.TRANSPOSE: compute_forward_none,
+    Op.DUP: compute_forward_dup, Op.CONT: compute_forward_dup, Op.CPY: compute_forward_dup,
+    Op.ADD: compute_forward_binary, Op.SUB: compute_forward_binary, Op.MUL: compute_forward_binary,
+    Op.DIV: compute_forward_binary, Op.ADD1: compute_forward_add1,
+    Op.SQR: compute_forward_sqr, Op.SQRT: compute_forward_sqrt, Op.LOG: compute_forward_log,
+    Op.SUM: compute_forward_sum, Op.SUM_ROWS: compute_forward_sum_rows, Op.MEAN: compute_forward_mean,
+    Op.CONCAT: compute_forward_concat, Op.NORM: compute_forward_norm, Op.RMS_NORM: compute_forward_rms_norm,
+    Op.MUL_MAT: compute_forward_mul_mat, Op.SCALE: compute_forward_scale, Op.GET_ROWS: compute_forward_get_rows,
+    Op.DIAG_MASK_INF: compute_forward_diag_mask, Op.DIAG_MASK_ZERO: compute_forward_diag_mask,
+    Op.SOFT_MAX: compute_forward_soft_max, Op.ROPE: compute_forward_rope, Op.UNARY: compute_forward_unary,
+    Op.LEAKY_RELU: compute_forward_leaky_relu,
+}
+
+
+def compute_forward(node, device: bool = False) -> None:
+    """`ggml_compute_forward`: compute `node` from `node.src` into the node's memory. The tensors are
+    in host buffers, or, with `device=True`, in the memory of the backend that calls this (the SIM
+    backend runs the same kernels on its own bytes). View-like ops compute nothing; an empty node
+    is skipped."""
+    fn = _FORWARD.get(node.op)
+    if fn is None:
+        raise UnsupportedOpError(f"no CPU kernel for op {node.op.name} ({describe(node)})")
+    if fn is compute_forward_none or node.nelements == 0:
+        return
+    token = _DEVICE.set(device)
+    try:
+        fn(node)
+    finally:
+        _DEVICE.reset(token)
+
+
+# %% [markdown]
+# ## 3 · The backend
+
+# %%
+# | export
+class CPUBackend(Backend):
+    """The CPU backend (`ggml_backend_cpu_init`; `ggml_backend_cpu_name`, `ggml_backend_cpu_free`,
+    `ggml_backend_cpu_get_default_buffer_type`). `clock` (optional, a `sim.SimClock`) makes every
+    `graph_compute` advance the host's simulated time by `cost.op_seconds` per node and record a span,
+    so that the CPU shows on the SIM timelines; without it the CPU keeps no time."""
+
+    name = "CPU"
+
+    def __init__(self, clock=None, cost=None):
+        super().__init__()
+        self.clock, self.cost = clock, cost
+
+    def free(self) -> None:
+        """`ggml_backend_cpu_free`."""
+        super().free()
+
+    def _get_default_buffer_type(self):
+        """`ggml_backend_cpu_get_default_buffer_type`: the CPU buffer type (chapter 03)."""
+        return cpu_buffer_type()
+
+    def _graph_plan_create(self, graph) -> GraphPlan:
+        """`ggml_backend_cpu_graph_plan_create`: a plan holding a shallow copy of the graph."""
+        self._alive()
+        return GraphPlan(self, graph)
+
+    def _graph_plan_free(self, plan: GraphPlan) -> None:
+        """`ggml_backend_cpu_graph_plan_free`."""
+        plan.freed = True
+
+    def _graph_plan_compute(self, plan: GraphPlan) -> Status:
+        """`ggml_backend_cpu_graph_plan_compute`: compute the plan's graph."""
+        return self._graph_compute(plan.graph)
+
+    def _graph_compute(self, graph) -> Status:
+        """`ggml_backend_cpu_graph_compute` (`ggml_graph_compute`): every node in order, on this thread."""
+        for node in graph.nodes:
+            if not self._supports_op(node):
+                raise UnsupportedOpError(f"CPU cannot compute {describe(node)} ({node.op.name}): src1 "
+                                         f"{node.src[1].type.name} is neither f32 nor the dot type of {node.src[0].type.name}")
+            compute_forward(node)
+        if self.clock is not None and graph.nodes:
+            self.clock.host_work(self.name, "compute", graph_label(graph), self.cost.graph_seconds(graph))
+        return Status.SUCCESS
+
+    def _supports_op(self, op) -> bool:
+        """`ggml_backend_cpu_supports_op`: everything, but a MUL_MAT whose src1 is neither f32 nor
+        src0's dot type."""
+        if op.op is Op.MUL_MAT:
+            return mul_mat_supported(op)
+        return True
+
+    def _supports_buft(self, buft) -> bool:
+        """`ggml_backend_cpu_supports_buft`: any host buffer type."""
+        return buft.is_host()
+
+
+def graph_label(graph) -> str:
+    """A graph as the timelines label it: its node count and first/last node names."""
+    n = len(graph.nodes)
+    return f"{n} node{'s' if n != 1 else ''}: {graph.nodes[0].name} .. {graph.nodes[-1].name}" if n > 1 else graph.nodes[0].name
+
+
+def cpu_init(clock=None, cost=None) -> CPUBackend:
+    """`ggml_backend_cpu_init`."""
+    return CPUBackend(clock, cost)
+
+
+def is_cpu(backend) -> bool:
+    """`ggml_backend_is_cpu` (the C compares GUIDs; here, the class)."""
+    return isinstance(backend, CPUBackend)
+
+
+def reg_cpu_init(params: str, user_data) -> CPUBackend:
+    """`ggml_backend_reg_cpu_init`: the registry's init function (params are ignored, as in the C)."""
+    return cpu_init()
+
+
+declare_builtin("CPU", reg_cpu_init, cpu_buffer_type)  # the registry's first entry (chapter 06)
+
+
+# %% [markdown]
+# ## 4 · A plan proven by results
+#
+# A small graph whose plan reuses memory: `scale` may overwrite its parent `h` (SCALE can work in
+# place, `h` has no other child), and `sq` takes the block of the input `x`, free once `h` was
+# computed. The result equals plain numpy to about 1e-7 of the largest value (ggml sums each dot
+# product in eight lanes, numpy in its own order).
+
+# %%
+rng = np.random.default_rng(0)
+cpu = cpu_init()
+wctx = gl.Context("weights")
+w_cpu = wctx.new_tensor_2d(gl.F32, 64, 48, name="w")
+gl.alloc_ctx_tensors(wctx, cpu)
+W = rng.standard_normal((48, 64)).astype(np.float32)
+tensor_set(w_cpu, W)
+
+
+def small_graph(w):
+    c = gl.Context("compute")
+    x = c.new_tensor_2d(gl.F32, 64, 8, name="x")
+    gl.set_input(x)
+    h = gl.mul_mat(c, w, x).set_name("h")
+    s = gl.scale(c, h, 0.25).set_name("s")
+    q = gl.sqr(c, s).set_name("sq")
+    out = gl.add(c, q, s).set_name("out")
+    gl.set_output(out)
+    return gl.build_forward(out), x, out
+
+
+graph, x, out = small_graph(w_cpu)
+galloc = gl.GAllocr(cpu.get_default_buffer_type())
+galloc.alloc_graph(graph)
+base = galloc.buffers[0].get_base()
+print({t.name: t.data - base for t in graph.nodes}, "buffer", galloc.get_buffer_size(0))
+X = rng.standard_normal((8, 64)).astype(np.float32)
+tensor_set(x, X)
+cpu.graph_compute(graph)
+cpu_result = tensor_get(out)
+S = 0.25 * (X @ W.T)
+reference = S * S + S
+print("max |ggml_lite - numpy| / max |numpy| =", np.abs(tensor_get(out) - reference).max() / np.abs(reference).max())
+
+# %% [markdown]
+# Now break the plan on purpose: give `sq` the memory of `s`, which is still needed by `out`. The
+# allocator would never do this (`s` has two children), and the result shows why — `out` becomes
+# `sq + sq`.
+
+# %%
+graph2, x2, out2 = small_graph(w_cpu)
+galloc2 = gl.GAllocr(cpu.get_default_buffer_type())
+galloc2.reserve(graph2)
+by_name = {t.name: t for t in graph2.nodes}
+records = galloc2.tensor_allocs  # the plan's record of each placed tensor (chapter 05, section 2.2)
+records[by_name["sq"]] = records[by_name["s"]]  # two live tensors overlap
+galloc2.alloc_graph(graph2)
+tensor_set(x2, X)
+cpu.graph_compute(graph2)
+broken = tensor_get(out2)
+print("corrupted plan: max |out - numpy| =", np.abs(broken - reference).max())
+sq2 = by_name["sq"]
+print("and out == sq + sq exactly:", np.array_equal(broken, 2 * tensor_get(sq2)))
+
+
+# %% [markdown]
+
+# %% [markdown]
+# ## 5 · Check
+
+# %%
+# ggml sums a dot product in 4×8 lanes, numpy in its own order: equal to ~1e-7 of the largest value
+assert np.abs(cpu_result - reference).max() <= 1e-6 * np.abs(reference).max()
+assert not np.allclose(broken, reference, atol=1e-3) and np.array_equal(broken, 2 * tensor_get(sq2))
+assert cpu.supports_buft(gl.cpu_buffer_type())
+print("chapter 07: all checks passed")
