@@ -48,7 +48,8 @@ from ggml_lite.backend import (  # noqa: F401,E402
     Backend, Event, GraphCopy, GraphPlan, Status, compare_graph_backend, dup_tensor_layout, graph_copy,
     graph_copy_free, tensor_copy, tensor_copy_async, tensor_get, tensor_set,
 )
-from ggml_lite.cpu import CPUBackend, cpu_init, is_cpu  # noqa: F401,E402
+from ggml_lite.cpu import Arithmetic, CPUBackend, cpu_init, is_cpu  # noqa: F401,E402
+from ggml_lite.exact import ExactArithmetic  # noqa: F401,E402  (declares the tier cpu_init(exact=True) uses)
 from ggml_lite.sim import CostModel, SimBackend, SimBufferType, SimClock, Span, is_sim, sim_init  # noqa: F401,E402
 from ggml_lite.registry import (  # noqa: F401,E402
     reg_alloc_buffer, reg_find_by_name, reg_get_count, reg_get_default_buffer_type, reg_get_name, reg_init_backend,

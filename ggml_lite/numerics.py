@@ -7,13 +7,13 @@ generator, and the verification of recorded results on the CPU backend."""
 import numpy as np
 
 from ggml_lite.backend import tensor_get, tensor_set
-from ggml_lite.cpu import cpu_init, quantize_q8_0
+from ggml_lite.cpu import Arithmetic, cpu_init, quantize_q8_0
 from ggml_lite.errors import GraphFileError
 from ggml_lite.tensor import F16, F32, I32, Q8_0
 
 MASK = 0xFFFFFFFF
 LCG_A, LCG_C = 1664525, 1013904223
-TOLERANCE_F32, TOLERANCE_MIXED = 1e-4, 5e-3
+TOLERANCE_F32, TOLERANCE_MIXED = Arithmetic.TOLERANCE_F32, Arithmetic.TOLERANCE_MIXED  # the numpy tier's (chapter 07)
 
 
 def lcg_states(seed: int, n: int) -> np.ndarray:
@@ -72,10 +72,10 @@ def data_seed(doc: dict) -> int:
     return seed
 
 
-def verify_numerics(doc: dict, gf) -> tuple:
+def verify_numerics(doc: dict, gf, exact: bool = False) -> tuple:
     """Fill the leafs of the planned graph `gf` (a `graphio.GraphFile` after `run_plan`), compute it on
-    the CPU backend and compare every recorded result. Returns `(tolerance, rows)` with one row per
-    result: `(name, worst relative error, ok)`."""
+    the CPU backend (`exact`: with the bit-exact tier of appendix A2) and compare every recorded
+    result. Returns `(tolerance, rows)` with one row per result: `(name, worst relative error, ok)`."""
     num = doc.get("numerics")
     if not isinstance(num, dict) or "results" not in num or "leaf_data" not in num:
         raise GraphFileError("numerics: the file has no `numerics` block with `leaf_data` and `results`")
@@ -85,7 +85,7 @@ def verify_numerics(doc: dict, gf) -> tuple:
         if t is None:
             raise GraphFileError(f"numerics: leaf_data names tensor id {leaf['id']}, which the graph does not have")
         fill_leaf(t, seed, leaf["id"], leaf.get("kind", "float"), leaf.get("range"))
-    cpu_init().graph_compute(gf.graph)
+    cpu_init(exact=exact).graph_compute(gf.graph)
     mixed = any(t.type.name != "f32" and t.type is not I32 for t in gf.tensors.values())
     tol = TOLERANCE_MIXED if mixed else TOLERANCE_F32
     errors = [(res["name"], _worst(res, _values_f32(gf.tensors[res["id"]]))) for res in num["results"]]

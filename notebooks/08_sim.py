@@ -80,7 +80,7 @@ import numpy as np
 
 from ggml_lite.backend import Backend, Event, Status, tensor_buffer
 from ggml_lite.buffer import HEAP, Buffer, BufferType
-from ggml_lite.cpu import graph_label, compute_forward, mul_mat_supported
+from ggml_lite.cpu import NUMPY, ComputeParams, compute_forward, graph_label, mul_mat_supported, tier
 from ggml_lite.errors import BackendError, UnsupportedOpError
 from ggml_lite.registry import declare_builtin
 from ggml_lite.tensor import F32, VIEW_OPS, Op, describe, nbytes, nelements, op_by_name
@@ -283,9 +283,10 @@ class SimBackend(Backend):
     """A SIM device's backend (one queue on one device): see `sim_init`."""
 
     def __init__(self, name="SIM", alignment=128, max_size=None, deny_ops=(), offload=None,
-                 asynchronous=True, clock=None, cost=None, buft=None):
+                 asynchronous=True, clock=None, cost=None, buft=None, arith=None):
         super().__init__()
         self.name = name
+        self.arith = arith or NUMPY  # the CPU's numerics tier (chapter 07): SIM computes with its kernels
         self.buft = buft if buft is not None else SimBufferType(name, alignment, max_size, clock, cost)
         self.deny_ops = frozenset(op_by_name(o) for o in deny_ops)
         if not callable(offload) and offload not in OFFLOAD_RULES:
@@ -424,13 +425,14 @@ class SimBackend(Backend):
             return Status.SUCCESS
 
         def run():
+            params = ComputeParams(self.arith, device=True)  # the kernels read and write this device's bytes
             for node in nodes:
                 if computes_nothing(node.op):
                     continue
                 for t in (node, *node.src):
                     if t is not None:
                         self._own(t, "read")
-                compute_forward(node, device=True)
+                compute_forward(node, params)
         self._enqueue(_Item("compute", graph_label(graph), self.cost.graph_seconds(graph), run))
         return Status.SUCCESS
 
@@ -464,11 +466,13 @@ class SimBackend(Backend):
 # %%
 # | export
 def sim_init(name="SIM", alignment=128, max_size=None, deny_ops=(), offload=None, asynchronous=True,
-             clock=None, cost=None) -> SimBackend:
+             clock=None, cost=None, exact: bool = False) -> SimBackend:
     """A new SIM device and its backend. `deny_ops`: ops (or names) it refuses; `offload`: None,
     "mul_mat", "cuda" or `f(node) -> bool`; `asynchronous=False`: the FAKE backend's synchronous
-    behaviour; `clock`: a `SimClock` to share with other devices (and the CPU backend)."""
-    return SimBackend(name, alignment, max_size, deny_ops, offload, asynchronous, clock, cost)
+    behaviour; `clock`: a `SimClock` to share with other devices (and the CPU backend); `exact`: compute
+    with the bit-exact tier (appendix A2), as `cpu_init(exact=True)`."""
+    return SimBackend(name, alignment, max_size, deny_ops, offload, asynchronous, clock, cost,
+                      arith=tier("exact") if exact else NUMPY)
 
 
 def is_sim(backend) -> bool:

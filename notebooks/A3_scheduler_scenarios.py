@@ -314,11 +314,11 @@ def make_backends(doc: dict, clock=None) -> list:
     out = []
     for b in doc["backends"]:
         if b["is_cpu"]:
-            out.append(cpu_init())
+            out.append(cpu_init(exact=True))  # the recorded logits are compared bit for bit
         else:
             out.append(sim_init(b["name"], alignment=b["alignment"], max_size=b["max_size"],
                                    deny_ops=b["supports_op_denied"], offload=offload_rule(b["offload_op"]),
-                                   asynchronous=False, clock=clock))
+                                   asynchronous=False, clock=clock, exact=True))
     return out
 
 

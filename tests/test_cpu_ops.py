@@ -20,9 +20,10 @@ import pytest
 
 import ggml_lite as gl
 from helpers import FIXTURES, OPS_FILES
-from ggml_lite.cpu import (
-    compute_forward, fma_f32, fp32_to_fp16, gelu_table, libm_exact, quantize_row_q8_0, quantize_row_q8_0_ref, v_expf,
-)
+from ggml_lite.cpu import NUMPY, Arithmetic, ComputeParams, fma_f32, fp32_to_fp16, quantize_row_q8_0_ref
+from ggml_lite.cpu import compute_forward as cpu_compute_forward
+from ggml_lite.exact import compute_forward_exact as compute_forward  # the fixtures are ggml's bits
+from ggml_lite.exact import gelu_table, libm_exact, quantize_row_q8_0, v_expf
 from ggml_lite.tensor import Op, UnaryOp, word_to_float
 
 OPS_DIR = FIXTURES / "ggml-seed-ops"
@@ -196,10 +197,11 @@ class Replay:
                 gl.tensor_array(t)[...] = _values(inp["data"]).reshape(gl.tensor_array(t).shape)
         return buf
 
-    def run(self):
+    def run(self, params=None):
+        """Compute the case's nodes: bit-exact (each node with the exact tier), or with `params`."""
         self.allocate_and_fill()
         for node in self.nodes:
-            compute_forward(node)
+            compute_forward(node) if params is None else cpu_compute_forward(node, params)
         return self.tensors[self.case["output"]["name"]]
 
 
@@ -245,6 +247,25 @@ def test_op_fixture(fc, record_property):
     assert res["max_rel"] <= tol, f"{case['name']}: worst relative error {res['max_rel']:.3g} > {tol:.3g} ({res})"
 
 
+@pytest.mark.parametrize("fc", CASES, ids=[c["name"] for _, c in CASES])
+def test_op_fixture_numpy_tier(fc):
+    """The default tier (plain numpy, `cpu_init()`) against ggml's recorded result, within the tolerance it
+    states (`Arithmetic.TOLERANCE_*`), normwise: max|ours - ggml's| / max|ggml's|. Infinities and NaNs
+    must be where ggml has them."""
+    _, case = fc
+    r = Replay(case)
+    got = np.array(gl.tensor_array(r.run(ComputeParams(NUMPY))), dtype=np.float64).reshape(-1)
+    want = _values(case["output"]["data"]).astype(np.float64)
+    finite = np.isfinite(want)
+    assert np.array_equal(np.isnan(got), np.isnan(want)), case["name"]
+    assert np.array_equal(got[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)]), case["name"]
+    mixed = any(t.type.name != "f32" and t.type is not gl.I32 for t in r.tensors.values())
+    tol = Arithmetic.TOLERANCE_MIXED if mixed else Arithmetic.TOLERANCE_F32
+    scale = max(float(np.abs(want[finite]).max(initial=0.0)), np.finfo(np.float32).tiny)
+    err = float(np.abs(got[finite] - want[finite]).max(initial=0.0)) / scale
+    assert err <= tol, f"{case['name']}: numpy tier {err:.3g} > {tol:g}"
+
+
 def test_every_case_has_a_tolerance():
     assert sorted(FILES) == OPS_FILES  # every recorded file is read
     assert len(CASES) == 80
@@ -284,7 +305,7 @@ def test_a_one_ulp_input_change_fails_an_exact_case():
 
 def test_a_wrong_f16_rounding_fails(monkeypatch):
     """Truncating instead of rounding to nearest even in the f32 -> f16 conversion breaks cpy_f32_f16."""
-    kernels = sys.modules[compute_forward.__module__]
+    kernels = sys.modules["ggml_lite.cpu"]  # where results are stored
 
     def truncating(x):
         bits = np.asarray(x, dtype=np.float32).view(np.uint32)

@@ -306,16 +306,25 @@ def test_widget_views_get_ids_from_their_place():
 
 
 def test_the_package_imports_form_a_dag():
-    """No import cycle between ggml_lite's modules (DESIGN §2: the package is a DAG in chapter order)."""
+    """No import cycle between ggml_lite's modules, function-level imports included, and no module but
+    __init__ imports the top-level package (DESIGN §2: the package is a DAG in chapter order)."""
     import ast
 
     pkg = ROOT / "ggml_lite"
     mods = {".".join(p.relative_to(ROOT).with_suffix("").parts): p for p in pkg.rglob("*.py")}
     edges = {m: set() for m in mods}
+    top_level = []  # modules that import the package itself (its __init__), not one of its modules
     for m, p in mods.items():
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module in mods and node.module != m:
                 edges[m].add(node.module)
+            elif isinstance(node, ast.ImportFrom) and node.module == "ggml_lite" and m != "ggml_lite.__init__":
+                for alias in node.names:  # `from ggml_lite import ops` names a module; anything else is __init__'s
+                    sub = f"ggml_lite.{alias.name}"
+                    (edges[m].add(sub) if sub in mods or f"{sub}.__init__" in mods else top_level.append(f"{m}: {alias.name}"))
+            elif isinstance(node, ast.Import) and m != "ggml_lite.__init__":
+                top_level += [f"{m}: import {a.name}" for a in node.names if a.name == "ggml_lite"]
+    assert not top_level, f"modules importing the top-level ggml_lite: {top_level}"
     state, cycles = {}, []
 
     def visit(u, stack):
