@@ -721,8 +721,8 @@ def alloc_ctx_tensors(ctx: Context, backend):
 # Five weights on a device buffer type with alignment 128 and a 4 KiB maximum buffer: the
 # allocator packs them in creation order and starts a new buffer whenever the next one would not
 # fit: `tok_embd` fills a buffer on its own (4000 bytes pad to 4096), `attn_q` and `attn_k` do not fit
-together (2 × 2432 > 4096), `ffn_up` and `output` do. The result is a multi-buffer of four parts;
-`set_usage(WEIGHTS)` reaches all of them.
+# together (2 × 2432 > 4096), `ffn_up` and `output` do. The result is a multi-buffer of four parts;
+# `set_usage(WEIGHTS)` reaches all of them.
 
 # %%
 from ggml_lite.tallocr import TAllocr, alloc_ctx_tensors, alloc_ctx_tensors_from_buft  # noqa: E402

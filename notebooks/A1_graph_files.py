@@ -61,15 +61,19 @@ into ggml_lite tensors by replaying ggml's op constructors, check it against the
 back. Also writes a fixture-schema file for a graph built with the ggml_lite API."""
 
 import json
+import logging
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggml_lite import ops
+from ggml_lite.buffer import cpu_buffer_type
 from ggml_lite.errors import (
     DanglingSourceError, GraphCycleError, GraphFileError, InvalidSizeError, RecordMismatchError,
 )
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
+from ggml_lite.tallocr import alloc_ctx_tensors
 from ggml_lite.tensor import (
     Context, Op, Tensor, TensorFlag, UnaryOp, op_by_name, type_by_name, word_to_float,
 )
@@ -660,11 +664,7 @@ print(f"{n_files} fixture files: {n_tensors} tensors rebuilt; shapes, strides, s
 
 # %%
 # | export
-import logging  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
 
-from ggml_lite.buffer import cpu_buffer_type  # noqa: E402
-from ggml_lite.tallocr import alloc_ctx_tensors  # noqa: E402
 
 _LOG = logging.getLogger("ggml_lite")
 

@@ -95,8 +95,9 @@ def test_export_writes_header_then_cells_without_directives(repo, capsys):
     assert rc == 0, out
     assert "wrote ggml_lite/alpha.py (from notebooks/01_a.py)" in out
     alpha = (repo / "ggml_lite" / "alpha.py").read_text()
-    assert alpha == HEADER.format("01_a.py") + "X = 1\n\n\ndef f():\n    return X\n"
-    assert (repo / "ggml_lite" / "gamma.py").read_text() == HEADER.format("02_b.py") + "Y = 2\n"
+    mark_a, mark_b = "# notebooks/01_a.py\n", "# notebooks/02_b.py\n"
+    assert alpha == HEADER.format("01_a.py") + mark_a + "X = 1\n\n\n" + mark_a + "def f():\n    return X\n"
+    assert (repo / "ggml_lite" / "gamma.py").read_text() == HEADER.format("02_b.py") + mark_b + "Y = 2\n"
 
 
 def test_export_to_another_module_creates_the_subpackage(repo, capsys):
@@ -105,7 +106,7 @@ def test_export_to_another_module_creates_the_subpackage(repo, capsys):
     (repo / "notebooks" / "03_c.py").write_text("# %%\n# | default_exp delta.one\n\n# %%\n# | export\nW = 4\n")
     rc, out = run(repo, capsys, "nbexport")
     assert rc == 0, out
-    assert (repo / "ggml_lite" / "beta" / "sub.py").read_text() == HEADER.format("01_a.py") + "Z = 3\n"
+    assert (repo / "ggml_lite" / "beta" / "sub.py").read_text() == HEADER.format("01_a.py") + "# notebooks/01_a.py\nZ = 3\n"
     init = (repo / "ggml_lite" / "beta" / "__init__.py").read_text()
     assert init.startswith('"""') and init.count("\n") == 1
     assert (repo / "ggml_lite" / "delta" / "one.py").exists()
@@ -168,10 +169,20 @@ def test_the_same_module_from_two_notebooks(repo, capsys):
     assert snapshot(repo) == before
 
 
+def test_a_directive_below_a_cells_first_lines_is_reported(repo, capsys):
+    (repo / "notebooks" / "03_c.py").write_text("# %%\n# | default_exp c\n\n# %%\nW = 4\n# | export\n")
+    rc, out = run(repo, capsys, "nbexport")
+    assert rc == 0 and "notebooks/03_c.py, cell 1, line 2 of the cell: '# | export' is not on the cell's first lines" in out
+    assert not (repo / "ggml_lite" / "c.py").exists()
+
+
 @pytest.mark.parametrize("text, message", [
     ("# %%\nA = 1\n\n# %%\n# | export\nZ = 3\n", "notebooks/03_c.py, cell 1: '# | export' but the notebook has no"),
     ("# %%\n# | default_exp a\n\n# %%\n# | default_exp b\n", "notebooks/03_c.py, cell 1: a second '# | default_exp'"),
     ("# %%\n# | default_exp a\n# | exprot\nZ = 3\n", "unknown directive '# | exprot'"),
+    ("# %% [markdown]\n# A title\nthe second line lost its '# '\n", "notebooks/03_c.py:3: not valid Python"),
+    ("# %%\n# | default_exp a\n\n# %%\n# | export\nZ = 3\n\n\n# %%\n# | export\nimport os\n",
+     "ggml_lite/a.py:9: 'import os' comes after code (line 5)"),
 ])
 def test_directive_errors(repo, capsys, text, message):
     (repo / "notebooks" / "03_c.py").write_text(text)

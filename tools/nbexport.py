@@ -12,8 +12,14 @@ Directives sit on a code cell's first lines (`#| export` and `# | export` are th
     # | export                 this cell goes to the default module
     # | export viz.memory      this cell goes to ggml_lite/viz/memory.py
 
-A module is a fixed header, then its cells in notebook order (directive lines removed, leading and
-trailing blank lines stripped) separated by two blank lines. Same notebooks, same bytes.
+A module is a fixed header, then its cells in notebook order, each under a `# notebooks/NN_x.py` marker
+(directive lines removed, leading and trailing blank lines stripped), separated by two blank lines. Same
+notebooks, same bytes.
+
+Checked on every run (exit 2): a notebook source must be valid Python (a markdown line that lost its
+`# ` is not), and a generated module must have its imports at the top (in the module's first cell:
+an import further down is an error). A directive that is not on a cell's first lines is ignored and
+reported as a warning.
 
     python tools/nbexport.py [--check] [NOTEBOOK.py ...]      (default: every notebooks/*.py)
 
@@ -24,6 +30,7 @@ Exit 2 on a directive error or when two notebooks export one module.
 """
 
 import argparse
+import ast
 import re
 import sys
 from pathlib import Path
@@ -85,14 +92,33 @@ def strip_blank_lines(text: str) -> str:
     return "\n".join(lines)
 
 
+def check_source(nb_path: Path) -> None:
+    """The notebook source must parse as Python: the percent format keeps markdown in `# ` comments."""
+    try:
+        ast.parse(nb_path.read_text(encoding="utf-8"), filename=rel(nb_path))
+    except SyntaxError as e:
+        raise ExportError(f"{rel(nb_path)}:{e.lineno}: not valid Python ({e.msg}): {(e.text or '').strip()[:80]!r} "
+                          f"-- a markdown line must start with '# '") from None
+
+
+def late_directives(body: str, where: str) -> list:
+    """Warnings for directive lines below a cell's first lines (they export nothing there)."""
+    return [f"nbexport: warning: {where}, line {i + 1} of the cell: '{line.strip()}' is not on the cell's "
+            f"first lines and is ignored" for i, line in enumerate(body.split("\n"))
+            if (m := DIRECTIVE.match(line.strip())) and m.group(1) in ("default_exp", "export")]
+
+
 def notebook_modules(nb_path: Path) -> dict:
     """{module: [cell text, ...]} that one notebook exports, in notebook order."""
+    check_source(nb_path)
     default, modules = None, {}
     for index, cell in enumerate(jupytext.read(nb_path).cells):
         if cell.cell_type != "code":
             continue
         where = f"{rel(nb_path)}, cell {index}"
         directives, body = split_directives(cell.source, where)
+        for warning in late_directives(body, where):
+            print(warning, file=sys.stderr)
         for word, module in directives:
             if word == "default_exp":
                 if default is not None:
@@ -113,9 +139,20 @@ def module_path(module: str) -> Path:
 
 def render(nb_path: Path, cells: list) -> str:
     """The full text of a generated module."""
-    body = "\n\n\n".join(cell for cell in cells if cell)
+    marker = f"# {rel(nb_path)}\n"
+    body = "\n\n\n".join(marker + cell for cell in cells if cell)
     header = HEADER.format(source=rel(nb_path))
     return header + "\n" + body + "\n" if body else header
+
+
+def late_imports(module: str, text: str) -> list:
+    """Top-level imports of a generated module that come after its first other statement."""
+    tree = ast.parse(text)
+    first_code = next((n.lineno for i, n in enumerate(tree.body) if not isinstance(n, (ast.Import, ast.ImportFrom))
+                       and not (i == 0 and isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))), None)
+    return [f"{module}:{n.lineno}: '{ast.unparse(n)[:60]}' comes after code (line {first_code}); imports go in "
+            f"the module's first cell" for n in tree.body
+            if isinstance(n, (ast.Import, ast.ImportFrom)) and first_code is not None and n.lineno > first_code]
 
 
 def plan(notebooks: list) -> dict:
@@ -127,6 +164,9 @@ def plan(notebooks: list) -> dict:
             if path in out:
                 raise ExportError(f"module {module} is exported by both {rel(out[path][0])} and {rel(nb)}")
             out[path] = (nb, render(nb, cells))
+            late = late_imports(rel(path), out[path][1])
+            if late:
+                raise ExportError("; ".join(late))
     return out
 
 
