@@ -2,7 +2,7 @@
 # Edit the notebook, then run `make export`.
 
 # notebooks/06_backends.py
-"""Backends (ggml-backend.c:125-310, 1700-1872): the interface a backend implements, tensor data in
+"""Backends (ggml-backend.c:168-393, 2060-2269): the interface a backend implements, tensor data in
 and out, copies, events, graph plans, `ggml_backend_graph_copy` and `ggml_backend_compare_graph_backend`
 (the registry is `ggml_lite.registry`)."""
 

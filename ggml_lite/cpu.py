@@ -2,7 +2,7 @@
 # Edit the notebook, then run `make export`.
 
 # notebooks/07_cpu_backend.py
-"""The CPU backend (ggml-backend.c:559-732) and the numpy kernels it computes with.
+"""The CPU backend (ggml-backend.c:547-945) and the numpy kernels it computes with.
 
 `compute_forward(node)` computes one graph node from its sources, with numpy, as ggml's CPU backend
 computes it (`ggml_compute_forward` in ggml.c, llama.cpp `daa9623`): the same types and conversions

@@ -2,7 +2,7 @@
 # Edit the notebook, then run `make export`.
 
 # notebooks/06_backends.py
-"""The backend registry (ggml-backend.c:308-421): backends created by name, "NAME:params"."""
+"""The backend registry (ggml-backend.c:394-545): backends created by name, "NAME:params"."""
 
 import logging
 

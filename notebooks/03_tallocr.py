@@ -119,7 +119,7 @@ HEAP = AddressSpace()
 # `struct ggml_backend_buffer_type` is an interface: `get_name`, `alloc_buffer`, `get_alignment`,
 # optional `get_max_size` (default `SIZE_MAX`), optional `get_alloc_size` (default `ggml_nbytes`;
 # a device may need padding), `is_host`. The free functions `ggml_backend_buft_*`
-# (ggml-backend.c:12-42) only forward, filling in the defaults. Here a buffer type is a class whose
+# (ggml-backend.c:17-54) only forward, filling in the defaults. Here a buffer type is a class whose
 # methods carry the C names in their docstrings; `alloc_size` may be a function of the tensor.
 
 # %%
@@ -208,9 +208,9 @@ def cpu_buffer_type() -> CPUBufferType:
 # %% [markdown]
 # ## 3 · Buffers
 #
-# `struct ggml_backend_buffer` is `{iface, buft, context, size, usage}` (`ggml_backend_buffer_init`,
-# ggml-backend.c:44-58). The CPU buffer's context is the malloc'ed pointer; its base is that pointer
-# rounded up to 32 (`ggml_backend_cpu_buffer_get_base`, :428-435):
+# `struct ggml_backend_buffer` is `{iface, buft, context, size, usage}`
+# (`ggml_backend_buffer_init`, ggml-backend.c:56-72). The CPU buffer's context is the malloc'ed pointer; its base is that pointer
+# rounded up to 32 (`ggml_backend_cpu_buffer_get_base`, ggml-backend.c:557-566):
 #
 # ```c
 # uintptr_t data = (uintptr_t)buffer->context;
@@ -390,7 +390,7 @@ def cpu_buffer_from_ptr(memory: np.ndarray, size: int = None, address: int = Non
 #
 # When a buffer type has a maximum size (a GPU that cannot allocate more than 4 GiB at once, say),
 # `alloc_ctx_tensors` makes several buffers and joins them into one **multi-buffer**
-# (ggml-backend.c:771-792): its size is the sum, its name the first part's, `free` and `clear`
+# (ggml-backend.c:947-1032): its size is the sum, its name the first part's, `free` and `clear`
 # reach every part, and — the reason it exists — `set_usage(WEIGHTS)` marks every part, so the
 # scheduler recognizes the weights whichever part they are in. It has no base and no tensor
 # access of its own: tensors always point at their part.
@@ -454,8 +454,8 @@ def multi_buffer_alloc_buffer(buffers: list) -> MultiBuffer:
 # %% [markdown]
 # ## 4 · Placing tensors
 #
-# `ggml_backend_tensor_alloc` (ggml-backend.c:1710-1720) gives a tensor its buffer and address after
-# checking that it has none yet, is not a view, and fits; `ggml_backend_view_init` (:1701-1709)
+# `ggml_backend_tensor_alloc` (ggml-backend.c:2073-2084) gives a tensor its buffer and address after
+# checking that it has none yet, is not a view, and fits; `ggml_backend_view_init` (ggml-backend.c:2062-2071)
 # gives a view its root's buffer and `view_src.data + view_offs`. Each C `GGML_ASSERT` becomes an
 # error that names the tensor.
 
@@ -583,7 +583,7 @@ print(tensor_array(m))
 # %% [markdown]
 # ## 5 · The linear allocator `tallocr`
 #
-# `ggml_tallocr` (ggml-alloc.c:72-106) is a bump allocator: start at the first aligned offset of
+# `ggml_tallocr` (`ggml_tallocr_new` (ggml-alloc.c:72-85), `ggml_tallocr_alloc` (ggml-alloc.c:87-103)) is a bump allocator: start at the first aligned offset of
 # the buffer, give each tensor `GGML_PAD(alloc_size, alignment)` bytes, never free.
 #
 # ```c
@@ -641,7 +641,7 @@ class TAllocr:
 # %% [markdown]
 # ## 6 · Allocating a whole context: `alloc_ctx_tensors`
 #
-# `ggml_backend_alloc_ctx_tensors_from_buft` (ggml-alloc.c:974-1037) walks the context in creation
+# `ggml_backend_alloc_ctx_tensors_from_buft` (ggml-alloc.c:969-1032) walks the context in creation
 # order, summing `GGML_PAD(alloc_size, alignment)` of every tensor that has no data and is not a
 # view. When adding the next tensor would pass the buffer type's `max_size`, the tensors so far get
 # a buffer of their own (`alloc_tensor_range`, :935-972), and a new range starts. Views are placed

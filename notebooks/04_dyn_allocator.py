@@ -33,7 +33,7 @@
 # %% [markdown]
 # ## 1 · The C
 #
-# `ggml-alloc.c:110-120` — the state:
+# `ggml-alloc.c:107-120` — the state:
 #
 # ```c
 # struct free_block { size_t offset; size_t size; };
@@ -45,7 +45,7 @@
 # };
 # ```
 #
-# `ggml_dyn_tallocr_alloc` (:148-222) rounds the size up to the alignment, then
+# `ggml_dyn_tallocr_alloc` (:148-230) rounds the size up to the alignment, then
 #
 # ```c
 # for (int i = 0; i < alloc->n_free_blocks - 1; i++) {        // every block but the last
@@ -60,10 +60,10 @@
 # alloc->max_size = MAX(alloc->max_size, offset + size);
 # ```
 #
-# `ggml_dyn_tallocr_free_tensor` (:225-274) merges the freed range with the block that ends where it
+# `ggml_dyn_tallocr_free_tensor` (:233-290) merges the freed range with the block that ends where it
 # starts (then, maybe, with the next block too) or with the block that starts where it ends (then,
 # maybe, with the previous), and otherwise inserts a new block at its sorted position — asserting
-# there is room for it (`MAX_FREE_BLOCKS`). `ggml_dyn_tallocr_reset` (:276-281) leaves one block,
+# there is room for it (`MAX_FREE_BLOCKS`). `ggml_dyn_tallocr_reset` (:292-297) leaves one block,
 # `[0, SIZE_MAX/2)`: "restrict maximum size of a measure allocator to half size_t max to avoid
 # overflows".
 

@@ -44,7 +44,7 @@
 # struct leaf_alloc { int buffer_id; struct tensor_alloc leaf; };
 # ```
 #
-# The plan is made by `ggml_gallocr_alloc_graph_impl` (:566-660) in three loops:
+# The plan is made by `ggml_gallocr_alloc_graph_impl` (:563-668) in three loops:
 #
 # ```c
 # for (int i = 0; i < graph->n_leafs; i++)                 // 1. every leaf gets memory
@@ -61,11 +61,11 @@
 # }
 # ```
 #
-# `ggml_gallocr_allocate_node` (:470-544) skips pre-allocated tensors, tensors already placed and
+# `ggml_gallocr_allocate_node` (:475-540) skips pre-allocated tensors, tensors already placed and
 # views (a view lives in its `view_src`). For an op that `ggml_op_can_inplace`, it scans the sources
 # in slot order and takes the first one that is the allocator's own (`allocated`), not an OUTPUT
 # (nor a view of one), of the same layout, and has `n_children == 1 && n_views == 0` — this node is
-# its last user. Otherwise `ggml_dyn_tallocr_alloc`. `ggml_gallocr_free_node` (:546-560) never frees
+# its last user. Otherwise `ggml_dyn_tallocr_alloc`. `ggml_gallocr_free_node` (:542-557) never frees
 # an OUTPUT.
 
 # %%

@@ -34,23 +34,23 @@
 
 # ## 1 · The interface
 #
-# `ggml-backend-impl.h` declares the table; `ggml-backend.c:125-231` wraps it. Mandatory entries
+# `ggml-backend-impl.h` declares the table; `ggml-backend.c:168-393` wraps it. Mandatory entries
 # are called directly; optional ones are tested for `NULL` first:
 #
 # ```c
-# void ggml_backend_tensor_set_async(ggml_backend_t backend, struct ggml_tensor * tensor, ...) {  // :156
+# void ggml_backend_tensor_set_async(ggml_backend_t backend, struct ggml_tensor * tensor, ...) {  // :199
 #     if (backend->iface.set_tensor_async == NULL) {
 #         ggml_backend_tensor_set(tensor, data, offset, size);          // a blocking copy instead
 #     } else {
 #         backend->iface.set_tensor_async(backend, tensor, data, offset, size);
 #     }
 # }
-# enum ggml_status ggml_backend_graph_compute(ggml_backend_t backend, struct ggml_cgraph * cgraph) { // :212
+# enum ggml_status ggml_backend_graph_compute(ggml_backend_t backend, struct ggml_cgraph * cgraph) { // :275
 #     enum ggml_status err = ggml_backend_graph_compute_async(backend, cgraph);
 #     ggml_backend_synchronize(backend);                                // compute = async + wait
 #     return err;
 # }
-# bool ggml_backend_offload_op(ggml_backend_t backend, const struct ggml_tensor * op) {          // :226
+# bool ggml_backend_offload_op(ggml_backend_t backend, const struct ggml_tensor * op) {          // :293
 #     if (backend->iface.offload_op != NULL) { return backend->iface.offload_op(backend, op); }
 #     return false;
 # }
@@ -61,7 +61,7 @@
 # does not have stays `None` in the base class, as `NULL` in the C table. The public methods
 # (`graph_compute`, `tensor_set_async`, ...) are the `ggml_backend_*` wrappers with the C's
 # fallbacks. Tensor data goes in and out through `tensor_set` / `tensor_get`
-# (`ggml-backend.c:174-193`), which find the tensor's buffer (its `view_src`'s for a view) and
+# (`ggml-backend.c:221-247`), which find the tensor's buffer (its `view_src`'s for a view) and
 # check that the tensor is allocated and that the bytes asked lie inside it.
 
 # %%
@@ -69,7 +69,7 @@
 
 # %%
 # | export
-"""Backends (ggml-backend.c:125-310, 1700-1872): the interface a backend implements, tensor data in
+"""Backends (ggml-backend.c:168-393, 2060-2269): the interface a backend implements, tensor data in
 and out, copies, events, graph plans, `ggml_backend_graph_copy` and `ggml_backend_compare_graph_backend`
 (the registry is `ggml_lite.registry`)."""
 
@@ -403,11 +403,11 @@ class Backend(abc.ABC):
 # %% [markdown]
 # ### 1.3 · Copies
 #
-# `ggml_backend_tensor_copy` (:247-266) picks the cheapest path: if the source is host memory, it
+# `ggml_backend_tensor_copy` (:317-338) picks the cheapest path: if the source is host memory, it
 # is a `tensor_set` of the destination from the source's bytes; if the destination is host memory,
 # a `tensor_get` into it; otherwise it asks the destination's buffer to copy (`cpy_tensor`, a device
 # to device copy) and, when that buffer declines, prints **"slow copy"** and goes through a
-# temporary host array. `ggml_backend_tensor_copy_async` (:267-282) tries the destination
+# temporary host array. `ggml_backend_tensor_copy_async` (:340-358) tries the destination
 # backend's `cpy_tensor_async`; without one it synchronizes both backends first — "an async copy
 # would normally happen after all the queued operations on both backends are completed" — and
 # copies blocking. Both assert that the layouts are the same; here that is a
@@ -462,11 +462,11 @@ def tensor_copy_async(backend_src: Backend, backend_dst: Backend, src, dst) -> N
 # %% [markdown]
 # ### 1.4 · Copying a whole graph to another backend, and comparing two backends
 #
-# `ggml_backend_graph_copy` (:1771-1840) rebuilds a computed graph on another backend: every tensor
-# is duplicated **with its layout** (`ggml_dup_tensor_layout`, :794), non-view tensors with data go
+# `ggml_backend_graph_copy` (:2145-2224) rebuilds a computed graph on another backend: every tensor
+# is duplicated **with its layout** (`ggml_dup_tensor_layout`, :1022), non-view tensors with data go
 # to one context that is allocated on the backend in one buffer, views to another; then
 # `graph_copy_init_tensor` copies the data in (views are `view_init`ed). Flags are not copied.
-# `ggml_backend_compare_graph_backend` (:1846-1872) uses it to run a graph node by node on two
+# `ggml_backend_compare_graph_backend` (:2232-2269) uses it to run a graph node by node on two
 # backends and hands each pair of results to a callback — how ggml's `test-backend-ops` checks a
 # GPU against the CPU. View ops are computed but not compared.
 
@@ -573,7 +573,7 @@ def compare_graph_backend(backend1: Backend, backend2: Backend, graph, callback)
 # %% [markdown]
 # ## 2 · The registry
 #
-# `ggml-backend.c:308-421`: a fixed table of at most 64 entries (name, init function, default buffer
+# `ggml-backend.c:394-545`: a fixed table of at most 64 entries (name, init function, default buffer
 # type, user data), filled on first use by `ggml_backend_registry_init` with the CPU and whatever
 # accelerators were compiled in. `ggml_backend_reg_init_backend_from_str("NAME:params")` splits at
 # the first `:` and hands the rest to the backend's init function. Here the built-in entries are
@@ -588,7 +588,7 @@ def compare_graph_backend(backend1: Backend, backend2: Backend, graph, callback)
 
 # %%
 # | export registry
-"""The backend registry (ggml-backend.c:308-421): backends created by name, "NAME:params"."""
+"""The backend registry (ggml-backend.c:394-545): backends created by name, "NAME:params"."""
 
 import logging
 

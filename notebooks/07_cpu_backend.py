@@ -42,13 +42,13 @@ from ggml_lite.backend import tensor_get, tensor_set
 
 # ## 1 · The C
 #
-# `ggml-backend.c:559-732`. The CPU backend is small because the work is elsewhere (`ggml.c`'s
+# `ggml-backend.c:547-945`. The CPU backend is small because the work is elsewhere (`ggml.c`'s
 # kernels): its default buffer type is the CPU buffer type of chapter 03, it can use any host
 # memory, and `graph_compute` is `ggml_graph_compute` over the nodes in order. Its `supports_op`
 # says yes to nearly everything:
 #
 # ```c
-# GGML_CALL static bool ggml_backend_cpu_supports_op(ggml_backend_t backend, const struct ggml_tensor * op) { // :629
+# GGML_CALL static bool ggml_backend_cpu_supports_op(ggml_backend_t backend, const struct ggml_tensor * op) { // :820
 #     switch (op->op) {
 #         case GGML_OP_CPY:     return op->type != GGML_TYPE_IQ2_XXS && ...;   // types without from_float
 #         case GGML_OP_MUL_MAT: return op->src[1]->type == GGML_TYPE_F32 ||
@@ -71,7 +71,7 @@ from ggml_lite.backend import tensor_get, tensor_set
 
 # %%
 # | export
-"""The CPU backend (ggml-backend.c:559-732) and the numpy kernels it computes with.
+"""The CPU backend (ggml-backend.c:547-945) and the numpy kernels it computes with.
 
 `compute_forward(node)` computes one graph node from its sources, with numpy, as ggml's CPU backend
 computes it (`ggml_compute_forward` in ggml.c, llama.cpp `daa9623`): the same types and conversions

@@ -16,7 +16,7 @@
 # With one backend, chapter 05's graph allocator is enough. With a GPU in front of the CPU, someone
 # must decide **which backend computes each node**, cut the graph into *splits* that run on one
 # backend each, and copy every tensor that crosses from one split's backend to another's. That is
-# `ggml_backend_sched` (`ggml-backend.c:806-1700`). It is what llama.cpp uses for partial offload:
+# `ggml_backend_sched` (`ggml-backend.c:1034-2058`). It is what llama.cpp uses for partial offload:
 # some layers on the GPU, the rest on the CPU.
 #
 # **Learning goals**
@@ -45,7 +45,7 @@
 # GGML_ASSERT(ggml_backend_is_cpu(backends[n_backends - 1])); // last backend must be CPU      (:1555)
 # ```
 #
-# `ggml_backend_sched_split_graph` (:1014-1433) then runs five passes over the graph:
+# `ggml_backend_sched_split_graph` (:1282-1736) then runs five passes over the graph:
 #
 # | pass | what it does | causes |
 # |---|---|---|
@@ -63,7 +63,7 @@
 
 # %%
 # | export
-"""The backend scheduler `ggml_backend_sched` (ggml-backend.c:806-1700): assign a backend to every
+"""The backend scheduler `ggml_backend_sched` (ggml-backend.c:1034-2058): assign a backend to every
 node, split the graph, add the input copies, and plan the memory of all backends with one
 multi-buffer graph allocator."""
 
@@ -132,7 +132,7 @@ def fmt_size(size: int) -> str:
 # %% [markdown]
 # ## 2 · Which backend: the helpers of pass 1
 #
-# `ggml_backend_sched_backend_from_buffer` (:870) answers "who can run `op` where this tensor's memory
+# `ggml_backend_sched_backend_from_buffer` (:1120) answers "who can run `op` where this tensor's memory
 # is": the highest-priority backend that supports the buffer's type and the op. When none does, a
 # debug build warns that "the weight will need to be copied". `ggml_backend_sched_backend_id_from_cur`
 # (:898) is pass 1's decision for one tensor; note the abort when a pre-allocated tensor lives
@@ -576,7 +576,7 @@ def split_graph(sched: BackendSched, graph) -> None:
 # %% [markdown]
 # ### 3.4 · The debug printout
 #
-# `ggml_backend_sched_print_assignments` (:956) in the exact format of `GGML_SCHED_DEBUG`: a header per
+# `ggml_backend_sched_print_assignments` (:1219) in the exact format of `GGML_SCHED_DEBUG`: a header per
 # split with its inputs, then every non-view node with its backend and cause and those of its
 # sources (printf widths `%10.10s`, `%20.20s`, `%5.5s`, `%8.8s`). The copies have no backend id, so
 # they print as `NULL` with their cause `4.cpy`. `print_assignments` returns the text (the C writes
@@ -618,7 +618,7 @@ def print_assignments(sched: BackendSched, graph) -> str:
 # %% [markdown]
 # ### 3.5 · Reserve
 #
-# `ggml_backend_sched_reserve` (:1624) splits a worst-case graph and has the multi-buffer graph
+# `ggml_backend_sched_reserve` (:1959) splits a worst-case graph and has the multi-buffer graph
 # allocator plan `sched.graph` with the backend ids as buffer ids — one compute buffer per
 # backend, each sized for its splits — then resets the scheduler.
 
@@ -649,11 +649,11 @@ BackendSched.synchronize = synchronize
 # %% [markdown]
 # ## 4 · Allocating and running the splits
 #
-# `ggml_backend_sched_alloc_graph` (:1634) splits the graph and places it with the kept plan
-# (`ggml_backend_sched_alloc_splits`, :1435). The graph allocator plans again only when it must — or
+# `ggml_backend_sched_alloc_graph` (:1974) splits the graph and places it with the kept plan
+# (`ggml_backend_sched_alloc_splits`, :1738). The graph allocator plans again only when it must — or
 # when a tensor moved to a backend of *another buffer type* than in the previous split (the
 # `prev_*_backend_ids` comparison); then the debug build says "failed to allocate graph,
-# reserving". `ggml_backend_sched_compute_splits` (:1468) runs the splits in order. Before each, its
+# reserving". `ggml_backend_sched_compute_splits` (:1774) runs the splits in order. Before each, its
 # inputs are copied in: a user INPUT **at once** (after the split's backend finished with the
 # previous copy: its event, or a synchronize) so the user may overwrite their tensor afterwards;
 # any other input asynchronously when the split's backend has `cpy_tensor_async`, else after

@@ -1,0 +1,70 @@
+"""Every line reference the notebooks give for a C function points at that function in the C sources
+of llama.cpp daa9623 (../shared/reference/llama-daa9623/: ggml/src/ggml-alloc.c and ggml-backend.c).
+
+Two forms are cited in the notebooks' prose and C quotes:
+
+* `` `ggml_dyn_tallocr_alloc` (:148-230) ``, `` `ggml_backend_view_init` (ggml-backend.c:2062-2071) `` or
+  `` (`ggml_backend_cpu_buffer_get_base`, :557-564) `` -- a range (or one line) that must contain the
+  line where the function is defined;
+* a quoted C signature followed by `// :629` -- the line where that function is defined.
+
+Without a file name, chapters 02-05 cite ggml-alloc.c and the others ggml-backend.c. The test skips
+when the reference folder is not beside the project (it is not a fixture: the numbers stay checkable
+by anyone who has the sources)."""
+
+import re
+
+import pytest
+
+from helpers import REFERENCE, ROOT
+
+SOURCES = REFERENCE / "llama-daa9623"
+ALLOC_CHAPTERS = ("02_", "03_", "04_", "05_")
+NAMED = re.compile(r"`(ggml_\w+)`(?: \(|, )(?:(ggml-(?:alloc|backend)\.c))?:(\d+)(?:-(\d+))?\)")
+QUOTED = re.compile(r"^#\s.*?\b(ggml_\w+)\(.*//\s*\(?:(\d+)\)?\s*$")
+
+
+def definition_lines(path) -> dict:
+    """{function: line of its definition}: a line at column 0 naming it before '(' that is not a prototype."""
+    out = {}
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line or line[0].isspace() or line.rstrip().endswith(";") or line.startswith(("#", "//", "/*", "}")):
+            continue
+        m = re.search(r"\b(ggml_\w+)\s*\(", line)
+        if m and m.group(1) not in out:
+            out[m.group(1)] = i
+    return out
+
+
+def citations():
+    """[(where, function, file, first, last)] over every notebook source."""
+    found = []
+    for nb in sorted((ROOT / "notebooks").glob("*.py")):
+        default = "ggml-alloc.c" if nb.name.startswith(ALLOC_CHAPTERS) else "ggml-backend.c"
+        for n, line in enumerate(nb.read_text().splitlines(), 1):
+            if not line.startswith("#"):
+                continue
+            where = f"{nb.name}:{n}"
+            for m in NAMED.finditer(line):
+                first = int(m.group(3))
+                found.append((where, m.group(1), m.group(2) or default, first, int(m.group(4) or first)))
+            m = QUOTED.match(line)
+            if m:
+                found.append((where, m.group(1), default, int(m.group(2)), int(m.group(2))))
+    return found
+
+
+@pytest.mark.skipif(not SOURCES.is_dir(), reason=f"the C sources ({SOURCES}) are not beside the project")
+def test_every_cited_line_range_contains_the_named_function():
+    defs = {f: definition_lines(SOURCES / f) for f in ("ggml-alloc.c", "ggml-backend.c")}
+    cited = citations()
+    assert len(cited) >= 20, "fewer citations than the notebooks have: is the pattern still matching?"
+    wrong = []
+    for where, fn, file, first, last in cited:
+        line = defs[file].get(fn)
+        if line is None:
+            wrong.append(f"{where}: {fn} is not defined in {file}")
+        elif not first <= line <= last:
+            wrong.append(f"{where}: {fn} cited at {file}:{first}{'-' + str(last) if last != first else ''}, "
+                         f"defined at :{line}")
+    assert not wrong, "\n".join(wrong)
