@@ -766,7 +766,8 @@ class Context:
 
 
 def set_input(t: Tensor) -> None:
-    """`ggml_set_input`: the tensor is filled by the user before compute (allocated early, never reused)."""
+    """`ggml_set_input`: the user fills the tensor before compute. The graph allocator places it before
+    any node is computed (chapter 05); that is all the flag does -- it does not keep its memory."""
     t.flags |= TensorFlag.INPUT
 
 

@@ -18,7 +18,9 @@
 # walks the graph in execution order, gives each node memory from the dynamic allocator of
 # chapter 04, lets a node **overwrite its parent** when that is safe, and frees a parent as soon as
 # its last child has run. The highest offset ever handed out becomes the compute buffer's size —
-# 70.50 MiB instead of the gigabytes that one buffer per tensor would take.
+# for that 7B graph 70.50 MiB instead of the gigabytes that one buffer per tensor would take (this
+# chapter plans a LLaMA block; chapter 10 builds the whole 7B graph and shows where the 70.50 MiB
+# come from).
 #
 # **Learning goals**
 #
@@ -67,6 +69,29 @@
 # (nor a view of one), of the same layout, and has `n_children == 1 && n_views == 0` — this node is
 # its last user. Otherwise `ggml_dyn_tallocr_alloc`. `ggml_gallocr_free_node` (:542-557) never frees
 # an OUTPUT.
+#
+# **INPUT and OUTPUT, the one rule.** Only OUTPUT keeps a tensor's memory: an OUTPUT is never freed
+# and never overwritten in place. INPUT decides only *when* a tensor is placed — leafs in loop 1,
+# INPUT nodes and INPUT sources in loop 2, before any node is computed, so nothing computed earlier
+# can be sitting in its memory when the user fills it. After that an INPUT is like any tensor: its
+# last consumer frees it, and a sole consumer that can work in place takes its memory. Below, the
+# INPUT `x` is scaled in place by its only child `s`, and `y` then takes the same block: all three
+# at offset 0.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+import ggml_lite as gl
+
+c = gl.Context("input rule")
+x = c.new_tensor_1d(gl.F32, 64, name="x")
+gl.set_input(x)
+s = gl.scale(c, x, 2.0).set_name("s")
+y = gl.add(c, s, c.new_tensor_1d(gl.F32, 64, name="b")).set_name("y")
+gl.set_output(y)
+g_rule = gl.build_forward(y)
+ga_rule = gl.GAllocr(gl.cpu_buffer_type())
+ga_rule.alloc_graph(g_rule)
+print({t.name: t.data - ga_rule.buffers[0].get_base() for t in (x, s, y)})
 
 # %%
 # | default_exp gallocr
@@ -820,8 +845,8 @@ for i, node in enumerate(graph.nodes):
     print(f"{i:2d} {node.name:28s} {node.op.name:9s} {node.nbytes:6d} B  offset {node.data - base:6d} {kind}")
 
 # %% [markdown]
-# Read a few lines against the rules. `inp_x`, `inp_pos` and `KQ_mask` are INPUTs: the counting
-# loop places them before any node (offsets 0, 5120, 5184). `norm-0` gets a new block; `attn_norm-0`
+# Read a few lines against the rules. `inp_x`, `inp_pos` and `KQ_mask` are INPUT leafs: the leaf
+# loop places them, with the other leafs, before any node (offsets 0, 5120, 5184). `norm-0` gets a new block; `attn_norm-0`
 # (MUL, can-inplace, same layout, `norm-0`'s only child) **takes `norm-0`'s memory**. The three
 # projections cannot work in place (MUL_MAT); `Qcur-0` is consumed only through its reshape view, so
 # its block is freed when `Qcur_rope-0` (ROPE, which *could* run in place) has used the view — a view
@@ -1153,7 +1178,8 @@ print(refused, refusal_log)
 #   passes wins. Below, `mul(a, b)` where `a` has another user takes `b`'s memory.
 # * **Leafs of the compute context can be overwritten.** A leaf the allocator placed is its own; an
 #   in-place op may write over it when it is the leaf's last user (fixtures 01-05 do this with their
-#   weights). Flag a tensor INPUT or keep it in another buffer to protect it.
+#   weights). Flagging it INPUT does not prevent that (§1's rule); flag it OUTPUT or keep it in
+#   another buffer.
 # * **A planned graph looks pre-allocated.** After `alloc_graph`, every tensor has `data`; reserving
 #   the *same* tensors again plans nothing (they count as external). Plans are for fresh graphs.
 # * **The buffer is `max_size + 32`** (the CPU buffer type's alignment slack, chapter 03), and it is
