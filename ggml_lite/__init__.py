@@ -24,7 +24,7 @@ from ggml_lite.ops import (  # noqa: F401
 )
 from ggml_lite.tensor import (  # noqa: F401
     F16, F32, GGML_MAX_DIMS, GGML_MAX_NAME, GGML_MAX_OP_PARAMS, GGML_MAX_SRC, I32, Q4_0, Q8_0, TYPES,
-    VIEW_OPS, Context, GGMLType, Op, Tensor, TensorFlag, UnaryOp, are_same_shape, can_repeat,
+    VIEW_OPS, Context, GGMLType, Op, Tensor, TensorFlag, UnaryOp, are_same_layout, are_same_shape, can_repeat,
     contiguous_strides, describe, float_to_word, is_contiguous, is_contiguous_1, is_contiguous_n,
     is_empty, is_matrix, is_padded_1d, is_scalar, is_transposed, is_vector, is_view_op, nbytes,
     nelements, nrows, op_by_name, row_size, set_input, set_output, set_param, type_by_name,
@@ -42,7 +42,7 @@ from ggml_lite.buffer import (  # noqa: F401,E402
 from ggml_lite.tallocr import TAllocr, alloc_ctx_tensors, alloc_ctx_tensors_from_buft, alloc_tensor_range  # noqa: F401,E402
 from ggml_lite.dyn_tallocr import MAX_FREE_BLOCKS, AllocEvent, DynTAllocr, FreeEvent, ResetEvent  # noqa: F401,E402
 from ggml_lite.gallocr import (  # noqa: F401,E402
-    CAN_INPLACE, GAllocr, HashNode, LeafAlloc, NodeAlloc, TensorAlloc, are_same_layout, is_view, op_can_inplace,
+    CAN_INPLACE, GAllocr, HashNode, LeafAlloc, NodeAlloc, TensorAlloc, is_view, op_can_inplace,
 )
 from ggml_lite.backend import (  # noqa: F401,E402
     Backend, Event, GraphCopy, GraphPlan, Status, compare_graph_backend, dup_tensor_layout, graph_copy,

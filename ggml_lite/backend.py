@@ -18,8 +18,7 @@ from ggml_lite.errors import (
 )
 from ggml_lite.graph import Graph, graph_view
 from ggml_lite.tallocr import alloc_ctx_tensors
-from ggml_lite.gallocr import are_same_layout  # `ggml_are_same_layout`, in ggml-alloc.c and ggml-backend.c alike
-from ggml_lite.tensor import Context, describe, is_view_op, nbytes
+from ggml_lite.tensor import Context, are_same_layout, describe, is_view_op, nbytes
 
 log = logging.getLogger("ggml_lite")
 

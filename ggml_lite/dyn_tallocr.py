@@ -9,13 +9,13 @@ import logging
 from dataclasses import dataclass
 
 from ggml_lite.align import aligned_offset
+from ggml_lite.buffer import SIZE_MAX
 from ggml_lite.errors import AllocatorDebugError, OutOfBufferSpaceError, OutOfFreeBlocksError
 from ggml_lite.tensor import nbytes
 
 log = logging.getLogger("ggml_lite")
 
 MAX_FREE_BLOCKS = 256
-SIZE_MAX = 2**64 - 1
 DEBUG_SLOTS = 1024  # size of `allocated_tensors` under GGML_ALLOCATOR_DEBUG
 
 

@@ -6,6 +6,7 @@
 graph with one dynamic allocator per buffer type, keep the plan, and place the tensors from it."""
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import NamedTuple
@@ -13,7 +14,7 @@ from typing import NamedTuple
 from ggml_lite.buffer import SIZE_MAX, tensor_alloc, view_init
 from ggml_lite.dyn_tallocr import DynTAllocr
 from ggml_lite.errors import BufferIdError, PlanMismatchError
-from ggml_lite.tensor import Op, TensorFlag, describe
+from ggml_lite.tensor import Op, TensorFlag, are_same_layout, describe
 
 log = logging.getLogger("ggml_lite")
 
@@ -38,12 +39,6 @@ def is_view(t) -> bool:
     """`ggml_is_view` (ggml-alloc.c:21): the tensor lives in another tensor's memory. The hot loops
     below test `t.view_src is not None` inline."""
     return t.view_src is not None
-
-
-def are_same_layout(a, b) -> bool:
-    """`ggml_are_same_layout` (static in both ggml-alloc.c and ggml-backend.c:233): same type, same
-    `ne`, same `nb`."""
-    return a.type is b.type and a.ne == b.ne and a.nb == b.nb
 
 
 # notebooks/05_gallocr.py
@@ -595,3 +590,24 @@ def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
         if node.data is None or (node.view_src is not None and node.buffer is None):
             init(galloc, node, plan(planned_node, NOT_PLACED))
     return True
+
+
+# notebooks/05_gallocr.py
+@contextmanager
+def captured_log(level: int = logging.INFO):
+    """Collect the messages of the `ggml_lite` logger at `level` or above (what the C writes to stderr)."""
+    lines = []
+
+    class _Sink(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    sink, old_level = _Sink(level), log.level
+    log.addHandler(sink)
+    if log.getEffectiveLevel() > level:
+        log.setLevel(level)
+    try:
+        yield lines
+    finally:
+        log.removeHandler(sink)
+        log.setLevel(old_level)

@@ -7,9 +7,7 @@ into ggml_lite tensors by replaying ggml's op constructors, check it against the
 back. Also writes a fixture-schema file for a graph built with the ggml_lite API."""
 
 import json
-import logging
 import re
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from ggml_lite.buffer import cpu_buffer_type
 from ggml_lite.errors import (
     DanglingSourceError, GraphCycleError, GraphFileError, InvalidSizeError, RecordMismatchError,
 )
+from ggml_lite.gallocr import GAllocr, captured_log
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
 from ggml_lite.tallocr import alloc_ctx_tensors
 from ggml_lite.tensor import (
@@ -439,29 +438,6 @@ def save_graph_file(gf: GraphFile, path) -> None:
 
 
 # notebooks/A1_graph_files.py
-_LOG = logging.getLogger("ggml_lite")
-
-
-@contextmanager
-def captured_log(level: int = logging.INFO):
-    """Collect the messages of the `ggml_lite` logger at `level` or above (the reference's stderr)."""
-    lines = []
-
-    class _Sink(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-
-    sink, old_level = _Sink(level), _LOG.level
-    _LOG.addHandler(sink)
-    if _LOG.getEffectiveLevel() > level:
-        _LOG.setLevel(level)
-    try:
-        yield lines
-    finally:
-        _LOG.removeHandler(sink)
-        _LOG.setLevel(old_level)
-
-
 def allocate_external(gf: GraphFile, buft=None) -> dict:
     """Allocate the file's `external_buffers` contexts (`ggml_backend_alloc_ctx_tensors`); returns
     `{label: Buffer}` after checking each buffer's size and every tensor's `ext_offset`."""
@@ -538,7 +514,6 @@ def run_plan(source, step: int = None, galloc=None, call: str = None) -> tuple:
     `galloc` (a new CPU `GAllocr` when None). Returns `(GraphFile, galloc, {call: result})`, where
     a result holds ok, buffer_size_before, buffer_size, the compute buffer's `handle` (the address
     of its C struct) before and after, and the log lines."""
-    from ggml_lite.gallocr import GAllocr  # chapter 05 builds on this appendix's loader
 
     gf = read_graph_file(source, step)
     allocate_external(gf)

@@ -665,6 +665,12 @@ def are_same_shape(a: Tensor, b: Tensor) -> bool:
     return list(a.ne) == list(b.ne)
 
 
+def are_same_layout(a: Tensor, b: Tensor) -> bool:
+    """`ggml_are_same_layout` (a static helper in both ggml-alloc.c and ggml-backend.c): same type,
+    same `ne`, same `nb`."""
+    return a.type is b.type and a.ne == b.ne and a.nb == b.nb
+
+
 def can_repeat(t0: Tensor, t1: Tensor) -> bool:
     """`ggml_can_repeat`: `t0` broadcasts to `t1` (every `t1.ne[i]` is a multiple of `t0.ne[i]`)."""
     if is_empty(t0):

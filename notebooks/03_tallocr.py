@@ -64,7 +64,7 @@ from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, Tensor, describe, nbytes
 
 log = logging.getLogger("ggml_lite")
 
-SIZE_MAX = 2**64 - 1
+SIZE_MAX = 2**64 - 1  # `SIZE_MAX` of a 64-bit C: the largest size_t (every later module uses this one)
 TENSOR_ALIGNMENT = 32  # ggml-backend.c: "required for mmap as gguf only guarantees 32-byte alignment"
 
 

@@ -108,6 +108,7 @@ print({t.name: t.data - ga_rule.buffers[0].get_base() for t in (x, s, y)})
 graph with one dynamic allocator per buffer type, keep the plan, and place the tensors from it."""
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import NamedTuple
@@ -115,7 +116,7 @@ from typing import NamedTuple
 from ggml_lite.buffer import SIZE_MAX, tensor_alloc, view_init
 from ggml_lite.dyn_tallocr import DynTAllocr
 from ggml_lite.errors import BufferIdError, PlanMismatchError
-from ggml_lite.tensor import Op, TensorFlag, describe
+from ggml_lite.tensor import Op, TensorFlag, are_same_layout, describe
 
 log = logging.getLogger("ggml_lite")
 
@@ -146,12 +147,6 @@ def is_view(t) -> bool:
     """`ggml_is_view` (ggml-alloc.c:21): the tensor lives in another tensor's memory. The hot loops
     below test `t.view_src is not None` inline."""
     return t.view_src is not None
-
-
-def are_same_layout(a, b) -> bool:
-    """`ggml_are_same_layout` (static in both ggml-alloc.c and ggml-backend.c:233): same type, same
-    `ne`, same `nb`."""
-    return a.type is b.type and a.ne == b.ne and a.nb == b.nb
 
 
 # %% [markdown]
@@ -769,13 +764,39 @@ def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
 # (allocated with `alloc_ctx_tensors`, as llama.cpp loads a model), so the graph allocator plans
 # only the compute tensors. Fixture 06 recorded real ggml doing exactly this.
 
+# %% [markdown]
+# The allocator reports as the C does on stderr, through the `ggml_lite` logger. `captured_log`
+# collects those messages for a block of code, so that they can be printed or compared with what the
+# real ggml wrote (appendices A1 and A3 use it too).
+
+# %%
+# | export
+@contextmanager
+def captured_log(level: int = logging.INFO):
+    """Collect the messages of the `ggml_lite` logger at `level` or above (what the C writes to stderr)."""
+    lines = []
+
+    class _Sink(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    sink, old_level = _Sink(level), log.level
+    log.addHandler(sink)
+    if log.getEffectiveLevel() > level:
+        log.setLevel(level)
+    try:
+        yield lines
+    finally:
+        log.removeHandler(sink)
+        log.setLevel(old_level)
+
+
 # %%
 import json  # noqa: E402
 import math  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import ggml_lite as gl  # noqa: E402
-from ggml_lite.graphio import captured_log  # noqa: E402
 
 
 def llama_block(n_tokens=10, n_embd=128, n_head=4, n_ff=344, eps=1e-5):
@@ -885,7 +906,7 @@ import plotly.graph_objects as go
 from ggml_lite.buffer import cpu_buffer_type
 from ggml_lite.dyn_tallocr import AllocEvent, FreeEvent
 from ggml_lite.gallocr import ExecEvent, FreeNodeEvent, GAllocr, PhaseEvent, PlaceEvent, RejectEvent
-from ggml_lite.viz.memory import memory_bar
+from ggml_lite.viz.memory import memory_bar, step_widget
 
 COLORS = {"leaf": "#2ca02c", "input": "#17becf", "new": "#636efa", "inplace": "#ff7f0e", "inplace_view": "#ff7f0e"}
 
@@ -1058,40 +1079,30 @@ def decision_lines(step) -> list:
 
 
 def alloc_stepper(graph, events, end: int = None):
-    """An ipywidgets stepper (play button + slider) through a plan: at each node, the node and its
-    parents' remaining children, the decisions with their reasons, the free list, and a memory bar."""
-    import ipywidgets as w
+    """A stepper through a plan: at each node, the node and its parents' remaining children, the
+    decisions with their reasons, the free list, and a memory bar."""
     from IPython.display import display
 
     steps = plan_steps(events)
     lts = lifetimes(graph, events)
     end = end or int(max([lt.offset + lt.size for lt in lts] + [1]) * 1.1)
-    play = w.Play(min=0, max=len(steps) - 1, step=1, interval=900)
-    slider = w.IntSlider(min=0, max=len(steps) - 1, description="step")
-    w.jslink((play, "value"), (slider, "value"))
-    out = w.Output()
 
-    def show(change=None):
-        k = slider.value
+    def render(k):
         st = steps[k]
         node_i = k - 1  # step 0 is before the first node
         live = [(lt.tensor.name, lt.offset, lt.size) for lt in lts
                 if lt.kind == "tensor" and lt.start <= max(node_i, 0) <= lt.end and not (k == 0 and lt.how not in ("leaf", "input"))]
-        with out:
-            out.clear_output(wait=True)
-            print(f"step {k}/{len(steps) - 1}: {st['title']}")
-            if st["exec"] is not None:
-                for p, c, v, a in st["exec"].parents:
-                    print(f"  parent {p.name}: children left {c}, views left {v}, {'held' if a else 'not held'}")
-            for line in decision_lines(st) or ["(nothing to place or free)"]:
-                print(line)
-            print("free list:", ", ".join(f"[{o}, {o + s})" if s < 2**62 else f"[{o}, ...)" for o, s in st["free_blocks"]))
-            display(memory_bar([b for b in st["free_blocks"]], sorted(live, key=lambda a: a[1]), end=end,
-                               title="memory after this step"))
+        print(f"step {k}/{len(steps) - 1}: {st['title']}")
+        if st["exec"] is not None:
+            for p, c, v, a in st["exec"].parents:
+                print(f"  parent {p.name}: children left {c}, views left {v}, {'held' if a else 'not held'}")
+        for line in decision_lines(st) or ["(nothing to place or free)"]:
+            print(line)
+        print("free list:", ", ".join(f"[{o}, {o + s})" if s < 2**62 else f"[{o}, ...)" for o, s in st["free_blocks"]))
+        display(memory_bar([b for b in st["free_blocks"]], sorted(live, key=lambda a: a[1]), end=end,
+                           title="memory after this step"))
 
-    slider.observe(show, names="value")
-    show()
-    return w.VBox([w.HBox([play, slider]), out])
+    return step_widget(len(steps), render, interval=900)
 
 
 # %%

@@ -247,6 +247,7 @@ from ggml_lite.buffer import BufferUsage
 from ggml_lite.cpu import cpu_init
 from ggml_lite.errors import GraphFileError
 from ggml_lite.errors import GraphFileError, SchedulerError
+from ggml_lite.gallocr import captured_log
 from ggml_lite.graphio import read_graph_file
 from ggml_lite.models.llama import batch_inputs, build_llama, build_graph, model_tensors
 from ggml_lite.numerics import lcg_states
@@ -375,32 +376,10 @@ ROUND0 = {"n_tokens": 16, "n_kv": 32, "kv_head": 0, "n_outputs": 1}  # the READM
 
 
 
-class _Stderr(logging.Handler):
-    """Collects what the reference wrote to stderr (debug printout, warnings, gallocr messages)."""
-
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.parts = []
-
-    def emit(self, record):
-        msg = record.getMessage()
-        self.parts.append(msg if msg.startswith("\n## SPLIT") else msg + "\n")
-
-    def __enter__(self):
-        self.logger = logging.getLogger("ggml_lite")
-        self.level = self.logger.level
-        self.logger.setLevel(logging.DEBUG)
-        self.logger.addHandler(self)
-        return self
-
-    def __exit__(self, *exc):
-        self.logger.removeHandler(self)
-        self.logger.setLevel(self.level)
-
-    def text(self) -> str:
-        return "".join(self.parts)
-
-
+def _stderr_text(lines) -> str:
+    """Captured messages as the C wrote them to stderr: one per line; the debug printout's split
+    headers bring their own leading newline."""
+    return "".join(m if m.startswith("\n## SPLIT") else m + "\n" for m in lines)
 
 
 def _stderr_of(step) -> str:
@@ -528,12 +507,12 @@ def scenario_printout(doc: dict) -> str:
         sc = load_scenario(doc)
         graph, sched = sc.gf.graph, BackendSched(sc.backends, parallel=doc["sched_params"]["parallel"], debug=True)
         apply_pins(sched, graph, doc, sc.backends)
-    with _Stderr() as err:
+    with captured_log(logging.DEBUG) as err:
         try:
             sched.split_graph(graph)
         except SchedulerError as e:
-            return err.text() + f"error: {e}\n"
-    return err.text()
+            return _stderr_text(err) + f"error: {e}\n"
+    return _stderr_text(err)
 
 
 
@@ -627,11 +606,11 @@ def replay(doc: dict) -> list:
     sched = BackendSched(sc.backends, parallel=doc["sched_params"]["parallel"], debug=True)
     steps = doc["steps"]
     apply_pins(sched, sc.gf.graph, doc, sc.backends)
-    with _Stderr() as err:
+    with captured_log(logging.DEBUG) as err:
         ok = sched.reserve(sc.gf.graph)
     res = steps[0]
     _compare("reserve: ok", ok, res["ok"], out)
-    _compare("reserve: stderr", err.text(), _stderr_of(res), out)
+    _compare("reserve: stderr", _stderr_text(err), _stderr_of(res), out)
     _compare("reserve: n_splits, n_copies", (sched.n_splits, sched.n_copies), (res["n_splits"], res["n_copies"]), out)
     _compare("reserve: buffer sizes", {b.get_name(): sched.get_buffer_size(b) for b in sc.backends},
              res["buffer_sizes"], out)
@@ -641,10 +620,10 @@ def replay(doc: dict) -> list:
         sched.reset()
         _, graph, _ = build_graph(doc["model"], w, layers, alloc_step["batch"])
         apply_pins(sched, graph, doc, sc.backends)
-        with _Stderr() as err:
+        with captured_log(logging.DEBUG) as err:
             ok = sched.alloc_graph(graph)
         _compare(f"round {alloc_step['round']} alloc_graph: ok", ok, alloc_step["ok"], out)
-        _compare(f"round {alloc_step['round']} alloc_graph: stderr", err.text(), _stderr_of(alloc_step), out)
+        _compare(f"round {alloc_step['round']} alloc_graph: stderr", _stderr_text(err), _stderr_of(alloc_step), out)
         _check_alloc(sched, graph, alloc_step, out)
         for key, value in batch_inputs(alloc_step["batch"]).items():
             tensor_set(graph.get_tensor(key), value)

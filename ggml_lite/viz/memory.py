@@ -57,26 +57,36 @@ def step_figure(events, k: int, end: int = None) -> go.Figure:
     return memory_bar(list(ev.free_blocks), states[k], title=f"step {k + 1}/{len(events)}: {ev.describe()}", end=end)
 
 
-def stepper(events, end: int = None):
-    """An ipywidgets stepper (play button + slider) through a DynTAllocr trace: the memory bar, the
-    free list and the decision in words at every step."""
+def step_widget(n_steps: int, render, label: str = "step", interval: int = 800):
+    """The scaffold of every stepper in the course: a play button and a slider over steps
+    0..n_steps-1, and an output area that `render(k)` fills (prints and figures) for the step shown."""
     import ipywidgets as w
-    from IPython.display import display
 
-    end = end or int(max([getattr(e, "max_size", 0) for e in events] + [1]) * 1.25) + 1
-    play = w.Play(min=0, max=len(events) - 1, step=1, interval=700)
-    slider = w.IntSlider(min=0, max=len(events) - 1, description="step")
+    play = w.Play(min=0, max=n_steps - 1, step=1, interval=interval)
+    slider = w.IntSlider(min=0, max=n_steps - 1, description=label)
     w.jslink((play, "value"), (slider, "value"))
     out = w.Output()
 
     def show(change=None):
-        k = slider.value
         with out:
             out.clear_output(wait=True)
-            display(step_figure(events, k, end))
-            blocks = ", ".join(f"[{o}, {o + s})" if s < 2**62 else f"[{o}, ...)" for o, s in events[k].free_blocks)
-            print("free list:", blocks)
+            render(slider.value)
 
     slider.observe(show, names="value")
     show()
     return w.VBox([w.HBox([play, slider]), out])
+
+
+def stepper(events, end: int = None):
+    """A stepper through a DynTAllocr trace: the memory bar, the free list and the decision in words
+    at every step."""
+    from IPython.display import display
+
+    end = end or int(max([getattr(e, "max_size", 0) for e in events] + [1]) * 1.25) + 1
+
+    def render(k):
+        display(step_figure(events, k, end))
+        blocks = ", ".join(f"[{o}, {o + s})" if s < 2**62 else f"[{o}, ...)" for o, s in events[k].free_blocks)
+        print("free list:", blocks)
+
+    return step_widget(len(events), render, interval=700)

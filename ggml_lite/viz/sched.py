@@ -6,6 +6,8 @@
 
 import plotly.graph_objects as go
 
+from ggml_lite.viz.memory import step_widget
+
 PALETTE = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"]
 
 
@@ -66,31 +68,22 @@ def pass_snapshots(sched, graph, passes) -> list:
 
 
 def pass_stepper(sched, graph, snaps):
-    """An ipywidgets stepper through `pass_snapshots`: the figure of each state, and the nodes that
-    state assigned (or re-assigned), with their causes."""
-    import ipywidgets as w
+    """A stepper through `pass_snapshots`: the figure of each state, and the nodes that state assigned
+    (or re-assigned), with their causes."""
     from IPython.display import display
 
-    slider = w.IntSlider(min=0, max=len(snaps) - 1, description="state")
-    out = w.Output()
-
-    def show(change=None):
-        k = slider.value
+    def render(k):
         title, state = snaps[k]
-        with out:
-            out.clear_output(wait=True)
-            prev = snaps[k - 1][1] if k else [(None, "")] * len(state)
-            changed = [(i, b, c) for i, ((b, c), p) in enumerate(zip(state, prev)) if (b, c) != p]
-            print(f"{title}: {len(changed)} node(s) changed")
-            for i, b, c in changed[:12]:
-                print(f"  #{i:3d} {graph.nodes[i].name:24s} -> {b} ({c})")
-            if len(changed) > 12:
-                print(f"  ... and {len(changed) - 12} more")
-            display(sched_graph_figure(sched, graph, state, title, copies=False))
+        prev = snaps[k - 1][1] if k else [(None, "")] * len(state)
+        changed = [(i, b, c) for i, ((b, c), p) in enumerate(zip(state, prev)) if (b, c) != p]
+        print(f"{title}: {len(changed)} node(s) changed")
+        for i, b, c in changed[:12]:
+            print(f"  #{i:3d} {graph.nodes[i].name:24s} -> {b} ({c})")
+        if len(changed) > 12:
+            print(f"  ... and {len(changed) - 12} more")
+        display(sched_graph_figure(sched, graph, state, title, copies=False))
 
-    slider.observe(show, names="value")
-    show()
-    return w.VBox([slider, out])
+    return step_widget(len(snaps), render, label="state", interval=1200)
 
 
 def buffer_sizes_figure(rows: dict, title: str = "compute buffer per backend") -> go.Figure:

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from ggml_lite.buffer import cpu_buffer_type
 from ggml_lite.dyn_tallocr import AllocEvent, FreeEvent
 from ggml_lite.gallocr import ExecEvent, FreeNodeEvent, GAllocr, PhaseEvent, PlaceEvent, RejectEvent
-from ggml_lite.viz.memory import memory_bar
+from ggml_lite.viz.memory import memory_bar, step_widget
 
 COLORS = {"leaf": "#2ca02c", "input": "#17becf", "new": "#636efa", "inplace": "#ff7f0e", "inplace_view": "#ff7f0e"}
 
@@ -185,37 +185,27 @@ def decision_lines(step) -> list:
 
 
 def alloc_stepper(graph, events, end: int = None):
-    """An ipywidgets stepper (play button + slider) through a plan: at each node, the node and its
-    parents' remaining children, the decisions with their reasons, the free list, and a memory bar."""
-    import ipywidgets as w
+    """A stepper through a plan: at each node, the node and its parents' remaining children, the
+    decisions with their reasons, the free list, and a memory bar."""
     from IPython.display import display
 
     steps = plan_steps(events)
     lts = lifetimes(graph, events)
     end = end or int(max([lt.offset + lt.size for lt in lts] + [1]) * 1.1)
-    play = w.Play(min=0, max=len(steps) - 1, step=1, interval=900)
-    slider = w.IntSlider(min=0, max=len(steps) - 1, description="step")
-    w.jslink((play, "value"), (slider, "value"))
-    out = w.Output()
 
-    def show(change=None):
-        k = slider.value
+    def render(k):
         st = steps[k]
         node_i = k - 1  # step 0 is before the first node
         live = [(lt.tensor.name, lt.offset, lt.size) for lt in lts
                 if lt.kind == "tensor" and lt.start <= max(node_i, 0) <= lt.end and not (k == 0 and lt.how not in ("leaf", "input"))]
-        with out:
-            out.clear_output(wait=True)
-            print(f"step {k}/{len(steps) - 1}: {st['title']}")
-            if st["exec"] is not None:
-                for p, c, v, a in st["exec"].parents:
-                    print(f"  parent {p.name}: children left {c}, views left {v}, {'held' if a else 'not held'}")
-            for line in decision_lines(st) or ["(nothing to place or free)"]:
-                print(line)
-            print("free list:", ", ".join(f"[{o}, {o + s})" if s < 2**62 else f"[{o}, ...)" for o, s in st["free_blocks"]))
-            display(memory_bar([b for b in st["free_blocks"]], sorted(live, key=lambda a: a[1]), end=end,
-                               title="memory after this step"))
+        print(f"step {k}/{len(steps) - 1}: {st['title']}")
+        if st["exec"] is not None:
+            for p, c, v, a in st["exec"].parents:
+                print(f"  parent {p.name}: children left {c}, views left {v}, {'held' if a else 'not held'}")
+        for line in decision_lines(st) or ["(nothing to place or free)"]:
+            print(line)
+        print("free list:", ", ".join(f"[{o}, {o + s})" if s < 2**62 else f"[{o}, ...)" for o, s in st["free_blocks"]))
+        display(memory_bar([b for b in st["free_blocks"]], sorted(live, key=lambda a: a[1]), end=end,
+                           title="memory after this step"))
 
-    slider.observe(show, names="value")
-    show()
-    return w.VBox([w.HBox([play, slider]), out])
+    return step_widget(len(steps), render, interval=900)
