@@ -24,7 +24,8 @@ from ggml_lite.cpu import NUMPY, Arithmetic, ComputeParams, fma_f32, fp32_to_fp1
 from ggml_lite.cpu import compute_forward as cpu_compute_forward
 from ggml_lite.exact import compute_forward_exact as compute_forward  # the fixtures are ggml's bits
 from ggml_lite.exact import gelu_table, libm_exact, quantize_row_q8_0, v_expf
-from ggml_lite.tensor import Op, UnaryOp, word_to_float
+from ggml_lite.graphio import rebuild_tensor
+from ggml_lite.tensor import Op
 
 OPS_DIR = FIXTURES / "ggml-seed-ops"
 
@@ -125,49 +126,15 @@ class Replay:
         return self.tensors[name]
 
     def _build(self, spec):
-        ctx, op, p = self.ctx, spec["op"], spec["op_params"] + [0] * 16
-        s = [self._src(n) for n in spec["src"]]
-        f = lambda i: word_to_float(p[i])  # noqa: E731
-        ne = spec["ne"]
-        if op in ("ADD", "SUB", "MUL", "DIV"):
-            return getattr(gl, op.lower())(ctx, s[0], s[1])
-        if op == "ADD1":
-            return gl.add1(ctx, s[0], s[1])
-        if op in ("SQR", "SQRT", "LOG", "SUM", "SUM_ROWS", "MEAN", "TRANSPOSE"):
-            return getattr(gl, op.lower())(ctx, s[0])
-        if op == "SCALE":
-            return gl.scale(ctx, s[0], f(0))
-        if op == "LEAKY_RELU":
-            return gl.leaky_relu(ctx, s[0], f(0))
-        if op == "UNARY":
-            return gl.unary(ctx, s[0], UnaryOp(p[0]))
-        if op in ("NORM", "RMS_NORM"):
-            return getattr(gl, op.lower())(ctx, s[0], f(0))
-        if op == "CPY":
-            return gl.cpy(ctx, s[0], s[1])
-        if op == "CONT":
-            return gl.cont(ctx, s[0]) if ne == list(s[0].ne) else gl.cont_4d(ctx, s[0], *ne)
-        if op == "CONCAT":
-            return gl.concat(ctx, s[0], s[1], p[0])
-        if op == "PERMUTE":
-            return gl.permute(ctx, s[0], *p[:4])
-        if op == "RESHAPE":
-            return gl.reshape_4d(ctx, s[0], *ne)
-        if op == "VIEW":
-            nb = spec["nb"]
-            return gl.view_4d(ctx, s[0], *ne, nb[1], nb[2], nb[3], spec["params"]["offset"])
-        if op == "GET_ROWS":
-            return gl.get_rows(ctx, s[0], s[1])
-        if op == "MUL_MAT":
-            return gl.mul_mat(ctx, s[0], s[1])
-        if op in ("DIAG_MASK_INF", "DIAG_MASK_ZERO"):
-            return getattr(gl, op.lower())(ctx, s[0], p[0])
-        if op == "SOFT_MAX":
-            return gl.soft_max_ext(ctx, s[0], s[1] if len(s) > 1 else None, f(0), f(1))
-        if op == "ROPE":
-            return gl.rope_ext(ctx, s[0], s[1], s[2] if len(s) > 2 else None, p[1], p[2], p[4],
-                               *(f(i) for i in range(5, 11)))
-        raise NotImplementedError(op)
+        """The node rebuilt with the table of ggml's op constructors that also loads the graph fixtures
+        (`graphio.rebuild_tensor`); sources are found by recorded name."""
+        replay = self
+
+        class Sources(dict):
+            def __missing__(self, name):
+                return replay._src(name)
+
+        return rebuild_tensor(self.ctx, spec, Sources(self.tensors))
 
     @staticmethod
     def _check(t, spec):
