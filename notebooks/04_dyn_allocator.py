@@ -215,7 +215,7 @@ class DynTAllocr:
     def alloc(self, size: int, tensor=None) -> int:
         """`ggml_dyn_tallocr_alloc`: the offset of `size` bytes (rounded up to the alignment)."""
         align = self.alignment
-        size = -(-size // align) * align  # aligned_offset(NULL, size, alignment), inlined
+        size = aligned_offset(None, size, align)
         blocks = self.blocks
         last = len(blocks) - 1
         best, best_size = -1, SIZE_MAX
@@ -253,7 +253,7 @@ class DynTAllocr:
     def free_tensor(self, offset: int, size: int, tensor=None) -> None:
         """`ggml_dyn_tallocr_free_tensor`: give `[offset, offset + size)` back, merging with neighbours."""
         align = self.alignment
-        size = -(-size // align) * align  # aligned_offset(NULL, size, alignment), inlined
+        size = aligned_offset(None, size, align)
         if self.debug:
             self._debug_remove(offset, tensor)
         blocks = self.blocks
@@ -504,7 +504,7 @@ class FirstFit(DynTAllocr):
     """For comparison only: take the first block that fits (no trace, no debug)."""
 
     def alloc(self, size, tensor=None):
-        size = -(-size // self.alignment) * self.alignment  # aligned_offset(NULL, size, alignment), inlined
+        size = aligned_offset(None, size, self.alignment)
         i = next(i for i, (_, s) in enumerate(self.blocks) if s >= size)
         block = self.blocks[i]
         offset = block[0]

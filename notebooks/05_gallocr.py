@@ -154,34 +154,37 @@ def is_view(t) -> bool:
 #
 # Three small records. `hash_node` is what the allocator knows of a tensor *while planning*; the
 # other two are the plan it keeps *after* planning, one per node (its own place and each source's)
-# and one per leaf. `size_max` is the size the plan reserved; 0 means "not placed by the
-# allocator" (pre-allocated, a view, or an empty source slot), with `offset = SIZE_MAX`.
+# and one per leaf. A `tensor_alloc` is `{buffer_id, offset, size_max}`: `size_max` is the size the
+# plan reserved; 0 means "not placed by the allocator" (pre-allocated, a view, or an empty source
+# slot), with `offset = SIZE_MAX`.
 #
 # The C copies a `tensor_alloc` into every node slot and source slot that holds a tensor, so a
-# tensor read by five nodes is recorded six times. The port keeps the same information in a form
-# that is cheaper to build: **one `TensorAlloc` per placed tensor** (`GAllocr.tensor_allocs`,
-# written the moment the tensor is placed — its buffer and offset never change afterwards), and the
-# graph's *shape* at planning time — which tensor sat in each node slot, source slot and leaf slot
-# (`planned_nodes`, `planned_srcs`, `planned_leafs`). The C's `node_allocs[i].src[j]` is then
-# `tensor_allocs[planned_srcs[i][j]]`, or `NOT_PLACED` for a tensor that has none; the properties
-# `node_allocs` and `leaf_allocs` rebuild the C's arrays from it for reading. Like the C's records,
-# these lookups are by *position*: a later graph with new tensor objects in the same slots is placed
-# from them.
+# tensor read by five nodes is recorded six times. The port keeps one record per tensor: the hash
+# node itself carries the planned size (`size_max`, None until the plan places the tensor), so its
+# `buffer_id`, `offset` and `size_max` *are* the tensor's `tensor_alloc`. Next to it the plan keeps
+# the graph's *shape* at planning time — which tensor sat in each node slot, source slot and leaf
+# slot (`planned_nodes`, `planned_srcs`, `planned_leafs`). The C's `node_allocs[i].src[j]` is then
+# the hash node of `planned_srcs[i][j]` (`GAllocr.tensor_alloc`), or `NOT_PLACED`; the properties
+# `node_allocs` and `leaf_allocs` rebuild the C's arrays for reading. Like the C's records, these
+# lookups are by *position*: a later graph with new tensor objects in the same slots is placed from
+# them.
 
 # %%
 # | export
 class HashNode:
-    """`struct hash_node`: children and views not yet executed, and where the tensor was put."""
+    """`struct hash_node`: children and views not yet executed, and where the tensor was put; with
+    `size_max`, the size the plan reserved for it, also the tensor's `struct tensor_alloc`."""
 
-    __slots__ = ("n_children", "n_views", "buffer_id", "offset", "allocated")
+    __slots__ = ("n_children", "n_views", "buffer_id", "offset", "allocated", "size_max")
 
     def __init__(self):
         self.n_children = self.n_views = self.buffer_id = self.offset = 0  # calloc'ed in the C
         self.allocated = False
+        self.size_max = None  # not placed by this plan (yet)
 
     def __repr__(self):
         return (f"HashNode(children={self.n_children}, views={self.n_views}, buffer={self.buffer_id}, "
-                f"offset={self.offset}, allocated={self.allocated})")
+                f"offset={self.offset}, allocated={self.allocated}, size_max={self.size_max})")
 
 
 class TensorAlloc(NamedTuple):
@@ -193,7 +196,6 @@ class TensorAlloc(NamedTuple):
 
 
 NOT_PLACED = TensorAlloc(-1, SIZE_MAX, 0)
-_tuple_new = tuple.__new__  # `_tuple_new(TensorAlloc, (b, o, s))`: a record without the keyword-capable constructor
 
 
 class NodeAlloc(NamedTuple):
@@ -333,8 +335,7 @@ class GAllocr:
         self.n_buffers = len(bufts)
         self.hash_values = {}
         self._take_size_fns()
-        # the kept plan (section 2.2): a record per placed tensor, and the graph's slots when planned
-        self.tensor_allocs = {}
+        # the kept plan (section 2.2): the hash nodes above, and the graph's slots when planned
         self.planned_nodes, self.planned_srcs, self.planned_leafs = [], [], []
 
     def _take_size_fns(self) -> None:
@@ -374,22 +375,29 @@ class GAllocr:
         hn.buffer_id, hn.offset, hn.allocated = buffer_id, offset, True
 
     def _known_size(self, buffer_id: int, t) -> int:
-        """`ggml_backend_buft_get_alloc_size(galloc->bufts[buffer_id], t)`, read from the plan's record
-        of `t` when the plan placed `t` in that buffer (a tensor's shape does not change once it is in
-        a graph, so the size measured when it was placed still holds), computed otherwise."""
-        rec = self.tensor_allocs.get(t)
-        if rec is not None and rec.buffer_id == buffer_id:
-            return rec.size_max
+        """`ggml_backend_buft_get_alloc_size(galloc->bufts[buffer_id], t)`, read from `t`'s record when
+        the plan placed `t` in that buffer (a tensor's shape does not change once it is in a graph, so
+        the size measured when it was placed still holds), computed otherwise."""
+        hn = self.hash_values.get(t)
+        if hn is not None and hn.size_max is not None and hn.buffer_id == buffer_id:
+            return hn.size_max
         return self._alloc_size[buffer_id](t)
 
-    def _record(self, t) -> "TensorAlloc":
-        """The plan's `struct tensor_alloc` for `t` (NOT_PLACED for None, views, pre-allocated data)."""
-        return self.tensor_allocs.get(t, NOT_PLACED)
+    def tensor_alloc(self, t):
+        """The plan's `struct tensor_alloc` for `t`: its hash node, which carries `buffer_id`, `offset`
+        and `size_max`, when the plan placed it; NOT_PLACED for None, views and pre-allocated data."""
+        hn = self.hash_values.get(t)
+        return hn if hn is not None and hn.size_max is not None else NOT_PLACED
+
+    def _record(self, t) -> TensorAlloc:
+        """`t`'s `tensor_alloc` as the C's value type, for reading."""
+        rec = self.tensor_alloc(t)
+        return TensorAlloc(rec.buffer_id, rec.offset, rec.size_max)
 
     @property
     def node_allocs(self) -> list:
         """`galloc->node_allocs` as the C lays it out: per node its own record and one per source
-        slot — rebuilt from `tensor_allocs` and `planned_nodes`/`planned_srcs` on each read."""
+        slot — rebuilt from the hash nodes and `planned_nodes`/`planned_srcs` on each read."""
         rec = self._record
         return [NodeAlloc(rec(node), tuple(map(rec, srcs)))
                 for node, srcs in zip(self.planned_nodes, self.planned_srcs)]
@@ -417,7 +425,7 @@ class GAllocr:
             for parent in node.src:
                 if parent is None:
                     continue
-                p_hn = hv.get(parent) or self.hash_get(parent)
+                p_hn = self.hash_get(parent)
                 if not p_hn.allocated:  # "if the node's data is external, then we cannot re-use it"
                     if trace is not None:
                         trace(RejectEvent(node, parent, "its memory is not the allocator's (external, a view, or freed)"))
@@ -454,14 +462,13 @@ class GAllocr:
             how = "new"
         else:
             size = self._alloc_size[hn.buffer_id](node)
-        # the plan's record of `node` (section 2.2), kept now: its buffer and offset are final
-        self.tensor_allocs[node] = _tuple_new(TensorAlloc, (hn.buffer_id, hn.offset, size))
+        hn.size_max = size  # the plan's record of `node` (section 2.2): its buffer and offset are final
         if trace is not None:
             trace(PlaceEvent(node, node_index, phase, hn.buffer_id, hn.offset, size, how, reused))
 
     def free_node(self, node, node_index: int = -1, via=None) -> None:
         """`ggml_gallocr_free_node` (:546-560): give the memory back — never for an OUTPUT."""
-        hn = self.hash_values.get(node) or self.hash_get(node)
+        hn = self.hash_get(node)
         if node.flags & OUTPUT:  # graph outputs are never freed
             if self.trace is not None:
                 self.trace(FreeNodeEvent(node, node_index, hn.buffer_id, hn.offset, 0, via, kept_output=True))
@@ -522,10 +529,9 @@ def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_i
 
     For speed, `allocate_node`'s first test (pre-allocated, placed, or a view: nothing to do) is
     also made before each call, which changes nothing but the number of calls."""
-    galloc.hash_values = hv = {}  # (the plan's records, `tensor_allocs`, were emptied by reserve_n)
+    galloc.hash_values = hv = {}  # "clear hash tables": the previous plan's records go
     OP_NONE = Op.NONE  # noqa: N806 (a local for the loop)
     allocate_node, free_node, trace = galloc.allocate_node, galloc.free_node, galloc.trace
-    get = hv.get
 
     # allocate leafs: "these may be tensors that the application is not using in the graph,
     # but may still want to allocate for other purposes"
@@ -542,16 +548,14 @@ def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_i
         # GGML_OP_NONE "is used by ggml-backend to add dependencies": such a node is not a view user
         view_src = node.view_src
         if view_src is not None and node.op is not OP_NONE:
-            hn = get(view_src) or galloc.hash_get(view_src)
+            hn = galloc.hash_get(view_src)
             hn.n_views += 1
         if node.flags & INPUT:
             allocate_node(node, _buffer_id(node_buffer_ids, i), i, "input")
         for src in node.src:
             if src is None:
                 continue
-            hn = get(src)
-            if hn is None:
-                hn = hv[src] = HashNode()
+            hn = galloc.hash_get(src)
             hn.n_children += 1
             if src.flags & INPUT:  # allocate explicit inputs
                 allocate_node(src, _buffer_id(node_buffer_ids, i), i, "input")
@@ -575,7 +579,7 @@ def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_i
             if p_hn.n_children == 0 and p_hn.n_views == 0:
                 view_src = parent.view_src
                 if view_src is not None:
-                    vs_hn = get(view_src) or galloc.hash_get(view_src)
+                    vs_hn = galloc.hash_get(view_src)
                     vs_hn.n_views -= 1
                     if vs_hn.n_views == 0 and vs_hn.n_children == 0 and vs_hn.allocated:
                         free_node(view_src, i, parent)
@@ -611,7 +615,7 @@ def gallocr_reserve_n(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_
         talloc.reset()
     # forget the previous plan first: a plan that fails half-way (an exception) leaves none, which
     # the next alloc_graph sees as a graph of another size (the C aborts instead)
-    galloc.tensor_allocs, galloc.planned_nodes, galloc.planned_srcs, galloc.planned_leafs = {}, [], [], []
+    galloc.hash_values, galloc.planned_nodes, galloc.planned_srcs, galloc.planned_leafs = {}, [], [], []
     galloc._take_size_fns()
     alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
 
@@ -670,10 +674,11 @@ def gallocr_init_tensor(galloc: GAllocr, tensor, talloc: TensorAlloc) -> None:
     buffer = galloc.buffers[buffer_id] if buffer_id >= 0 else None
     # ggml_backend_buffer_get_alloc_size(buffer, tensor): the buffer's type is bufts[buffer_id]
     need = galloc._known_size(buffer_id, tensor) if buffer is not None else None
-    if buffer is None or talloc.offset == SIZE_MAX or need > talloc.size_max:  # the C's asserts
+    placed = talloc.size_max is not None  # (a hash node the plan did not place has none)
+    if buffer is None or not placed or talloc.offset == SIZE_MAX or need > talloc.size_max:  # the C's asserts
         raise PlanMismatchError(
             f"{describe(tensor)} needs {need if need is not None else '?'} bytes, but the plan reserved "
-            f"{talloc.size_max} bytes for it{' (it was not placed at all)' if talloc.size_max == 0 else ''}: "
+            f"{talloc.size_max or 0} bytes for it{'' if placed and talloc.size_max else ' (it was not placed at all)'}: "
             f"call reserve() with this graph")
     tensor_alloc(buffer, tensor, buffer.get_base() + talloc.offset, need)
 
@@ -686,7 +691,7 @@ def gallocr_node_needs_realloc(galloc: GAllocr, node, talloc: TensorAlloc) -> bo
     calls `ggml_backend_buft_get_alloc_size(NULL, node)` and crashes; here it is simply not valid."""
     if node.data is not None or node.view_src is not None:
         return True  # node_size is 0
-    if talloc.buffer_id == -1:
+    if talloc.buffer_id == -1 or talloc.size_max is None:  # not placed by the plan
         return False
     return talloc.size_max >= galloc._known_size(talloc.buffer_id, node)
 
@@ -700,23 +705,23 @@ def gallocr_needs_realloc(galloc: GAllocr, graph) -> bool:
     if len(galloc.planned_leafs) != len(graph.leafs):
         log.info("ggml_gallocr_needs_realloc: graph has different number of leafs")
         return True
-    # Two tests are made here before `fits` is called, which saves most of the calls and changes no
-    # result: a pre-allocated tensor or a view needs 0 bytes (`fits` would return at once), and a
-    # slot that still holds the very tensor the plan placed fits by construction — its record was
-    # measured from that tensor (`_known_size` would return `size_max` itself).
+    # `fits` is asked only when its answer is not known already: a pre-allocated tensor or a view
+    # needs 0 bytes, and a slot that still holds the very tensor the plan placed fits by construction
+    # (its record was measured from that tensor). Neither shortcut changes a result.
     fits = gallocr_node_needs_realloc  # True = it fits (see its name)
-    allocs = galloc.tensor_allocs
-    plan = allocs.get  # node_allocs[i].dst = plan(planned_nodes[i]), .src[j] likewise
+    records = galloc.hash_values  # the plan: a placed tensor's hash node is its tensor_alloc (section 2.2)
     for node, planned_node, planned_srcs in zip(graph.nodes, galloc.planned_nodes, galloc.planned_srcs):
-        if node.data is None and node.view_src is None and (node is not planned_node or node not in allocs) \
-                and not fits(galloc, node, plan(planned_node, NOT_PLACED)):
-            log.info("ggml_gallocr_needs_realloc: node %s is not valid", node.name)
-            return True
+        if node.data is None and node.view_src is None:
+            rec = records.get(planned_node, NOT_PLACED)
+            if (node is not planned_node or rec.size_max is None) and not fits(galloc, node, rec):
+                log.info("ggml_gallocr_needs_realloc: node %s is not valid", node.name)
+                return True
         j = 0
         for src in node.src:
             if src is not None and src.data is None and src.view_src is None:
                 planned_src = planned_srcs[j] if j < len(planned_srcs) else None
-                if (src is not planned_src or src not in allocs) and not fits(galloc, src, plan(planned_src, NOT_PLACED)):
+                rec = records.get(planned_src, NOT_PLACED)
+                if (src is not planned_src or rec.size_max is None) and not fits(galloc, src, rec):
                     log.info("ggml_gallocr_needs_realloc: src %d (%s) of node %s is not valid", j, src.name, node.name)
                     return True
             j += 1
@@ -739,19 +744,19 @@ def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
     for buf in galloc.buffers:  # reset buffers
         if buf is not None:
             buf.reset()
-    init, plan = gallocr_init_tensor, galloc.tensor_allocs.get
+    init, records = gallocr_init_tensor, galloc.hash_values  # the plan's records (section 2.2)
     for leaf, planned_leaf in zip(graph.leafs, galloc.planned_leafs):
         if leaf.data is None or (leaf.view_src is not None and leaf.buffer is None):  # else init does nothing
-            init(galloc, leaf, plan(planned_leaf, NOT_PLACED))
+            init(galloc, leaf, records.get(planned_leaf, NOT_PLACED))
     for node, planned_node, planned_srcs in zip(graph.nodes, galloc.planned_nodes, galloc.planned_srcs):
         j = 0
         for src in node.src:
             # init_tensor does nothing to a source already placed (most are: earlier nodes)
             if src is not None and (src.data is None if src.view_src is None else src.buffer is None):
-                init(galloc, src, plan(planned_srcs[j], NOT_PLACED) if j < len(planned_srcs) else NOT_PLACED)
+                init(galloc, src, records.get(planned_srcs[j], NOT_PLACED) if j < len(planned_srcs) else NOT_PLACED)
             j += 1
         if node.data is None or (node.view_src is not None and node.buffer is None):
-            init(galloc, node, plan(planned_node, NOT_PLACED))
+            init(galloc, node, records.get(planned_node, NOT_PLACED))
     return True
 
 

@@ -1192,8 +1192,8 @@ graph2, x2, out2 = small_graph(w_cpu)
 galloc2 = gl.GAllocr(cpu.get_default_buffer_type())
 galloc2.reserve(graph2)
 by_name = {t.name: t for t in graph2.nodes}
-records = galloc2.tensor_allocs  # the plan's record of each placed tensor (chapter 05, section 2.2)
-records[by_name["sq"]] = records[by_name["s"]]  # two live tensors overlap
+sq_rec, s_rec = galloc2.tensor_alloc(by_name["sq"]), galloc2.tensor_alloc(by_name["s"])  # the plan's records
+sq_rec.offset = s_rec.offset  # (chapter 05, section 2.2): now two live tensors overlap
 galloc2.alloc_graph(graph2)
 tensor_set(x2, X)
 cpu.graph_compute(graph2)

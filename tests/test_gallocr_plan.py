@@ -27,6 +27,11 @@ def _block(n: int = 8, weight_data: bool = True):
     return gl.build_forward(out), {t.name: t for t in (w, b, x, h, v, out)}
 
 
+def _as_tuple(rec) -> tuple:
+    """A `tensor_alloc` (a hash node or NOT_PLACED) as the C's value: (buffer_id, offset, size_max)."""
+    return (rec.buffer_id, rec.offset, rec.size_max)
+
+
 def test_node_allocs_read_the_records_by_slot():
     graph, t = _block()
     galloc = gl.GAllocr(gl.cpu_buffer_type())
@@ -34,13 +39,13 @@ def test_node_allocs_read_the_records_by_slot():
     na = galloc.node_allocs
     assert len(na) == len(graph.nodes) and all(isinstance(a, NodeAlloc) for a in na)
     for node, a in zip(graph.nodes, na):
-        own = galloc.tensor_allocs.get(node, NOT_PLACED)
-        assert a.dst is own
-        assert a.src == tuple(galloc.tensor_allocs.get(s, NOT_PLACED) for s in node.src)
-    assert galloc.tensor_allocs.get(t["w"]) is None and galloc.tensor_allocs.get(t["h_view"]) is None
-    rec = galloc.tensor_allocs[t["h"]]
+        assert a.dst == _as_tuple(galloc.tensor_alloc(node))
+        assert a.src == tuple(_as_tuple(galloc.tensor_alloc(s)) for s in node.src)
+    assert galloc.tensor_alloc(t["w"]) is NOT_PLACED and galloc.tensor_alloc(t["h_view"]) is NOT_PLACED
+    rec = galloc.tensor_alloc(t["h"])
     assert rec.buffer_id == 0 and rec.size_max == gl.nbytes(t["h"])
-    assert [la.leaf for la in galloc.leaf_allocs] == [galloc.tensor_allocs.get(leaf, NOT_PLACED) for leaf in graph.leafs]
+    assert rec is galloc.hash_values[t["h"]]  # one record per tensor: its hash node carries the plan
+    assert [la.leaf for la in galloc.leaf_allocs] == [_as_tuple(galloc.tensor_alloc(leaf)) for leaf in graph.leafs]
 
 
 def test_a_graph_of_the_same_shape_is_placed_from_the_kept_plan(caplog):
@@ -75,12 +80,12 @@ def test_the_planned_tensor_that_lost_its_memory_is_not_valid(caplog):
     b = t["b"]
     b.data, b.buffer = 4096, None  # "pre-allocated" outside ggml-backend while planning
     assert galloc.reserve(graph)
-    assert b not in galloc.tensor_allocs
+    assert galloc.tensor_alloc(b) is NOT_PLACED
     b.data = None  # ... and gone by the time the graph is placed
     with caplog.at_level(logging.INFO, logger="ggml_lite"):
         assert galloc.alloc_graph(graph)
     assert "src 1 (b) of node h is not valid" in caplog.text
-    assert b in galloc.tensor_allocs and b.data is not None
+    assert galloc.tensor_alloc(b) is not NOT_PLACED and b.data is not None
 
 
 def test_multi_buffer_allocator_refuses_to_replan():

@@ -16,7 +16,6 @@ import pytest
 
 import ggml_lite as gl
 import ggml_oracle as O
-from ggml_lite.gallocr import NOT_PLACED, TensorAlloc
 from helpers import NOT_COMPUTABLE, fill, kept, same
 
 MAX_OPS = 24
@@ -93,15 +92,15 @@ def _overlap_live_pair(rg, galloc) -> bool:
     OUTPUT, or a node nothing consumes), computed before `m` — two live tensors now overlap."""
     nodes, keep = rg.graph.nodes, set(kept(rg))
     end = galloc.buffers[0].get_size() - 32
-    records = galloc.tensor_allocs  # the plan's record of each placed tensor (node_allocs[i].dst)
+    plan = galloc.tensor_alloc  # the plan's record of each placed tensor (its hash node; node_allocs[i].dst)
     for p_idx in sorted(keep):
-        p_rec = records.get(nodes[p_idx], NOT_PLACED)
+        p_rec = plan(nodes[p_idx])
         if p_rec.size_max == 0:
             continue
         for m_idx in range(p_idx + 1, len(nodes)):
-            m_rec = records.get(nodes[m_idx], NOT_PLACED)
+            m_rec = plan(nodes[m_idx])
             if m_rec.size_max and m_rec.offset != p_rec.offset and p_rec.offset + m_rec.size_max <= end:
-                records[nodes[m_idx]] = TensorAlloc(p_rec.buffer_id, p_rec.offset, m_rec.size_max)
+                m_rec.buffer_id, m_rec.offset = p_rec.buffer_id, p_rec.offset
                 return True
     return False
 
