@@ -133,6 +133,7 @@ class Event:
         return f"Event({self.backend.get_name()}{', freed' if self.freed else ''})"
 
 
+# notebooks/06_backends.py
 class Backend(abc.ABC):
     """`struct ggml_backend` with its `ggml_backend_i` table. Subclasses set `name` and implement the
     four abstract hooks (`_get_default_buffer_type`, `_graph_compute`, `_supports_op`,
@@ -189,112 +190,158 @@ class Backend(abc.ABC):
         if self.freed:
             raise BackendError(f"backend {self.name} was freed")
 
-    def get_default_buffer_type(self):
-        """`ggml_backend_get_default_buffer_type`."""
-        return self._get_default_buffer_type()
-
-    def alloc_buffer(self, size: int):
-        """`ggml_backend_alloc_buffer`: a buffer of the default buffer type."""
-        return self.get_default_buffer_type().alloc_buffer(size)
-
-    def get_alignment(self) -> int:
-        """`ggml_backend_get_alignment`: the default buffer type's."""
-        return self.get_default_buffer_type().get_alignment()
-
-    def get_max_size(self) -> int:
-        """`ggml_backend_get_max_size`: the default buffer type's."""
-        return self.get_default_buffer_type().get_max_size()
-
-    # -- data -----------------------------------------------------------------------------------------
-    def tensor_set_async(self, tensor, data, offset: int = 0, size: int = None) -> None:
-        """`ggml_backend_tensor_set_async`: queued on this backend, or `tensor_set` when it has no queue."""
-        if self._set_tensor_async is None:
-            tensor_set(tensor, data, offset, size)
-            return
-        raw = _raw_bytes(tensor, data)
-        size = raw.size if size is None else size
-        _check_access(tensor, offset, size, "write")
-        self._set_tensor_async(tensor, raw, offset, size)
-
-    def tensor_get_async(self, tensor, out: np.ndarray, offset: int = 0, size: int = None) -> None:
-        """`ggml_backend_tensor_get_async`: the bytes land in `out` (uint8, at least `size` long) once
-        the backend has run what was queued before; `tensor_get` at once when it has no queue."""
-        size = nbytes(tensor) - offset if size is None else size
-        _check_access(tensor, offset, size, "read")
-        if out.dtype != np.uint8 or out.size < size:
-            raise TensorBoundsError(f"tensor_get_async: the destination must be uint8 with {size} bytes, "
-                                    f"got {out.dtype} with {out.size}")
-        if self._get_tensor_async is None:
-            out[:size] = tensor_get(tensor, offset, size)
-            return
-        self._get_tensor_async(tensor, out, offset, size)
-
-    def synchronize(self) -> None:
-        """`ggml_backend_synchronize`: wait until everything queued has run (nothing to do without a queue)."""
-        if self._synchronize is not None:
-            self._synchronize()
-
-    # -- compute ----------------------------------------------------------------------------------------
-    def graph_plan_create(self, graph) -> GraphPlan:
-        """`ggml_backend_graph_plan_create`."""
-        if self._graph_plan_create is None:
-            raise BackendError(f"backend {self.name} has no graph plans (graph_plan_create is NULL)")
-        return self._graph_plan_create(graph)
-
-    def graph_plan_free(self, plan: GraphPlan) -> None:
-        """`ggml_backend_graph_plan_free`."""
-        if self._graph_plan_free is None:
-            raise BackendError(f"backend {self.name} has no graph plans (graph_plan_free is NULL)")
-        self._graph_plan_free(plan)
-
-    def graph_plan_compute(self, plan: GraphPlan) -> Status:
-        """`ggml_backend_graph_plan_compute`."""
-        if self._graph_plan_compute is None:
-            raise BackendError(f"backend {self.name} has no graph plans (graph_plan_compute is NULL)")
-        if plan.freed:
-            raise BackendError("graph_plan_compute: the plan was freed")
-        return self._graph_plan_compute(plan)
-
-    def graph_compute(self, graph) -> Status:
-        """`ggml_backend_graph_compute`: `graph_compute_async`, then `synchronize`."""
-        err = self.graph_compute_async(graph)
-        self.synchronize()
-        return err
-
-    def graph_compute_async(self, graph) -> Status:
-        """`ggml_backend_graph_compute_async`: the backend's `graph_compute` (it may only queue the work)."""
-        self._alive()
-        return self._graph_compute(graph)
-
-    def supports_op(self, op) -> bool:
-        """`ggml_backend_supports_op`: can this backend compute the node `op`?"""
-        return self._supports_op(op)
-
-    def supports_buft(self, buft) -> bool:
-        """`ggml_backend_supports_buft`: can this backend use memory of buffer type `buft`?"""
-        return self._supports_buft(buft)
-
-    def offload_op(self, op) -> bool:
-        """`ggml_backend_offload_op`: does this backend want an op whose weight lives elsewhere (False
-        when the backend has no opinion)?"""
-        return self._offload_op(op) if self._offload_op is not None else False
-
-    # -- events -----------------------------------------------------------------------------------------
-    def event_new(self):
-        """`ggml_backend_event_new`: an Event, or None when the backend has no events."""
-        if self._event_new is None:
-            return None
-        return self._event_new()
-
-    def event_wait(self, event: Event) -> None:
-        """`ggml_backend_event_wait`: work queued on this backend after this call waits for `event`."""
-        event._alive()
-        if self._event_wait is None:
-            raise BackendError(f"backend {self.name} cannot wait for events (event_wait is NULL)")
-        self._event_wait(event)
-
     def __repr__(self):
         return f"{type(self).__name__}({self.name!r}{', freed' if self.freed else ''})"
+
+
+# notebooks/06_backends.py
+def get_default_buffer_type(backend):
+    """`ggml_backend_get_default_buffer_type`."""
+    return backend._get_default_buffer_type()
+
+
+def alloc_buffer(backend, size: int):
+    """`ggml_backend_alloc_buffer`: a buffer of the default buffer type."""
+    return backend.get_default_buffer_type().alloc_buffer(size)
+
+
+def get_alignment(backend) -> int:
+    """`ggml_backend_get_alignment`: the default buffer type's."""
+    return backend.get_default_buffer_type().get_alignment()
+
+
+def get_max_size(backend) -> int:
+    """`ggml_backend_get_max_size`: the default buffer type's."""
+    return backend.get_default_buffer_type().get_max_size()
+
+
+Backend.get_default_buffer_type = get_default_buffer_type
+Backend.alloc_buffer = alloc_buffer
+Backend.get_alignment = get_alignment
+Backend.get_max_size = get_max_size
+
+
+# notebooks/06_backends.py
+# -- data -----------------------------------------------------------------------------------------
+def tensor_set_async(backend, tensor, data, offset: int = 0, size: int = None) -> None:
+    """`ggml_backend_tensor_set_async`: queued on this backend, or `tensor_set` when it has no queue."""
+    if backend._set_tensor_async is None:
+        tensor_set(tensor, data, offset, size)
+        return
+    raw = _raw_bytes(tensor, data)
+    size = raw.size if size is None else size
+    _check_access(tensor, offset, size, "write")
+    backend._set_tensor_async(tensor, raw, offset, size)
+
+
+def tensor_get_async(backend, tensor, out: np.ndarray, offset: int = 0, size: int = None) -> None:
+    """`ggml_backend_tensor_get_async`: the bytes land in `out` (uint8, at least `size` long) once
+    the backend has run what was queued before; `tensor_get` at once when it has no queue."""
+    size = nbytes(tensor) - offset if size is None else size
+    _check_access(tensor, offset, size, "read")
+    if out.dtype != np.uint8 or out.size < size:
+        raise TensorBoundsError(f"tensor_get_async: the destination must be uint8 with {size} bytes, "
+                                f"got {out.dtype} with {out.size}")
+    if backend._get_tensor_async is None:
+        out[:size] = tensor_get(tensor, offset, size)
+        return
+    backend._get_tensor_async(tensor, out, offset, size)
+
+
+def synchronize(backend) -> None:
+    """`ggml_backend_synchronize`: wait until everything queued has run (nothing to do without a queue)."""
+    if backend._synchronize is not None:
+        backend._synchronize()
+
+
+Backend.tensor_set_async = tensor_set_async
+Backend.tensor_get_async = tensor_get_async
+Backend.synchronize = synchronize
+
+
+# notebooks/06_backends.py
+# -- compute ----------------------------------------------------------------------------------------
+def graph_plan_create(backend, graph) -> GraphPlan:
+    """`ggml_backend_graph_plan_create`."""
+    if backend._graph_plan_create is None:
+        raise BackendError(f"backend {backend.name} has no graph plans (graph_plan_create is NULL)")
+    return backend._graph_plan_create(graph)
+
+
+def graph_plan_free(backend, plan: GraphPlan) -> None:
+    """`ggml_backend_graph_plan_free`."""
+    if backend._graph_plan_free is None:
+        raise BackendError(f"backend {backend.name} has no graph plans (graph_plan_free is NULL)")
+    backend._graph_plan_free(plan)
+
+
+def graph_plan_compute(backend, plan: GraphPlan) -> Status:
+    """`ggml_backend_graph_plan_compute`."""
+    if backend._graph_plan_compute is None:
+        raise BackendError(f"backend {backend.name} has no graph plans (graph_plan_compute is NULL)")
+    if plan.freed:
+        raise BackendError("graph_plan_compute: the plan was freed")
+    return backend._graph_plan_compute(plan)
+
+
+def graph_compute(backend, graph) -> Status:
+    """`ggml_backend_graph_compute`: `graph_compute_async`, then `synchronize`."""
+    err = backend.graph_compute_async(graph)
+    backend.synchronize()
+    return err
+
+
+def graph_compute_async(backend, graph) -> Status:
+    """`ggml_backend_graph_compute_async`: the backend's `graph_compute` (it may only queue the work)."""
+    backend._alive()
+    return backend._graph_compute(graph)
+
+
+Backend.graph_plan_create = graph_plan_create
+Backend.graph_plan_free = graph_plan_free
+Backend.graph_plan_compute = graph_plan_compute
+Backend.graph_compute = graph_compute
+Backend.graph_compute_async = graph_compute_async
+
+
+# notebooks/06_backends.py
+def supports_op(backend, op) -> bool:
+    """`ggml_backend_supports_op`: can this backend compute the node `op`?"""
+    return backend._supports_op(op)
+
+
+def supports_buft(backend, buft) -> bool:
+    """`ggml_backend_supports_buft`: can this backend use memory of buffer type `buft`?"""
+    return backend._supports_buft(buft)
+
+
+def offload_op(backend, op) -> bool:
+    """`ggml_backend_offload_op`: does this backend want an op whose weight lives elsewhere (False
+    when the backend has no opinion)?"""
+    return backend._offload_op(op) if backend._offload_op is not None else False
+
+
+# -- events -----------------------------------------------------------------------------------------
+def event_new(backend):
+    """`ggml_backend_event_new`: an Event, or None when the backend has no events."""
+    if backend._event_new is None:
+        return None
+    return backend._event_new()
+
+
+def event_wait(backend, event: Event) -> None:
+    """`ggml_backend_event_wait`: work queued on this backend after this call waits for `event`."""
+    event._alive()
+    if backend._event_wait is None:
+        raise BackendError(f"backend {backend.name} cannot wait for events (event_wait is NULL)")
+    backend._event_wait(event)
+
+
+Backend.supports_op = supports_op
+Backend.supports_buft = supports_buft
+Backend.offload_op = offload_op
+Backend.event_new = event_new
+Backend.event_wait = event_wait
 
 
 # notebooks/06_backends.py
@@ -414,6 +461,7 @@ def graph_copy(backend: Backend, graph) -> GraphCopy:
     return GraphCopy(buffer, ctx_allocated, ctx_unallocated, copy)
 
 
+# notebooks/06_backends.py
 def graph_copy_free(copy: GraphCopy) -> None:
     """`ggml_backend_graph_copy_free`: free the copy's buffer."""
     if copy.buffer is not None:

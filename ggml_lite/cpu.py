@@ -97,6 +97,8 @@ def fma_f32(a, b, c) -> np.ndarray:
 
 # notebooks/07_cpu_backend.py
 Q8_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
+
+
 Q4_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "u1", 16)])
 
 
@@ -164,6 +166,7 @@ def quantize_row_q4_0_ref(x) -> np.ndarray:
     return out
 
 
+# notebooks/07_cpu_backend.py
 def dequantize_row_q8_0(blocks) -> np.ndarray:
     """`dequantize_row_q8_0`: element j of a block is qs[j]·d (exact in f32)."""
     d = blocks["d"].astype(F4)[..., None]
@@ -252,9 +255,12 @@ class Arithmetic:
 
 
 NUMPY = Arithmetic()
+
+
 _TIERS = {NUMPY.name: NUMPY}
 
 
+# notebooks/07_cpu_backend.py
 def declare_tier(arith) -> None:
     """Makes a numerics tier available by its name (appendix A2 declares `"exact"`)."""
     _TIERS[arith.name] = arith
@@ -339,6 +345,7 @@ def _rows_uniform(t) -> bool:
     return True
 
 
+# notebooks/07_cpu_backend.py
 def _need_rows(node, t, what: str, strict: bool = False) -> None:
     _need_nb0(node, t, what, strict)
     if not _rows_uniform(t):
@@ -413,6 +420,7 @@ def _broadcast_src1(node, a_shape, b) -> np.ndarray:
 _BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide}
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_binary(params, node) -> None:
     """`ggml_compute_forward_add_f32` / `_sub_f32` / `_mul_f32` / `_div_f32`: dst = src0 op src1 with
     src1 broadcast over src0 (`i1k = i0k % ne1k`), one float32 operation per element. Also
@@ -479,6 +487,7 @@ def compute_forward_add1(params, node) -> None:
         params.write(node, params.read_f32(a) + v)
 
 
+# notebooks/07_cpu_backend.py
 def _unary_rows(params, node, fn, strict: bool = False) -> None:
     """The shape shared by sqr/sqrt/log/unary/leaky_relu: f32, rows found at i·nb[1], same shape
     (`strict`: ggml checks nb[0] with GGML_ASSERT, as for log)."""
@@ -548,6 +557,7 @@ def compute_forward_unary(params, node) -> None:
     _unary_rows(params, node, lambda x: np.asarray(_UNARY_FN[u](params.arith, x), dtype=F4))
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_scale(params, node) -> None:
     """`ggml_compute_forward_scale_f32`: every element times op_params[0] (float32 multiply);
     ggml asserts that source and destination are contiguous."""
@@ -616,6 +626,7 @@ def compute_forward_concat(params, node) -> None:
     params.view(node)[...] = out
 
 
+# notebooks/07_cpu_backend.py
 def _norm_input(params, node) -> tuple:
     """The checks and inputs shared by norm and rms_norm: src0's f32 values, eps, the row length."""
     a = node.src[0]
@@ -681,6 +692,7 @@ def compute_forward_mul_mat(params, node) -> None:
     params.write(node, out)
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_get_rows(params, node) -> None:
     """`ggml_compute_forward_get_rows` (`_f32`, `_f16`, `_q`): dst row (i10, i11, i12) = row
     ids[i10, i11, i12] of src0's plane (i11, i12), converted with the type's to_float
@@ -744,6 +756,7 @@ def _alibi_slopes(arith, n_head: int, max_bias: float) -> np.ndarray:
                      arith.scalar("powf", m1, 2 * (h - n_head_log2) + 1) for h in range(n_head)], dtype=F4)
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_soft_max(params, node) -> None:
     """`ggml_compute_forward_soft_max_f32`: per row w = x·scale (float32), plus slope·mask row
     (i1 % ne01) fused into one FMA (f16 masks widened first); max; exp and double sum by
@@ -789,6 +802,7 @@ def rope_yarn_corr_dims(arith, n_dims: int, n_ctx_orig: int, freq_base: float, b
     return (F4(0) if F4(0) > start else start), (F4(n_dims - 1) if F4(n_dims - 1) < end else end)
 
 
+# notebooks/07_cpu_backend.py
 def rope_cache(arith, pos, n_dims: int, freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
                corr_dims, freq_factors=None) -> tuple:
     """`ggml_rope_cache_init` + `rope_yarn` for positions `pos` (int array) and pairs k < n_dims/2:
@@ -822,6 +836,7 @@ def rope_cache(arith, pos, n_dims: int, freq_base: float, freq_scale: float, ext
         return arith.math("cosf", th) * F4(mscale), arith.math("sinf", th) * F4(mscale)
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_rope(params, node) -> None:
     """`ggml_compute_forward_rope_f32` / `_rope_f16` (forward): rows of src0 plane i2 use position
     pos[i2]; normal mode rotates (x[2k], x[2k+1]), NeoX mode (mode & 2) rotates (x[k], x[k + n_dims/2]),
@@ -894,6 +909,7 @@ _FORWARD = {
 }
 
 
+# notebooks/07_cpu_backend.py
 def _kernel(node):
     """The kernel of `node`'s op (`ggml_compute_forward`'s switch), or None when there is nothing to compute."""
     fn = _FORWARD.get(node.op)
@@ -987,6 +1003,7 @@ def cpu_init(clock=None, cost=None, exact: bool = False) -> CPUBackend:
     return CPUBackend(clock, cost, tier("exact") if exact else NUMPY)
 
 
+# notebooks/07_cpu_backend.py
 def is_cpu(backend) -> bool:
     """`ggml_backend_is_cpu` (the C compares GUIDs; here, the class)."""
     return isinstance(backend, CPUBackend)

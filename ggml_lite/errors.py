@@ -76,6 +76,7 @@ class OutOfBufferSpaceError(AllocationError):
     """A tensor does not fit in what is left of a buffer (`ggml_tallocr_alloc`)."""
 
 
+# notebooks/00_tensors.py
 class OutOfFreeBlocksError(AllocationError):
     """The dynamic allocator's free list is full (`MAX_FREE_BLOCKS`)."""
 
@@ -146,6 +147,7 @@ class UnsupportedOpError(BackendError):
     """A backend was asked to compute an op (or a type combination) it does not support."""
 
 
+# notebooks/00_tensors.py
 class UnknownBackendError(BackendError, KeyError):
     """A backend name that is not in the registry (`ggml_backend_reg_init_backend_from_str`)."""
 

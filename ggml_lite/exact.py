@@ -92,6 +92,7 @@ _F64_OF = {"expf": math.exp, "expm1f": math.expm1, "logf": math.log, "tanhf": ma
            "sinf": math.sin, "powf": math.pow}
 
 
+# notebooks/A2_exact_arithmetic.py
 def libm_f32(name: str, *args) -> F4:
     """One scalar call of the C library's float function `name` (expf, logf, tanhf, powf, cosf, sinf),
     through ctypes; without a loadable libm, the float64 function rounded to float32."""

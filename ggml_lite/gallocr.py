@@ -154,6 +154,7 @@ class PhaseEvent:
                 "allocate": "visit the nodes in execution order"}[self.phase]
 
 
+# notebooks/05_gallocr.py
 @dataclass(frozen=True)
 class ExecEvent:
     """Node `index` was visited: its parents after the visit as `(parent, n_children, n_views,
@@ -198,57 +199,6 @@ class GAllocr:
         taken again at every reserve and alloc_graph, so a buffer type changed in between is seen."""
         self._alloc_size = [buft.alloc_size_fn() for buft in self.bufts]
 
-    # -- ggml_gallocr_free -----------------------------------------------------------------------
-    def free(self) -> None:
-        """`ggml_gallocr_free`: free each distinct buffer once."""
-        seen = []
-        for buf in self.buffers:
-            if buf is not None and not any(buf is s for s in seen):
-                buf.free()
-                seen.append(buf)
-        self.buffers = [None] * self.n_buffers
-
-    # -- the hash table ----------------------------------------------------------------------------
-    def hash_get(self, t) -> HashNode:
-        """`ggml_gallocr_hash_get`: the record of `t`, created (zeroed) on first use."""
-        hn = self.hash_values.get(t)
-        if hn is None:
-            hn = self.hash_values[t] = HashNode()
-        return hn
-
-    def is_own(self, t) -> bool:
-        """`ggml_gallocr_is_own`: `t`'s memory comes from this plan and is still held."""
-        return self.hash_get(t).allocated
-
-    def is_allocated(self, t) -> bool:
-        """`ggml_gallocr_is_allocated`: pre-allocated (`data`) or placed by this plan."""
-        return t.data is not None or self.hash_get(t).allocated
-
-    def set_node_offset(self, node, buffer_id: int, offset: int) -> None:
-        """`ggml_gallocr_set_node_offset` (defined but never called in the reference)."""
-        hn = self.hash_get(node)
-        hn.buffer_id, hn.offset, hn.allocated = buffer_id, offset, True
-
-    def _known_size(self, buffer_id: int, t) -> int:
-        """`ggml_backend_buft_get_alloc_size(galloc->bufts[buffer_id], t)`, read from `t`'s record when
-        the plan placed `t` in that buffer (a tensor's shape does not change once it is in a graph, so
-        the size measured when it was placed still holds), computed otherwise."""
-        hn = self.hash_values.get(t)
-        if hn is not None and hn.size_max is not None and hn.buffer_id == buffer_id:
-            return hn.size_max
-        return self._alloc_size[buffer_id](t)
-
-    def tensor_alloc(self, t):
-        """The plan's `struct tensor_alloc` for `t`: its hash node, which carries `buffer_id`, `offset`
-        and `size_max`, when the plan placed it; NOT_PLACED for None, views and pre-allocated data."""
-        hn = self.hash_values.get(t)
-        return hn if hn is not None and hn.size_max is not None else NOT_PLACED
-
-    def _record(self, t) -> TensorAlloc:
-        """`t`'s `tensor_alloc` as the C's value type, for reading."""
-        rec = self.tensor_alloc(t)
-        return TensorAlloc(rec.buffer_id, rec.offset, rec.size_max)
-
     @property
     def node_allocs(self) -> list:
         """`galloc->node_allocs` as the C lays it out: per node its own record and one per source
@@ -263,77 +213,6 @@ class GAllocr:
         hv = self.hash_values
         return [LeafAlloc(hv[leaf].buffer_id if leaf in hv else 0, self._record(leaf)) for leaf in self.planned_leafs]
 
-    # -- allocate / free one tensor ----------------------------------------------------------------
-    def allocate_node(self, node, buffer_id: int, node_index: int = -1, phase: str = "node") -> None:
-        """`ggml_gallocr_allocate_node` (:470-544): place `node` unless it is pre-allocated, already
-        placed, or a view — in a parent's memory when the in-place rules allow, else in a new block."""
-        hv = self.hash_values
-        hn = hv.get(node)
-        if hn is None:
-            hn = hv[node] = HashNode()
-        if node.data is not None or hn.allocated or node.view_src is not None:
-            return
-        hn.allocated = True
-        trace = self.trace
-        reused = None  # the parent whose memory `node` takes over, if any (the C returns at once)
-        if node.op in CAN_INPLACE:  # try to reuse a parent's buffer (inplace)
-            for parent in node.src:
-                if parent is None:
-                    continue
-                p_hn = self.hash_get(parent)
-                if not p_hn.allocated:  # "if the node's data is external, then we cannot re-use it"
-                    if trace is not None:
-                        trace(RejectEvent(node, parent, "its memory is not the allocator's (external, a view, or freed)"))
-                    continue
-                vsrc = parent.view_src
-                if parent.flags & OUTPUT or (vsrc is not None and vsrc.flags & OUTPUT):  # outputs cannot be reused
-                    if trace is not None:
-                        trace(RejectEvent(node, parent, "it is an output"))
-                    continue
-                if not are_same_layout(node, parent):
-                    if trace is not None:
-                        trace(RejectEvent(node, parent, "the layouts are different"))
-                    continue
-                if p_hn.n_children == 1 and p_hn.n_views == 0:
-                    if vsrc is not None:  # the view-parent branch: unreachable, see the text
-                        vs_hn = self.hash_get(vsrc)
-                        if vs_hn.n_views == 1 and vs_hn.n_children == 0 and vsrc.data == parent.data:
-                            hn.buffer_id, hn.offset = p_hn.buffer_id, p_hn.offset
-                            p_hn.allocated = False  # avoid freeing the parent
-                            vs_hn.allocated = False
-                            reused, how = parent, "inplace_view"
-                            break
-                    else:
-                        hn.buffer_id, hn.offset = p_hn.buffer_id, p_hn.offset
-                        p_hn.allocated = False  # avoid freeing the parent
-                        reused, how = parent, "inplace"
-                        break
-                elif trace is not None:
-                    trace(RejectEvent(node, parent, f"it still has {p_hn.n_children} children and {p_hn.n_views} views"))
-        if reused is None:  # allocate tensor from the buffer
-            size = self._alloc_size[buffer_id](node)
-            hn.offset = self.buf_tallocs[buffer_id].alloc(size, node)
-            hn.buffer_id = buffer_id
-            how = "new"
-        else:
-            size = self._alloc_size[hn.buffer_id](node)
-        hn.size_max = size  # the plan's record of `node` (section 2.2): its buffer and offset are final
-        if trace is not None:
-            trace(PlaceEvent(node, node_index, phase, hn.buffer_id, hn.offset, size, how, reused))
-
-    def free_node(self, node, node_index: int = -1, via=None) -> None:
-        """`ggml_gallocr_free_node` (:546-560): give the memory back — never for an OUTPUT."""
-        hn = self.hash_get(node)
-        if node.flags & OUTPUT:  # graph outputs are never freed
-            if self.trace is not None:
-                self.trace(FreeNodeEvent(node, node_index, hn.buffer_id, hn.offset, 0, via, kept_output=True))
-            return
-        size = self._known_size(hn.buffer_id, node)  # get_alloc_size(bufts[hn->buffer_id], node)
-        self.buf_tallocs[hn.buffer_id].free_tensor(hn.offset, size, node)
-        hn.allocated = False
-        if self.trace is not None:
-            self.trace(FreeNodeEvent(node, node_index, hn.buffer_id, hn.offset, size, via))
-
     # -- the graph-level calls (defined below, one section each) ----------------------------------
     def reserve_n(self, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool:
         """`ggml_gallocr_reserve_n`: see `gallocr_reserve_n`."""
@@ -347,20 +226,179 @@ class GAllocr:
         """`ggml_gallocr_alloc_graph`: see `gallocr_alloc_graph`."""
         return gallocr_alloc_graph(self, graph)
 
-    def get_buffer_size(self, buffer_id: int) -> int:
-        """`ggml_gallocr_get_buffer_size`: a shared buffer counts once, at its first id."""
-        if not 0 <= buffer_id < self.n_buffers:
-            raise BufferIdError(f"buffer id {buffer_id} asked, the allocator has {self.n_buffers} buffer(s)")
-        buf = self.buffers[buffer_id]
-        if buf is None:
-            return 0
-        if any(self.buffers[i] is buf for i in range(buffer_id)):
-            return 0  # the same buffer type used several times: only count it once
-        return buf.get_size()
-
     def __repr__(self):
         names = ", ".join(b.get_name() for b in self.bufts)
         return f"GAllocr([{names}], {len(self.planned_nodes)} nodes planned)"
+
+
+# notebooks/05_gallocr.py
+# -- the hash table ----------------------------------------------------------------------------
+def hash_get(galloc, t) -> HashNode:
+    """`ggml_gallocr_hash_get`: the record of `t`, created (zeroed) on first use."""
+    hn = galloc.hash_values.get(t)
+    if hn is None:
+        hn = galloc.hash_values[t] = HashNode()
+    return hn
+
+
+def is_own(galloc, t) -> bool:
+    """`ggml_gallocr_is_own`: `t`'s memory comes from this plan and is still held."""
+    return galloc.hash_get(t).allocated
+
+
+def is_allocated(galloc, t) -> bool:
+    """`ggml_gallocr_is_allocated`: pre-allocated (`data`) or placed by this plan."""
+    return t.data is not None or galloc.hash_get(t).allocated
+
+
+def set_node_offset(galloc, node, buffer_id: int, offset: int) -> None:
+    """`ggml_gallocr_set_node_offset` (defined but never called in the reference)."""
+    hn = galloc.hash_get(node)
+    hn.buffer_id, hn.offset, hn.allocated = buffer_id, offset, True
+
+
+GAllocr.hash_get = hash_get
+GAllocr.is_own = is_own
+GAllocr.is_allocated = is_allocated
+GAllocr.set_node_offset = set_node_offset
+
+
+# notebooks/05_gallocr.py
+def _known_size(galloc, buffer_id: int, t) -> int:
+    """`ggml_backend_buft_get_alloc_size(galloc->bufts[buffer_id], t)`, read from `t`'s record when
+    the plan placed `t` in that buffer (a tensor's shape does not change once it is in a graph, so
+    the size measured when it was placed still holds), computed otherwise."""
+    hn = galloc.hash_values.get(t)
+    if hn is not None and hn.size_max is not None and hn.buffer_id == buffer_id:
+        return hn.size_max
+    return galloc._alloc_size[buffer_id](t)
+
+
+def planned_alloc(galloc, t):
+    """The plan's `struct tensor_alloc` for `t`: its hash node, which carries `buffer_id`, `offset`
+    and `size_max`, when the plan placed it; NOT_PLACED for None, views and pre-allocated data."""
+    hn = galloc.hash_values.get(t)
+    return hn if hn is not None and hn.size_max is not None else NOT_PLACED
+
+
+def _record(galloc, t) -> TensorAlloc:
+    """`t`'s `tensor_alloc` as the C's value type, for reading."""
+    rec = galloc.planned_alloc(t)
+    return TensorAlloc(rec.buffer_id, rec.offset, rec.size_max)
+
+
+GAllocr._known_size = _known_size
+GAllocr.planned_alloc = planned_alloc
+GAllocr._record = _record
+
+
+# notebooks/05_gallocr.py
+# -- allocate / free one tensor ----------------------------------------------------------------
+def allocate_node(galloc, node, buffer_id: int, node_index: int = -1, phase: str = "node") -> None:
+    """`ggml_gallocr_allocate_node` (:470-544): place `node` unless it is pre-allocated, already
+    placed, or a view — in a parent's memory when the in-place rules allow, else in a new block."""
+    hv = galloc.hash_values
+    hn = hv.get(node)
+    if hn is None:
+        hn = hv[node] = HashNode()
+    if node.data is not None or hn.allocated or node.view_src is not None:
+        return
+    hn.allocated = True
+    trace = galloc.trace
+    reused = None  # the parent whose memory `node` takes over, if any (the C returns at once)
+    if node.op in CAN_INPLACE:  # try to reuse a parent's buffer (inplace)
+        for parent in node.src:
+            if parent is None:
+                continue
+            p_hn = galloc.hash_get(parent)
+            if not p_hn.allocated:  # "if the node's data is external, then we cannot re-use it"
+                if trace is not None:
+                    trace(RejectEvent(node, parent, "its memory is not the allocator's (external, a view, or freed)"))
+                continue
+            vsrc = parent.view_src
+            if parent.flags & OUTPUT or (vsrc is not None and vsrc.flags & OUTPUT):  # outputs cannot be reused
+                if trace is not None:
+                    trace(RejectEvent(node, parent, "it is an output"))
+                continue
+            if not are_same_layout(node, parent):
+                if trace is not None:
+                    trace(RejectEvent(node, parent, "the layouts are different"))
+                continue
+            if p_hn.n_children == 1 and p_hn.n_views == 0:
+                if vsrc is not None:  # the view-parent branch: unreachable, see the text
+                    vs_hn = galloc.hash_get(vsrc)
+                    if vs_hn.n_views == 1 and vs_hn.n_children == 0 and vsrc.data == parent.data:
+                        hn.buffer_id, hn.offset = p_hn.buffer_id, p_hn.offset
+                        p_hn.allocated = False  # avoid freeing the parent
+                        vs_hn.allocated = False
+                        reused, how = parent, "inplace_view"
+                        break
+                else:
+                    hn.buffer_id, hn.offset = p_hn.buffer_id, p_hn.offset
+                    p_hn.allocated = False  # avoid freeing the parent
+                    reused, how = parent, "inplace"
+                    break
+            elif trace is not None:
+                trace(RejectEvent(node, parent, f"it still has {p_hn.n_children} children and {p_hn.n_views} views"))
+    if reused is None:  # allocate tensor from the buffer
+        size = galloc._alloc_size[buffer_id](node)
+        hn.offset = galloc.buf_tallocs[buffer_id].alloc(size, node)
+        hn.buffer_id = buffer_id
+        how = "new"
+    else:
+        size = galloc._alloc_size[hn.buffer_id](node)
+    hn.size_max = size  # the plan's record of `node` (section 2.2): its buffer and offset are final
+    if trace is not None:
+        trace(PlaceEvent(node, node_index, phase, hn.buffer_id, hn.offset, size, how, reused))
+
+
+GAllocr.allocate_node = allocate_node
+
+
+# notebooks/05_gallocr.py
+def free_node(galloc, node, node_index: int = -1, via=None) -> None:
+    """`ggml_gallocr_free_node` (:546-560): give the memory back — never for an OUTPUT."""
+    hn = galloc.hash_get(node)
+    if node.flags & OUTPUT:  # graph outputs are never freed
+        if galloc.trace is not None:
+            galloc.trace(FreeNodeEvent(node, node_index, hn.buffer_id, hn.offset, 0, via, kept_output=True))
+        return
+    size = galloc._known_size(hn.buffer_id, node)  # get_alloc_size(bufts[hn->buffer_id], node)
+    galloc.buf_tallocs[hn.buffer_id].free_tensor(hn.offset, size, node)
+    hn.allocated = False
+    if galloc.trace is not None:
+        galloc.trace(FreeNodeEvent(node, node_index, hn.buffer_id, hn.offset, size, via))
+
+
+GAllocr.free_node = free_node
+
+
+# notebooks/05_gallocr.py
+# -- ggml_gallocr_free -----------------------------------------------------------------------
+def free(galloc) -> None:
+    """`ggml_gallocr_free`: free each distinct buffer once."""
+    seen = []
+    for buf in galloc.buffers:
+        if buf is not None and not any(buf is s for s in seen):
+            buf.free()
+            seen.append(buf)
+    galloc.buffers = [None] * galloc.n_buffers
+
+
+def get_buffer_size(galloc, buffer_id: int) -> int:
+    """`ggml_gallocr_get_buffer_size`: a shared buffer counts once, at its first id."""
+    if not 0 <= buffer_id < galloc.n_buffers:
+        raise BufferIdError(f"buffer id {buffer_id} asked, the allocator has {galloc.n_buffers} buffer(s)")
+    buf = galloc.buffers[buffer_id]
+    if buf is None:
+        return 0
+    if any(galloc.buffers[i] is buf for i in range(buffer_id)):
+        return 0  # the same buffer type used several times: only count it once
+    return buf.get_size()
+
+
+GAllocr.free = free
+GAllocr.get_buffer_size = get_buffer_size
 
 
 # notebooks/05_gallocr.py
@@ -564,6 +602,7 @@ def gallocr_needs_realloc(galloc: GAllocr, graph) -> bool:
     return False
 
 
+# notebooks/05_gallocr.py
 def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
     """`ggml_gallocr_alloc_graph` (:846-895): plan again if needed (only with a single buffer — a
     multi-buffer allocator must be `reserve_n`'ed by its owner), reset the buffers, then place every

@@ -4,8 +4,12 @@
 # notebooks/01_ops_and_graphs.py
 """`struct ggml_cgraph` and `ggml_build_forward_expand` (ggml.c), forward graphs only."""
 
+
 from ggml_lite.errors import GraphFullError
+
+
 from ggml_lite.tensor import Op, Tensor, TensorFlag, describe
+
 
 GGML_DEFAULT_GRAPH_SIZE = 2048
 
@@ -65,6 +69,7 @@ def _add(graph: Graph, t: Tensor) -> None:
     lst.append(t)
 
 
+# notebooks/01_ops_and_graphs.py
 def visit_parents(graph: Graph, root: Tensor) -> None:
     """`ggml_visit_parents`: depth-first over `src` in slot order, each tensor once, appending each
     tensor after its sources. Iterative (an explicit stack) but in exactly the recursive order."""

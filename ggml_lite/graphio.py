@@ -95,6 +95,7 @@ def _a_cycle(deps: list, waiting: list) -> list:
     return path[seen[i]:] + [i]
 
 
+# notebooks/A1_graph_files.py
 def validate_graph_doc(g: dict) -> list:
     """Check a `graph` section (ids, types, ops, sizes, references, cycles); return the rebuild order."""
     if not isinstance(g, dict) or not isinstance(g.get("tensors"), list):
@@ -184,6 +185,7 @@ def rebuild_tensor(ctx: Context, e: dict, T: dict) -> Tensor:
 _VIEW_LIKE = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE, Op.CPY})
 
 
+# notebooks/A1_graph_files.py
 def _trimmed(words) -> list:
     words = list(words)
     while words and words[-1] == 0:
@@ -269,6 +271,7 @@ def _graph_section(doc: dict, step):
     return steps[step]["graph"]
 
 
+# notebooks/A1_graph_files.py
 def read_graph_file(source, step: int = None, graph_size: int = GGML_DEFAULT_GRAPH_SIZE) -> GraphFile:
     """Load a fixture-schema file (a path, or an already parsed dict): validate, rebuild every tensor
     with ggml_lite's ops, check each against the record, and rebuild the graph from `expand_roots`."""
@@ -402,6 +405,7 @@ def graph_document(graph: Graph, contexts: list, expand_roots: list, fixture: st
             "graph": graph_section(graph, tensors, expand_roots)}
 
 
+# notebooks/A1_graph_files.py
 def to_document(gf: GraphFile) -> dict:
     """The document of a loaded file, its graph section regenerated from the tensors."""
     doc = json.loads(json.dumps(gf.doc))
@@ -508,6 +512,7 @@ def _call(galloc, name: str, graph):
     return ok, lines
 
 
+# notebooks/A1_graph_files.py
 def run_plan(source, step: int = None, galloc=None, call: str = None) -> tuple:
     """Load `source` (path or document, `step` of a sequence), allocate its external contexts, and
     run `call` ("reserve" or "alloc_graph"; default both, as the single-graph files record) on
@@ -542,6 +547,7 @@ def _compare_call(label: str, want: dict, got: dict) -> list:
     return out
 
 
+# notebooks/A1_graph_files.py
 def check_plan_file(source, limit: int = 10) -> list:
     """Every difference between the file's recorded plan(s) and ggml_lite's (empty: identical):
     offsets, buffer sizes, ok flags, logs; for a sequence file, each step on one allocator."""

@@ -5,7 +5,10 @@
 """ggml's op constructors (ggml.c): each creates the result tensor with ggml's shape, strides,
 op_params and automatic name, and records its sources. No arithmetic happens here."""
 
+
 from ggml_lite.errors import DataTypeError, LayoutError, PermuteAxisError, ReshapeError, ShapeError
+
+
 from ggml_lite.tensor import (
     F16, F32, GGML_MAX_DIMS, I32, Op, Tensor, UnaryOp, are_same_shape, can_repeat, describe,
     float_to_word, is_contiguous, is_contiguous_1, is_matrix, is_padded_1d, is_scalar, is_transposed,
@@ -71,6 +74,7 @@ def div(ctx, a: Tensor, b: Tensor) -> Tensor:
     return _binary(ctx, Op.DIV, a, b, False)
 
 
+# notebooks/01_ops_and_graphs.py
 def div_inplace(ctx, a: Tensor, b: Tensor) -> Tensor:
     """`ggml_div_inplace`."""
     return _binary(ctx, Op.DIV, a, b, True)
@@ -139,6 +143,7 @@ def scale_inplace(ctx, a: Tensor, s: float) -> Tensor:
     return scale(ctx, a, s, inplace=True)
 
 
+# notebooks/01_ops_and_graphs.py
 def unary(ctx, a: Tensor, op, inplace: bool = False) -> Tensor:
     """`ggml_unary` (`ggml_unary_inplace`, `ggml_unary_impl`): op UNARY, `op_params[0]` = the unary op."""
     op = UnaryOp[op] if isinstance(op, str) else UnaryOp(op)
@@ -203,6 +208,7 @@ def rms_norm(ctx, a: Tensor, eps: float, inplace: bool = False) -> Tensor:
     return _norm(ctx, Op.RMS_NORM, a, eps, inplace)
 
 
+# notebooks/01_ops_and_graphs.py
 def concat(ctx, a: Tensor, b: Tensor, dim: int) -> Tensor:
     """`ggml_concat`: join along `dim`; every other dimension must match; `op_params[0]` = dim."""
     if not 0 <= dim < GGML_MAX_DIMS:
@@ -276,6 +282,7 @@ def soft_max_ext(ctx, a: Tensor, mask, scale: float, max_bias: float, inplace: b
     return t
 
 
+# notebooks/01_ops_and_graphs.py
 def soft_max(ctx, a: Tensor, inplace: bool = False) -> Tensor:
     """`ggml_soft_max` (`ggml_soft_max_inplace`): softmax of each row (scale 1, no mask)."""
     return soft_max_ext(ctx, a, None, 1.0, 0.0, inplace)
@@ -371,6 +378,7 @@ def reshape_1d(ctx, a: Tensor, ne0: int) -> Tensor:
     return _reshape_impl(ctx, a, [ne0], "reshape_1d")
 
 
+# notebooks/01_ops_and_graphs.py
 def reshape_2d(ctx, a: Tensor, ne0: int, ne1: int) -> Tensor:
     """`ggml_reshape_2d`."""
     return _reshape_impl(ctx, a, [ne0, ne1], "reshape_2d")
@@ -437,6 +445,7 @@ def cont_3d(ctx, a: Tensor, ne0: int, ne1: int, ne2: int) -> Tensor:
     return cont_4d(ctx, a, ne0, ne1, ne2)
 
 
+# notebooks/01_ops_and_graphs.py
 def cpy(ctx, a: Tensor, b: Tensor) -> Tensor:
     """`ggml_cpy` (`ggml_cpy_impl`): copy (and convert) `a` into `b`'s memory; the result is a view of
     `b` named "<b> (copy of <a>)" (or "<a> (copy)" when `b` has no name)."""

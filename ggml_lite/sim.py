@@ -184,6 +184,7 @@ OFFLOAD_RULES = {
 }
 
 
+# notebooks/08_sim.py
 class SimBackend(Backend):
     """A SIM device's backend (one queue on one device): see `sim_init`."""
 
@@ -218,89 +219,6 @@ class SimBackend(Backend):
         """Bytes copied host→device, device→host and device→device so far."""
         return {"h2d": self.buft.bytes_h2d, "d2h": self.buft.bytes_d2h, "d2d": self.buft.bytes_d2d}
 
-    def _enqueue(self, item: _Item) -> None:
-        self._alive()
-        item.issued = self.clock.host
-        if self.asynchronous:
-            self.queue.append(item)
-        else:
-            self._execute(item)
-            self.clock.wait_until(self.free_at)
-
-    def _execute(self, item: _Item) -> None:
-        ready = 0.0
-        if item.wait is not None:
-            event, gen = item.wait
-            ready = event.backend._reach(event, gen)
-        start = max(self.free_at, item.issued, ready)
-        if item.run is not None:
-            item.run()
-        self.free_at = start + item.seconds
-        if item.record is not None:
-            event, gen = item.record
-            event.context["times"][gen] = self.free_at
-        if item.seconds > 0:
-            self.clock.record(self.name, item.kind, item.label, start, self.free_at)
-
-    def _drain(self, until=None) -> None:
-        """Run queued items in order (all, or until the predicate `until()` holds)."""
-        while self.queue and (until is None or not until()):
-            self._execute(self.queue.pop(0))
-
-    def _reach(self, event: Event, gen: int) -> float:
-        """Run this queue until `event`'s record number `gen` has run; its time (0 if never recorded)."""
-        times = event.context["times"]
-        self._drain(lambda: gen in times)
-        return times.get(gen, 0.0)
-
-    def _synchronize(self) -> None:
-        """Run everything queued; the host waits for the device."""
-        self._drain()
-        self.clock.wait_until(self.free_at)
-
-    # -- data and copies -----------------------------------------------------------------------------------
-    def _own(self, t, what: str):
-        buf = tensor_buffer(t)
-        if buf is None or buf.buft is not self.buft:
-            where = buf.get_name() if buf is not None else "no"
-            raise BackendError(f"{self.name} cannot {what} {describe(t)}: it lives in {where} memory, not {self.name}'s")
-        return buf
-
-    def _set_tensor_async(self, tensor, raw, offset: int, size: int) -> None:
-        buf = self._own(tensor, "write")
-
-        def run():
-            buf.span(tensor.data + offset, size, "write")[:] = raw[:size]
-            self.buft.count("h2d", size)
-        self._enqueue(_Item("h2d", f"h2d {tensor.name}", self.cost.copy_seconds(size), run))
-
-    def _get_tensor_async(self, tensor, out, offset: int, size: int) -> None:
-        buf = self._own(tensor, "read")
-
-        def run():
-            out[:size] = buf.span(tensor.data + offset, size, "read")
-            self.buft.count("d2h", size)
-        self._enqueue(_Item("d2h", f"d2h {tensor.name}", self.cost.copy_seconds(size), run))
-
-    def _cpy_tensor_async(self, backend_src, src, dst) -> bool:
-        """Device to device between SIM backends (as CUDA's `cpy_tensor_async`: both sides must be
-        devices), ordered after the work queued on `backend_src`; False otherwise."""
-        sbuf, dbuf = tensor_buffer(src), tensor_buffer(dst)
-        if not isinstance(backend_src, SimBackend) or not isinstance(sbuf, SimBuffer) or dbuf.buft is not self.buft:
-            return False
-        n = nbytes(src)
-        wait = None
-        if backend_src is not self:  # the C records an event on the source stream and waits for it
-            event = backend_src.event_new()
-            event.record()
-            wait = (event, event.context["gen"])
-
-        def run():
-            dbuf.span(dst.data, n, "copy")[:] = sbuf.span(src.data, n, "copy")
-            self.buft.count("d2d", n)
-        self._enqueue(_Item("d2d", f"d2d {src.name}", self.cost.copy_seconds(n), run, wait=wait))
-        return True
-
     # -- compute ---------------------------------------------------------------------------------------------
     def _get_default_buffer_type(self):
         return self.buft
@@ -316,9 +234,6 @@ class SimBackend(Backend):
     def _supports_buft(self, buft) -> bool:
         """Only this device's own buffer type."""
         return buft is self.buft
-
-    def _offload_op(self, op) -> bool:
-        return bool(self._offload(op))
 
     def _graph_compute(self, graph) -> Status:
         """Queue the graph: it runs the CPU kernels on the device's memory when the queue runs."""
@@ -341,28 +256,156 @@ class SimBackend(Backend):
         self._enqueue(_Item("compute", graph_label(graph), self.cost.graph_seconds(graph), run))
         return Status.SUCCESS
 
-    # -- events ---------------------------------------------------------------------------------------------
-    def _event_new(self) -> Event:
-        event = Event(self)
-        event.context = {"gen": 0, "times": {}}
-        return event
-
-    def _event_free(self, event: Event) -> None:
-        event.context = None
-
-    def _event_record(self, event: Event) -> None:
-        event.context["gen"] += 1
-        self._enqueue(_Item("record", "record", 0.0, record=(event, event.context["gen"])))
-
-    def _event_synchronize(self, event: Event) -> None:
-        self.clock.wait_until(self._reach(event, event.context["gen"]))
-
-    def _event_wait(self, event: Event) -> None:
-        self._enqueue(_Item("wait", f"wait {event.backend.name}", 0.0, wait=(event, event.context["gen"])))
-
     def __repr__(self):
         mode = "async" if self.asynchronous else "sync"
         return f"SimBackend({self.name!r}, {mode}, alignment={self.buft.alignment}, {len(self.queue)} queued)"
+
+
+# notebooks/08_sim.py
+def _enqueue(sim, item: _Item) -> None:
+    sim._alive()
+    item.issued = sim.clock.host
+    if sim.asynchronous:
+        sim.queue.append(item)
+    else:
+        sim._execute(item)
+        sim.clock.wait_until(sim.free_at)
+
+
+def _execute(sim, item: _Item) -> None:
+    ready = 0.0
+    if item.wait is not None:
+        event, gen = item.wait
+        ready = event.backend._reach(event, gen)
+    start = max(sim.free_at, item.issued, ready)
+    if item.run is not None:
+        item.run()
+    sim.free_at = start + item.seconds
+    if item.record is not None:
+        event, gen = item.record
+        event.context["times"][gen] = sim.free_at
+    if item.seconds > 0:
+        sim.clock.record(sim.name, item.kind, item.label, start, sim.free_at)
+
+
+def _drain(sim, until=None) -> None:
+    """Run queued items in order (all, or until the predicate `until()` holds)."""
+    while sim.queue and (until is None or not until()):
+        sim._execute(sim.queue.pop(0))
+
+
+def _reach(sim, event: Event, gen: int) -> float:
+    """Run this queue until `event`'s record number `gen` has run; its time (0 if never recorded)."""
+    times = event.context["times"]
+    sim._drain(lambda: gen in times)
+    return times.get(gen, 0.0)
+
+
+def _synchronize(sim) -> None:
+    """Run everything queued; the host waits for the device."""
+    sim._drain()
+    sim.clock.wait_until(sim.free_at)
+
+
+# -- data and copies -----------------------------------------------------------------------------------
+def _own(sim, t, what: str):
+    buf = tensor_buffer(t)
+    if buf is None or buf.buft is not sim.buft:
+        where = buf.get_name() if buf is not None else "no"
+        raise BackendError(f"{sim.name} cannot {what} {describe(t)}: it lives in {where} memory, not {sim.name}'s")
+    return buf
+
+
+SimBackend._enqueue = _enqueue
+SimBackend._execute = _execute
+SimBackend._drain = _drain
+SimBackend._reach = _reach
+SimBackend._synchronize = _synchronize
+SimBackend._own = _own
+
+
+# notebooks/08_sim.py
+def _set_tensor_async(sim, tensor, raw, offset: int, size: int) -> None:
+    buf = sim._own(tensor, "write")
+
+    def run():
+        buf.span(tensor.data + offset, size, "write")[:] = raw[:size]
+        sim.buft.count("h2d", size)
+    sim._enqueue(_Item("h2d", f"h2d {tensor.name}", sim.cost.copy_seconds(size), run))
+
+
+def _get_tensor_async(sim, tensor, out, offset: int, size: int) -> None:
+    buf = sim._own(tensor, "read")
+
+    def run():
+        out[:size] = buf.span(tensor.data + offset, size, "read")
+        sim.buft.count("d2h", size)
+    sim._enqueue(_Item("d2h", f"d2h {tensor.name}", sim.cost.copy_seconds(size), run))
+
+
+def _cpy_tensor_async(sim, backend_src, src, dst) -> bool:
+    """Device to device between SIM backends (as CUDA's `cpy_tensor_async`: both sides must be
+    devices), ordered after the work queued on `backend_src`; False otherwise."""
+    sbuf, dbuf = tensor_buffer(src), tensor_buffer(dst)
+    if not isinstance(backend_src, SimBackend) or not isinstance(sbuf, SimBuffer) or dbuf.buft is not sim.buft:
+        return False
+    n = nbytes(src)
+    wait = None
+    if backend_src is not sim:  # the C records an event on the source stream and waits for it
+        event = backend_src.event_new()
+        event.record()
+        wait = (event, event.context["gen"])
+
+    def run():
+        dbuf.span(dst.data, n, "copy")[:] = sbuf.span(src.data, n, "copy")
+        sim.buft.count("d2d", n)
+    sim._enqueue(_Item("d2d", f"d2d {src.name}", sim.cost.copy_seconds(n), run, wait=wait))
+    return True
+
+
+SimBackend._set_tensor_async = _set_tensor_async
+SimBackend._get_tensor_async = _get_tensor_async
+SimBackend._cpy_tensor_async = _cpy_tensor_async
+
+
+# notebooks/08_sim.py
+def _offload_op(sim, op) -> bool:
+    return bool(sim._offload(op))
+
+
+SimBackend._offload_op = _offload_op
+
+
+# notebooks/08_sim.py
+# -- events ---------------------------------------------------------------------------------------------
+def _event_new(sim) -> Event:
+    event = Event(sim)
+    event.context = {"gen": 0, "times": {}}
+    return event
+
+
+def _event_free(sim, event: Event) -> None:
+    event.context = None
+
+
+def _event_record(sim, event: Event) -> None:
+    event.context["gen"] += 1
+    sim._enqueue(_Item("record", "record", 0.0, record=(event, event.context["gen"])))
+
+
+def _event_synchronize(sim, event: Event) -> None:
+    sim.clock.wait_until(sim._reach(event, event.context["gen"]))
+
+
+def _event_wait(sim, event: Event) -> None:
+    sim._enqueue(_Item("wait", f"wait {event.backend.name}", 0.0, wait=(event, event.context["gen"])))
+
+
+SimBackend._event_new = _event_new
+SimBackend._event_free = _event_free
+SimBackend._event_record = _event_record
+SimBackend._event_synchronize = _event_synchronize
+SimBackend._event_wait = _event_wait
 
 
 # notebooks/08_sim.py

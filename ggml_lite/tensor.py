@@ -138,6 +138,7 @@ class UnaryOp(enum.IntEnum):
 VIEW_OPS = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})  # `ggml_is_view_op`
 
 
+# notebooks/00_tensors.py
 def op_by_name(name) -> Op:
     """The Op called `name` (as `ggml_op_name` prints it); an Op passes through."""
     if isinstance(name, Op):
@@ -206,48 +207,6 @@ class Tensor:
             ne.pop()
         return tuple(reversed(ne))
 
-    # -- graph and names -------------------------------------------------------------------
-    def set_src(self, i: int, t) -> None:
-        """Set source slot `i` (`tensor->src[i] = t`)."""
-        if not 0 <= i < GGML_MAX_SRC:
-            raise IndexError(f"source slot {i} of {describe(self)} is out of range 0..{GGML_MAX_SRC - 1}")
-        src = self.src
-        while len(src) <= i:
-            src.append(None)
-        src[i] = t
-        while src and src[-1] is None:
-            src.pop()
-
-    def get_src(self, i: int):
-        """Source slot `i`, or None (`tensor->src[i]`)."""
-        return self.src[i] if i < len(self.src) else None
-
-    def set_name(self, name: str) -> "Tensor":
-        """`ggml_set_name`: at most 63 bytes are kept, as in C."""
-        self.name = _truncate_name(name)
-        return self
-
-    def format_name(self, fmt: str, *args) -> "Tensor":
-        """`ggml_format_name` (printf-style `%s`/`%d` formatting, truncated to 63 bytes)."""
-        self.name = _truncate_name(fmt % args)
-        return self
-
-    def get_name(self) -> str:
-        """`ggml_get_name`."""
-        return self.name
-
-    def set_op_params(self, *words: int) -> None:
-        """`ggml_set_op_params`: store int32 words from slot 0 on."""
-        self.op_params[: len(words)] = words
-
-    def op_params_i32(self, i: int) -> int:
-        """`ggml_get_op_params_i32`."""
-        return self.op_params[i]
-
-    def op_params_f32(self, i: int) -> float:
-        """`ggml_get_op_params_f32`."""
-        return word_to_float(self.op_params[i])
-
     @property
     def unary_op(self):
         """`ggml_get_unary_op`: the UnaryOp of a UNARY tensor, else None."""
@@ -259,6 +218,68 @@ class Tensor:
         return f"Tensor({self.name!r}, {self.type.name}, ne={list(self.ne)}, op={op}{view})"
 
 
+# notebooks/00_tensors.py
+# -- graph and names -------------------------------------------------------------------
+def set_src(tensor, i: int, t) -> None:
+    """Set source slot `i` (`tensor->src[i] = t`)."""
+    if not 0 <= i < GGML_MAX_SRC:
+        raise IndexError(f"source slot {i} of {describe(tensor)} is out of range 0..{GGML_MAX_SRC - 1}")
+    src = tensor.src
+    while len(src) <= i:
+        src.append(None)
+    src[i] = t
+    while src and src[-1] is None:
+        src.pop()
+
+
+def get_src(tensor, i: int):
+    """Source slot `i`, or None (`tensor->src[i]`)."""
+    return tensor.src[i] if i < len(tensor.src) else None
+
+
+def set_name(tensor, name: str) -> Tensor:
+    """`ggml_set_name`: at most 63 bytes are kept, as in C."""
+    tensor.name = _truncate_name(name)
+    return tensor
+
+
+def format_name(tensor, fmt: str, *args) -> Tensor:
+    """`ggml_format_name` (printf-style `%s`/`%d` formatting, truncated to 63 bytes)."""
+    tensor.name = _truncate_name(fmt % args)
+    return tensor
+
+
+def get_name(tensor) -> str:
+    """`ggml_get_name`."""
+    return tensor.name
+
+
+def set_op_params(tensor, *words: int) -> None:
+    """`ggml_set_op_params`: store int32 words from slot 0 on."""
+    tensor.op_params[: len(words)] = words
+
+
+def op_params_i32(tensor, i: int) -> int:
+    """`ggml_get_op_params_i32`."""
+    return tensor.op_params[i]
+
+
+def op_params_f32(tensor, i: int) -> float:
+    """`ggml_get_op_params_f32`."""
+    return word_to_float(tensor.op_params[i])
+
+
+Tensor.set_src = set_src
+Tensor.get_src = get_src
+Tensor.set_name = set_name
+Tensor.format_name = format_name
+Tensor.get_name = get_name
+Tensor.set_op_params = set_op_params
+Tensor.op_params_i32 = op_params_i32
+Tensor.op_params_f32 = op_params_f32
+
+
+# notebooks/00_tensors.py
 def _truncate_name(name: str) -> str:
     raw = str(name).encode("utf-8")[: GGML_MAX_NAME - 1]
     return raw.decode("utf-8", errors="ignore")
@@ -344,6 +365,7 @@ def is_empty(t: Tensor) -> bool:
     return 0 in t.ne
 
 
+# notebooks/00_tensors.py
 def is_scalar(t: Tensor) -> bool:
     """`ggml_is_scalar`."""
     return t.ne[0] == 1 and t.ne[1] == 1 and t.ne[2] == 1 and t.ne[3] == 1
@@ -461,6 +483,7 @@ class Context:
         return f"Context({self.name!r}, {len(self.tensors)} tensors)"
 
 
+# notebooks/00_tensors.py
 def set_input(t: Tensor) -> None:
     """`ggml_set_input`: the user fills the tensor before compute. The graph allocator places it before
     any node is computed (chapter 05); that is all the flag does -- it does not keep its memory."""

@@ -209,6 +209,11 @@ class OutOfBufferSpaceError(AllocationError):
     """A tensor does not fit in what is left of a buffer (`ggml_tallocr_alloc`)."""
 
 
+# %% [markdown]
+# Ports `ggml_gallocr_init_tensor`, `ggml_gallocr_get_buffer_size`, `GGML_ALLOCATOR_DEBUG`, `ggml_backend_tensor_alloc`, `ggml_backend_buffer_free`.
+
+# %%
+# | export errors
 class OutOfFreeBlocksError(AllocationError):
     """The dynamic allocator's free list is full (`MAX_FREE_BLOCKS`)."""
 
@@ -279,6 +284,11 @@ class UnsupportedOpError(BackendError):
     """A backend was asked to compute an op (or a type combination) it does not support."""
 
 
+# %% [markdown]
+# Ports `ggml_backend_reg_init_backend_from_str`, `ggml_backend_tensor_copy`.
+
+# %%
+# | export errors
 class UnknownBackendError(BackendError, KeyError):
     """A backend name that is not in the registry (`ggml_backend_reg_init_backend_from_str`)."""
 
@@ -292,6 +302,7 @@ class SchedulerError(BackendError):
 
 class LayoutMismatchError(BackendError, ValueError):
     """A tensor copy between tensors of different type, shape or strides (`ggml_backend_tensor_copy`)."""
+
 
 
 # %% [markdown]
@@ -407,6 +418,11 @@ class UnaryOp(enum.IntEnum):
 VIEW_OPS = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})  # `ggml_is_view_op`
 
 
+# %% [markdown]
+# Ports `ggml_op_name`.
+
+# %%
+# | export
 def op_by_name(name) -> Op:
     """The Op called `name` (as `ggml_op_name` prints it); an Op passes through."""
     if isinstance(name, Op):
@@ -425,6 +441,7 @@ def float_to_word(x: float) -> int:
 def word_to_float(w: int) -> float:
     """The inverse of `float_to_word`: read an int32 op parameter as the f32 it holds."""
     return struct.unpack("<f", struct.pack("<i", w))[0]
+
 
 
 # %% [markdown]
@@ -488,48 +505,6 @@ class Tensor:
             ne.pop()
         return tuple(reversed(ne))
 
-    # -- graph and names -------------------------------------------------------------------
-    def set_src(self, i: int, t) -> None:
-        """Set source slot `i` (`tensor->src[i] = t`)."""
-        if not 0 <= i < GGML_MAX_SRC:
-            raise IndexError(f"source slot {i} of {describe(self)} is out of range 0..{GGML_MAX_SRC - 1}")
-        src = self.src
-        while len(src) <= i:
-            src.append(None)
-        src[i] = t
-        while src and src[-1] is None:
-            src.pop()
-
-    def get_src(self, i: int):
-        """Source slot `i`, or None (`tensor->src[i]`)."""
-        return self.src[i] if i < len(self.src) else None
-
-    def set_name(self, name: str) -> "Tensor":
-        """`ggml_set_name`: at most 63 bytes are kept, as in C."""
-        self.name = _truncate_name(name)
-        return self
-
-    def format_name(self, fmt: str, *args) -> "Tensor":
-        """`ggml_format_name` (printf-style `%s`/`%d` formatting, truncated to 63 bytes)."""
-        self.name = _truncate_name(fmt % args)
-        return self
-
-    def get_name(self) -> str:
-        """`ggml_get_name`."""
-        return self.name
-
-    def set_op_params(self, *words: int) -> None:
-        """`ggml_set_op_params`: store int32 words from slot 0 on."""
-        self.op_params[: len(words)] = words
-
-    def op_params_i32(self, i: int) -> int:
-        """`ggml_get_op_params_i32`."""
-        return self.op_params[i]
-
-    def op_params_f32(self, i: int) -> float:
-        """`ggml_get_op_params_f32`."""
-        return word_to_float(self.op_params[i])
-
     @property
     def unary_op(self):
         """`ggml_get_unary_op`: the UnaryOp of a UNARY tensor, else None."""
@@ -541,6 +516,78 @@ class Tensor:
         return f"Tensor({self.name!r}, {self.type.name}, ne={list(self.ne)}, op={op}{view})"
 
 
+# %% [markdown]
+# Sources, names and op parameters: the small accessors of `ggml.c` that read or write one
+# field of a tensor. Each is a function of the tensor, attached to the class as a method, so
+# `set_name(t, "x")` and `t.set_name("x")` are the same call.
+
+# %%
+# | export
+# -- graph and names -------------------------------------------------------------------
+def set_src(tensor, i: int, t) -> None:
+    """Set source slot `i` (`tensor->src[i] = t`)."""
+    if not 0 <= i < GGML_MAX_SRC:
+        raise IndexError(f"source slot {i} of {describe(tensor)} is out of range 0..{GGML_MAX_SRC - 1}")
+    src = tensor.src
+    while len(src) <= i:
+        src.append(None)
+    src[i] = t
+    while src and src[-1] is None:
+        src.pop()
+
+
+def get_src(tensor, i: int):
+    """Source slot `i`, or None (`tensor->src[i]`)."""
+    return tensor.src[i] if i < len(tensor.src) else None
+
+
+def set_name(tensor, name: str) -> Tensor:
+    """`ggml_set_name`: at most 63 bytes are kept, as in C."""
+    tensor.name = _truncate_name(name)
+    return tensor
+
+
+def format_name(tensor, fmt: str, *args) -> Tensor:
+    """`ggml_format_name` (printf-style `%s`/`%d` formatting, truncated to 63 bytes)."""
+    tensor.name = _truncate_name(fmt % args)
+    return tensor
+
+
+def get_name(tensor) -> str:
+    """`ggml_get_name`."""
+    return tensor.name
+
+
+def set_op_params(tensor, *words: int) -> None:
+    """`ggml_set_op_params`: store int32 words from slot 0 on."""
+    tensor.op_params[: len(words)] = words
+
+
+def op_params_i32(tensor, i: int) -> int:
+    """`ggml_get_op_params_i32`."""
+    return tensor.op_params[i]
+
+
+def op_params_f32(tensor, i: int) -> float:
+    """`ggml_get_op_params_f32`."""
+    return word_to_float(tensor.op_params[i])
+
+
+Tensor.set_src = set_src
+Tensor.get_src = get_src
+Tensor.set_name = set_name
+Tensor.format_name = format_name
+Tensor.get_name = get_name
+Tensor.set_op_params = set_op_params
+Tensor.op_params_i32 = op_params_i32
+Tensor.op_params_f32 = op_params_f32
+
+
+# %% [markdown]
+# Next: `_truncate_name`, `describe`.
+
+# %%
+# | export
 def _truncate_name(name: str) -> str:
     raw = str(name).encode("utf-8")[: GGML_MAX_NAME - 1]
     return raw.decode("utf-8", errors="ignore")
@@ -550,6 +597,7 @@ def describe(t: Tensor) -> str:
     """A tensor as error messages name it: `'name' f32 [ne0, ne1, ne2, ne3]`."""
     name = repr(t.name) if t.name else "<unnamed>"
     return f"{name} {t.type.name} {list(t.ne)}"
+
 
 
 # %% [markdown]
@@ -645,6 +693,11 @@ def is_empty(t: Tensor) -> bool:
     return 0 in t.ne
 
 
+# %% [markdown]
+# Ports `ggml_is_scalar`, `ggml_is_vector`, `ggml_is_matrix`, `ggml_are_same_shape`, `ggml_are_same_layout`, `ggml_can_repeat`.
+
+# %%
+# | export
 def is_scalar(t: Tensor) -> bool:
     """`ggml_is_scalar`."""
     return t.ne[0] == 1 and t.ne[1] == 1 and t.ne[2] == 1 and t.ne[3] == 1
@@ -681,6 +734,7 @@ def can_repeat(t0: Tensor, t1: Tensor) -> bool:
 def is_view_op(op: Op) -> bool:
     """`ggml_is_view_op`: VIEW, RESHAPE, PERMUTE, TRANSPOSE."""
     return op in VIEW_OPS
+
 
 
 # %% [markdown]
@@ -771,6 +825,11 @@ class Context:
         return f"Context({self.name!r}, {len(self.tensors)} tensors)"
 
 
+# %% [markdown]
+# Ports `ggml_set_input`, `ggml_set_output`, `ggml_set_param`.
+
+# %%
+# | export
 def set_input(t: Tensor) -> None:
     """`ggml_set_input`: the user fills the tensor before compute. The graph allocator places it before
     any node is computed (chapter 05); that is all the flag does -- it does not keep its memory."""
@@ -785,6 +844,7 @@ def set_output(t: Tensor) -> None:
 def set_param(t: Tensor) -> None:
     """`ggml_set_param` (forward-only port: the flag only, no gradient tensor)."""
     t.flags |= TensorFlag.PARAM
+
 
 
 # %% [markdown]

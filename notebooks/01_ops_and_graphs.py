@@ -63,7 +63,10 @@ from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, Context, Op, Tensor, Ten
 """ggml's op constructors (ggml.c): each creates the result tensor with ggml's shape, strides,
 op_params and automatic name, and records its sources. No arithmetic happens here."""
 
+
 from ggml_lite.errors import DataTypeError, LayoutError, PermuteAxisError, ReshapeError, ShapeError
+
+
 from ggml_lite.tensor import (
     F16, F32, GGML_MAX_DIMS, I32, Op, Tensor, UnaryOp, are_same_shape, can_repeat, describe,
     float_to_word, is_contiguous, is_contiguous_1, is_matrix, is_padded_1d, is_scalar, is_transposed,
@@ -129,6 +132,11 @@ def div(ctx, a: Tensor, b: Tensor) -> Tensor:
     return _binary(ctx, Op.DIV, a, b, False)
 
 
+# %% [markdown]
+# Ports `ggml_div_inplace`, `ggml_add1`, `ggml_add1_inplace`, `ggml_sqr`, `ggml_sqr_inplace`, `ggml_sqrt`.
+
+# %%
+# | export
 def div_inplace(ctx, a: Tensor, b: Tensor) -> Tensor:
     """`ggml_div_inplace`."""
     return _binary(ctx, Op.DIV, a, b, True)
@@ -197,6 +205,11 @@ def scale_inplace(ctx, a: Tensor, s: float) -> Tensor:
     return scale(ctx, a, s, inplace=True)
 
 
+# %% [markdown]
+# Ports `ggml_unary`, `ggml_unary_inplace`, `ggml_unary_impl`, `ggml_silu`, `ggml_silu_inplace`, `ggml_gelu`.
+
+# %%
+# | export
 def unary(ctx, a: Tensor, op, inplace: bool = False) -> Tensor:
     """`ggml_unary` (`ggml_unary_inplace`, `ggml_unary_impl`): op UNARY, `op_params[0]` = the unary op."""
     op = UnaryOp[op] if isinstance(op, str) else UnaryOp(op)
@@ -261,6 +274,11 @@ def rms_norm(ctx, a: Tensor, eps: float, inplace: bool = False) -> Tensor:
     return _norm(ctx, Op.RMS_NORM, a, eps, inplace)
 
 
+# %% [markdown]
+# Ports `ggml_concat`, `ggml_mul_mat`, `ggml_can_mul_mat`, `ggml_get_rows`, `ggml_diag_mask_inf`, `ggml_diag_mask_zero`.
+
+# %%
+# | export
 def concat(ctx, a: Tensor, b: Tensor, dim: int) -> Tensor:
     """`ggml_concat`: join along `dim`; every other dimension must match; `op_params[0]` = dim."""
     if not 0 <= dim < GGML_MAX_DIMS:
@@ -334,6 +352,11 @@ def soft_max_ext(ctx, a: Tensor, mask, scale: float, max_bias: float, inplace: b
     return t
 
 
+# %% [markdown]
+# Ports `ggml_soft_max`, `ggml_soft_max_inplace`, `ggml_rope_ext`, `ggml_rope_impl`.
+
+# %%
+# | export
 def soft_max(ctx, a: Tensor, inplace: bool = False) -> Tensor:
     """`ggml_soft_max` (`ggml_soft_max_inplace`): softmax of each row (scale 1, no mask)."""
     return soft_max_ext(ctx, a, None, 1.0, 0.0, inplace)
@@ -356,6 +379,7 @@ def rope_ext(ctx, a: Tensor, pos: Tensor, freq_factors, n_dims: int, mode: int, 
     t.set_op_params(0, n_dims, mode, 0, n_ctx_orig,
                     *(float_to_word(v) for v in (freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)))
     return t
+
 
 
 # %% [markdown]
@@ -441,6 +465,11 @@ def reshape_1d(ctx, a: Tensor, ne0: int) -> Tensor:
     return _reshape_impl(ctx, a, [ne0], "reshape_1d")
 
 
+# %% [markdown]
+# Ports `ggml_reshape_2d`, `ggml_reshape_3d`, `ggml_reshape_4d`, `ggml_permute`, `ggml_transpose`, `ggml_cont`.
+
+# %%
+# | export
 def reshape_2d(ctx, a: Tensor, ne0: int, ne1: int) -> Tensor:
     """`ggml_reshape_2d`."""
     return _reshape_impl(ctx, a, [ne0, ne1], "reshape_2d")
@@ -507,6 +536,11 @@ def cont_3d(ctx, a: Tensor, ne0: int, ne1: int, ne2: int) -> Tensor:
     return cont_4d(ctx, a, ne0, ne1, ne2)
 
 
+# %% [markdown]
+# Ports `ggml_cpy`, `ggml_cpy_impl`.
+
+# %%
+# | export
 def cpy(ctx, a: Tensor, b: Tensor) -> Tensor:
     """`ggml_cpy` (`ggml_cpy_impl`): copy (and convert) `a` into `b`'s memory; the result is a view of
     `b` named "<b> (copy of <a>)" (or "<a> (copy)" when `b` has no name)."""
@@ -518,6 +552,7 @@ def cpy(ctx, a: Tensor, b: Tensor) -> Tensor:
     else:
         t.format_name("%s (copy)", a.name)
     return _set(t, Op.CPY, a, b)
+
 
 
 # %% [markdown]
@@ -580,8 +615,12 @@ except ViewBoundsError as e:
 # | export graph
 """`struct ggml_cgraph` and `ggml_build_forward_expand` (ggml.c), forward graphs only."""
 
+
 from ggml_lite.errors import GraphFullError
+
+
 from ggml_lite.tensor import Op, Tensor, TensorFlag, describe
+
 
 GGML_DEFAULT_GRAPH_SIZE = 2048
 
@@ -641,6 +680,11 @@ def _add(graph: Graph, t: Tensor) -> None:
     lst.append(t)
 
 
+# %% [markdown]
+# Ports `ggml_visit_parents`, `ggml_build_forward_expand`, `ggml_build_forward_impl`, `ggml_new_graph_custom`, `ggml_graph_view`.
+
+# %%
+# | export graph
 def visit_parents(graph: Graph, root: Tensor) -> None:
     """`ggml_visit_parents`: depth-first over `src` in slot order, each tensor once, appending each
     tensor after its sources. Iterative (an explicit stack) but in exactly the recursive order."""
@@ -684,6 +728,7 @@ def graph_view(graph: Graph, i0: int, i1: int) -> Graph:
     g = Graph(i1 - i0)
     g.nodes = graph.nodes[i0:i1]
     return g
+
 
 
 # %% [markdown]

@@ -291,78 +291,124 @@ class Buffer:
         """`ggml_backend_buffer_get_usage`."""
         return self.usage
 
-    # -- lifetime -------------------------------------------------------------------------------
-    def free(self) -> None:
-        """`ggml_backend_buffer_free` (`ggml_backend_cpu_buffer_free_buffer`): the buffer and its
-        bytes are gone; using it again, or freeing it twice, raises `BufferFreedError`."""
-        self._alive()
-        self.freed = True
-        self._mem = None
-        if self.owns_memory:
-            HEAP.free(self.data, self.malloc_size)  # the type's free_buffer: `free(buffer->context)`
-        HEAP.free(self.handle, BUFFER_STRUCT_SIZE)  # then `free(buffer)`
-
-    def _alive(self) -> None:
-        if self.freed:
-            raise BufferFreedError(f"buffer {self.get_name()} of {self.size} bytes was freed")
-
-    def init_tensor(self, tensor: Tensor) -> None:
-        """`ggml_backend_buffer_init_tensor`: optional per-tensor setup (none for CPU buffers)."""
-
-    def reset(self) -> None:
-        """`ggml_backend_buffer_reset`: optional (no-op for CPU buffers)."""
-
-    # -- bytes ------------------------------------------------------------------------------------
-    def _extent(self) -> int:
-        """Bytes from `data` to the end of the buffer: `size`, plus the padding before an aligned base
-        (a buffer type that aligns the base of a `size`-byte buffer malloc'ed `size + alignment` bytes)."""
-        return self.size + (self._base - self.data)
-
-    def memory(self) -> np.ndarray:
-        """The buffer's bytes from `data` to `base + size`, created (zeroed) on first use."""
-        self._alive()
-        if self._mem is None:
-            self._mem = np.zeros(self._extent(), dtype=np.uint8)
-        return self._mem
-
-    def span(self, addr: int, n: int, what: str = "access") -> np.ndarray:
-        """The `n` bytes at address `addr`, which must lie inside the buffer."""
-        lo, extent = addr - self.data, self._extent()
-        if lo < 0 or lo + n > extent:
-            raise TensorBoundsError(f"{what} of {n} bytes at address {addr:#x} is outside buffer {self.get_name()} "
-                                    f"[{self.data:#x}, {self.data + extent:#x})")
-        return self.memory()[lo:lo + n]
-
-    def clear(self, value: int) -> None:
-        """`ggml_backend_buffer_clear` (`ggml_backend_cpu_buffer_clear`): set every byte to `value`."""
-        self.memory()[:] = value
-
-    def set_tensor(self, tensor: Tensor, data, offset: int, size: int) -> None:
-        """`ggml_backend_cpu_buffer_set_tensor`: copy `size` bytes of `data` to `tensor.data + offset`."""
-        src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-        _check_tensor_range(tensor, offset, size, "write")
-        if src.size < size:
-            raise TensorBoundsError(f"write to {describe(tensor)}: {size} bytes asked, only {src.size} given")
-        self.span(tensor.data + offset, size, "write")[:] = src[:size]
-
-    def get_tensor(self, tensor: Tensor, offset: int, size: int) -> bytes:
-        """`ggml_backend_cpu_buffer_get_tensor`: `size` bytes from `tensor.data + offset`."""
-        _check_tensor_range(tensor, offset, size, "read")
-        return self.span(tensor.data + offset, size, "read").tobytes()
-
-    def cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
-        """`ggml_backend_cpu_buffer_cpy_tensor`: copy when the source is host memory, else decline (False)."""
-        if not _buffer_of(src).is_host():
-            return False
-        n = nbytes(src)
-        _buffer_of(dst).span(dst.data, n, "copy")[:] = _buffer_of(src).span(src.data, n, "copy")
-        return True
-
     def __repr__(self):
         state = " freed" if self.freed else ""
         return f"Buffer({self.get_name()!r}, size={self.size}, usage={self.usage.name}{state})"
 
 
+# %% [markdown]
+# A buffer's lifetime: `ggml_backend_buffer_free` (once: a second free is an error here, a crash in
+# the C), `ggml_backend_buffer_init_tensor` and `ggml_backend_buffer_reset` (nothing to do for host
+# memory). Like every C function that works on one struct, each is a function of the buffer,
+# attached to the class as a method.
+
+# %%
+# | export
+# -- lifetime -------------------------------------------------------------------------------
+def free(buffer) -> None:
+    """`ggml_backend_buffer_free` (`ggml_backend_cpu_buffer_free_buffer`): the buffer and its
+    bytes are gone; using it again, or freeing it twice, raises `BufferFreedError`."""
+    buffer._alive()
+    buffer.freed = True
+    buffer._mem = None
+    if buffer.owns_memory:
+        HEAP.free(buffer.data, buffer.malloc_size)  # the type's free_buffer: `free(buffer->context)`
+    HEAP.free(buffer.handle, BUFFER_STRUCT_SIZE)  # then `free(buffer)`
+
+
+def _alive(buffer) -> None:
+    if buffer.freed:
+        raise BufferFreedError(f"buffer {buffer.get_name()} of {buffer.size} bytes was freed")
+
+
+def init_tensor(buffer, tensor: Tensor) -> None:
+    """`ggml_backend_buffer_init_tensor`: optional per-tensor setup (none for CPU buffers)."""
+
+
+def reset(buffer) -> None:
+    """`ggml_backend_buffer_reset`: optional (no-op for CPU buffers)."""
+
+
+Buffer.free = free
+Buffer._alive = _alive
+Buffer.init_tensor = init_tensor
+Buffer.reset = reset
+
+
+# %% [markdown]
+# Its bytes: `ggml_backend_buffer_clear`, `ggml_backend_buffer_set_tensor` / `get_tensor` /
+# `cpy_tensor`. The numpy array behind the buffer is made on first access (`memory`), so planning a
+# large model allocates nothing.
+
+# %%
+# | export
+# -- bytes ------------------------------------------------------------------------------------
+def _extent(buffer) -> int:
+    """Bytes from `data` to the end of the buffer: `size`, plus the padding before an aligned base
+    (a buffer type that aligns the base of a `size`-byte buffer malloc'ed `size + alignment` bytes)."""
+    return buffer.size + (buffer._base - buffer.data)
+
+
+def memory(buffer) -> np.ndarray:
+    """The buffer's bytes from `data` to `base + size`, created (zeroed) on first use."""
+    buffer._alive()
+    if buffer._mem is None:
+        buffer._mem = np.zeros(buffer._extent(), dtype=np.uint8)
+    return buffer._mem
+
+
+def span(buffer, addr: int, n: int, what: str = "access") -> np.ndarray:
+    """The `n` bytes at address `addr`, which must lie inside the buffer."""
+    lo, extent = addr - buffer.data, buffer._extent()
+    if lo < 0 or lo + n > extent:
+        raise TensorBoundsError(f"{what} of {n} bytes at address {addr:#x} is outside buffer {buffer.get_name()} "
+                                f"[{buffer.data:#x}, {buffer.data + extent:#x})")
+    return buffer.memory()[lo:lo + n]
+
+
+def clear(buffer, value: int) -> None:
+    """`ggml_backend_buffer_clear` (`ggml_backend_cpu_buffer_clear`): set every byte to `value`."""
+    buffer.memory()[:] = value
+
+
+def set_tensor(buffer, tensor: Tensor, data, offset: int, size: int) -> None:
+    """`ggml_backend_cpu_buffer_set_tensor`: copy `size` bytes of `data` to `tensor.data + offset`."""
+    src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    _check_tensor_range(tensor, offset, size, "write")
+    if src.size < size:
+        raise TensorBoundsError(f"write to {describe(tensor)}: {size} bytes asked, only {src.size} given")
+    buffer.span(tensor.data + offset, size, "write")[:] = src[:size]
+
+
+def get_tensor(buffer, tensor: Tensor, offset: int, size: int) -> bytes:
+    """`ggml_backend_cpu_buffer_get_tensor`: `size` bytes from `tensor.data + offset`."""
+    _check_tensor_range(tensor, offset, size, "read")
+    return buffer.span(tensor.data + offset, size, "read").tobytes()
+
+
+def cpy_tensor(buffer, src: Tensor, dst: Tensor) -> bool:
+    """`ggml_backend_cpu_buffer_cpy_tensor`: copy when the source is host memory, else decline (False)."""
+    if not _buffer_of(src).is_host():
+        return False
+    n = nbytes(src)
+    _buffer_of(dst).span(dst.data, n, "copy")[:] = _buffer_of(src).span(src.data, n, "copy")
+    return True
+
+
+Buffer._extent = _extent
+Buffer.memory = memory
+Buffer.span = span
+Buffer.clear = clear
+Buffer.set_tensor = set_tensor
+Buffer.get_tensor = get_tensor
+Buffer.cpy_tensor = cpy_tensor
+
+
+# %% [markdown]
+# Ports `ggml_backend_cpu_buffer_get_base`, `ggml_backend_cpu_buffer_name`, `ggml_backend_cpu_buffer_from_ptr`.
+
+# %%
+# | export
 class CPUBuffer(Buffer):
     """A buffer of the CPU buffer type: base aligned to 32 (`ggml_backend_cpu_buffer_get_base`),
     named "CPU" (`ggml_backend_cpu_buffer_name`)."""
@@ -383,6 +429,7 @@ def cpu_buffer_from_ptr(memory: np.ndarray, size: int = None, address: int = Non
     if address % TENSOR_ALIGNMENT:
         raise AlignmentError(f"buffer pointer {address:#x} must be {TENSOR_ALIGNMENT}-byte aligned")
     return CPUBuffer(_CPU_BUFT, size, address, memory=mem[:size], owns_memory=False)
+
 
 
 # %% [markdown]

@@ -212,131 +212,174 @@ class DynTAllocr:
         """`ggml_dyn_tallocr_free`: nothing to release in Python; the allocator is left empty."""
         self.blocks = []
 
-    def alloc(self, size: int, tensor=None) -> int:
-        """`ggml_dyn_tallocr_alloc`: the offset of `size` bytes (rounded up to the alignment)."""
-        align = self.alignment
-        size = aligned_offset(None, size, align)
-        blocks = self.blocks
-        last = len(blocks) - 1
-        best, best_size = -1, SIZE_MAX
-        for i in range(last):  # the best fitting block besides the last block
-            bsize = blocks[i][1]
-            if size <= bsize <= best_size:
-                best, best_size = i, bsize
-        if best == -1:  # the last block is our last resort
-            if blocks[last][1] < size:
-                # the C tracks max_avail, the largest block seen, in the loop above; only this
-                # message reads it, so it is computed here: every block was seen
-                max_avail = max(b[1] for b in blocks)
-                log.error("ggml_dyn_tallocr_alloc: not enough space in the buffer to allocate %d bytes, "
-                          "largest block available %d bytes", size, max_avail)
-                raise OutOfBufferSpaceError(f"not enough space to allocate {_tensor_name(tensor)}: needed {size} bytes, "
-                                            f"largest free block {max_avail} bytes")
-            best = last
-        block = blocks[best]
-        offset = block[0]
-        block[0] = offset + size
-        block[1] -= size
-        if block[1] == 0:
-            del blocks[best]
-        if self.debug:
-            self._debug_add(offset, size, tensor)
-        before = self.max_size
-        if offset + size > before:
-            self.max_size = offset + size
-        if self.trace is not None:
-            self.trace(AllocEvent(tensor, size, offset, best, last + 1, block[1] + size,
-                                  "best_fit" if best < last else "last_block", block[1] == 0, before,
-                                  self.max_size, tuple(map(tuple, blocks))))
-        return offset
-
-    def free_tensor(self, offset: int, size: int, tensor=None) -> None:
-        """`ggml_dyn_tallocr_free_tensor`: give `[offset, offset + size)` back, merging with neighbours."""
-        align = self.alignment
-        size = aligned_offset(None, size, align)
-        if self.debug:
-            self._debug_remove(offset, tensor)
-        blocks = self.blocks
-        n = len(blocks)
-        end = offset + size
-        for i in range(n):
-            block = blocks[i]
-            if block[0] + block[1] == offset:  # the freed range starts where block i ends
-                block[1] += size
-                how = "after_block"
-                if i < n - 1 and block[0] + block[1] == blocks[i + 1][0]:  # and ends where block i+1 starts
-                    block[1] += blocks[i + 1][1]
-                    del blocks[i + 1]
-                    how = "after_block+next"
-                if self.trace is not None:
-                    self._trace_free(tensor, size, offset, i, how)
-                return
-            if end == block[0]:  # the freed range ends where block i starts
-                block[0] = offset
-                block[1] += size
-                how = "before_block"
-                if i > 0 and blocks[i - 1][0] + blocks[i - 1][1] == offset:  # and starts where block i-1 ends
-                    blocks[i - 1][1] += block[1]
-                    del blocks[i]
-                    i -= 1
-                    how = "before_block+previous"
-                if self.trace is not None:
-                    self._trace_free(tensor, size, offset, i, how)
-                return
-        if n >= MAX_FREE_BLOCKS:
-            raise OutOfFreeBlocksError(f"out of free blocks: freeing {_tensor_name(tensor)} ({size} B at {offset}) "
-                                       f"needs a new block, and all {MAX_FREE_BLOCKS} are in use")
-        pos = 0
-        while pos < n and blocks[pos][0] < offset:  # keep the list sorted by address
-            pos += 1
-        blocks.insert(pos, [offset, size])
-        if self.trace is not None:
-            self._trace_free(tensor, size, offset, pos, "insert")
-
-    def _trace_free(self, tensor, size, offset, block, how) -> None:
-        self.trace(FreeEvent(tensor, size, offset, block, how, tuple(map(tuple, self.blocks))))
-
-    # -- GGML_ALLOCATOR_DEBUG ---------------------------------------------------------------------
-    def _debug_add(self, offset: int, size: int, tensor) -> None:
-        """`add_allocated_tensor`, then the max_size report of the debug build."""
-        slots = self.allocated_tensors
-        for slot in slots:
-            if slot[0] is None:
-                slot[0], slot[1] = tensor if tensor is not None else _Anonymous(size), offset
-                break
-        else:
-            raise AllocatorDebugError("out of allocated_tensors: more than 1024 live allocations")
-        cur_max = offset + size
-        if cur_max > self.max_size:
-            for i in range(DEBUG_SLOTS):  # the C's exchange sort by offset, kept for its tie order
-                si = slots[i]
-                for j in range(i + 1, DEBUG_SLOTS):
-                    if si[1] > slots[j][1]:
-                        slots[i], slots[j] = slots[j], si
-                        si = slots[i]
-            if log.isEnabledFor(logging.DEBUG):
-                parts = [f"{_tensor_name(t)} [{o:x}-{o + _size_of(t):x}] ({_size_of(t) / 1024 / 1024:.2f} MB)"
-                         for t, o in slots if t is not None]
-                log.debug("max_size = %.2f MB: tensors: %s", cur_max / 1024 / 1024, " ".join(parts))
-
-    def _debug_remove(self, offset: int, tensor) -> None:
-        """`remove_allocated_tensor`: clears the first slot whose *offset* matches — empty slots
-        included, as in the C (see the notebook)."""
-        for slot in self.allocated_tensors:
-            if slot[1] == offset:
-                slot[0] = None
-                return
-        log.error("tried to free tensor %s not found", _tensor_name(tensor))
-        raise AllocatorDebugError(f"tried to free tensor {_tensor_name(tensor)} at offset {offset}: not found")
-
-    def live_debug_tensors(self) -> list:
-        """`(tensor, offset)` of the occupied debug slots."""
-        return [(t, o) for t, o in self.allocated_tensors if t is not None] if self.debug else []
-
     def __repr__(self):
         return f"DynTAllocr(alignment={self.alignment}, {len(self.blocks)} free blocks, max_size={self.max_size})"
 
 
+# %% [markdown]
+# `ggml_dyn_tallocr_alloc`: round the size up to the alignment; take the best fitting block among
+# all but the last (the smallest that fits, the *last* such on ties); only when none fits, cut from
+# the last block; shrink or remove the block; raise the high-water mark.
+
+# %%
+# | export
+def alloc(dyn, size: int, tensor=None) -> int:
+    """`ggml_dyn_tallocr_alloc`: the offset of `size` bytes (rounded up to the alignment)."""
+    align = dyn.alignment
+    size = aligned_offset(None, size, align)
+    blocks = dyn.blocks
+    last = len(blocks) - 1
+    best, best_size = -1, SIZE_MAX
+    for i in range(last):  # the best fitting block besides the last block
+        bsize = blocks[i][1]
+        if size <= bsize <= best_size:
+            best, best_size = i, bsize
+    if best == -1:  # the last block is our last resort
+        if blocks[last][1] < size:
+            # the C tracks max_avail, the largest block seen, in the loop above; only this
+            # message reads it, so it is computed here: every block was seen
+            max_avail = max(b[1] for b in blocks)
+            log.error("ggml_dyn_tallocr_alloc: not enough space in the buffer to allocate %d bytes, "
+                      "largest block available %d bytes", size, max_avail)
+            raise OutOfBufferSpaceError(f"not enough space to allocate {_tensor_name(tensor)}: needed {size} bytes, "
+                                        f"largest free block {max_avail} bytes")
+        best = last
+    block = blocks[best]
+    offset = block[0]
+    block[0] = offset + size
+    block[1] -= size
+    if block[1] == 0:
+        del blocks[best]
+    if dyn.debug:
+        dyn._debug_add(offset, size, tensor)
+    before = dyn.max_size
+    if offset + size > before:
+        dyn.max_size = offset + size
+    if dyn.trace is not None:
+        dyn.trace(AllocEvent(tensor, size, offset, best, last + 1, block[1] + size,
+                              "best_fit" if best < last else "last_block", block[1] == 0, before,
+                              dyn.max_size, tuple(map(tuple, blocks))))
+    return offset
+
+
+DynTAllocr.alloc = alloc
+
+
+# %% [markdown]
+# `ggml_dyn_tallocr_free_tensor`: merge the freed range with the block that ends where it starts
+# or starts where it ends (and with the next or previous one when it closes a gap); otherwise insert
+# a new block in address order, if there is room for one.
+
+# %%
+# | export
+def free_tensor(dyn, offset: int, size: int, tensor=None) -> None:
+    """`ggml_dyn_tallocr_free_tensor`: give `[offset, offset + size)` back, merging with neighbours."""
+    align = dyn.alignment
+    size = aligned_offset(None, size, align)
+    if dyn.debug:
+        dyn._debug_remove(offset, tensor)
+    blocks = dyn.blocks
+    n = len(blocks)
+    end = offset + size
+    for i in range(n):
+        block = blocks[i]
+        if block[0] + block[1] == offset:  # the freed range starts where block i ends
+            block[1] += size
+            how = "after_block"
+            if i < n - 1 and block[0] + block[1] == blocks[i + 1][0]:  # and ends where block i+1 starts
+                block[1] += blocks[i + 1][1]
+                del blocks[i + 1]
+                how = "after_block+next"
+            if dyn.trace is not None:
+                dyn._trace_free(tensor, size, offset, i, how)
+            return
+        if end == block[0]:  # the freed range ends where block i starts
+            block[0] = offset
+            block[1] += size
+            how = "before_block"
+            if i > 0 and blocks[i - 1][0] + blocks[i - 1][1] == offset:  # and starts where block i-1 ends
+                blocks[i - 1][1] += block[1]
+                del blocks[i]
+                i -= 1
+                how = "before_block+previous"
+            if dyn.trace is not None:
+                dyn._trace_free(tensor, size, offset, i, how)
+            return
+    if n >= MAX_FREE_BLOCKS:
+        raise OutOfFreeBlocksError(f"out of free blocks: freeing {_tensor_name(tensor)} ({size} B at {offset}) "
+                                   f"needs a new block, and all {MAX_FREE_BLOCKS} are in use")
+    pos = 0
+    while pos < n and blocks[pos][0] < offset:  # keep the list sorted by address
+        pos += 1
+    blocks.insert(pos, [offset, size])
+    if dyn.trace is not None:
+        dyn._trace_free(tensor, size, offset, pos, "insert")
+
+
+def _trace_free(dyn, tensor, size, offset, block, how) -> None:
+    dyn.trace(FreeEvent(tensor, size, offset, block, how, tuple(map(tuple, dyn.blocks))))
+
+
+DynTAllocr.free_tensor = free_tensor
+DynTAllocr._trace_free = _trace_free
+
+
+# %% [markdown]
+# With `GGML_ALLOCATOR_DEBUG` the C also keeps a table of the live tensors and aborts on a double
+# free or an unknown offset; `debug=True` does the same.
+
+# %%
+# | export
+# -- GGML_ALLOCATOR_DEBUG ---------------------------------------------------------------------
+def _debug_add(dyn, offset: int, size: int, tensor) -> None:
+    """`add_allocated_tensor`, then the max_size report of the debug build."""
+    slots = dyn.allocated_tensors
+    for slot in slots:
+        if slot[0] is None:
+            slot[0], slot[1] = tensor if tensor is not None else _Anonymous(size), offset
+            break
+    else:
+        raise AllocatorDebugError("out of allocated_tensors: more than 1024 live allocations")
+    cur_max = offset + size
+    if cur_max > dyn.max_size:
+        for i in range(DEBUG_SLOTS):  # the C's exchange sort by offset, kept for its tie order
+            si = slots[i]
+            for j in range(i + 1, DEBUG_SLOTS):
+                if si[1] > slots[j][1]:
+                    slots[i], slots[j] = slots[j], si
+                    si = slots[i]
+        if log.isEnabledFor(logging.DEBUG):
+            parts = [f"{_tensor_name(t)} [{o:x}-{o + _size_of(t):x}] ({_size_of(t) / 1024 / 1024:.2f} MB)"
+                     for t, o in slots if t is not None]
+            log.debug("max_size = %.2f MB: tensors: %s", cur_max / 1024 / 1024, " ".join(parts))
+
+
+def _debug_remove(dyn, offset: int, tensor) -> None:
+    """`remove_allocated_tensor`: clears the first slot whose *offset* matches — empty slots
+    included, as in the C (see the notebook)."""
+    for slot in dyn.allocated_tensors:
+        if slot[1] == offset:
+            slot[0] = None
+            return
+    log.error("tried to free tensor %s not found", _tensor_name(tensor))
+    raise AllocatorDebugError(f"tried to free tensor {_tensor_name(tensor)} at offset {offset}: not found")
+
+
+def live_debug_tensors(dyn) -> list:
+    """`(tensor, offset)` of the occupied debug slots."""
+    return [(t, o) for t, o in dyn.allocated_tensors if t is not None] if dyn.debug else []
+
+
+DynTAllocr._debug_add = _debug_add
+DynTAllocr._debug_remove = _debug_remove
+DynTAllocr.live_debug_tensors = live_debug_tensors
+
+
+# %% [markdown]
+# Ports `ggml_nbytes`.
+
+# %%
+# | export
 class _Anonymous:
     """Stands for an allocation made without a tensor in the debug slots."""
 
@@ -351,6 +394,7 @@ def _size_of(t) -> int:
     return nbytes(t) if hasattr(t, "ne") else getattr(t, "size", 0)
 
 
+
 # %% [markdown]
 # ## 4 · Watching it work
 #
@@ -363,9 +407,12 @@ def _size_of(t) -> int:
 # | export viz.memory
 """Plotly memory bars and an ipywidgets stepper for allocator traces (chapters 04, 05, 09)."""
 
+
 import plotly.graph_objects as go
 
+
 from ggml_lite.dyn_tallocr import AllocEvent, FreeEvent, ResetEvent
+
 
 ALLOC_COLOR, FREE_COLOR = "#636efa", "#b6e3b6"
 
@@ -416,6 +463,11 @@ def step_figure(events, k: int, end: int = None) -> go.Figure:
     return memory_bar(list(ev.free_blocks), states[k], title=f"step {k + 1}/{len(events)}: {ev.describe()}", end=end)
 
 
+# %% [markdown]
+# Next: `step_widget`, `stepper`.
+
+# %%
+# | export viz.memory
 def step_widget(n_steps: int, render, label: str = "step", interval: int = 800):
     """The scaffold of every stepper in the course: a play button and a slider over steps
     0..n_steps-1, and an output area that `render(k)` fills (prints and figures) for the step shown."""
@@ -449,6 +501,7 @@ def stepper(events, end: int = None):
         print("free list:", blocks)
 
     return step_widget(len(events), render, interval=700)
+
 
 
 # %% [markdown]

@@ -188,6 +188,8 @@ def fma_f32(a, b, c) -> np.ndarray:
 # %%
 # | export
 Q8_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
+
+
 Q4_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "u1", 16)])
 
 
@@ -255,6 +257,11 @@ def quantize_row_q4_0_ref(x) -> np.ndarray:
     return out
 
 
+# %% [markdown]
+# Next: `dequantize_row_q8_0`, `dequantize_row_q4_0`.
+
+# %%
+# | export
 def dequantize_row_q8_0(blocks) -> np.ndarray:
     """`dequantize_row_q8_0`: element j of a block is qs[j]·d (exact in f32)."""
     d = blocks["d"].astype(F4)[..., None]
@@ -273,6 +280,7 @@ def dequantize_row_q4_0(blocks) -> np.ndarray:
 
 
 _DEQUANT = {Q8_0.name: dequantize_row_q8_0, Q4_0.name: dequantize_row_q4_0}
+
 
 
 # %% [markdown]
@@ -362,9 +370,16 @@ class Arithmetic:
 
 
 NUMPY = Arithmetic()
+
+
 _TIERS = {NUMPY.name: NUMPY}
 
 
+# %% [markdown]
+# Next: `declare_tier`, `tier`.
+
+# %%
+# | export
 def declare_tier(arith) -> None:
     """Makes a numerics tier available by its name (appendix A2 declares `"exact"`)."""
     _TIERS[arith.name] = arith
@@ -376,6 +391,7 @@ def tier(name: str):
         raise UnsupportedOpError(f"no numerics tier {name!r}; declared: {', '.join(_TIERS)} "
                                  f"(the exact tier comes with `import ggml_lite`, appendix A2)")
     return _TIERS[name]
+
 
 
 # %% [markdown]
@@ -460,6 +476,11 @@ def _rows_uniform(t) -> bool:
     return True
 
 
+# %% [markdown]
+# Next: `_need_rows`, `_same_shape`.
+
+# %%
+# | export
 def _need_rows(node, t, what: str, strict: bool = False) -> None:
     _need_nb0(node, t, what, strict)
     if not _rows_uniform(t):
@@ -470,6 +491,7 @@ def _need_rows(node, t, what: str, strict: bool = False) -> None:
 def _same_shape(node, a, b) -> None:
     if list(a.ne) != list(b.ne):
         raise ShapeError(f"{node.op.name} {describe(node)}: {describe(a)} and {describe(b)} must have the same shape")
+
 
 
 # %% [markdown]
@@ -548,6 +570,11 @@ def _broadcast_src1(node, a_shape, b) -> np.ndarray:
 _BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide}
 
 
+# %% [markdown]
+# Ports `ggml_compute_forward_add_f32`, `ggml_compute_forward_add_f16_f32`, `ggml_compute_forward_add_q_f32`, `ggml_compute_forward_add1_f32`.
+
+# %%
+# | export
 def compute_forward_binary(params, node) -> None:
     """`ggml_compute_forward_add_f32` / `_sub_f32` / `_mul_f32` / `_div_f32`: dst = src0 op src1 with
     src1 broadcast over src0 (`i1k = i0k % ne1k`), one float32 operation per element. Also
@@ -614,6 +641,11 @@ def compute_forward_add1(params, node) -> None:
         params.write(node, params.read_f32(a) + v)
 
 
+# %% [markdown]
+# Ports `ggml_compute_forward_sqr_f32`, `ggml_compute_forward_sqrt_f32`, `ggml_compute_forward_log_f32`, `ggml_compute_forward_leaky_relu_f32`, `ggml_vec_leaky_relu_f32`, `ggml_compute_forward_unary`.
+
+# %%
+# | export
 def _unary_rows(params, node, fn, strict: bool = False) -> None:
     """The shape shared by sqr/sqrt/log/unary/leaky_relu: f32, rows found at i·nb[1], same shape
     (`strict`: ggml checks nb[0] with GGML_ASSERT, as for log)."""
@@ -683,6 +715,11 @@ def compute_forward_unary(params, node) -> None:
     _unary_rows(params, node, lambda x: np.asarray(_UNARY_FN[u](params.arith, x), dtype=F4))
 
 
+# %% [markdown]
+# Ports `ggml_compute_forward_scale_f32`, `ggml_compute_forward_sum_f32`, `ggml_vec_sum_f32_ggf`, `ggml_compute_forward_sum_rows_f32`, `ggml_vec_sum_f32`, `ggml_compute_forward_mean_f32`.
+
+# %%
+# | export
 def compute_forward_scale(params, node) -> None:
     """`ggml_compute_forward_scale_f32`: every element times op_params[0] (float32 multiply);
     ggml asserts that source and destination are contiguous."""
@@ -751,6 +788,11 @@ def compute_forward_concat(params, node) -> None:
     params.view(node)[...] = out
 
 
+# %% [markdown]
+# Ports `ggml_compute_forward_norm_f32`, `ggml_compute_forward_rms_norm_f32`, `ggml_compute_forward_mul_mat`.
+
+# %%
+# | export
 def _norm_input(params, node) -> tuple:
     """The checks and inputs shared by norm and rms_norm: src0's f32 values, eps, the row length."""
     a = node.src[0]
@@ -816,6 +858,11 @@ def compute_forward_mul_mat(params, node) -> None:
     params.write(node, out)
 
 
+# %% [markdown]
+# Ports `ggml_compute_forward_get_rows`, `ggml_fp16_to_fp32_row`, `ggml_compute_forward_diag_mask_f32`, `ggml_compute_forward_soft_max_f32`.
+
+# %%
+# | export
 def compute_forward_get_rows(params, node) -> None:
     """`ggml_compute_forward_get_rows` (`_f32`, `_f16`, `_q`): dst row (i10, i11, i12) = row
     ids[i10, i11, i12] of src0's plane (i11, i12), converted with the type's to_float
@@ -879,6 +926,11 @@ def _alibi_slopes(arith, n_head: int, max_bias: float) -> np.ndarray:
                      arith.scalar("powf", m1, 2 * (h - n_head_log2) + 1) for h in range(n_head)], dtype=F4)
 
 
+# %% [markdown]
+# Ports `ggml_compute_forward_soft_max_f32`, `ggml_vec_soft_max_f32`, `ggml_rope_yarn_corr_dims`, `ggml_rope_yarn_corr_dim`.
+
+# %%
+# | export
 def compute_forward_soft_max(params, node) -> None:
     """`ggml_compute_forward_soft_max_f32`: per row w = x·scale (float32), plus slope·mask row
     (i1 % ne01) fused into one FMA (f16 masks widened first); max; exp and double sum by
@@ -924,6 +976,11 @@ def rope_yarn_corr_dims(arith, n_dims: int, n_ctx_orig: int, freq_base: float, b
     return (F4(0) if F4(0) > start else start), (F4(n_dims - 1) if F4(n_dims - 1) < end else end)
 
 
+# %% [markdown]
+# Ports `ggml_rope_cache_init`.
+
+# %%
+# | export
 def rope_cache(arith, pos, n_dims: int, freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
                corr_dims, freq_factors=None) -> tuple:
     """`ggml_rope_cache_init` + `rope_yarn` for positions `pos` (int array) and pairs k < n_dims/2:
@@ -957,6 +1014,11 @@ def rope_cache(arith, pos, n_dims: int, freq_base: float, freq_scale: float, ext
         return arith.math("cosf", th) * F4(mscale), arith.math("sinf", th) * F4(mscale)
 
 
+# %% [markdown]
+# Ports `ggml_compute_forward_rope_f32`, `ggml_compute_forward`.
+
+# %%
+# | export
 def compute_forward_rope(params, node) -> None:
     """`ggml_compute_forward_rope_f32` / `_rope_f16` (forward): rows of src0 plane i2 use position
     pos[i2]; normal mode rotates (x[2k], x[2k+1]), NeoX mode (mode & 2) rotates (x[k], x[k + n_dims/2]),
@@ -1029,6 +1091,11 @@ _FORWARD = {
 }
 
 
+# %% [markdown]
+# Ports `ggml_compute_forward`.
+
+# %%
+# | export
 def _kernel(node):
     """The kernel of `node`'s op (`ggml_compute_forward`'s switch), or None when there is nothing to compute."""
     fn = _FORWARD.get(node.op)
@@ -1046,6 +1113,7 @@ def compute_forward(node, params: ComputeParams = None) -> None:
     if fn is not None:
         with np.errstate(all="ignore"):
             fn(params or ComputeParams(NUMPY), node)
+
 
 
 # %% [markdown]
@@ -1126,6 +1194,11 @@ def cpu_init(clock=None, cost=None, exact: bool = False) -> CPUBackend:
     return CPUBackend(clock, cost, tier("exact") if exact else NUMPY)
 
 
+# %% [markdown]
+# Ports `ggml_backend_is_cpu`, `ggml_backend_reg_cpu_init`.
+
+# %%
+# | export
 def is_cpu(backend) -> bool:
     """`ggml_backend_is_cpu` (the C compares GUIDs; here, the class)."""
     return isinstance(backend, CPUBackend)
@@ -1137,6 +1210,7 @@ def reg_cpu_init(params: str, user_data) -> CPUBackend:
 
 
 declare_builtin("CPU", reg_cpu_init, cpu_buffer_type)  # the registry's first entry (chapter 06)
+
 
 
 # %% [markdown]
@@ -1192,7 +1266,7 @@ graph2, x2, out2 = small_graph(w_cpu)
 galloc2 = gl.GAllocr(cpu.get_default_buffer_type())
 galloc2.reserve(graph2)
 by_name = {t.name: t for t in graph2.nodes}
-sq_rec, s_rec = galloc2.tensor_alloc(by_name["sq"]), galloc2.tensor_alloc(by_name["s"])  # the plan's records
+sq_rec, s_rec = galloc2.planned_alloc(by_name["sq"]), galloc2.planned_alloc(by_name["s"])  # the plan's records
 sq_rec.offset = s_rec.offset  # (chapter 05, section 2.2): now two live tensors overlap
 galloc2.alloc_graph(graph2)
 tensor_set(x2, X)

@@ -265,59 +265,84 @@ class BackendSched(_Assign):
         self.is_alloc = False
         self.reset()
 
-    # -- state ------------------------------------------------------------------------------------
-    def reset(self) -> None:
-        """`ggml_backend_sched_reset`: forget every assignment and copy (unless nothing changed since
-        the last reset); the next graph is split anew."""
-        if not self.is_reset:
-            self.ids, self.copies, self.causes = {}, {}, {}
-            self.is_reset = True
-        self.is_alloc = False
-
-    def set_tensor_backend(self, node, backend: Backend) -> None:
-        """`ggml_backend_sched_set_tensor_backend`: pin `node` to `backend` (cause "usr")."""
-        b = self.backend_id(backend)
-        if b < 0:
-            raise SchedulerError(f"set_tensor_backend({node.name!r}): {backend.get_name()} is not one of the "
-                                 f"scheduler's backends ({', '.join(x.get_name() for x in self.backends)})")
-        self.ids[node] = b
-        self.causes[node] = "usr"
-        self.is_reset = False
-
-    def get_tensor_backend(self, node):
-        """`ggml_backend_sched_get_tensor_backend`: the node's backend, or None when unassigned."""
-        b = self.ids.get(node, -1)
-        return None if b == -1 else self.backends[b]
-
-    def get_cause(self, node) -> str:
-        """`GET_CAUSE`: why `node` has its backend ("" when nothing set one)."""
-        return self.causes.get(node, "")
-
     @property
     def n_splits(self) -> int:
         """`ggml_backend_sched_get_n_splits`."""
         return len(self.splits)
 
-    def get_n_copies(self) -> int:
-        """`ggml_backend_sched_get_n_copies`."""
-        return self.n_copies
 
-    def get_n_backends(self) -> int:
-        """`ggml_backend_sched_get_n_backends`."""
-        return self.n_backends
+# %% [markdown]
+# The small API: `ggml_backend_sched_reset`, `ggml_backend_sched_set_tensor_backend` /
+# `get_tensor_backend`, the counts, `ggml_backend_sched_get_backend` and
+# `ggml_backend_sched_get_buffer_size`.
 
-    def get_backend(self, i: int) -> Backend:
-        """`ggml_backend_sched_get_backend`."""
-        if not 0 <= i < self.n_backends:
-            raise SchedulerError(f"backend {i} asked, the scheduler has {self.n_backends}")
-        return self.backends[i]
+# %%
+# | export
+# -- state ------------------------------------------------------------------------------------
+def reset(sched) -> None:
+    """`ggml_backend_sched_reset`: forget every assignment and copy (unless nothing changed since
+    the last reset); the next graph is split anew."""
+    if not sched.is_reset:
+        sched.ids, sched.copies, sched.causes = {}, {}, {}
+        sched.is_reset = True
+    sched.is_alloc = False
 
-    def get_buffer_size(self, backend: Backend) -> int:
-        """`ggml_backend_sched_get_buffer_size`: the compute buffer of `backend` (its gallocr buffer)."""
-        b = self.backend_id(backend)
-        if b < 0:
-            raise SchedulerError(f"{backend.get_name()} is not one of the scheduler's backends")
-        return self.galloc.get_buffer_size(b)
+
+def set_tensor_backend(sched, node, backend: Backend) -> None:
+    """`ggml_backend_sched_set_tensor_backend`: pin `node` to `backend` (cause "usr")."""
+    b = sched.backend_id(backend)
+    if b < 0:
+        raise SchedulerError(f"set_tensor_backend({node.name!r}): {backend.get_name()} is not one of the "
+                             f"scheduler's backends ({', '.join(x.get_name() for x in sched.backends)})")
+    sched.ids[node] = b
+    sched.causes[node] = "usr"
+    sched.is_reset = False
+
+
+def get_tensor_backend(sched, node):
+    """`ggml_backend_sched_get_tensor_backend`: the node's backend, or None when unassigned."""
+    b = sched.ids.get(node, -1)
+    return None if b == -1 else sched.backends[b]
+
+
+def get_cause(sched, node) -> str:
+    """`GET_CAUSE`: why `node` has its backend ("" when nothing set one)."""
+    return sched.causes.get(node, "")
+
+
+def get_n_copies(sched) -> int:
+    """`ggml_backend_sched_get_n_copies`."""
+    return sched.n_copies
+
+
+def get_n_backends(sched) -> int:
+    """`ggml_backend_sched_get_n_backends`."""
+    return sched.n_backends
+
+
+def get_backend(sched, i: int) -> Backend:
+    """`ggml_backend_sched_get_backend`."""
+    if not 0 <= i < sched.n_backends:
+        raise SchedulerError(f"backend {i} asked, the scheduler has {sched.n_backends}")
+    return sched.backends[i]
+
+
+def get_buffer_size(sched, backend: Backend) -> int:
+    """`ggml_backend_sched_get_buffer_size`: the compute buffer of `backend` (its gallocr buffer)."""
+    b = sched.backend_id(backend)
+    if b < 0:
+        raise SchedulerError(f"{backend.get_name()} is not one of the scheduler's backends")
+    return sched.galloc.get_buffer_size(b)
+
+
+BackendSched.reset = reset
+BackendSched.set_tensor_backend = set_tensor_backend
+BackendSched.get_tensor_backend = get_tensor_backend
+BackendSched.get_cause = get_cause
+BackendSched.get_n_copies = get_n_copies
+BackendSched.get_n_backends = get_n_backends
+BackendSched.get_backend = get_backend
+BackendSched.get_buffer_size = get_buffer_size
 
 
 # %% [markdown]
@@ -735,6 +760,11 @@ def _compute_with_callback(sched: BackendSched, split):
     return Status.SUCCESS
 
 
+# %% [markdown]
+# Ports `ggml_backend_sched_compute_splits`, `ggml_backend_sched_graph_compute_async`, `ggml_backend_sched_graph_compute`, `ggml_backend_sched_set_eval_callback`, `ggml_backend_sched_free`.
+
+# %%
+# | export
 def compute_splits(sched: BackendSched) -> Status:
     """`ggml_backend_sched_compute_splits`: copy each split's inputs in, compute it, record its event;
     then advance `cur_copy`."""
@@ -785,10 +815,19 @@ def free(sched: BackendSched) -> None:
 
 
 BackendSched.alloc_graph = alloc_graph
+
+
 BackendSched.graph_compute = graph_compute
+
+
 BackendSched.graph_compute_async = graph_compute_async
+
+
 BackendSched.set_eval_callback = set_eval_callback
+
+
 BackendSched.free = free
+
 
 
 # %% [markdown]
@@ -870,9 +909,12 @@ print("reserve:", reserve(sched2, graph2), "| splits", sched2.n_splits,
 # | export viz.sched
 """Plotly figures and an ipywidgets stepper for the backend scheduler (chapter 09)."""
 
+
 import plotly.graph_objects as go
 
+
 from ggml_lite.viz.memory import step_widget
+
 
 PALETTE = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"]
 
@@ -933,6 +975,11 @@ def pass_snapshots(sched, graph, passes) -> list:
     return snaps
 
 
+# %% [markdown]
+# Next: `pass_stepper`, `buffer_sizes_figure`.
+
+# %%
+# | export viz.sched
 def pass_stepper(sched, graph, snaps):
     """A stepper through `pass_snapshots`: the figure of each state, and the nodes that state assigned
     (or re-assigned), with their causes."""
@@ -963,6 +1010,7 @@ def buffer_sizes_figure(rows: dict, title: str = "compute buffer per backend") -
     fig.update_layout(title=title, barmode="group", yaxis=dict(title="KiB"), height=340,
                       margin=dict(l=20, r=20, t=50, b=40))
     return fig
+
 
 
 # %% [markdown]

@@ -157,6 +157,11 @@ def _a_cycle(deps: list, waiting: list) -> list:
     return path[seen[i]:] + [i]
 
 
+# %% [markdown]
+# Next: `validate_graph_doc`.
+
+# %%
+# | export
 def validate_graph_doc(g: dict) -> list:
     """Check a `graph` section (ids, types, ops, sizes, references, cycles); return the rebuild order."""
     if not isinstance(g, dict) or not isinstance(g.get("tensors"), list):
@@ -173,6 +178,7 @@ def validate_graph_doc(g: dict) -> list:
             if not (isinstance(ref, int) and 0 <= ref < len(entries)):
                 raise DanglingSourceError(f"graph.{key} refers to tensor id {ref!r}, which is not in the file")
     return creation_order(entries)
+
 
 
 # %% [markdown]
@@ -260,6 +266,11 @@ def rebuild_tensor(ctx: Context, e: dict, T: dict) -> Tensor:
 _VIEW_LIKE = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE, Op.CPY})
 
 
+# %% [markdown]
+# Next: `_trimmed`, `_compare`.
+
+# %%
+# | export
 def _trimmed(words) -> list:
     words = list(words)
     while words and words[-1] == 0:
@@ -280,6 +291,7 @@ def _compare(e: dict, t: Tensor, T: dict) -> None:
             raise RecordMismatchError(f"{_tname(e)} ({e['op']}): ggml recorded {f} = {e[f]}, ggml_lite gives {v}")
     if e["op"] == "UNARY" and "unary_op" in e and e["unary_op"] != t.unary_op.name:
         raise RecordMismatchError(f"{_tname(e)}: recorded unary_op {e['unary_op']}, op_params say {t.unary_op.name}")
+
 
 
 # %% [markdown]
@@ -355,6 +367,11 @@ def _graph_section(doc: dict, step):
     return steps[step]["graph"]
 
 
+# %% [markdown]
+# Next: `read_graph_file`, `_check_graph`, `load_graph`.
+
+# %%
+# | export
 def read_graph_file(source, step: int = None, graph_size: int = GGML_DEFAULT_GRAPH_SIZE) -> GraphFile:
     """Load a fixture-schema file (a path, or an already parsed dict): validate, rebuild every tensor
     with ggml_lite's ops, check each against the record, and rebuild the graph from `expand_roots`."""
@@ -417,6 +434,7 @@ def load_graph(source, step: int = None):
     """`(Graph, {fixture id: Tensor})` of a fixture-schema file (DESIGN §4); see `read_graph_file`."""
     gf = read_graph_file(source, step)
     return gf.graph, gf.tensors
+
 
 
 # %% [markdown]
@@ -500,6 +518,11 @@ def graph_document(graph: Graph, contexts: list, expand_roots: list, fixture: st
             "graph": graph_section(graph, tensors, expand_roots)}
 
 
+# %% [markdown]
+# Next: `to_document`, `dumps`, `save_graph_file`.
+
+# %%
+# | export
 def to_document(gf: GraphFile) -> dict:
     """The document of a loaded file, its graph section regenerated from the tensors."""
     doc = json.loads(json.dumps(gf.doc))
@@ -533,6 +556,7 @@ def dumps(doc, _key=None, _indent=0) -> str:
 def save_graph_file(gf: GraphFile, path) -> None:
     """Write a loaded file back (`to_document` in the layout of `dumps`)."""
     Path(path).write_text(dumps(to_document(gf)) + "\n")
+
 
 
 # %% [markdown]
@@ -663,8 +687,6 @@ print(f"{n_files} fixture files: {n_tensors} tensors rebuilt; shapes, strides, s
 
 # %%
 # | export
-
-
 def allocate_external(gf: GraphFile, buft=None) -> dict:
     """Allocate the file's `external_buffers` contexts (`ggml_backend_alloc_ctx_tensors`); returns
     `{label: Buffer}` after checking each buffer's size and every tensor's `ext_offset`."""
@@ -735,6 +757,11 @@ def _call(galloc, name: str, graph):
     return ok, lines
 
 
+# %% [markdown]
+# Next: `run_plan`, `_compare_call`.
+
+# %%
+# | export
 def run_plan(source, step: int = None, galloc=None, call: str = None) -> tuple:
     """Load `source` (path or document, `step` of a sequence), allocate its external contexts, and
     run `call` ("reserve" or "alloc_graph"; default both, as the single-graph files record) on
@@ -769,6 +796,11 @@ def _compare_call(label: str, want: dict, got: dict) -> list:
     return out
 
 
+# %% [markdown]
+# Next: `check_plan_file`.
+
+# %%
+# | export
 def check_plan_file(source, limit: int = 10) -> list:
     """Every difference between the file's recorded plan(s) and ggml_lite's (empty: identical):
     offsets, buffer sizes, ok flags, logs; for a sequence file, each step on one allocator."""
@@ -814,20 +846,34 @@ def check_plan_file(source, limit: int = 10) -> list:
 # only and `5e-3` when an f16 or quantized tensor takes part (their rounding differs between the
 # two implementations); `check` prints it and the worst error of every result.
 
+
 # %%
 # | export numerics
 """The `numerics` extension of the fixture schema (`tests/fixtures/README.md`): the leaf data
 generator, and the verification of recorded results on the CPU backend."""
 
+
 import numpy as np
 
+
 from ggml_lite.backend import tensor_get, tensor_set
+
+
 from ggml_lite.cpu import Arithmetic, cpu_init, quantize_q8_0
+
+
 from ggml_lite.errors import GraphFileError
+
+
 from ggml_lite.tensor import F16, F32, I32, Q8_0
 
+
 MASK = 0xFFFFFFFF
+
+
 LCG_A, LCG_C = 1664525, 1013904223
+
+
 TOLERANCE_F32, TOLERANCE_MIXED = Arithmetic.TOLERANCE_F32, Arithmetic.TOLERANCE_MIXED  # the numpy tier's (chapter 07)
 
 
@@ -873,6 +919,11 @@ def _values_f32(tensor) -> np.ndarray:
     return tensor_get(tensor).astype(np.float32).reshape(-1)
 
 
+# %% [markdown]
+# Next: `data_seed`, `verify_numerics`, `_as_f32`, `_worst`.
+
+# %%
+# | export numerics
 def data_seed(doc: dict) -> int:
     """The leaf-data seed: `data_generator.data_seed` (the spec's place), else a top-level `data_seed`
     (files written before the spec said so)."""
@@ -927,6 +978,7 @@ def _worst(res: dict, got: np.ndarray) -> float:
     errs.append(abs(g.sum() - res["sum"]) / max(np.abs(g).sum(), 1e-30))
     errs.append(abs((g * g).sum() - res["sum_sq"]) / max(res["sum_sq"], 1e-30))
     return max(errs)
+
 
 
 # %% [markdown]

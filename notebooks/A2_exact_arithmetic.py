@@ -142,6 +142,11 @@ _F64_OF = {"expf": math.exp, "expm1f": math.expm1, "logf": math.log, "tanhf": ma
            "sinf": math.sin, "powf": math.pow}
 
 
+# %% [markdown]
+# Next: `libm_f32`, `_libm_vec`.
+
+# %%
+# | export
 def libm_f32(name: str, *args) -> F4:
     """One scalar call of the C library's float function `name` (expf, logf, tanhf, powf, cosf, sinf),
     through ctypes; without a loadable libm, the float64 function rounded to float32."""
@@ -165,6 +170,7 @@ def _libm_vec(name: str, x: np.ndarray) -> np.ndarray:
             return np.vectorize(_F64_OF[name], otypes=[F8])(x.astype(F8)).astype(F4)
     f = getattr(lib, name)
     return np.fromiter((f(v) for v in x.ravel().tolist()), dtype=F4, count=x.size).reshape(x.shape)
+
 
 
 # %% [markdown]

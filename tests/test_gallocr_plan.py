@@ -39,13 +39,13 @@ def test_node_allocs_read_the_records_by_slot():
     na = galloc.node_allocs
     assert len(na) == len(graph.nodes) and all(isinstance(a, NodeAlloc) for a in na)
     for node, a in zip(graph.nodes, na):
-        assert a.dst == _as_tuple(galloc.tensor_alloc(node))
-        assert a.src == tuple(_as_tuple(galloc.tensor_alloc(s)) for s in node.src)
-    assert galloc.tensor_alloc(t["w"]) is NOT_PLACED and galloc.tensor_alloc(t["h_view"]) is NOT_PLACED
-    rec = galloc.tensor_alloc(t["h"])
+        assert a.dst == _as_tuple(galloc.planned_alloc(node))
+        assert a.src == tuple(_as_tuple(galloc.planned_alloc(s)) for s in node.src)
+    assert galloc.planned_alloc(t["w"]) is NOT_PLACED and galloc.planned_alloc(t["h_view"]) is NOT_PLACED
+    rec = galloc.planned_alloc(t["h"])
     assert rec.buffer_id == 0 and rec.size_max == gl.nbytes(t["h"])
     assert rec is galloc.hash_values[t["h"]]  # one record per tensor: its hash node carries the plan
-    assert [la.leaf for la in galloc.leaf_allocs] == [_as_tuple(galloc.tensor_alloc(leaf)) for leaf in graph.leafs]
+    assert [la.leaf for la in galloc.leaf_allocs] == [_as_tuple(galloc.planned_alloc(leaf)) for leaf in graph.leafs]
 
 
 def test_a_graph_of_the_same_shape_is_placed_from_the_kept_plan(caplog):
@@ -80,12 +80,12 @@ def test_the_planned_tensor_that_lost_its_memory_is_not_valid(caplog):
     b = t["b"]
     b.data, b.buffer = 4096, None  # "pre-allocated" outside ggml-backend while planning
     assert galloc.reserve(graph)
-    assert galloc.tensor_alloc(b) is NOT_PLACED
+    assert galloc.planned_alloc(b) is NOT_PLACED
     b.data = None  # ... and gone by the time the graph is placed
     with caplog.at_level(logging.INFO, logger="ggml_lite"):
         assert galloc.alloc_graph(graph)
     assert "src 1 (b) of node h is not valid" in caplog.text
-    assert galloc.tensor_alloc(b) is not NOT_PLACED and b.data is not None
+    assert galloc.planned_alloc(b) is not NOT_PLACED and b.data is not None
 
 
 def test_multi_buffer_allocator_refuses_to_replan():

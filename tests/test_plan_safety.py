@@ -92,7 +92,7 @@ def _overlap_live_pair(rg, galloc) -> bool:
     OUTPUT, or a node nothing consumes), computed before `m` — two live tensors now overlap."""
     nodes, keep = rg.graph.nodes, set(kept(rg))
     end = galloc.buffers[0].get_size() - 32
-    plan = galloc.tensor_alloc  # the plan's record of each placed tensor (its hash node; node_allocs[i].dst)
+    plan = galloc.planned_alloc  # the plan's record of each placed tensor (its hash node; node_allocs[i].dst)
     for p_idx in sorted(keep):
         p_rec = plan(nodes[p_idx])
         if p_rec.size_max == 0:

@@ -4,9 +4,12 @@
 # notebooks/04_dyn_allocator.py
 """Plotly memory bars and an ipywidgets stepper for allocator traces (chapters 04, 05, 09)."""
 
+
 import plotly.graph_objects as go
 
+
 from ggml_lite.dyn_tallocr import AllocEvent, FreeEvent, ResetEvent
+
 
 ALLOC_COLOR, FREE_COLOR = "#636efa", "#b6e3b6"
 
@@ -57,6 +60,7 @@ def step_figure(events, k: int, end: int = None) -> go.Figure:
     return memory_bar(list(ev.free_blocks), states[k], title=f"step {k + 1}/{len(events)}: {ev.describe()}", end=end)
 
 
+# notebooks/04_dyn_allocator.py
 def step_widget(n_steps: int, render, label: str = "step", interval: int = 800):
     """The scaffold of every stepper in the course: a play button and a slider over steps
     0..n_steps-1, and an output area that `render(k)` fills (prints and figures) for the step shown."""

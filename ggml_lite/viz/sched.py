@@ -4,9 +4,12 @@
 # notebooks/09_scheduler.py
 """Plotly figures and an ipywidgets stepper for the backend scheduler (chapter 09)."""
 
+
 import plotly.graph_objects as go
 
+
 from ggml_lite.viz.memory import step_widget
+
 
 PALETTE = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"]
 
@@ -67,6 +70,7 @@ def pass_snapshots(sched, graph, passes) -> list:
     return snaps
 
 
+# notebooks/09_scheduler.py
 def pass_stepper(sched, graph, snaps):
     """A stepper through `pass_snapshots`: the figure of each state, and the nodes that state assigned
     (or re-assigned), with their causes."""

@@ -5,14 +5,24 @@
 """Pictures of a graph-allocator plan (chapter 05): tensor lifetimes from a trace, the peak-live
 lower bound, a plotly memory timeline, and an ipywidgets stepper through the plan's decisions."""
 
+
 from dataclasses import dataclass
+
 
 import plotly.graph_objects as go
 
+
 from ggml_lite.buffer import cpu_buffer_type
+
+
 from ggml_lite.dyn_tallocr import AllocEvent, FreeEvent
+
+
 from ggml_lite.gallocr import ExecEvent, FreeNodeEvent, GAllocr, PhaseEvent, PlaceEvent, RejectEvent
+
+
 from ggml_lite.viz.memory import memory_bar, step_widget
+
 
 COLORS = {"leaf": "#2ca02c", "input": "#17becf", "new": "#636efa", "inplace": "#ff7f0e", "inplace_view": "#ff7f0e"}
 
@@ -43,6 +53,7 @@ class Lifetime:
     kind: str = "tensor"
 
 
+# notebooks/05_gallocr.py
 def lifetimes(graph, events) -> list:
     """The blocks of a plan from its trace: one per placed tensor, ending where it was freed, where
     an in-place child took it over (the child's step), or at the last node (outputs, never-freed).
@@ -97,6 +108,7 @@ def _rect(x0, x1, y0, y1):
     return [x0, x1, x1, x0, x0, None], [y0, y0, y1, y1, y0, None]
 
 
+# notebooks/05_gallocr.py
 def memory_timeline(graph, events, buffer_size: int = None, title: str = "memory timeline",
                     height: int = 520) -> go.Figure:
     """x = node index, y = offset: one rectangle per block of the plan over its lifetime (colour by
@@ -168,6 +180,7 @@ def plan_steps(events) -> list:
     return steps
 
 
+# notebooks/05_gallocr.py
 def decision_lines(step) -> list:
     """A step's decisions in words: placements (each followed by the dynamic allocator's block
     choice), refusals with their reasons, and frees."""
