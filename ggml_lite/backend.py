@@ -222,7 +222,6 @@ Backend.get_max_size = get_max_size
 
 
 # notebooks/06_backends.py
-# -- data -----------------------------------------------------------------------------------------
 def tensor_set_async(backend, tensor, data, offset: int = 0, size: int = None) -> None:
     """`ggml_backend_tensor_set_async`: queued on this backend, or `tensor_set` when it has no queue."""
     if backend._set_tensor_async is None:
@@ -260,7 +259,6 @@ Backend.synchronize = synchronize
 
 
 # notebooks/06_backends.py
-# -- compute ----------------------------------------------------------------------------------------
 def graph_plan_create(backend, graph) -> GraphPlan:
     """`ggml_backend_graph_plan_create`."""
     if backend._graph_plan_create is None:
@@ -321,7 +319,6 @@ def offload_op(backend, op) -> bool:
     return backend._offload_op(op) if backend._offload_op is not None else False
 
 
-# -- events -----------------------------------------------------------------------------------------
 def event_new(backend):
     """`ggml_backend_event_new`: an Event, or None when the backend has no events."""
     if backend._event_new is None:

@@ -226,7 +226,6 @@ class Buffer:
 
 
 # notebooks/03_tallocr.py
-# -- lifetime -------------------------------------------------------------------------------
 def free(buffer) -> None:
     """`ggml_backend_buffer_free` (`ggml_backend_cpu_buffer_free_buffer`): the buffer and its
     bytes are gone; using it again, or freeing it twice, raises `BufferFreedError`."""
@@ -258,7 +257,6 @@ Buffer.reset = reset
 
 
 # notebooks/03_tallocr.py
-# -- bytes ------------------------------------------------------------------------------------
 def _extent(buffer) -> int:
     """Bytes from `data` to the end of the buffer: `size`, plus the padding before an aligned base
     (a buffer type that aligns the base of a `size`-byte buffer malloc'ed `size + alignment` bytes)."""

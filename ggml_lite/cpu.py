@@ -97,8 +97,6 @@ def fma_f32(a, b, c) -> np.ndarray:
 
 # notebooks/07_cpu_backend.py
 Q8_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
-
-
 Q4_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "u1", 16)])
 
 
@@ -255,8 +253,6 @@ class Arithmetic:
 
 
 NUMPY = Arithmetic()
-
-
 _TIERS = {NUMPY.name: NUMPY}
 
 
@@ -997,13 +993,13 @@ def graph_label(graph) -> str:
     return f"{n} node{'s' if n != 1 else ''}: {graph.nodes[0].name} .. {graph.nodes[-1].name}" if n > 1 else graph.nodes[0].name
 
 
+# notebooks/07_cpu_backend.py
 def cpu_init(clock=None, cost=None, exact: bool = False) -> CPUBackend:
     """`ggml_backend_cpu_init`. `exact=True` computes with the bit-exact tier of appendix A2 (the
     summation order of ggml's AVX2 build) instead of plain numpy."""
     return CPUBackend(clock, cost, tier("exact") if exact else NUMPY)
 
 
-# notebooks/07_cpu_backend.py
 def is_cpu(backend) -> bool:
     """`ggml_backend_is_cpu` (the C compares GUIDs; here, the class)."""
     return isinstance(backend, CPUBackend)

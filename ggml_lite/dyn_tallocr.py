@@ -6,6 +6,7 @@
 (`GGML_ALLOCATOR_DEBUG`) and trace events for the pictures."""
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ggml_lite.align import aligned_offset
@@ -227,7 +228,6 @@ DynTAllocr._trace_free = _trace_free
 
 
 # notebooks/04_dyn_allocator.py
-# -- GGML_ALLOCATOR_DEBUG ---------------------------------------------------------------------
 def _debug_add(dyn, offset: int, size: int, tensor) -> None:
     """`add_allocated_tensor`, then the max_size report of the debug build."""
     slots = dyn.allocated_tensors
@@ -285,3 +285,24 @@ class _Anonymous:
 def _size_of(t) -> int:
     """`ggml_nbytes` of a recorded tensor (stand-ins without a shape report their `size`, or 0)."""
     return nbytes(t) if hasattr(t, "ne") else getattr(t, "size", 0)
+
+
+# notebooks/04_dyn_allocator.py
+@contextmanager
+def captured_log(level: int = logging.INFO):
+    """Collect the messages of the `ggml_lite` logger at `level` or above (what the C writes to stderr)."""
+    lines = []
+
+    class _Sink(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    sink, old_level = _Sink(level), log.level
+    log.addHandler(sink)
+    if log.getEffectiveLevel() > level:
+        log.setLevel(level)
+    try:
+        yield lines
+    finally:
+        log.removeHandler(sink)
+        log.setLevel(old_level)

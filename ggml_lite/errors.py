@@ -72,11 +72,11 @@ class AllocationError(GGMLLiteError, MemoryError):
     """Memory cannot be handed out as asked (the allocators' "not enough space" aborts)."""
 
 
+# notebooks/00_tensors.py
 class OutOfBufferSpaceError(AllocationError):
     """A tensor does not fit in what is left of a buffer (`ggml_tallocr_alloc`)."""
 
 
-# notebooks/00_tensors.py
 class OutOfFreeBlocksError(AllocationError):
     """The dynamic allocator's free list is full (`MAX_FREE_BLOCKS`)."""
 
@@ -143,11 +143,11 @@ class BackendError(GGMLLiteError, RuntimeError):
     """A backend cannot do what it was asked (chapters 06–08)."""
 
 
+# notebooks/00_tensors.py
 class UnsupportedOpError(BackendError):
     """A backend was asked to compute an op (or a type combination) it does not support."""
 
 
-# notebooks/00_tensors.py
 class UnknownBackendError(BackendError, KeyError):
     """A backend name that is not in the registry (`ggml_backend_reg_init_backend_from_str`)."""
 

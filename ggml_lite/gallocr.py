@@ -6,7 +6,6 @@
 graph with one dynamic allocator per buffer type, keep the plan, and place the tensors from it."""
 
 import logging
-from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import NamedTuple
@@ -232,7 +231,6 @@ class GAllocr:
 
 
 # notebooks/05_gallocr.py
-# -- the hash table ----------------------------------------------------------------------------
 def hash_get(galloc, t) -> HashNode:
     """`ggml_gallocr_hash_get`: the record of `t`, created (zeroed) on first use."""
     hn = galloc.hash_values.get(t)
@@ -293,7 +291,6 @@ GAllocr._record = _record
 
 
 # notebooks/05_gallocr.py
-# -- allocate / free one tensor ----------------------------------------------------------------
 def allocate_node(galloc, node, buffer_id: int, node_index: int = -1, phase: str = "node") -> None:
     """`ggml_gallocr_allocate_node` (:470-544): place `node` unless it is pre-allocated, already
     placed, or a view — in a parent's memory when the in-place rules allow, else in a new block."""
@@ -374,7 +371,6 @@ GAllocr.free_node = free_node
 
 
 # notebooks/05_gallocr.py
-# -- ggml_gallocr_free -----------------------------------------------------------------------
 def free(galloc) -> None:
     """`ggml_gallocr_free`: free each distinct buffer once."""
     seen = []
@@ -633,24 +629,3 @@ def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
         if node.data is None or (node.view_src is not None and node.buffer is None):
             init(galloc, node, records.get(planned_node, NOT_PLACED))
     return True
-
-
-# notebooks/05_gallocr.py
-@contextmanager
-def captured_log(level: int = logging.INFO):
-    """Collect the messages of the `ggml_lite` logger at `level` or above (what the C writes to stderr)."""
-    lines = []
-
-    class _Sink(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-
-    sink, old_level = _Sink(level), log.level
-    log.addHandler(sink)
-    if log.getEffectiveLevel() > level:
-        log.setLevel(level)
-    try:
-        yield lines
-    finally:
-        log.removeHandler(sink)
-        log.setLevel(old_level)

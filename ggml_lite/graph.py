@@ -4,12 +4,8 @@
 # notebooks/01_ops_and_graphs.py
 """`struct ggml_cgraph` and `ggml_build_forward_expand` (ggml.c), forward graphs only."""
 
-
 from ggml_lite.errors import GraphFullError
-
-
 from ggml_lite.tensor import Op, Tensor, TensorFlag, describe
-
 
 GGML_DEFAULT_GRAPH_SIZE = 2048
 

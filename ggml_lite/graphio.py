@@ -16,7 +16,8 @@ from ggml_lite.buffer import cpu_buffer_type
 from ggml_lite.errors import (
     DanglingSourceError, GraphCycleError, GraphFileError, InvalidSizeError, RecordMismatchError,
 )
-from ggml_lite.gallocr import GAllocr, captured_log
+from ggml_lite.dyn_tallocr import captured_log
+from ggml_lite.gallocr import GAllocr
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
 from ggml_lite.tallocr import alloc_ctx_tensors
 from ggml_lite.tensor import (

@@ -5,28 +5,15 @@
 """The `numerics` extension of the fixture schema (`tests/fixtures/README.md`): the leaf data
 generator, and the verification of recorded results on the CPU backend."""
 
-
 import numpy as np
 
-
 from ggml_lite.backend import tensor_get, tensor_set
-
-
 from ggml_lite.cpu import Arithmetic, cpu_init, quantize_q8_0
-
-
 from ggml_lite.errors import GraphFileError
-
-
 from ggml_lite.tensor import F16, F32, I32, Q8_0
 
-
 MASK = 0xFFFFFFFF
-
-
 LCG_A, LCG_C = 1664525, 1013904223
-
-
 TOLERANCE_F32, TOLERANCE_MIXED = Arithmetic.TOLERANCE_F32, Arithmetic.TOLERANCE_MIXED  # the numpy tier's (chapter 07)
 
 
@@ -72,7 +59,6 @@ def _values_f32(tensor) -> np.ndarray:
     return tensor_get(tensor).astype(np.float32).reshape(-1)
 
 
-# notebooks/A1_graph_files.py
 def data_seed(doc: dict) -> int:
     """The leaf-data seed: `data_generator.data_seed` (the spec's place), else a top-level `data_seed`
     (files written before the spec said so)."""
@@ -87,6 +73,7 @@ def data_seed(doc: dict) -> int:
     return seed
 
 
+# notebooks/A1_graph_files.py
 def verify_numerics(doc: dict, gf, exact: bool = False) -> tuple:
     """Fill the leafs of the planned graph `gf` (a `graphio.GraphFile` after `run_plan`), compute it on
     the CPU backend (`exact`: with the bit-exact tier of appendix A2) and compare every recorded

@@ -5,10 +5,7 @@
 """ggml's op constructors (ggml.c): each creates the result tensor with ggml's shape, strides,
 op_params and automatic name, and records its sources. No arithmetic happens here."""
 
-
 from ggml_lite.errors import DataTypeError, LayoutError, PermuteAxisError, ReshapeError, ShapeError
-
-
 from ggml_lite.tensor import (
     F16, F32, GGML_MAX_DIMS, I32, Op, Tensor, UnaryOp, are_same_shape, can_repeat, describe,
     float_to_word, is_contiguous, is_contiguous_1, is_matrix, is_padded_1d, is_scalar, is_transposed,
@@ -263,6 +260,7 @@ def diag_mask_zero(ctx, a: Tensor, n_past: int, inplace: bool = False) -> Tensor
     return t
 
 
+# notebooks/01_ops_and_graphs.py
 def soft_max_ext(ctx, a: Tensor, mask, scale: float, max_bias: float, inplace: bool = False) -> Tensor:
     """`ggml_soft_max_ext` (`ggml_soft_max_impl`): softmax(a·scale + mask) per row; `op_params` =
     (scale, max_bias) as f32 bits; `src[1]` = mask."""
@@ -282,7 +280,6 @@ def soft_max_ext(ctx, a: Tensor, mask, scale: float, max_bias: float, inplace: b
     return t
 
 
-# notebooks/01_ops_and_graphs.py
 def soft_max(ctx, a: Tensor, inplace: bool = False) -> Tensor:
     """`ggml_soft_max` (`ggml_soft_max_inplace`): softmax of each row (scale 1, no mask)."""
     return soft_max_ext(ctx, a, None, 1.0, 0.0, inplace)

@@ -6,63 +6,27 @@
 backends as SIM, the weight and KV-cache buffers, the weight and input generators, and the replay
 of every recorded step with the differences it finds."""
 
-
 import logging
-
-
 from dataclasses import dataclass
-
 
 import numpy as np
 
-
 from ggml_lite.backend import tensor_get, tensor_set
-
-
 from ggml_lite.backend import tensor_set
-
-
 from ggml_lite.buffer import BufferUsage
-
-
 from ggml_lite.cpu import cpu_init
-
-
 from ggml_lite.errors import GraphFileError
-
-
 from ggml_lite.errors import GraphFileError, SchedulerError
-
-
-from ggml_lite.gallocr import captured_log
-
-
+from ggml_lite.dyn_tallocr import captured_log
 from ggml_lite.graphio import read_graph_file
-
-
 from ggml_lite.models.llama import batch_inputs, build_llama, build_graph, model_tensors
-
-
 from ggml_lite.numerics import lcg_states
-
-
 from ggml_lite.sched import BackendSched
-
-
 from ggml_lite.sim import sim_init
-
-
 from ggml_lite.tallocr import alloc_ctx_tensors
-
-
 from ggml_lite.tallocr import alloc_ctx_tensors_from_buft
-
-
 from ggml_lite.tensor import F16, nelements
-
-
 from ggml_lite.tensor import nbytes
-
 
 FNV_OFFSET, FNV_PRIME = 2166136261, 16777619
 
@@ -75,12 +39,15 @@ def fnv1a32(data: bytes) -> int:
     return h
 
 
-# notebooks/A3_scheduler_scenarios.py
+
+
 def weight_values(seed: int, n: int, offset: float, scale: float) -> np.ndarray:
     """The README's weight generator: element k uses the LCG state after k+1 steps from `seed`,
     u = (s >> 8) / 2^24, value = offset + scale·(2u − 1) in double, rounded once to float32."""
     u = (lcg_states(seed, n) >> np.uint64(8)).astype(np.float64) / 2.0**24
     return (offset + scale * (2.0 * u - 1.0)).astype(np.float32)
+
+
 
 
 def weight_gen(name: str) -> tuple:
@@ -94,16 +61,21 @@ def weight_gen(name: str) -> tuple:
     return fnv1a32(name.encode()), offset, scale
 
 
+
+
 OFFLOAD_RULES = {  # the `offload_op` strings of the fixtures → SIM's rule names
     None: None,
     "op == MUL_MAT && ne[1] >= 32": "mul_mat",
 }
 
 
+# notebooks/A3_scheduler_scenarios.py
 def offload_rule(text):
     if text is not None and text.startswith("ne[1] >= 32 && op != GET_ROWS"):
         return "cuda"
     return OFFLOAD_RULES[text]
+
+
 
 
 def make_backends(doc: dict, clock=None) -> list:
@@ -118,6 +90,8 @@ def make_backends(doc: dict, clock=None) -> list:
                                    deny_ops=b["supports_op_denied"], offload=offload_rule(b["offload_op"]),
                                    asynchronous=False, clock=clock, exact=True))
     return out
+
+
 
 
 @dataclass

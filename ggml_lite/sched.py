@@ -191,7 +191,6 @@ class BackendSched(_Assign):
 
 
 # notebooks/09_scheduler.py
-# -- state ------------------------------------------------------------------------------------
 def reset(sched) -> None:
     """`ggml_backend_sched_reset`: forget every assignment and copy (unless nothing changed since
     the last reset); the next graph is split anew."""
@@ -654,15 +653,7 @@ def free(sched: BackendSched) -> None:
 
 
 BackendSched.alloc_graph = alloc_graph
-
-
 BackendSched.graph_compute = graph_compute
-
-
 BackendSched.graph_compute_async = graph_compute_async
-
-
 BackendSched.set_eval_callback = set_eval_callback
-
-
 BackendSched.free = free

@@ -307,7 +307,6 @@ def _synchronize(sim) -> None:
     sim.clock.wait_until(sim.free_at)
 
 
-# -- data and copies -----------------------------------------------------------------------------------
 def _own(sim, t, what: str):
     buf = tensor_buffer(t)
     if buf is None or buf.buft is not sim.buft:
@@ -377,7 +376,6 @@ SimBackend._offload_op = _offload_op
 
 
 # notebooks/08_sim.py
-# -- events ---------------------------------------------------------------------------------------------
 def _event_new(sim) -> Event:
     event = Event(sim)
     event.context = {"gen": 0, "times": {}}

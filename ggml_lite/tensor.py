@@ -135,10 +135,10 @@ class UnaryOp(enum.IntEnum):
     EXP = 13
 
 
+# notebooks/00_tensors.py
 VIEW_OPS = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})  # `ggml_is_view_op`
 
 
-# notebooks/00_tensors.py
 def op_by_name(name) -> Op:
     """The Op called `name` (as `ggml_op_name` prints it); an Op passes through."""
     if isinstance(name, Op):
@@ -219,7 +219,6 @@ class Tensor:
 
 
 # notebooks/00_tensors.py
-# -- graph and names -------------------------------------------------------------------
 def set_src(tensor, i: int, t) -> None:
     """Set source slot `i` (`tensor->src[i] = t`)."""
     if not 0 <= i < GGML_MAX_SRC:
@@ -360,12 +359,12 @@ def is_padded_1d(t: Tensor) -> bool:
     return nb[0] == t.type.type_size and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]
 
 
+# notebooks/00_tensors.py
 def is_empty(t: Tensor) -> bool:
     """`ggml_is_empty`: some dimension is 0."""
     return 0 in t.ne
 
 
-# notebooks/00_tensors.py
 def is_scalar(t: Tensor) -> bool:
     """`ggml_is_scalar`."""
     return t.ne[0] == 1 and t.ne[1] == 1 and t.ne[2] == 1 and t.ne[3] == 1

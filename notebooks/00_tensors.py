@@ -205,15 +205,16 @@ class AllocationError(GGMLLiteError, MemoryError):
     """Memory cannot be handed out as asked (the allocators' "not enough space" aborts)."""
 
 
+# %% [markdown]
+# Ports `ggml_tallocr_alloc`, `ggml_gallocr_init_tensor`, `ggml_gallocr_get_buffer_size`,
+# `GGML_ALLOCATOR_DEBUG`, `ggml_backend_tensor_alloc`, `ggml_backend_buffer_free`.
+
+# %%
+# | export errors
 class OutOfBufferSpaceError(AllocationError):
     """A tensor does not fit in what is left of a buffer (`ggml_tallocr_alloc`)."""
 
 
-# %% [markdown]
-# Ports `ggml_gallocr_init_tensor`, `ggml_gallocr_get_buffer_size`, `GGML_ALLOCATOR_DEBUG`, `ggml_backend_tensor_alloc`, `ggml_backend_buffer_free`.
-
-# %%
-# | export errors
 class OutOfFreeBlocksError(AllocationError):
     """The dynamic allocator's free list is full (`MAX_FREE_BLOCKS`)."""
 
@@ -280,15 +281,15 @@ class BackendError(GGMLLiteError, RuntimeError):
     """A backend cannot do what it was asked (chapters 06–08)."""
 
 
-class UnsupportedOpError(BackendError):
-    """A backend was asked to compute an op (or a type combination) it does not support."""
-
-
 # %% [markdown]
 # Ports `ggml_backend_reg_init_backend_from_str`, `ggml_backend_tensor_copy`.
 
 # %%
 # | export errors
+class UnsupportedOpError(BackendError):
+    """A backend was asked to compute an op (or a type combination) it does not support."""
+
+
 class UnknownBackendError(BackendError, KeyError):
     """A backend name that is not in the registry (`ggml_backend_reg_init_backend_from_str`)."""
 
@@ -415,14 +416,14 @@ class UnaryOp(enum.IntEnum):
     EXP = 13
 
 
-VIEW_OPS = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})  # `ggml_is_view_op`
-
-
 # %% [markdown]
 # Ports `ggml_op_name`.
 
 # %%
 # | export
+VIEW_OPS = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})  # `ggml_is_view_op`
+
+
 def op_by_name(name) -> Op:
     """The Op called `name` (as `ggml_op_name` prints it); an Op passes through."""
     if isinstance(name, Op):
@@ -523,7 +524,6 @@ class Tensor:
 
 # %%
 # | export
-# -- graph and names -------------------------------------------------------------------
 def set_src(tensor, i: int, t) -> None:
     """Set source slot `i` (`tensor->src[i] = t`)."""
     if not 0 <= i < GGML_MAX_SRC:
@@ -582,9 +582,6 @@ Tensor.set_op_params = set_op_params
 Tensor.op_params_i32 = op_params_i32
 Tensor.op_params_f32 = op_params_f32
 
-
-# %% [markdown]
-# Next: `_truncate_name`, `describe`.
 
 # %%
 # | export
@@ -688,16 +685,17 @@ def is_padded_1d(t: Tensor) -> bool:
     return nb[0] == t.type.type_size and nb[2] == nb[1] * ne[1] and nb[3] == nb[2] * ne[2]
 
 
+# %% [markdown]
+# Ports `ggml_is_empty`, `ggml_is_scalar`, `ggml_is_vector`, `ggml_is_matrix`,
+# `ggml_are_same_shape`, `ggml_are_same_layout`, `ggml_can_repeat`, `ggml_is_view_op`.
+
+# %%
+# | export
 def is_empty(t: Tensor) -> bool:
     """`ggml_is_empty`: some dimension is 0."""
     return 0 in t.ne
 
 
-# %% [markdown]
-# Ports `ggml_is_scalar`, `ggml_is_vector`, `ggml_is_matrix`, `ggml_are_same_shape`, `ggml_are_same_layout`, `ggml_can_repeat`.
-
-# %%
-# | export
 def is_scalar(t: Tensor) -> bool:
     """`ggml_is_scalar`."""
     return t.ne[0] == 1 and t.ne[1] == 1 and t.ne[2] == 1 and t.ne[3] == 1

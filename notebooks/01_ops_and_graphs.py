@@ -63,10 +63,7 @@ from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, Context, Op, Tensor, Ten
 """ggml's op constructors (ggml.c): each creates the result tensor with ggml's shape, strides,
 op_params and automatic name, and records its sources. No arithmetic happens here."""
 
-
 from ggml_lite.errors import DataTypeError, LayoutError, PermuteAxisError, ReshapeError, ShapeError
-
-
 from ggml_lite.tensor import (
     F16, F32, GGML_MAX_DIMS, I32, Op, Tensor, UnaryOp, are_same_shape, can_repeat, describe,
     float_to_word, is_contiguous, is_contiguous_1, is_matrix, is_padded_1d, is_scalar, is_transposed,
@@ -133,7 +130,8 @@ def div(ctx, a: Tensor, b: Tensor) -> Tensor:
 
 
 # %% [markdown]
-# Ports `ggml_div_inplace`, `ggml_add1`, `ggml_add1_inplace`, `ggml_sqr`, `ggml_sqr_inplace`, `ggml_sqrt`.
+# Ports `ggml_div_inplace`, `ggml_add1`, `ggml_sqr`, `ggml_sqrt`, `ggml_log`, `ggml_dup`,
+# `ggml_sum_rows`, `ggml_sum`, `ggml_mean`, `ggml_scale`, `ggml_scale_inplace`.
 
 # %%
 # | export
@@ -206,7 +204,8 @@ def scale_inplace(ctx, a: Tensor, s: float) -> Tensor:
 
 
 # %% [markdown]
-# Ports `ggml_unary`, `ggml_unary_inplace`, `ggml_unary_impl`, `ggml_silu`, `ggml_silu_inplace`, `ggml_gelu`.
+# Ports `ggml_unary`, `ggml_silu`, `ggml_gelu`, `ggml_relu`, `ggml_tanh`, `ggml_neg`, `ggml_exp`,
+# `ggml_leaky_relu`, `ggml_norm`, `ggml_rms_norm`.
 
 # %%
 # | export
@@ -275,7 +274,7 @@ def rms_norm(ctx, a: Tensor, eps: float, inplace: bool = False) -> Tensor:
 
 
 # %% [markdown]
-# Ports `ggml_concat`, `ggml_mul_mat`, `ggml_can_mul_mat`, `ggml_get_rows`, `ggml_diag_mask_inf`, `ggml_diag_mask_zero`.
+# Ports `ggml_concat`, `ggml_mul_mat`, `ggml_get_rows`, `ggml_diag_mask_inf`, `ggml_diag_mask_zero`.
 
 # %%
 # | export
@@ -333,6 +332,11 @@ def diag_mask_zero(ctx, a: Tensor, n_past: int, inplace: bool = False) -> Tensor
     return t
 
 
+# %% [markdown]
+# Ports `ggml_soft_max_ext`, `ggml_soft_max`, `ggml_rope_ext`.
+
+# %%
+# | export
 def soft_max_ext(ctx, a: Tensor, mask, scale: float, max_bias: float, inplace: bool = False) -> Tensor:
     """`ggml_soft_max_ext` (`ggml_soft_max_impl`): softmax(a·scale + mask) per row; `op_params` =
     (scale, max_bias) as f32 bits; `src[1]` = mask."""
@@ -352,11 +356,6 @@ def soft_max_ext(ctx, a: Tensor, mask, scale: float, max_bias: float, inplace: b
     return t
 
 
-# %% [markdown]
-# Ports `ggml_soft_max`, `ggml_soft_max_inplace`, `ggml_rope_ext`, `ggml_rope_impl`.
-
-# %%
-# | export
 def soft_max(ctx, a: Tensor, inplace: bool = False) -> Tensor:
     """`ggml_soft_max` (`ggml_soft_max_inplace`): softmax of each row (scale 1, no mask)."""
     return soft_max_ext(ctx, a, None, 1.0, 0.0, inplace)
@@ -466,7 +465,8 @@ def reshape_1d(ctx, a: Tensor, ne0: int) -> Tensor:
 
 
 # %% [markdown]
-# Ports `ggml_reshape_2d`, `ggml_reshape_3d`, `ggml_reshape_4d`, `ggml_permute`, `ggml_transpose`, `ggml_cont`.
+# Ports `ggml_reshape_2d`, `ggml_reshape_3d`, `ggml_reshape_4d`, `ggml_permute`, `ggml_transpose`,
+# `ggml_cont`, `ggml_cont_4d`, `ggml_cont_2d`, `ggml_cont_3d`.
 
 # %%
 # | export
@@ -537,7 +537,7 @@ def cont_3d(ctx, a: Tensor, ne0: int, ne1: int, ne2: int) -> Tensor:
 
 
 # %% [markdown]
-# Ports `ggml_cpy`, `ggml_cpy_impl`.
+# Ports `ggml_cpy`.
 
 # %%
 # | export
@@ -615,12 +615,8 @@ except ViewBoundsError as e:
 # | export graph
 """`struct ggml_cgraph` and `ggml_build_forward_expand` (ggml.c), forward graphs only."""
 
-
 from ggml_lite.errors import GraphFullError
-
-
 from ggml_lite.tensor import Op, Tensor, TensorFlag, describe
-
 
 GGML_DEFAULT_GRAPH_SIZE = 2048
 
@@ -681,7 +677,8 @@ def _add(graph: Graph, t: Tensor) -> None:
 
 
 # %% [markdown]
-# Ports `ggml_visit_parents`, `ggml_build_forward_expand`, `ggml_build_forward_impl`, `ggml_new_graph_custom`, `ggml_graph_view`.
+# Ports `ggml_visit_parents`, `ggml_build_forward_expand`, `ggml_new_graph_custom`,
+# `ggml_graph_view`.
 
 # %%
 # | export graph

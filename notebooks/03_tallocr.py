@@ -304,7 +304,6 @@ class Buffer:
 
 # %%
 # | export
-# -- lifetime -------------------------------------------------------------------------------
 def free(buffer) -> None:
     """`ggml_backend_buffer_free` (`ggml_backend_cpu_buffer_free_buffer`): the buffer and its
     bytes are gone; using it again, or freeing it twice, raises `BufferFreedError`."""
@@ -342,7 +341,6 @@ Buffer.reset = reset
 
 # %%
 # | export
-# -- bytes ------------------------------------------------------------------------------------
 def _extent(buffer) -> int:
     """Bytes from `data` to the end of the buffer: `size`, plus the padding before an aligned base
     (a buffer type that aligns the base of a `size`-byte buffer malloc'ed `size + alignment` bytes)."""
@@ -405,7 +403,7 @@ Buffer.cpy_tensor = cpy_tensor
 
 
 # %% [markdown]
-# Ports `ggml_backend_cpu_buffer_get_base`, `ggml_backend_cpu_buffer_name`, `ggml_backend_cpu_buffer_from_ptr`.
+# Ports `ggml_backend_cpu_buffer_get_base`, `ggml_backend_cpu_buffer_from_ptr`.
 
 # %%
 # | export

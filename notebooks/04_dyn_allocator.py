@@ -76,6 +76,7 @@
 (`GGML_ALLOCATOR_DEBUG`) and trace events for the pictures."""
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ggml_lite.align import aligned_offset
@@ -330,7 +331,6 @@ DynTAllocr._trace_free = _trace_free
 
 # %%
 # | export
-# -- GGML_ALLOCATOR_DEBUG ---------------------------------------------------------------------
 def _debug_add(dyn, offset: int, size: int, tensor) -> None:
     """`add_allocated_tensor`, then the max_size report of the debug build."""
     slots = dyn.allocated_tensors
@@ -396,6 +396,34 @@ def _size_of(t) -> int:
 
 
 # %% [markdown]
+# The allocators report as the C does on stderr — `alloc`'s "not enough space" above, and later the graph
+# allocator's "reallocating buffer" — through the `ggml_lite` logger. `captured_log` collects those
+# messages for a block of code, so that they can be printed or compared with what the real ggml
+# wrote (chapter 05 and appendices A1 and A3 use it).
+
+# %%
+# | export
+@contextmanager
+def captured_log(level: int = logging.INFO):
+    """Collect the messages of the `ggml_lite` logger at `level` or above (what the C writes to stderr)."""
+    lines = []
+
+    class _Sink(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    sink, old_level = _Sink(level), log.level
+    log.addHandler(sink)
+    if log.getEffectiveLevel() > level:
+        log.setLevel(level)
+    try:
+        yield lines
+    finally:
+        log.removeHandler(sink)
+        log.setLevel(old_level)
+
+
+# %% [markdown]
 # ## 4 · Watching it work
 #
 # The memory bar (exported to `ggml_lite.viz.memory`, shared with chapters 05 and 09) draws
@@ -407,12 +435,9 @@ def _size_of(t) -> int:
 # | export viz.memory
 """Plotly memory bars and an ipywidgets stepper for allocator traces (chapters 04, 05, 09)."""
 
-
 import plotly.graph_objects as go
 
-
 from ggml_lite.dyn_tallocr import AllocEvent, FreeEvent, ResetEvent
-
 
 ALLOC_COLOR, FREE_COLOR = "#636efa", "#b6e3b6"
 
@@ -462,9 +487,6 @@ def step_figure(events, k: int, end: int = None) -> go.Figure:
     ev = events[k]
     return memory_bar(list(ev.free_blocks), states[k], title=f"step {k + 1}/{len(events)}: {ev.describe()}", end=end)
 
-
-# %% [markdown]
-# Next: `step_widget`, `stepper`.
 
 # %%
 # | export viz.memory

@@ -108,7 +108,6 @@ print({t.name: t.data - ga_rule.buffers[0].get_base() for t in (x, s, y)})
 graph with one dynamic allocator per buffer type, keep the plan, and place the tensors from it."""
 
 import logging
-from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import NamedTuple
@@ -291,9 +290,6 @@ class PhaseEvent:
                 "allocate": "visit the nodes in execution order"}[self.phase]
 
 
-# %% [markdown]
-# Next: `ExecEvent`.
-
 # %%
 # | export
 @dataclass(frozen=True)
@@ -387,7 +383,6 @@ class GAllocr:
 
 # %%
 # | export
-# -- the hash table ----------------------------------------------------------------------------
 def hash_get(galloc, t) -> HashNode:
     """`ggml_gallocr_hash_get`: the record of `t`, created (zeroed) on first use."""
     hn = galloc.hash_values.get(t)
@@ -459,7 +454,6 @@ GAllocr._record = _record
 
 # %%
 # | export
-# -- allocate / free one tensor ----------------------------------------------------------------
 def allocate_node(galloc, node, buffer_id: int, node_index: int = -1, phase: str = "node") -> None:
     """`ggml_gallocr_allocate_node` (:470-544): place `node` unless it is pre-allocated, already
     placed, or a view — in a parent's memory when the in-place rules allow, else in a new block."""
@@ -549,7 +543,6 @@ GAllocr.free_node = free_node
 
 # %%
 # | export
-# -- ggml_gallocr_free -----------------------------------------------------------------------
 def free(galloc) -> None:
     """`ggml_gallocr_free`: free each distinct buffer once."""
     seen = []
@@ -843,39 +836,13 @@ def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
 # (allocated with `alloc_ctx_tensors`, as llama.cpp loads a model), so the graph allocator plans
 # only the compute tensors. Fixture 06 recorded real ggml doing exactly this.
 
-# %% [markdown]
-# The allocator reports as the C does on stderr, through the `ggml_lite` logger. `captured_log`
-# collects those messages for a block of code, so that they can be printed or compared with what the
-# real ggml wrote (appendices A1 and A3 use it too).
-
-# %%
-# | export
-@contextmanager
-def captured_log(level: int = logging.INFO):
-    """Collect the messages of the `ggml_lite` logger at `level` or above (what the C writes to stderr)."""
-    lines = []
-
-    class _Sink(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-
-    sink, old_level = _Sink(level), log.level
-    log.addHandler(sink)
-    if log.getEffectiveLevel() > level:
-        log.setLevel(level)
-    try:
-        yield lines
-    finally:
-        log.removeHandler(sink)
-        log.setLevel(old_level)
-
-
 # %%
 import json  # noqa: E402
 import math  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import ggml_lite as gl  # noqa: E402
+from ggml_lite.dyn_tallocr import captured_log  # noqa: E402
 
 
 def llama_block(n_tokens=10, n_embd=128, n_head=4, n_ff=344, eps=1e-5):
@@ -946,8 +913,9 @@ for i, node in enumerate(graph.nodes):
 
 # %% [markdown]
 # Read a few lines against the rules. `inp_x`, `inp_pos` and `KQ_mask` are INPUT leafs: the leaf
-# loop places them, with the other leafs, before any node (offsets 0, 5120, 5184). `norm-0` gets a new block; `attn_norm-0`
-# (MUL, can-inplace, same layout, `norm-0`'s only child) **takes `norm-0`'s memory**. The three
+# loop places them, with the other leafs, before any node (offsets 0, 5120, 5184). `norm-0` gets a
+# new block; `attn_norm-0` (MUL, can-inplace, same layout, `norm-0`'s only child) **takes `norm-0`'s
+# memory**. The three
 # projections cannot work in place (MUL_MAT); `Qcur-0` is consumed only through its reshape view, so
 # its block is freed when `Qcur_rope-0` (ROPE, which *could* run in place) has used the view — a view
 # is never the allocator's own (`allocated` stays false for views), so the in-place test refuses
@@ -978,24 +946,14 @@ print(f"fixture 06: all {len(want)} compute tensors at ggml's offsets; buffer si
 """Pictures of a graph-allocator plan (chapter 05): tensor lifetimes from a trace, the peak-live
 lower bound, a plotly memory timeline, and an ipywidgets stepper through the plan's decisions."""
 
-
 from dataclasses import dataclass
-
 
 import plotly.graph_objects as go
 
-
 from ggml_lite.buffer import cpu_buffer_type
-
-
 from ggml_lite.dyn_tallocr import AllocEvent, FreeEvent
-
-
 from ggml_lite.gallocr import ExecEvent, FreeNodeEvent, GAllocr, PhaseEvent, PlaceEvent, RejectEvent
-
-
 from ggml_lite.viz.memory import memory_bar, step_widget
-
 
 COLORS = {"leaf": "#2ca02c", "input": "#17becf", "new": "#636efa", "inplace": "#ff7f0e", "inplace_view": "#ff7f0e"}
 
@@ -1025,9 +983,6 @@ class Lifetime:
     parent: object = None
     kind: str = "tensor"
 
-
-# %% [markdown]
-# Next: `lifetimes`, `live_bytes`, `_rect`.
 
 # %%
 # | export viz.timeline
@@ -1084,9 +1039,6 @@ def live_bytes(lts, n_nodes: int) -> list:
 def _rect(x0, x1, y0, y1):
     return [x0, x1, x1, x0, x0, None], [y0, y0, y1, y1, y0, None]
 
-
-# %% [markdown]
-# Next: `memory_timeline`, `plan_steps`.
 
 # %%
 # | export viz.timeline
@@ -1160,9 +1112,6 @@ def plan_steps(events) -> list:
             cur["events"].append(ev)
     return steps
 
-
-# %% [markdown]
-# Next: `decision_lines`, `alloc_stepper`.
 
 # %%
 # | export viz.timeline
@@ -1285,7 +1234,6 @@ print(refused, refusal_log)
 # %% [markdown]
 # ## 7 · The quirks, collected
 #
-# * **The inverted name.** `ggml_gallocr_node_needs_realloc` answers "does the plan still fit?".
 # * **The view-parent branch cannot run.** In `allocate_node` the in-place loop first asks
 #   `ggml_gallocr_is_own(parent)`; a view is never marked `allocated` (allocate_node returns early
 #   for views), so a view parent is always refused before the branch that would reuse it. The port
@@ -1302,8 +1250,8 @@ print(refused, refusal_log)
 #   reallocated only to grow, never to shrink.
 # * **`GGML_OP_NONE` nodes are not view users**: the scheduler adds such nodes to hold dependencies
 #   (chapter 09), and they must not keep a view's root alive.
-# * **One departure**: for a node the plan did not place (`buffer_id == -1`) that now needs memory, the
-#   C dereferences a NULL buffer type; the port reports the node "not valid" and plans again.
+# * Also §6's inverted name, and one departure: a node the plan did not place that now needs memory
+#   is "not valid" here (the C dereferences a NULL buffer type).
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -236,7 +236,7 @@ class Event:
 
 
 # %% [markdown]
-# Ports `ggml_backend_i`, `ggml_backend_name`, `ggml_backend_free`, `ggml_backend_get_default_buffer_type`, `ggml_backend_alloc_buffer`, `ggml_backend_get_alignment`.
+# Ports `ggml_backend_i`.
 
 # %%
 # | export
@@ -339,7 +339,6 @@ Backend.get_max_size = get_max_size
 
 # %%
 # | export
-# -- data -----------------------------------------------------------------------------------------
 def tensor_set_async(backend, tensor, data, offset: int = 0, size: int = None) -> None:
     """`ggml_backend_tensor_set_async`: queued on this backend, or `tensor_set` when it has no queue."""
     if backend._set_tensor_async is None:
@@ -382,7 +381,6 @@ Backend.synchronize = synchronize
 
 # %%
 # | export
-# -- compute ----------------------------------------------------------------------------------------
 def graph_plan_create(backend, graph) -> GraphPlan:
     """`ggml_backend_graph_plan_create`."""
     if backend._graph_plan_create is None:
@@ -449,7 +447,6 @@ def offload_op(backend, op) -> bool:
     return backend._offload_op(op) if backend._offload_op is not None else False
 
 
-# -- events -----------------------------------------------------------------------------------------
 def event_new(backend):
     """`ggml_backend_event_new`: an Event, or None when the backend has no events."""
     if backend._event_new is None:

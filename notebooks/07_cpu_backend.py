@@ -188,8 +188,6 @@ def fma_f32(a, b, c) -> np.ndarray:
 # %%
 # | export
 Q8_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
-
-
 Q4_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "u1", 16)])
 
 
@@ -256,9 +254,6 @@ def quantize_row_q4_0_ref(x) -> np.ndarray:
     out["qs"] = q[..., :16] | (q[..., 16:] << 4)
     return out
 
-
-# %% [markdown]
-# Next: `dequantize_row_q8_0`, `dequantize_row_q4_0`.
 
 # %%
 # | export
@@ -370,13 +365,8 @@ class Arithmetic:
 
 
 NUMPY = Arithmetic()
-
-
 _TIERS = {NUMPY.name: NUMPY}
 
-
-# %% [markdown]
-# Next: `declare_tier`, `tier`.
 
 # %%
 # | export
@@ -476,9 +466,6 @@ def _rows_uniform(t) -> bool:
     return True
 
 
-# %% [markdown]
-# Next: `_need_rows`, `_same_shape`.
-
 # %%
 # | export
 def _need_rows(node, t, what: str, strict: bool = False) -> None:
@@ -571,7 +558,7 @@ _BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.
 
 
 # %% [markdown]
-# Ports `ggml_compute_forward_add_f32`, `ggml_compute_forward_add_f16_f32`, `ggml_compute_forward_add_q_f32`, `ggml_compute_forward_add1_f32`.
+# Ports `ggml_compute_forward_add_f32`, `ggml_compute_forward_add1_f32`.
 
 # %%
 # | export
@@ -642,7 +629,9 @@ def compute_forward_add1(params, node) -> None:
 
 
 # %% [markdown]
-# Ports `ggml_compute_forward_sqr_f32`, `ggml_compute_forward_sqrt_f32`, `ggml_compute_forward_log_f32`, `ggml_compute_forward_leaky_relu_f32`, `ggml_vec_leaky_relu_f32`, `ggml_compute_forward_unary`.
+# Ports `ggml_compute_forward_sqr_f32`, `ggml_compute_forward_sqrt_f32`,
+# `ggml_compute_forward_log_f32`, `ggml_compute_forward_leaky_relu_f32`,
+# `ggml_compute_forward_unary`.
 
 # %%
 # | export
@@ -716,7 +705,9 @@ def compute_forward_unary(params, node) -> None:
 
 
 # %% [markdown]
-# Ports `ggml_compute_forward_scale_f32`, `ggml_compute_forward_sum_f32`, `ggml_vec_sum_f32_ggf`, `ggml_compute_forward_sum_rows_f32`, `ggml_vec_sum_f32`, `ggml_compute_forward_mean_f32`.
+# Ports `ggml_compute_forward_scale_f32`, `ggml_compute_forward_sum_f32`,
+# `ggml_compute_forward_sum_rows_f32`, `ggml_compute_forward_mean_f32`,
+# `ggml_compute_forward_concat_f32`.
 
 # %%
 # | export
@@ -789,7 +780,8 @@ def compute_forward_concat(params, node) -> None:
 
 
 # %% [markdown]
-# Ports `ggml_compute_forward_norm_f32`, `ggml_compute_forward_rms_norm_f32`, `ggml_compute_forward_mul_mat`.
+# Ports `ggml_compute_forward_norm_f32`, `ggml_compute_forward_rms_norm_f32`,
+# `ggml_compute_forward_mul_mat`.
 
 # %%
 # | export
@@ -859,7 +851,8 @@ def compute_forward_mul_mat(params, node) -> None:
 
 
 # %% [markdown]
-# Ports `ggml_compute_forward_get_rows`, `ggml_fp16_to_fp32_row`, `ggml_compute_forward_diag_mask_f32`, `ggml_compute_forward_soft_max_f32`.
+# Ports `ggml_compute_forward_get_rows`, `ggml_compute_forward_diag_mask_f32`,
+# `ggml_compute_forward_soft_max_f32`.
 
 # %%
 # | export
@@ -927,7 +920,7 @@ def _alibi_slopes(arith, n_head: int, max_bias: float) -> np.ndarray:
 
 
 # %% [markdown]
-# Ports `ggml_compute_forward_soft_max_f32`, `ggml_vec_soft_max_f32`, `ggml_rope_yarn_corr_dims`, `ggml_rope_yarn_corr_dim`.
+# Ports `ggml_compute_forward_soft_max_f32`, `ggml_rope_yarn_corr_dims`.
 
 # %%
 # | export
@@ -1188,17 +1181,17 @@ def graph_label(graph) -> str:
     return f"{n} node{'s' if n != 1 else ''}: {graph.nodes[0].name} .. {graph.nodes[-1].name}" if n > 1 else graph.nodes[0].name
 
 
+# %% [markdown]
+# Ports `ggml_backend_cpu_init`, `ggml_backend_is_cpu`, `ggml_backend_reg_cpu_init`.
+
+# %%
+# | export
 def cpu_init(clock=None, cost=None, exact: bool = False) -> CPUBackend:
     """`ggml_backend_cpu_init`. `exact=True` computes with the bit-exact tier of appendix A2 (the
     summation order of ggml's AVX2 build) instead of plain numpy."""
     return CPUBackend(clock, cost, tier("exact") if exact else NUMPY)
 
 
-# %% [markdown]
-# Ports `ggml_backend_is_cpu`, `ggml_backend_reg_cpu_init`.
-
-# %%
-# | export
 def is_cpu(backend) -> bool:
     """`ggml_backend_is_cpu` (the C compares GUIDs; here, the class)."""
     return isinstance(backend, CPUBackend)

@@ -279,9 +279,6 @@ OFFLOAD_RULES = {
 }
 
 
-# %% [markdown]
-# Next: `SimBackend`.
-
 # %%
 # | export
 class SimBackend(Backend):
@@ -412,7 +409,6 @@ def _synchronize(sim) -> None:
     sim.clock.wait_until(sim.free_at)
 
 
-# -- data and copies -----------------------------------------------------------------------------------
 def _own(sim, t, what: str):
     buf = tensor_buffer(t)
     if buf is None or buf.buft is not sim.buft:
@@ -497,7 +493,6 @@ SimBackend._offload_op = _offload_op
 
 # %%
 # | export
-# -- events ---------------------------------------------------------------------------------------------
 def _event_new(sim) -> Event:
     event = Event(sim)
     event.context = {"gen": 0, "times": {}}

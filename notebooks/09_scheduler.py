@@ -278,7 +278,6 @@ class BackendSched(_Assign):
 
 # %%
 # | export
-# -- state ------------------------------------------------------------------------------------
 def reset(sched) -> None:
     """`ggml_backend_sched_reset`: forget every assignment and copy (unless nothing changed since
     the last reset); the next graph is split anew."""
@@ -761,7 +760,9 @@ def _compute_with_callback(sched: BackendSched, split):
 
 
 # %% [markdown]
-# Ports `ggml_backend_sched_compute_splits`, `ggml_backend_sched_graph_compute_async`, `ggml_backend_sched_graph_compute`, `ggml_backend_sched_set_eval_callback`, `ggml_backend_sched_free`.
+# Ports `ggml_backend_sched_compute_splits`, `ggml_backend_sched_graph_compute_async`,
+# `ggml_backend_sched_graph_compute`, `ggml_backend_sched_set_eval_callback`,
+# `ggml_backend_sched_free`.
 
 # %%
 # | export
@@ -815,17 +816,9 @@ def free(sched: BackendSched) -> None:
 
 
 BackendSched.alloc_graph = alloc_graph
-
-
 BackendSched.graph_compute = graph_compute
-
-
 BackendSched.graph_compute_async = graph_compute_async
-
-
 BackendSched.set_eval_callback = set_eval_callback
-
-
 BackendSched.free = free
 
 
@@ -909,12 +902,9 @@ print("reserve:", reserve(sched2, graph2), "| splits", sched2.n_splits,
 # | export viz.sched
 """Plotly figures and an ipywidgets stepper for the backend scheduler (chapter 09)."""
 
-
 import plotly.graph_objects as go
 
-
 from ggml_lite.viz.memory import step_widget
-
 
 PALETTE = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"]
 
@@ -974,9 +964,6 @@ def pass_snapshots(sched, graph, passes) -> list:
         snaps.append((f"after pass {k}", _state(sched, graph)))
     return snaps
 
-
-# %% [markdown]
-# Next: `pass_stepper`, `buffer_sizes_figure`.
 
 # %%
 # | export viz.sched

@@ -70,7 +70,8 @@ from ggml_lite.buffer import cpu_buffer_type
 from ggml_lite.errors import (
     DanglingSourceError, GraphCycleError, GraphFileError, InvalidSizeError, RecordMismatchError,
 )
-from ggml_lite.gallocr import GAllocr, captured_log
+from ggml_lite.dyn_tallocr import captured_log
+from ggml_lite.gallocr import GAllocr
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
 from ggml_lite.tallocr import alloc_ctx_tensors
 from ggml_lite.tensor import (
@@ -156,9 +157,6 @@ def _a_cycle(deps: list, waiting: list) -> list:
         i = min(d for d in deps[i] if d in stuck)
     return path[seen[i]:] + [i]
 
-
-# %% [markdown]
-# Next: `validate_graph_doc`.
 
 # %%
 # | export
@@ -266,9 +264,6 @@ def rebuild_tensor(ctx: Context, e: dict, T: dict) -> Tensor:
 _VIEW_LIKE = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE, Op.CPY})
 
 
-# %% [markdown]
-# Next: `_trimmed`, `_compare`.
-
 # %%
 # | export
 def _trimmed(words) -> list:
@@ -366,9 +361,6 @@ def _graph_section(doc: dict, step):
         raise GraphFileError(f"step {step!r} has no graph; steps with graphs: {with_graph}")
     return steps[step]["graph"]
 
-
-# %% [markdown]
-# Next: `read_graph_file`, `_check_graph`, `load_graph`.
 
 # %%
 # | export
@@ -517,9 +509,6 @@ def graph_document(graph: Graph, contexts: list, expand_roots: list, fixture: st
     return {"schema": SCHEMAS[0], "schema_version": 1, "fixture": fixture, "description": description,
             "graph": graph_section(graph, tensors, expand_roots)}
 
-
-# %% [markdown]
-# Next: `to_document`, `dumps`, `save_graph_file`.
 
 # %%
 # | export
@@ -757,9 +746,6 @@ def _call(galloc, name: str, graph):
     return ok, lines
 
 
-# %% [markdown]
-# Next: `run_plan`, `_compare_call`.
-
 # %%
 # | export
 def run_plan(source, step: int = None, galloc=None, call: str = None) -> tuple:
@@ -795,9 +781,6 @@ def _compare_call(label: str, want: dict, got: dict) -> list:
             out.append(f"{label}: {key}: ggml {want[key]!r}, ggml_lite {got[gkey]!r}")
     return out
 
-
-# %% [markdown]
-# Next: `check_plan_file`.
 
 # %%
 # | export
@@ -852,28 +835,15 @@ def check_plan_file(source, limit: int = 10) -> list:
 """The `numerics` extension of the fixture schema (`tests/fixtures/README.md`): the leaf data
 generator, and the verification of recorded results on the CPU backend."""
 
-
 import numpy as np
 
-
 from ggml_lite.backend import tensor_get, tensor_set
-
-
 from ggml_lite.cpu import Arithmetic, cpu_init, quantize_q8_0
-
-
 from ggml_lite.errors import GraphFileError
-
-
 from ggml_lite.tensor import F16, F32, I32, Q8_0
 
-
 MASK = 0xFFFFFFFF
-
-
 LCG_A, LCG_C = 1664525, 1013904223
-
-
 TOLERANCE_F32, TOLERANCE_MIXED = Arithmetic.TOLERANCE_F32, Arithmetic.TOLERANCE_MIXED  # the numpy tier's (chapter 07)
 
 
@@ -919,11 +889,6 @@ def _values_f32(tensor) -> np.ndarray:
     return tensor_get(tensor).astype(np.float32).reshape(-1)
 
 
-# %% [markdown]
-# Next: `data_seed`, `verify_numerics`, `_as_f32`, `_worst`.
-
-# %%
-# | export numerics
 def data_seed(doc: dict) -> int:
     """The leaf-data seed: `data_generator.data_seed` (the spec's place), else a top-level `data_seed`
     (files written before the spec said so)."""
@@ -938,6 +903,8 @@ def data_seed(doc: dict) -> int:
     return seed
 
 
+# %%
+# | export numerics
 def verify_numerics(doc: dict, gf, exact: bool = False) -> tuple:
     """Fill the leafs of the planned graph `gf` (a `graphio.GraphFile` after `run_plan`), compute it on
     the CPU backend (`exact`: with the bit-exact tier of appendix A2) and compare every recorded

@@ -142,9 +142,6 @@ _F64_OF = {"expf": math.exp, "expm1f": math.expm1, "logf": math.log, "tanhf": ma
            "sinf": math.sin, "powf": math.pow}
 
 
-# %% [markdown]
-# Next: `libm_f32`, `_libm_vec`.
-
 # %%
 # | export
 def libm_f32(name: str, *args) -> F4:

@@ -51,19 +51,11 @@
 """llama.cpp's `build_llama` (llama.cpp daa9623, September 2024): the LLaMA graph as the scheduler
 fixtures recorded it. Exported from appendix A3 until chapter 10 owns it."""
 
-
 import numpy as np
 
-
 from ggml_lite.align import GGML_PAD
-
-
 from ggml_lite.graph import Graph, build_forward_expand
-
-
 from ggml_lite.ops import add, cont_2d, cpy, get_rows, mul, mul_mat, permute, reshape_2d, reshape_3d, rms_norm, rope_ext, silu, soft_max_ext, transpose, view_1d, view_2d, view_3d
-
-
 from ggml_lite.tensor import Context, F32, I32, row_size, set_input, set_output, type_by_name
 
 
@@ -83,11 +75,9 @@ def batch_inputs(batch: dict) -> dict:
 # -- the scenarios' model: llama.cpp's build_llama of Sep 2024, at toy size --------------------------------
 
 
+
 CONTEXT_ORDER = ("CPU", "FAKE", "FAKE1")  # weight contexts first, then cache contexts, each in this order
 
-
-# %% [markdown]
-# Next: `build_llama`.
 
 # %%
 # | export models.llama
@@ -134,6 +124,8 @@ def build_llama(model: dict, placement: dict, batch: dict):
     ordered = [ctxs[label] for kind in ("weights", "kv_cache")
                for label in sorted((x for x in ctxs if x.startswith(kind + ":")), key=rank)] + [ctx]
     return ordered, graph, roots
+
+
 
 
 # the per-layer weights: their role in `build_graph` -> their name `blk.<il>.<name>.weight`, in creation order
@@ -245,63 +237,27 @@ def build_graph(model: dict, w: dict, layers: list, batch: dict):
 backends as SIM, the weight and KV-cache buffers, the weight and input generators, and the replay
 of every recorded step with the differences it finds."""
 
-
 import logging
-
-
 from dataclasses import dataclass
-
 
 import numpy as np
 
-
 from ggml_lite.backend import tensor_get, tensor_set
-
-
 from ggml_lite.backend import tensor_set
-
-
 from ggml_lite.buffer import BufferUsage
-
-
 from ggml_lite.cpu import cpu_init
-
-
 from ggml_lite.errors import GraphFileError
-
-
 from ggml_lite.errors import GraphFileError, SchedulerError
-
-
-from ggml_lite.gallocr import captured_log
-
-
+from ggml_lite.dyn_tallocr import captured_log
 from ggml_lite.graphio import read_graph_file
-
-
 from ggml_lite.models.llama import batch_inputs, build_llama, build_graph, model_tensors
-
-
 from ggml_lite.numerics import lcg_states
-
-
 from ggml_lite.sched import BackendSched
-
-
 from ggml_lite.sim import sim_init
-
-
 from ggml_lite.tallocr import alloc_ctx_tensors
-
-
 from ggml_lite.tallocr import alloc_ctx_tensors_from_buft
-
-
 from ggml_lite.tensor import F16, nelements
-
-
 from ggml_lite.tensor import nbytes
-
 
 FNV_OFFSET, FNV_PRIME = 2166136261, 16777619
 
@@ -314,16 +270,15 @@ def fnv1a32(data: bytes) -> int:
     return h
 
 
-# %% [markdown]
-# Next: `weight_values`, `weight_gen`, `offload_rule`, `make_backends`, `Scenario`.
 
-# %%
-# | export
+
 def weight_values(seed: int, n: int, offset: float, scale: float) -> np.ndarray:
     """The README's weight generator: element k uses the LCG state after k+1 steps from `seed`,
     u = (s >> 8) / 2^24, value = offset + scale·(2u − 1) in double, rounded once to float32."""
     u = (lcg_states(seed, n) >> np.uint64(8)).astype(np.float64) / 2.0**24
     return (offset + scale * (2.0 * u - 1.0)).astype(np.float32)
+
+
 
 
 def weight_gen(name: str) -> tuple:
@@ -337,16 +292,22 @@ def weight_gen(name: str) -> tuple:
     return fnv1a32(name.encode()), offset, scale
 
 
+
+
 OFFLOAD_RULES = {  # the `offload_op` strings of the fixtures → SIM's rule names
     None: None,
     "op == MUL_MAT && ne[1] >= 32": "mul_mat",
 }
 
 
+# %%
+# | export
 def offload_rule(text):
     if text is not None and text.startswith("ne[1] >= 32 && op != GET_ROWS"):
         return "cuda"
     return OFFLOAD_RULES[text]
+
+
 
 
 def make_backends(doc: dict, clock=None) -> list:
@@ -361,6 +322,8 @@ def make_backends(doc: dict, clock=None) -> list:
                                    deny_ops=b["supports_op_denied"], offload=offload_rule(b["offload_op"]),
                                    asynchronous=False, clock=clock, exact=True))
     return out
+
+
 
 
 @dataclass

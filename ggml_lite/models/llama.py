@@ -5,19 +5,11 @@
 """llama.cpp's `build_llama` (llama.cpp daa9623, September 2024): the LLaMA graph as the scheduler
 fixtures recorded it. Exported from appendix A3 until chapter 10 owns it."""
 
-
 import numpy as np
 
-
 from ggml_lite.align import GGML_PAD
-
-
 from ggml_lite.graph import Graph, build_forward_expand
-
-
 from ggml_lite.ops import add, cont_2d, cpy, get_rows, mul, mul_mat, permute, reshape_2d, reshape_3d, rms_norm, rope_ext, silu, soft_max_ext, transpose, view_1d, view_2d, view_3d
-
-
 from ggml_lite.tensor import Context, F32, I32, row_size, set_input, set_output, type_by_name
 
 
@@ -35,6 +27,7 @@ def batch_inputs(batch: dict) -> dict:
 
 
 # -- the scenarios' model: llama.cpp's build_llama of Sep 2024, at toy size --------------------------------
+
 
 
 CONTEXT_ORDER = ("CPU", "FAKE", "FAKE1")  # weight contexts first, then cache contexts, each in this order
@@ -84,6 +77,8 @@ def build_llama(model: dict, placement: dict, batch: dict):
     ordered = [ctxs[label] for kind in ("weights", "kv_cache")
                for label in sorted((x for x in ctxs if x.startswith(kind + ":")), key=rank)] + [ctx]
     return ordered, graph, roots
+
+
 
 
 # the per-layer weights: their role in `build_graph` -> their name `blk.<il>.<name>.weight`, in creation order

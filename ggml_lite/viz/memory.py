@@ -4,12 +4,9 @@
 # notebooks/04_dyn_allocator.py
 """Plotly memory bars and an ipywidgets stepper for allocator traces (chapters 04, 05, 09)."""
 
-
 import plotly.graph_objects as go
 
-
 from ggml_lite.dyn_tallocr import AllocEvent, FreeEvent, ResetEvent
-
 
 ALLOC_COLOR, FREE_COLOR = "#636efa", "#b6e3b6"
 

@@ -4,12 +4,9 @@
 # notebooks/09_scheduler.py
 """Plotly figures and an ipywidgets stepper for the backend scheduler (chapter 09)."""
 
-
 import plotly.graph_objects as go
 
-
 from ggml_lite.viz.memory import step_widget
-
 
 PALETTE = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"]
 

@@ -5,24 +5,14 @@
 """Pictures of a graph-allocator plan (chapter 05): tensor lifetimes from a trace, the peak-live
 lower bound, a plotly memory timeline, and an ipywidgets stepper through the plan's decisions."""
 
-
 from dataclasses import dataclass
-
 
 import plotly.graph_objects as go
 
-
 from ggml_lite.buffer import cpu_buffer_type
-
-
 from ggml_lite.dyn_tallocr import AllocEvent, FreeEvent
-
-
 from ggml_lite.gallocr import ExecEvent, FreeNodeEvent, GAllocr, PhaseEvent, PlaceEvent, RejectEvent
-
-
 from ggml_lite.viz.memory import memory_bar, step_widget
-
 
 COLORS = {"leaf": "#2ca02c", "input": "#17becf", "new": "#636efa", "inplace": "#ff7f0e", "inplace_view": "#ff7f0e"}
 
