@@ -6,11 +6,12 @@ The graph is fixture 07 (07_llama4_kvcache: a 4-layer LLaMA, 138 nodes, f16 weig
 the largest graph the tests compute. It is planned by `GAllocr` and its leafs are filled with the
 NUMERICS.md generator. Two ways to compute it, medians of `--repeat` runs, in ms:
 
-* ggml_lite's CPU backend (`cpu_init().graph_compute`): kernels that reproduce ggml's arithmetic —
-  f32 steps, ggml's lane-by-lane summation order, f16 tables, src1 converted to the dot type.
+* ggml_lite's CPU backend, default tier (`cpu_init().graph_compute`): plain numpy kernels (BLAS
+  matmul, numpy sums and exp) with ggml's types, conversions and checks;
 * plain numpy: the same nodes on the same memory, each op written the obvious way (`@` for mul_mat,
-  `np.exp` for soft_max, a cos/sin table for rope); the numbers agree to a few 1e-3 relative (f16
-  rounding and summation order differ), which the script prints.
+  `np.exp` for soft_max, a cos/sin table for rope), without any of the backend's checks;
+* for reference, the exact tier (`cpu_init(exact=True)`, appendix A2), which reproduces ggml's AVX2
+  summation order bit for bit and is not meant to be fast.
 
 Printed: both times, their ratio, the time per node of each op kind, and the largest difference of the
 result. Times are figures, never assertions.
@@ -100,12 +101,12 @@ def plain_forward(node) -> None:
     out[...] = np.asarray(r).reshape(out.shape).astype(out.dtype)
 
 
-def time_backend(repeat):
+def time_backend(repeat, exact=False):
     samples, result = [], None
     for _ in range(repeat):
         gf = planned_graph()
         t0 = time.perf_counter()
-        gl.cpu_init().graph_compute(gf.graph)
+        gl.cpu_init(exact=exact).graph_compute(gf.graph)
         samples.append(time.perf_counter() - t0)
         result = gl.tensor_get(gf.graph.nodes[-1]).astype(np.float64)
     return statistics.median(samples), result, gf
@@ -146,11 +147,13 @@ def main(argv=None) -> int:
         return 2
     t_lite, r_lite, gf = time_backend(args.repeat)
     t_plain, r_plain = time_plain(args.repeat)
+    t_exact, _, _ = time_backend(args.repeat, exact=True)
     n = gf.graph.n_nodes
     print(f"fixture 07_llama4_kvcache: {n} nodes, median of {args.repeat} runs")
     print(f"  ggml_lite CPU backend : {t_lite * 1e3:8.1f} ms")
     print(f"  plain numpy           : {t_plain * 1e3:8.1f} ms")
     print(f"  ratio                 : {t_lite / t_plain:8.1f}x")
+    print(f"  exact tier (A2)       : {t_exact * 1e3:8.1f} ms ({t_exact / t_plain:.1f}x plain numpy)")
     diff = np.abs(r_lite - r_plain).max() / np.abs(r_lite).max()
     print(f"  result: max |backend - plain| / max |backend| = {diff:.2e}")
     totals, counts = per_op_backend()
