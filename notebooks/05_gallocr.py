@@ -1182,7 +1182,10 @@ memory_timeline(graph2, events, traced.buf_tallocs[0].max_size, title="LLaMA blo
 alloc_stepper(graph2, events)
 
 # %% [markdown]
-# The same decisions as text, for node 1 (`attn_norm-0`), node 4 (`Qcur_rope-0`) and node 5:
+# The same decisions as text, for node 1 (`attn_norm-0`), node 4 (`Qcur_rope-0`) and node 5.
+# `attn_norm-0` takes `norm-0`'s block at 6,464 in place; `Qcur_rope-0` refuses its view parent and
+# the positions, and gets 5,120 new bytes at 16,704 from the last block (the buffer grows to 21,824),
+# after which `Qcur-0`'s block at 11,584 is freed:
 
 # %%
 # NBVAL_CHECK_OUTPUT
