@@ -4,18 +4,19 @@
 # notebooks/A2_exact_arithmetic.py
 """The bit-exact numerics tier of the CPU backend (appendix A2): ggml's x86-64 AVX2/FMA/F16C build
 reproduced bit for bit -- SIMD lanes, fused multiply-adds, `ggml_v_expf`, the GELU tables, the AVX2
-q8_0 quantizer. Importing the module declares the tier `"exact"` (`cpu_init(exact=True)`)."""
+q8_0 quantizer. One caveat: the C library's `expf`, `tanhf`, ... on arrays are the correctly rounded
+values, which equal glibc's almost always; inside `libm_exact()` they are glibc's own. Importing the
+module declares the tier `"exact"` (`cpu_init(exact=True)`)."""
 
 import contextlib
 import ctypes
 import ctypes.util
 import functools
-import math
 
 import numpy as np
 
 from ggml_lite.cpu import (
-    F4, F8, GELU_COEF_A, GELU_QUICK_COEF, Q8_0_DTYPE, QK, SQRT_2_OVER_PI, Arithmetic, ComputeParams, _blocks,
+    F4, F8, GELU_COEF_A, GELU_QUICK_COEF, Q8_0_DTYPE, SQRT_2_OVER_PI, Arithmetic, C_MATH, ComputeParams, _blocks,
     _c_max, compute_forward, declare_tier, fma_f32, fp32_to_fp16, quantize_row_q4_0_ref,
 )
 from ggml_lite.tensor import F16, F32, Q4_0, Q8_0
@@ -88,10 +89,6 @@ def _libm():
     return lib
 
 
-_F64_OF = {"expf": math.exp, "expm1f": math.expm1, "logf": math.log, "tanhf": math.tanh, "cosf": math.cos,
-           "sinf": math.sin, "powf": math.pow}
-
-
 # notebooks/A2_exact_arithmetic.py
 def libm_f32(name: str, *args) -> F4:
     """One scalar call of the C library's float function `name` (expf, logf, tanhf, powf, cosf, sinf),
@@ -101,7 +98,7 @@ def libm_f32(name: str, *args) -> F4:
     if lib is not None:
         return F4(getattr(lib, name)(*args))
     try:
-        return F4(_F64_OF[name](*args))
+        return F4(C_MATH[name](*args))
     except (OverflowError, ValueError):
         return F4(np.nan)
 
@@ -113,7 +110,7 @@ def _libm_vec(name: str, x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=F4)
     if lib is None:
         with np.errstate(all="ignore"):
-            return np.vectorize(_F64_OF[name], otypes=[F8])(x.astype(F8)).astype(F4)
+            return np.vectorize(C_MATH[name], otypes=[F8])(x.astype(F8)).astype(F4)
     f = getattr(lib, name)
     return np.fromiter((f(v) for v in x.ravel().tolist()), dtype=F4, count=x.size).reshape(x.shape)
 

@@ -12,10 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggml_lite.backend import tensor_get, tensor_set
-from ggml_lite.backend import tensor_set
 from ggml_lite.buffer import BufferUsage
 from ggml_lite.cpu import cpu_init
-from ggml_lite.errors import GraphFileError
 from ggml_lite.errors import GraphFileError, SchedulerError
 from ggml_lite.dyn_tallocr import captured_log
 from ggml_lite.graphio import read_graph_file

@@ -2,7 +2,7 @@
 # Edit the notebook, then run `make export`.
 
 # notebooks/09_scheduler.py
-"""The backend scheduler `ggml_backend_sched` (ggml-backend.c:1034-2058): assign a backend to every
+"""The backend scheduler `ggml_backend_sched` (ggml-backend.c, lines 1034-2058): assign a backend to every
 node, split the graph, add the input copies, and plan the memory of all backends with one
 multi-buffer graph allocator."""
 

@@ -16,7 +16,7 @@ from ggml_lite.buffer import HEAP, Buffer, BufferType
 from ggml_lite.cpu import NUMPY, ComputeParams, compute_forward, graph_label, mul_mat_supported, tier
 from ggml_lite.errors import BackendError, UnsupportedOpError
 from ggml_lite.registry import declare_builtin
-from ggml_lite.tensor import F32, VIEW_OPS, Op, describe, nbytes, nelements, op_by_name
+from ggml_lite.tensor import VIEW_OPS, Op, describe, nbytes, nelements, op_by_name
 
 log = logging.getLogger("ggml_lite")
 
@@ -414,7 +414,7 @@ def sim_init(name="SIM", alignment=128, max_size=None, deny_ops=(), offload=None
     behaviour; `clock`: a `SimClock` to share with other devices (and the CPU backend); `exact`: compute
     with the bit-exact tier (appendix A2), as `cpu_init(exact=True)`."""
     return SimBackend(name, alignment, max_size, deny_ops, offload, asynchronous, clock, cost,
-                      arith=tier("exact") if exact else NUMPY)
+                      arith=tier("exact" if exact else "numpy"))
 
 
 def is_sim(backend) -> bool:

@@ -65,7 +65,7 @@ op_params and automatic name, and records its sources. No arithmetic happens her
 
 from ggml_lite.errors import DataTypeError, LayoutError, PermuteAxisError, ReshapeError, ShapeError
 from ggml_lite.tensor import (
-    F16, F32, GGML_MAX_DIMS, I32, Op, Tensor, UnaryOp, are_same_shape, can_repeat, describe,
+    F16, F32, GGML_MAX_DIMS, I32, Op, Tensor, UnaryOp, can_repeat, describe,
     float_to_word, is_contiguous, is_contiguous_1, is_matrix, is_padded_1d, is_scalar, is_transposed,
     is_vector,
 )

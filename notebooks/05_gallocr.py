@@ -19,8 +19,8 @@
 # chapter 04, lets a node **overwrite its parent** when that is safe, and frees a parent as soon as
 # its last child has run. The highest offset ever handed out becomes the compute buffer's size —
 # for that 7B graph 70.50 MiB instead of the gigabytes that one buffer per tensor would take (this
-# chapter plans a LLaMA block; chapter 10 builds the whole 7B graph and shows where the 70.50 MiB
-# come from).
+# chapter plans a LLaMA block; chapter 10, still to come, builds the whole 7B graph and shows where
+# the 70.50 MiB come from).
 #
 # **Learning goals**
 #
@@ -104,7 +104,7 @@ print({t.name: t.data - ga_rule.buffers[0].get_base() for t in (x, s, y)})
 
 # %%
 # | export
-"""The graph allocator `ggml_gallocr` (ggml-alloc.c:330-930): plan the memory of every tensor of a
+"""The graph allocator `ggml_gallocr` (ggml-alloc.c, lines 327-930): plan the memory of every tensor of a
 graph with one dynamic allocator per buffer type, keep the plan, and place the tensors from it."""
 
 import logging
@@ -455,7 +455,7 @@ GAllocr._record = _record
 # %%
 # | export
 def allocate_node(galloc, node, buffer_id: int, node_index: int = -1, phase: str = "node") -> None:
-    """`ggml_gallocr_allocate_node` (:470-544): place `node` unless it is pre-allocated, already
+    """`ggml_gallocr_allocate_node` (:475-540): place `node` unless it is pre-allocated, already
     placed, or a view — in a parent's memory when the in-place rules allow, else in a new block."""
     hv = galloc.hash_values
     hn = hv.get(node)
@@ -521,7 +521,7 @@ GAllocr.allocate_node = allocate_node
 # %%
 # | export
 def free_node(galloc, node, node_index: int = -1, via=None) -> None:
-    """`ggml_gallocr_free_node` (:546-560): give the memory back — never for an OUTPUT."""
+    """`ggml_gallocr_free_node` (:542-557): give the memory back — never for an OUTPUT."""
     hn = galloc.hash_get(node)
     if node.flags & OUTPUT:  # graph outputs are never freed
         if galloc.trace is not None:
@@ -584,7 +584,7 @@ def _buffer_id(ids, i: int) -> int:
 
 
 def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> None:
-    """`ggml_gallocr_alloc_graph_impl` (:566-660): plan every tensor of `graph` into
+    """`ggml_gallocr_alloc_graph_impl` (:563-668): plan every tensor of `graph` into
     `galloc.hash_values`, in three loops — leafs; children/views counting with the inputs placed
     early; then the nodes in execution order, each freeing the parents it was the last user of.
 
@@ -667,7 +667,7 @@ _SRC = attrgetter("src")
 
 
 def gallocr_reserve_n(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool:
-    """`ggml_gallocr_reserve_n` (:662-765): plan `graph` from scratch, keep the plan (section 2.2:
+    """`ggml_gallocr_reserve_n` (:670-779): plan `graph` from scratch, keep the plan (section 2.2:
     the records were written while placing, the slots are noted here), and (re)allocate every
     buffer whose planned size exceeds its current size."""
     _check_ids(galloc, node_buffer_ids, len(graph.nodes), "node_buffer_ids")
@@ -676,7 +676,7 @@ def gallocr_reserve_n(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_
         talloc.reset()
     # forget the previous plan first: a plan that fails half-way (an exception) leaves none, which
     # the next alloc_graph sees as a graph of another size (the C aborts instead)
-    galloc.hash_values, galloc.planned_nodes, galloc.planned_srcs, galloc.planned_leafs = {}, [], [], []
+    galloc.planned_nodes, galloc.planned_srcs, galloc.planned_leafs = [], [], []  # (the records: alloc_graph_impl)
     galloc._take_size_fns()
     alloc_graph_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids)
 
@@ -719,10 +719,11 @@ def gallocr_reserve_n(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_
 
 # %%
 # | export
-def gallocr_init_tensor(galloc: GAllocr, tensor, talloc: TensorAlloc) -> None:
-    """`ggml_gallocr_init_tensor` (:771-800): a view takes its root's buffer (`ggml_backend_view_init`),
+def gallocr_init_tensor(galloc: GAllocr, tensor, talloc) -> None:
+    """`ggml_gallocr_init_tensor` (:785-812): a view takes its root's buffer (`ggml_backend_view_init`),
     a planned tensor its offset in the buffer (`ggml_backend_tensor_alloc`); pre-allocated tensors
-    and views of memory outside ggml-backend are left alone."""
+    and views of memory outside ggml-backend are left alone. `talloc` is the tensor's record in the
+    plan: its hash node (`size_max` None when the plan did not place it) or NOT_PLACED."""
     if tensor.view_src is not None:
         if tensor.buffer is None:
             if tensor.view_src.buffer is None:
@@ -744,8 +745,8 @@ def gallocr_init_tensor(galloc: GAllocr, tensor, talloc: TensorAlloc) -> None:
     tensor_alloc(buffer, tensor, buffer.get_base() + talloc.offset, need)
 
 
-def gallocr_node_needs_realloc(galloc: GAllocr, node, talloc: TensorAlloc) -> bool:
-    """`ggml_gallocr_node_needs_realloc` (:802-806) — despite its name, True when the planned size
+def gallocr_node_needs_realloc(galloc: GAllocr, node, talloc) -> bool:
+    """`ggml_gallocr_node_needs_realloc` (:814-817) — despite its name, True when the planned size
     *suffices* (`size_max >= node_size`): the caller reads False as "not valid".
 
     One departure: for a tensor the plan did not place (buffer_id -1) that now needs memory, the C
@@ -758,7 +759,7 @@ def gallocr_node_needs_realloc(galloc: GAllocr, node, talloc: TensorAlloc) -> bo
 
 
 def gallocr_needs_realloc(galloc: GAllocr, graph) -> bool:
-    """`ggml_gallocr_needs_realloc` (:808-844): must the graph be planned again? Yes when the node or
+    """`ggml_gallocr_needs_realloc` (:819-860): must the graph be planned again? Yes when the node or
     leaf count differs from the plan's, or when a node or a source outgrew its planned size."""
     if len(galloc.planned_nodes) != len(graph.nodes):
         log.info("ggml_gallocr_needs_realloc: graph has different number of nodes")
@@ -795,7 +796,7 @@ def gallocr_needs_realloc(galloc: GAllocr, graph) -> bool:
 # %%
 # | export
 def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
-    """`ggml_gallocr_alloc_graph` (:846-895): plan again if needed (only with a single buffer — a
+    """`ggml_gallocr_alloc_graph` (:862-908): plan again if needed (only with a single buffer — a
     multi-buffer allocator must be `reserve_n`'ed by its owner), reset the buffers, then place every
     leaf, and every node's sources and the node itself, from the recorded plan."""
     galloc._take_size_fns()

@@ -74,12 +74,13 @@ from ggml_lite.backend import tensor_get, tensor_set
 """The CPU backend (ggml-backend.c:547-945) and the numpy kernels it computes with.
 
 `compute_forward(node)` computes one graph node from its sources, with numpy, as ggml's CPU backend
-computes it (`ggml_compute_forward` in ggml.c, llama.cpp `daa9623`): the same types and conversions
-(src1 of `mul_mat` converted to the weight's dot type, f16 results rounded to nearest even), sums that
-ggml keeps in double kept in double, rope's float32 angle recurrence, the same checks.
+computes it (`ggml_compute_forward` in ggml.c, llama.cpp `daa9623`): the same types, shapes and
+checks, f16 results rounded to nearest even, rope's float32 angle recurrence.
 
-Every order- or rounding-dependent step goes through a numerics tier: `Arithmetic` (plain numpy, the
-default, equal to ggml to float32 rounding) or the bit-exact tier of `ggml_lite.exact` (appendix A2).
+How each order- or rounding-dependent step is done is the numerics tier's choice (`params.arith`):
+`Arithmetic`, the default, is plain numpy and agrees with ggml within its stated tolerance (1e-4 of
+the largest value for f32 graphs, 5e-3 with f16 or quantized tensors); the tier of `ggml_lite.exact`
+(appendix A2) reproduces ggml's AVX2 build, sums, FMAs and src1's conversion to the dot type included.
 
 Every kernel computes its result from its sources before it writes the destination, so a destination
 that shares memory with a source (in-place ops, the graph allocator's memory reuse) is safe. Where
@@ -298,6 +299,11 @@ _DEQUANT = {Q8_0.name: dequantize_row_q8_0, Q4_0.name: dequantize_row_q4_0}
 
 # %%
 # | export
+# the C library's float functions and their double-precision counterparts
+C_MATH = {"expf": math.exp, "expm1f": math.expm1, "logf": math.log, "tanhf": math.tanh, "cosf": math.cos,
+          "sinf": math.sin, "powf": math.pow}
+
+
 class Arithmetic:
     """The default numerics tier: every order- or rounding-dependent step of the kernels, done the plain
     numpy way. Methods named after the C they stand for (`ggml_vec_dot_f16`, `ggml_vec_soft_max_f32`,
@@ -319,9 +325,8 @@ class Arithmetic:
 
     def scalar(self, name: str, *args) -> F4:
         """A C library float function (`powf`, `logf`, ...) of float32 scalars, once per op: in double."""
-        fn = {"powf": math.pow, "logf": math.log, "expf": math.exp}[name]
         try:
-            return F4(fn(*(float(F4(a)) for a in args)))
+            return F4(C_MATH[name](*(float(F4(a)) for a in args)))
         except (OverflowError, ValueError):
             return F4(np.nan)
 
@@ -694,9 +699,9 @@ _UNARY_FN = {  # each takes the tier (for the C library's functions and ggml's v
 
 def compute_forward_unary(params, node) -> None:
     """`ggml_compute_forward_unary`: the unary op in op_params[0] applied row by row with its
-    `ggml_vec_<op>_f32` (f32 only): abs, sgn, neg, step, relu exactly; tanh, elu (expm1f),
-    sigmoid, exp, hardswish, hardsigmoid with libm stand-ins; gelu and gelu_quick through the f16
-    tables; silu through `ggml_v_silu` for blocks of 8 and `ggml_silu_f32` for the rest of a row."""
+    `ggml_vec_<op>_f32` (f32 only): abs, sgn, neg, step, relu, hardswish, hardsigmoid exactly; tanh,
+    elu (expm1f), sigmoid, exp, gelu, gelu_quick and silu by the tier (the exact tier: the C library,
+    the f16 tables, `ggml_v_silu` on blocks of 8)."""
     try:
         u = UnaryOp(node.op_params[0])
     except ValueError:
@@ -926,7 +931,7 @@ def _alibi_slopes(arith, n_head: int, max_bias: float) -> np.ndarray:
 # | export
 def compute_forward_soft_max(params, node) -> None:
     """`ggml_compute_forward_soft_max_f32`: per row w = x·scale (float32), plus slope·mask row
-    (i1 % ne01) fused into one FMA (f16 masks widened first); max; exp and double sum by
+    (i1 % ne01) (the tier's `fma`; f16 masks widened first); max; exp and the double sum by the tier's
     `ggml_vec_soft_max_f32`; y = exp·f32(1/sum). Masked -inf entries give exactly 0."""
     a = node.src[0]
     mask = node.src[1] if len(node.src) > 1 else None
@@ -1015,8 +1020,8 @@ def rope_cache(arith, pos, n_dims: int, freq_base: float, freq_scale: float, ext
 def compute_forward_rope(params, node) -> None:
     """`ggml_compute_forward_rope_f32` / `_rope_f16` (forward): rows of src0 plane i2 use position
     pos[i2]; normal mode rotates (x[2k], x[2k+1]), NeoX mode (mode & 2) rotates (x[k], x[k + n_dims/2]),
-    by the cached cos/sin of pair k: (x0·cos - x1·sin, x0·sin + x1·cos), each with its first product
-    fused into an FMA by gcc; elements from n_dims on are copied (in pairs, so ne0 - n_dims must be
+    by the cached cos/sin of pair k: (x0·cos - x1·sin, x0·sin + x1·cos), each first product through
+    the tier's `fma` (gcc fuses it); elements from n_dims on are copied (in pairs, so ne0 - n_dims must be
     even: an odd tail makes ggml write past the row, which is refused here)."""
     a, pos = node.src[0], node.src[1]
     ff_t = node.src[2] if len(node.src) > 2 else None
@@ -1189,7 +1194,7 @@ def graph_label(graph) -> str:
 def cpu_init(clock=None, cost=None, exact: bool = False) -> CPUBackend:
     """`ggml_backend_cpu_init`. `exact=True` computes with the bit-exact tier of appendix A2 (the
     summation order of ggml's AVX2 build) instead of plain numpy."""
-    return CPUBackend(clock, cost, tier("exact") if exact else NUMPY)
+    return CPUBackend(clock, cost, tier("exact" if exact else "numpy"))
 
 
 def is_cpu(backend) -> bool:

@@ -63,7 +63,7 @@
 
 # %%
 # | export
-"""The backend scheduler `ggml_backend_sched` (ggml-backend.c:1034-2058): assign a backend to every
+"""The backend scheduler `ggml_backend_sched` (ggml-backend.c, lines 1034-2058): assign a backend to every
 node, split the graph, add the input copies, and plan the memory of all backends with one
 multi-buffer graph allocator."""
 

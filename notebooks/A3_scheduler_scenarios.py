@@ -49,7 +49,8 @@
 # %%
 # | export models.llama
 """llama.cpp's `build_llama` (llama.cpp daa9623, September 2024): the LLaMA graph as the scheduler
-fixtures recorded it. Exported from appendix A3 until chapter 10 owns it."""
+fixtures recorded it. Exported from appendix A3 until chapter 10 (the LLaMA memory report, still to
+come) owns it."""
 
 import numpy as np
 
@@ -243,10 +244,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggml_lite.backend import tensor_get, tensor_set
-from ggml_lite.backend import tensor_set
 from ggml_lite.buffer import BufferUsage
 from ggml_lite.cpu import cpu_init
-from ggml_lite.errors import GraphFileError
 from ggml_lite.errors import GraphFileError, SchedulerError
 from ggml_lite.dyn_tallocr import captured_log
 from ggml_lite.graphio import read_graph_file

@@ -4,8 +4,8 @@ of llama.cpp daa9623 (../shared/reference/llama-daa9623/: ggml/src/ggml-alloc.c 
 Two forms are cited in the notebooks' prose and C quotes:
 
 * `` `ggml_dyn_tallocr_alloc` (:148-230) ``, `` `ggml_backend_view_init` (ggml-backend.c:2062-2071) `` or
-  `` (`ggml_backend_cpu_buffer_get_base`, :557-564) `` -- a range (or one line) that must contain the
-  line where the function is defined;
+  `` (`ggml_backend_cpu_buffer_get_base`, :557-564) ``, in prose or in a docstring -- a range that must
+  hold the whole function and start at most SLACK lines above it, or the one line where it is defined;
 * a quoted C signature followed by `// :629` -- the line where that function is defined.
 
 Without a file name, chapters 02-05 cite ggml-alloc.c and the others ggml-backend.c. The test skips
@@ -21,6 +21,7 @@ from helpers import REFERENCE, ROOT
 SOURCES = REFERENCE / "llama-daa9623"
 ALLOC_CHAPTERS = ("02_", "03_", "04_", "05_")
 NAMED = re.compile(r"`(ggml_\w+)`(?: \(|, )(?:(ggml-(?:alloc|backend)\.c))?:(\d+)(?:-(\d+))?\)")
+SLACK = 3  # a range may start a few lines before the definition (a comment above it), no more
 QUOTED = re.compile(r"^#\s.*?\b(ggml_\w+)\(.*//\s*\(?:(\d+)\)?\s*$")
 
 
@@ -36,15 +37,19 @@ def definition_lines(path) -> dict:
     return out
 
 
+def end_line(path, start: int) -> int:
+    """The line of the `}` at column 0 that closes the definition starting at `start`."""
+    lines = path.read_text().splitlines()
+    return next((i for i in range(start, len(lines) + 1) if lines[i - 1].startswith("}")), start)
+
+
 def citations():
     """[(where, function, file, first, last)] over every notebook source."""
     found = []
     for nb in sorted((ROOT / "notebooks").glob("*.py")):
         default = "ggml-alloc.c" if nb.name.startswith(ALLOC_CHAPTERS) else "ggml-backend.c"
         for n, line in enumerate(nb.read_text().splitlines(), 1):
-            if not line.startswith("#"):
-                continue
-            where = f"{nb.name}:{n}"
+            where = f"{nb.name}:{n}"  # prose, C quotes and code docstrings alike
             for m in NAMED.finditer(line):
                 first = int(m.group(3))
                 found.append((where, m.group(1), m.group(2) or default, first, int(m.group(4) or first)))
@@ -57,6 +62,7 @@ def citations():
 @pytest.mark.skipif(not SOURCES.is_dir(), reason=f"the C sources ({SOURCES}) are not beside the project")
 def test_every_cited_line_range_contains_the_named_function():
     defs = {f: definition_lines(SOURCES / f) for f in ("ggml-alloc.c", "ggml-backend.c")}
+    ends = {f: {fn: end_line(SOURCES / f, start) for fn, start in defs[f].items()} for f in defs}
     cited = citations()
     assert len(cited) >= 20, "fewer citations than the notebooks have: is the pattern still matching?"
     wrong = []
@@ -64,7 +70,7 @@ def test_every_cited_line_range_contains_the_named_function():
         line = defs[file].get(fn)
         if line is None:
             wrong.append(f"{where}: {fn} is not defined in {file}")
-        elif not first <= line <= last:
+        elif not (first <= line <= last and line - first <= SLACK and (first == last or last >= ends[file][fn])):
             wrong.append(f"{where}: {fn} cited at {file}:{first}{'-' + str(last) if last != first else ''}, "
-                         f"defined at :{line}")
+                         f"defined at :{line}-{ends[file][fn]}")
     assert not wrong, "\n".join(wrong)

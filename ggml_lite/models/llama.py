@@ -3,7 +3,8 @@
 
 # notebooks/A3_scheduler_scenarios.py
 """llama.cpp's `build_llama` (llama.cpp daa9623, September 2024): the LLaMA graph as the scheduler
-fixtures recorded it. Exported from appendix A3 until chapter 10 owns it."""
+fixtures recorded it. Exported from appendix A3 until chapter 10 (the LLaMA memory report, still to
+come) owns it."""
 
 import numpy as np
 
