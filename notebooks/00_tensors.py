@@ -84,17 +84,6 @@ F16 = GGMLType("f16", 2, 1, 1)
 Q4_0 = GGMLType("q4_0", 18, 32, 2)
 Q8_0 = GGMLType("q8_0", 34, 32, 8)
 I32 = GGMLType("i32", 4, 1, 26)
-TYPES = {t.name: t for t in (F32, F16, Q4_0, Q8_0, I32)}
-
-
-def type_by_name(name) -> GGMLType:
-    """The type called `name` (as `ggml_type_name` prints it, e.g. "f16"); a GGMLType passes through."""
-    if isinstance(name, GGMLType):
-        return name
-    t = TYPES.get(str(name).lower())
-    if t is None:
-        raise UnknownTypeError(f"unknown ggml type {name!r}; known types: {', '.join(TYPES)}")
-    return t
 
 
 def row_size(type: GGMLType, ne0: int) -> int:
@@ -105,6 +94,59 @@ def row_size(type: GGMLType, ne0: int) -> int:
             f"({type.blck_size} elements per block)"
         )
     return type.type_size * ne0 // type.blck_size
+
+
+# %% [markdown]
+# Those five are the types this port computes with. A model file uses many more — k-quants in
+# 256-element super-blocks, i-quants, bf16 — and sizing its weights needs only each type's block
+# and byte counts. The sizes below are written as the block structs of `ggml-common.h` lay them
+# out (an f16 scale is 2 bytes), so each can be checked by eye: a `q4_K` block is two f16 scales,
+# 12 bytes of packed 6-bit sub-block scales and 128 bytes of nibbles — 144 bytes for 256 weights,
+# 4.5 bits a weight. This port computes only with f32, f16, i32, q8_0 and q4_0; the others it sizes.
+
+# %%
+# | export
+QK_K, HALF, K_SCALE_SIZE = 256, 2, 12  # super-block size, sizeof(ggml_half), packed k-quant scales
+
+_MORE_TYPES = [  # (name, type_size, blck_size, code): `type_traits` of ggml.c, `enum ggml_type` of ggml.h
+    ("q4_1", 2 * HALF + 32 // 2, 32, 3), ("q5_0", HALF + 4 + 32 // 2, 32, 6),
+    ("q5_1", 2 * HALF + 4 + 32 // 2, 32, 7), ("q8_1", 2 * HALF + 32, 32, 9),
+    ("q2_K", 2 * HALF + QK_K // 16 + QK_K // 4, QK_K, 10),
+    ("q3_K", HALF + QK_K // 4 + QK_K // 8 + 12, QK_K, 11),
+    ("q4_K", 2 * HALF + K_SCALE_SIZE + QK_K // 2, QK_K, 12),
+    ("q5_K", 2 * HALF + K_SCALE_SIZE + QK_K // 2 + QK_K // 8, QK_K, 13),
+    ("q6_K", HALF + QK_K // 16 + 3 * QK_K // 4, QK_K, 14), ("q8_K", 4 + QK_K + QK_K // 16 * 2, QK_K, 15),
+    ("iq2_xxs", HALF + QK_K // 8 * 2, QK_K, 16), ("iq2_xs", HALF + QK_K // 8 * 2 + QK_K // 32, QK_K, 17),
+    ("iq3_xxs", HALF + 3 * (QK_K // 8), QK_K, 18), ("iq1_s", HALF + QK_K // 8 + QK_K // 16, QK_K, 19),
+    ("iq4_nl", HALF + 32 // 2, 32, 20), ("iq3_s", HALF + 13 * (QK_K // 32) + QK_K // 64, QK_K, 21),
+    ("iq2_s", HALF + QK_K // 4 + QK_K // 16, QK_K, 22), ("iq4_xs", HALF + 2 + QK_K // 64 + QK_K // 2, QK_K, 23),
+    ("i8", 1, 1, 24), ("i16", 2, 1, 25), ("i64", 8, 1, 27), ("f64", 8, 1, 28),
+    ("iq1_m", QK_K // 8 + QK_K // 16 + QK_K // 32, QK_K, 29), ("bf16", 2, 1, 30),
+    ("q4_0_4x4", 18, 32, 31), ("q4_0_4x8", 18, 32, 32), ("q4_0_8x8", 18, 32, 33),
+    ("tq1_0", HALF + QK_K // 64 + (QK_K - 4 * QK_K // 64) // 5, QK_K, 34), ("tq2_0", HALF + QK_K // 4, QK_K, 35),
+]
+TYPES = {t.name: t for t in (F32, F16, Q4_0, Q8_0, I32, *(GGMLType(*row) for row in _MORE_TYPES))}
+TYPES_BY_CODE = {t.code: t for t in TYPES.values()}
+_TYPES_LOWER = {name.lower(): t for name, t in TYPES.items()}
+
+
+def type_by_name(name) -> GGMLType:
+    """The type called `name` (as `ggml_type_name` prints it, e.g. "f16", "q4_K"; any case); a
+    GGMLType passes through."""
+    if isinstance(name, GGMLType):
+        return name
+    t = _TYPES_LOWER.get(str(name).lower())
+    if t is None:
+        raise UnknownTypeError(f"unknown ggml type {name!r}; known types: {', '.join(TYPES)}")
+    return t
+
+
+def type_by_code(code: int) -> GGMLType:
+    """The type whose `enum ggml_type` value is `code` (how GGUF files name a tensor's type)."""
+    t = TYPES_BY_CODE.get(code)
+    if t is None:
+        raise UnknownTypeError(f"unknown ggml type code {code!r}; known codes: {sorted(TYPES_BY_CODE)}")
+    return t
 
 
 # %% [markdown]

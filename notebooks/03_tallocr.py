@@ -60,7 +60,7 @@ from ggml_lite.errors import (
     AlignmentError, BufferFreedError, BufferStateError, TensorAlreadyAllocatedError, TensorBoundsError,
     TensorNotAllocatedError,
 )
-from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, Tensor, describe, nbytes
+from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, TYPES, Tensor, describe, nbytes
 
 log = logging.getLogger("ggml_lite")
 
@@ -570,10 +570,14 @@ def buffer_copy_tensor(src: Tensor, dst: Tensor) -> bool:
 
 # %%
 # | export
-_DTYPES = {
+_DTYPES = {  # how numpy sees one block of each type; types without a layout here are opaque blocks
     F32.name: np.dtype("<f4"), F16.name: np.dtype("<f2"), I32.name: np.dtype("<i4"),
     Q8_0.name: np.dtype([("d", "<f2"), ("qs", "i1", 32)]),
     Q4_0.name: np.dtype([("d", "<f2"), ("qs", "u1", 16)]),
+    "i8": np.dtype("i1"), "i16": np.dtype("<i2"), "i64": np.dtype("<i8"), "f64": np.dtype("<f8"),
+    "bf16": np.dtype("<u2"),  # the raw 16 bits: numpy has no bfloat16
+    **{name: np.dtype((np.void, t.type_size)) for name, t in TYPES.items()
+       if name not in ("f32", "f16", "i32", "q8_0", "q4_0", "i8", "i16", "i64", "f64", "bf16")},
 }
 
 

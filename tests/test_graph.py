@@ -125,3 +125,33 @@ def test_random_dag_order(data):
     pos = {t: i for i, t in enumerate(g.nodes)}
     for i, t in enumerate(g.nodes):
         assert all(s is None or s.op is gl.Op.NONE or pos[s] < i for s in t.src)
+
+
+def test_every_ggml_type_has_ggmls_block_and_type_size():
+    """The type table of chapter 00 against the real ggml's (`ggml_type_name/size/blck_size` through
+    ggml-python): every type both know by name and code has the same block and byte counts. The
+    newer ggml has removed the interleaved q4_0 variants (31-33), which daa9623 still had."""
+    import ggml_oracle as O
+    from ggml_lite.tensor import TYPES
+
+    if not O.available():
+        pytest.skip(f"the real ggml is not available: {O.IMPORT_ERROR}")
+    g = O._need_ggml()
+    compared = 0
+    for t in TYPES.values():
+        name = g.ggml_type_name(t.code).decode()
+        if "REMOVED" in name:
+            assert t.code in (31, 32, 33), t
+            continue
+        assert (name, g.ggml_type_size(t.code), g.ggml_blck_size(t.code)) == (t.name, t.type_size, t.blck_size)
+        compared += 1
+    assert compared == 31 and len(TYPES) == 34
+
+
+def test_types_by_name_and_code():
+    from ggml_lite.tensor import TYPES, type_by_code
+
+    assert gl.type_by_name("Q4_K") is gl.type_by_name("q4_k") is TYPES["q4_K"] is type_by_code(12)
+    assert gl.Context().new_tensor_2d(TYPES["q4_K"], 4096, 4096).nbytes == 4096 * 4096 * 9 // 16  # 4.5 bits
+    with pytest.raises(gl.errors.UnknownTypeError, match="code 4"):
+        type_by_code(4)  # GGML_TYPE_Q4_2: removed from ggml long ago

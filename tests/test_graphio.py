@@ -43,7 +43,7 @@ def test_round_trip(doc, tmp_path):
 
 @pytest.mark.parametrize("edit,exc,needle", [
     (lambda ts: ts[2].update(op="CONV_2D"), errors.UnknownOpError, "tensor #2"),
-    (lambda ts: ts[0].update(type="f64"), errors.UnknownTypeError, "tensor #0 'x'"),
+    (lambda ts: ts[0].update(type="q9_9"), errors.UnknownTypeError, "tensor #0 'x'"),
     (lambda ts: ts[3].update(src=[2, 42]), errors.DanglingSourceError, "42"),
     (lambda ts: ts[3].update(view_src=17), errors.DanglingSourceError, "17"),
     (lambda ts: ts[2].update(src=[4, 0]), errors.GraphCycleError, "tensor #2"),
