@@ -157,7 +157,7 @@ def built_scenario(doc) -> tuple:
     graph built by `build_llama`, its weight and cache contexts allocated on their backends."""
     backends = make_backends(doc)
     by_name = {b.get_name(): b for b in backends}
-    ctxs, graph, _ = build_llama(doc["model"], doc["placement"], ROUND0)
+    ctxs, graph, _ = build_llama(doc["model"], doc["placement"], ROUND0, recorded=True)
     for ctx in ctxs[:-1]:
         buf = alloc_ctx_tensors(ctx, by_name[ctx.name.split(":")[1]])
         buf.set_usage(BufferUsage.WEIGHTS if ctx.name.startswith("weights") else BufferUsage.ANY)
@@ -365,7 +365,7 @@ def replay(doc: dict) -> list:
     for k in range(1, len(steps), 2):
         alloc_step, compute_step = steps[k], steps[k + 1]
         sched.reset()
-        _, graph, _ = build_graph(doc["model"], w, layers, alloc_step["batch"])
+        _, graph, _ = build_graph(doc["model"], w, layers, alloc_step["batch"], recorded=True)
         apply_pins(sched, graph, doc, sc.backends)
         with captured_log(logging.DEBUG) as err:
             ok = sched.alloc_graph(graph)

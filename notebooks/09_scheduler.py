@@ -895,7 +895,7 @@ print("reserve:", reserve(sched2, graph2), "| splits", sched2.n_splits,
 # ## 6 · Pictures
 #
 # Three pictures of a LLaMA-style model built with the ggml_lite API (the fixtures' 4-layer model,
-# `build_llama` above): **where every node runs** and where the graph is cut, **how the five passes
+# `build_llama` of chapter 10 in its recorded variant): **where every node runs** and where the graph is cut, **how the five passes
 # get there**, and **what the splits cost in time and memory**. Plotting helpers live in
 # `ggml_lite.viz.sched`.
 
@@ -1026,7 +1026,7 @@ PARTIAL = dict(token_embd="CPU", output="CPU", layers=["CPU", "CPU", "SIM", "SIM
 def llama_on(backends, placement, batch=ROUND0):
     """The model's weights and cache allocated on `backends` by `placement`, and its round-0 graph."""
     by_name = {b.get_name(): b for b in backends}
-    ctxs, g, _ = build_llama(MODEL, placement, batch)
+    ctxs, g, _ = build_llama(MODEL, placement, batch, recorded=True)
     for ctx in ctxs[:-1]:
         buf = gl.alloc_ctx_tensors(ctx, by_name[ctx.name.split(":")[1]])
         buf.set_usage(gl.BufferUsage.WEIGHTS if ctx.name.startswith("weights") else gl.BufferUsage.ANY)
@@ -1104,7 +1104,7 @@ def pipelined(placement, parallel: bool, n_evals: int = 3):
     start = clock.host
     for _ in range(n_evals):
         sch.reset()
-        _, ge, _ = build_graph(MODEL, w, layers, ROUND0)
+        _, ge, _ = build_graph(MODEL, w, layers, ROUND0, recorded=True)
         alloc_graph(sch, ge)
         for key, value in batch_inputs(ROUND0).items():
             gl.tensor_set(ge.get_tensor(key), value)

@@ -24,205 +24,23 @@
 #
 # **What it takes to replay a scenario**
 #
-# 1. The model: llama.cpp's `build_llama` of September 2024, at toy size, built call for call as
-#    the recorder built it (§1; chapter 10 will own this builder).
+# 1. The model: chapter 10's LLaMA builder at toy size, in the variant the recorder used (§1).
 # 2. The set-up: SIM configured as each FAKE backend, the weight and KV-cache buffers, the weights
 #    regenerated from a hash of their names (§2).
 # 3. The replay: every recorded step run again, every fact compared (§3), then all 14 at once (§4).
 #
-# Exported: `ggml_lite.scenario`, and for now `ggml_lite.models.llama`.
+# Exported: `ggml_lite.scenario`.
 
 # %%
 # | default_exp scenario
 
 # %% [markdown]
-# ## 1 · The scenarios' model: `build_llama` at toy size
+# ## 1 · The scenarios' model
 #
-# The builder follows `llm_build_context::build_llama` of llama.cpp daa9623: token embeddings
-# (`get_rows`), per layer an RMS norm, Q/K/V projections, RoPE, a KV-cache write (two `cpy` roots
-# expanded first), attention through a masked `soft_max_ext`, the output projection and the residual
-# add, then the SwiGLU feed-forward; at the end the rows of the outputs (`inp_out_ids`), the final
-# norm and the output head. `build_llama` creates the weights and the cache in one context per
-# backend, in the recorder's order; `build_graph` builds one batch's compute graph over existing
-# weights, so a model loaded once gets a fresh graph per evaluation, as llama.cpp does.
-
-# %%
-# | export models.llama
-"""llama.cpp's `build_llama` (llama.cpp daa9623, September 2024): the LLaMA graph as the scheduler
-fixtures recorded it. Exported from appendix A3 until chapter 10 (the LLaMA memory report, still to
-come) owns it."""
-
-import numpy as np
-
-from ggml_lite.align import GGML_PAD
-from ggml_lite.graph import Graph, build_forward_expand
-from ggml_lite.ops import add, cont_2d, cpy, get_rows, mul, mul_mat, permute, reshape_2d, reshape_3d, rms_norm, rope_ext, silu, soft_max_ext, transpose, view_1d, view_2d, view_3d
-from ggml_lite.tensor import Context, F32, I32, row_size, set_input, set_output, type_by_name
-
-
-def batch_inputs(batch: dict) -> dict:
-    """The inputs of a batch (n_tokens, n_kv, kv_head, n_outputs), as the README defines them."""
-    n, n_kv, head, n_out = batch["n_tokens"], batch["n_kv"], batch["kv_head"], batch["n_outputs"]
-    pos = np.arange(head, head + n, dtype=np.int32)
-    mask = np.full((GGML_PAD(n, 32), n_kv), -np.inf, dtype=np.float32)  # numpy shape: [rows, n_kv]
-    for i in range(n):
-        mask[i, : head + i + 1] = 0.0
-    return {"inp_tokens": ((37 * pos + 11) % 256).astype(np.int32), "inp_pos": pos, "KQ_mask": mask,
-            "inp_out_ids": np.arange(n - n_out, n, dtype=np.int32)}
-
-
-
-
-# -- the scenarios' model: llama.cpp's build_llama of Sep 2024, at toy size --------------------------------
-
-
-
-CONTEXT_ORDER = ("CPU", "FAKE", "FAKE1")  # weight contexts first, then cache contexts, each in this order
-
-
-# %%
-# | export models.llama
-def build_llama(model: dict, placement: dict, batch: dict):
-    """The scenario graph, built with the ggml_lite API as the recorder built it: weights in
-    `weights:<backend>` contexts and the KV cache in `kv_cache:<backend>` contexts by `placement`,
-    then the compute context. Returns `(contexts in id order, graph, expand roots)`."""
-    n_embd, n_head, n_head_kv = model["n_embd"], model["n_head"], model["n_head_kv"]
-    n_ff, n_vocab, n_ctx = model["n_ff"], model["n_vocab"], model["n_ctx"]
-    n_gqa = n_embd // n_head * n_head_kv
-    wtype, kvtype = type_by_name(model["wtype"]), type_by_name(model["kvtype"])
-    ctxs = {}
-
-    def ctx_of(kind, backend):
-        label = f"{kind}:{backend}"
-        if label not in ctxs:
-            ctxs[label] = Context(label)
-        return ctxs[label]
-
-    def weight(backend, name, type, *ne):
-        return ctx_of("weights", backend).new_tensor(type, list(ne), name=name)
-
-    out_be = placement["output"]  # created in llama.cpp's order: embeddings, head, then layer by layer
-    weight(placement["token_embd"], "token_embd.weight", wtype, n_embd, n_vocab)
-    weight(out_be, "output_norm.weight", F32, n_embd)
-    weight(out_be, "output.weight", wtype, n_embd, n_vocab)
-    shapes = {"attn_norm": (F32, n_embd), "attn_q": (wtype, n_embd, n_embd), "attn_k": (wtype, n_embd, n_gqa),
-              "attn_v": (wtype, n_embd, n_gqa), "attn_output": (wtype, n_embd, n_embd), "ffn_norm": (F32, n_embd),
-              "ffn_gate": (wtype, n_embd, n_ff), "ffn_up": (wtype, n_embd, n_ff), "ffn_down": (wtype, n_ff, n_embd)}
-    for il, be in enumerate(placement["layers"]):
-        for name in LAYER_WEIGHTS.values():
-            weight(be, f"blk.{il}.{name}.weight", *shapes[name])
-    for il, be in enumerate(placement["kv_cache"]):
-        c = ctx_of("kv_cache", be)
-        c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_k_l{il}")
-        c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_v_l{il}")
-    w, layers = model_tensors({t.name: t for c in ctxs.values() for t in c.tensors}, len(placement["layers"]))
-
-    ctx, graph, roots = build_graph(model, w, layers, batch)
-
-    def rank(label):  # CPU, FAKE, FAKE1 as the recorder ordered them; other backends after, as created
-        be = label.split(":")[1]
-        return CONTEXT_ORDER.index(be) if be in CONTEXT_ORDER else len(CONTEXT_ORDER)
-    ordered = [ctxs[label] for kind in ("weights", "kv_cache")
-               for label in sorted((x for x in ctxs if x.startswith(kind + ":")), key=rank)] + [ctx]
-    return ordered, graph, roots
-
-
-
-
-# the per-layer weights: their role in `build_graph` -> their name `blk.<il>.<name>.weight`, in creation order
-LAYER_WEIGHTS = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
-                 "ffn_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
-
-
-
-
-# %%
-# | export models.llama
-def model_tensors(tensors_by_name: dict, n_layer: int) -> tuple:
-    """`(w, layers)` of `build_graph` from existing tensors (the weights and cache of a loaded scenario)."""
-    t = tensors_by_name
-    w = {"token_embd": t["token_embd.weight"], "output_norm": t["output_norm.weight"], "output": t["output.weight"]}
-    layers = [{**{r: t[f"blk.{il}.{n}.weight"] for r, n in LAYER_WEIGHTS.items()},
-               "k_l": t[f"cache_k_l{il}"], "v_l": t[f"cache_v_l{il}"]} for il in range(n_layer)]
-    return w, layers
-
-
-
-# %%
-# | export models.llama
-def build_graph(model: dict, w: dict, layers: list, batch: dict):
-    """The compute context and graph of one batch over the weights `w` / `layers` (a fresh graph per
-    evaluation, as llama.cpp builds one). Returns `(context, graph, expand roots)`."""
-    n_embd, n_head, n_head_kv = model["n_embd"], model["n_head"], model["n_head_kv"]
-    n_layer, n_ctx = model["n_layer"], model["n_ctx"]
-    head = n_embd // n_head
-    n_gqa = head * n_head_kv
-    rope, eps = model["rope"], model["rms_norm_eps"]
-    kvtype = type_by_name(model["kvtype"])
-    n_tokens, n_kv, kv_head, n_outputs = batch["n_tokens"], batch["n_kv"], batch["kv_head"], batch["n_outputs"]
-    ctx = Context("compute")
-    roots = []
-    inp_tokens = ctx.new_tensor_1d(I32, n_tokens, name="inp_tokens")
-    set_input(inp_tokens)
-    inp_l = get_rows(ctx, w["token_embd"], inp_tokens).set_name("inp_embd")
-    inp_pos = ctx.new_tensor_1d(I32, n_tokens, name="inp_pos")
-    set_input(inp_pos)
-    kq_mask = ctx.new_tensor_2d(F32, n_kv, GGML_PAD(n_tokens, 32), name="KQ_mask")
-    set_input(kq_mask)
-    rope_args = (rope["n_dims"], rope["mode"], rope["n_ctx_orig"], rope["freq_base"], rope["freq_scale"],
-                 rope["ext_factor"], rope["attn_factor"], rope["beta_fast"], rope["beta_slow"])
-    elt = kvtype.type_size
-    for il, L in enumerate(layers):
-        inp_sa = inp_l
-        cur = rms_norm(ctx, inp_l, eps).set_name(f"norm-{il}")
-        cur = mul(ctx, cur, L["attn_norm"]).set_name(f"attn_norm-{il}")
-        q = mul_mat(ctx, L["wq"], cur).set_name(f"Qcur-{il}")
-        k = mul_mat(ctx, L["wk"], cur).set_name(f"Kcur-{il}")
-        v = mul_mat(ctx, L["wv"], cur).set_name(f"Vcur-{il}")
-        q = rope_ext(ctx, reshape_3d(ctx, q, head, n_head, n_tokens), inp_pos, None, *rope_args).set_name(f"Qcur_rope-{il}")
-        k = rope_ext(ctx, reshape_3d(ctx, k, head, n_head_kv, n_tokens), inp_pos, None, *rope_args).set_name(f"Kcur_rope-{il}")
-        roots += [q, k, v]
-        qp = permute(ctx, q, 0, 2, 1, 3).set_name(f"q-{il}")
-        k_view = view_1d(ctx, L["k_l"], n_tokens * n_gqa, row_size(kvtype, n_gqa) * kv_head).set_name(f"k_cache_view-{il}")
-        roots.append(cpy(ctx, k, k_view))
-        v_t = transpose(ctx, reshape_2d(ctx, v, n_gqa, n_tokens))
-        v_view = view_2d(ctx, L["v_l"], n_tokens, n_gqa, n_ctx * elt, kv_head * elt).set_name(f"v_cache_view-{il}")
-        roots.append(cpy(ctx, v_t, v_view))
-        kk = view_3d(ctx, L["k_l"], head, n_kv, n_head_kv, row_size(kvtype, n_gqa), row_size(kvtype, head),
-                        0).set_name(f"k-{il}")
-        vv = view_3d(ctx, L["v_l"], n_kv, head, n_head_kv, elt * n_ctx, elt * n_ctx * head, 0).set_name(f"v-{il}")
-        kq = mul_mat(ctx, kk, qp).set_name(f"kq-{il}")
-        kq = soft_max_ext(ctx, kq, kq_mask, 1.0 / head ** 0.5, 0.0).set_name(f"kq_soft_max_ext-{il}")
-        kqv = mul_mat(ctx, vv, kq).set_name(f"kqv-{il}")
-        merged = permute(ctx, kqv, 0, 2, 1, 3).set_name(f"kqv_merged-{il}")
-        cur = cont_2d(ctx, merged, n_embd, n_tokens).set_name(f"kqv_merged_cont-{il}")
-        roots.append(cur)
-        cur = mul_mat(ctx, L["wo"], cur).set_name(f"kqv_out-{il}")
-        if il == n_layer - 1:  # skip computing output for unused tokens
-            out_ids = ctx.new_tensor_1d(I32, n_outputs, name="inp_out_ids")
-            set_input(out_ids)
-            cur = get_rows(ctx, cur, out_ids)
-            inp_sa = get_rows(ctx, inp_sa, out_ids)
-        ffn_inp = add(ctx, cur, inp_sa).set_name(f"ffn_inp-{il}")
-        cur = rms_norm(ctx, ffn_inp, eps).set_name(f"norm_ffn-{il}")
-        cur = mul(ctx, cur, L["ffn_norm"]).set_name(f"ffn_norm-{il}")
-        up = mul_mat(ctx, L["up"], cur).set_name(f"ffn_up-{il}")
-        gate = mul_mat(ctx, L["gate"], cur).set_name(f"ffn_gate-{il}")
-        gate = silu(ctx, gate).set_name(f"ffn_silu-{il}")
-        cur = mul(ctx, gate, up).set_name(f"ffn_gate_par-{il}")
-        cur = mul_mat(ctx, L["down"], cur).set_name(f"ffn_down-{il}")
-        inp_l = add(ctx, cur, ffn_inp).set_name(f"l_out-{il}")
-    cur = rms_norm(ctx, inp_l, eps).set_name("norm_out")
-    cur = mul(ctx, cur, w["output_norm"]).set_name("result_norm")
-    cur = mul_mat(ctx, w["output"], cur).set_name("result_output")
-    set_output(cur)
-    roots.append(cur)
-    graph = Graph()
-    for r in roots:
-        build_forward_expand(graph, r)
-    return ctx, graph, roots
-
-
+# The scenarios' model is a 4-layer LLaMA at toy size, built by chapter 10's builder with
+# `recorded=True` — the variant the fixtures were recorded with (one more RESHAPE per layer than
+# llama.cpp's graph, and a few other names). `build_llama` creates its weights and cache in one
+# context per backend, in the recorder's order; `build_graph` builds one batch's graph over them.
 
 # %% [markdown]
 # ## 2 · The set-up: backends, buffers and weights
@@ -403,7 +221,7 @@ def built_scenario(doc) -> tuple:
     graph built by `build_llama`, its weight and cache contexts allocated on their backends."""
     backends = make_backends(doc)
     by_name = {b.get_name(): b for b in backends}
-    ctxs, graph, _ = build_llama(doc["model"], doc["placement"], ROUND0)
+    ctxs, graph, _ = build_llama(doc["model"], doc["placement"], ROUND0, recorded=True)
     for ctx in ctxs[:-1]:
         buf = alloc_ctx_tensors(ctx, by_name[ctx.name.split(":")[1]])
         buf.set_usage(BufferUsage.WEIGHTS if ctx.name.startswith("weights") else BufferUsage.ANY)
@@ -619,7 +437,7 @@ def replay(doc: dict) -> list:
     for k in range(1, len(steps), 2):
         alloc_step, compute_step = steps[k], steps[k + 1]
         sched.reset()
-        _, graph, _ = build_graph(doc["model"], w, layers, alloc_step["batch"])
+        _, graph, _ = build_graph(doc["model"], w, layers, alloc_step["batch"], recorded=True)
         apply_pins(sched, graph, doc, sc.backends)
         with captured_log(logging.DEBUG) as err:
             ok = sched.alloc_graph(graph)

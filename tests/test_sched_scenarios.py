@@ -96,10 +96,10 @@ def test_the_llama_builder_gives_the_recorded_graph(name):
     """The scenario graph rebuilt with the ggml_lite API equals the recorded one tensor for tensor (ids,
     names, contexts, types, shapes, strides, ops, op_params, sources, views, flags) and node for node."""
     from ggml_lite.graphio import graph_document
-    from ggml_lite.scenario import build_llama
+    from ggml_lite.models.llama import build_llama
 
     doc = _doc(name)
-    ctxs, graph, roots = build_llama(doc["model"], doc["placement"], _round0_batch(doc))
+    ctxs, graph, roots = build_llama(doc["model"], doc["placement"], _round0_batch(doc), recorded=True)
     mine = graph_document(graph, ctxs, roots)["graph"]
     want = doc["graph"]
     keys = ("id", "name", "ctx", "graph_role", "type", "ne", "nb", "op", "op_params", "src", "view_src",
@@ -120,15 +120,15 @@ def test_the_llama_builder_gives_the_recorded_graph(name):
 def test_the_builder_makes_scenario_13s_graph_and_round_1_of_09():
     """Graphs no file records: scenario 13 (it aborts before anything is recorded) and the second
     round of 09 (16 tokens at kv_head 16, so the cache views start at cell 16)."""
-    from ggml_lite.scenario import build_llama
+    from ggml_lite.models.llama import build_llama
 
     doc13 = _doc("13_abort_deny_cpy_kv_in_fake")  # no steps: the round-0 batch of the README
     batch0 = {"n_tokens": 16, "n_kv": 32, "kv_head": 0, "n_outputs": 1}
-    ctxs, graph, _ = build_llama(doc13["model"], doc13["placement"], batch0)
+    ctxs, graph, _ = build_llama(doc13["model"], doc13["placement"], batch0, recorded=True)
     assert graph.n_nodes == 138 and graph.n_leafs == 51
     assert [c.name for c in ctxs] == ["weights:CPU", "weights:FAKE", "kv_cache:FAKE", "compute"]
     doc9 = _doc("09_parallel_partial")
     batch1 = [s["batch"] for s in doc9["steps"] if s.get("call") == "ggml_backend_sched_alloc_graph"][1]
-    _, g1, _ = build_llama(doc9["model"], doc9["placement"], batch1)
+    _, g1, _ = build_llama(doc9["model"], doc9["placement"], batch1, recorded=True)
     k_view = g1.get_tensor("k_cache_view-0")
     assert k_view.view_offs == 16 * 32 * 2 and g1.get_tensor("v_cache_view-0").view_offs == 16 * 2

@@ -117,14 +117,14 @@ def test_graph_compute_gives_the_recorded_logits(name):
     SIM runs the same kernels, and the splits and copies move the same bytes)."""
     import numpy as np
 
-    from ggml_lite.scenario import batch_inputs, build_graph, model_tensors
+    from ggml_lite.models.llama import batch_inputs, build_graph, model_tensors
 
     doc, sc, sched = _setup(name)
     assert sched.reserve(sc.gf.graph)
     w, layers = model_tensors({t.name: t for t in sc.gf.tensors.values()}, doc["model"]["n_layer"])
     for alloc_step, compute_step in _rounds(doc):
         sched.reset()
-        _, graph, _ = build_graph(doc["model"], w, layers, alloc_step["batch"])
+        _, graph, _ = build_graph(doc["model"], w, layers, alloc_step["batch"], recorded=True)
         apply_pins(sched, graph, doc, sc.backends)
         assert sched.alloc_graph(graph)
         assert (sched.n_splits, sched.cur_copy) == (alloc_step["n_splits"], alloc_step["cur_copy"])
