@@ -57,12 +57,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggml_lite.align import GGML_PAD
+from ggml_lite.buffer import BufferUsage
+from ggml_lite.cpu import cpu_init
 from ggml_lite.errors import ShapeError
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
 from ggml_lite.ops import (
     add, cont_2d, cpy, get_rows, mul, mul_mat, permute, reshape_2d, reshape_3d, rms_norm, rope_ext, silu,
     soft_max_ext, transpose, view_1d, view_2d, view_3d,
 )
+from ggml_lite.sched import BackendSched
+from ggml_lite.sim import sim_init
+from ggml_lite.tallocr import alloc_ctx_tensors_from_buft
 from ggml_lite.tensor import Context, F32, I32, row_size, set_input, set_output, type_by_name
 
 GGML_KQ_MASK_PAD = 32  # the mask's rows are padded to this many (llama.cpp's GGML_KQ_MASK_PAD)
@@ -471,6 +476,111 @@ print("recorded variant:", sizes[True], "| llama.cpp:", sizes[False], "| fixture
       "| recorded buffer:", fx["buffer_size"])
 
 # %% [markdown]
+# ## 6 · Placement as llama.cpp placed it
+#
+# `llm_load_tensors` keeps the input layer (`token_embd`) on the host — "there is very little benefit
+# to offloading the input layer" — and gives the last `n_gpu_layers` layers to the GPUs, split by
+# `tensor_split` (by free memory when none is given: here, evenly); the output layer goes to the last
+# GPU only when `n_gpu_layers > n_layer`. The KV cache of a layer lives with its layer (with
+# `--no-kv-offload`, on the host). The split points are cumulative fractions compared in float32,
+# `upper_bound(splits, float(i - i_gpu_start) / act_gpu_layers)`.
+
+# %%
+# | export
+def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, tensor_split=None,
+                    offload_kqv: bool = True) -> dict:
+    """`llm_load_tensors`' placement (split mode layer) and `llama_kv_cache_init`'s: a backend name
+    ("CPU", "GPU0", "GPU1", ...) for `token_embd`, `output`, each layer and each layer's KV cache."""
+    if n_gpu_layers < 0 or n_devices < 0:
+        raise ShapeError(f"n_gpu_layers ({n_gpu_layers}) and devices ({n_devices}) cannot be negative")
+    n_gpu_layers = n_gpu_layers if n_devices else 0
+    i_gpu_start = max(n_layer - n_gpu_layers, 0)
+    weights = np.asarray(tensor_split if tensor_split else [1.0] * max(n_devices, 1), dtype=np.float32)
+    if n_devices and (len(weights) != n_devices or (weights < 0).any() or not weights.any()):
+        raise ShapeError(f"tensor_split {list(tensor_split)} must give {n_devices} non-negative weights, not all zero")
+    splits = np.cumsum(weights, dtype=np.float32) / np.float32(weights.sum(dtype=np.float32))
+    act = min(n_gpu_layers, n_layer + 1)
+
+    def gpu(x):  # std::upper_bound over the split points
+        return f"GPU{int(np.searchsorted(splits, np.float32(x) / np.float32(act), side='right'))}"
+    layers = ["CPU" if i < i_gpu_start else gpu(i - i_gpu_start) for i in range(n_layer)]
+    output = gpu(act - 1) if n_gpu_layers > n_layer else "CPU"
+    kv = layers if offload_kqv else ["CPU"] * n_layer
+    return dict(token_embd="CPU", output=output, layers=layers, kv_cache=list(kv))
+
+
+# %% [markdown]
+# Then `llama_new_context_with_model` makes one backend per GPU and the CPU last, gives the CPU
+# backend's compute buffer a host buffer type, turns on pipeline parallelism (`n_copies` 4) only with
+# several GPUs, every layer offloaded and the KV cache with them, and reserves the worst-case graph
+# through the scheduler. While building the graph, its callback pins every layer's `norm` to the
+# layer's backend when everything is offloaded or the batch has fewer than 32 tokens (else the
+# scheduler would run it where the previous layer ran), and, without KV offload, `kqv_merged_cont`
+# to the CPU. The GPUs are SIM devices configured like CUDA: alignment 128 and CUDA's offload rule
+# (an op whose batch has at least 32 rows, except GET_ROWS).
+
+# %%
+# | export
+def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0,
+                devices: int = 0, tensor_split=None, kvtype: str = "f16", offload_kqv: bool = True) -> dict:
+    """What `llama_new_context_with_model` allocates: per backend the weights, the KV cache and the
+    compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
+    split counts and the scheduler's n_copies. Sizes in bytes."""
+    n_ctx = padded_n_ctx(n_ctx)
+    placement = layer_placement(params.n_layer, n_gpu_layers, devices, tensor_split, offload_kqv)
+    batch = worst_case_batch(n_ctx, n_ubatch)
+    ctxs, graph, _ = build_llama(params.model(n_ctx, kvtype), placement, batch)
+    gpus = [sim_init(f"GPU{i}", alignment=128, offload="cuda") for i in range(devices)]
+    backends = {b.get_name(): b for b in (*gpus, cpu_init())}
+    report = {name: dict(weights=0, kv=0, compute=0) for name in backends}
+    for c in ctxs[:-1]:
+        kind, name = c.name.split(":")
+        buf = alloc_ctx_tensors_from_buft(c, backends[name].get_default_buffer_type())
+        buf.set_usage(BufferUsage.WEIGHTS if kind == "weights" else BufferUsage.ANY)
+        report[name]["weights" if kind == "weights" else "kv"] += sum(t.nbytes for t in c.tensors)
+    full_offload = n_gpu_layers > params.n_layer and devices > 0
+    parallel = devices > 1 and full_offload and offload_kqv
+    sched = BackendSched(list(backends.values()), graph_size=llama_model_max_nodes(params.n_layer), parallel=parallel)
+    _pin_like_llama_cpp(sched, graph, placement, backends, batch["n_tokens"] < 32 or full_offload, offload_kqv)
+    sched.reserve(graph)
+    for name, b in backends.items():
+        report[name]["compute"] = sched.get_buffer_size(b)
+    return dict(devices=report, nodes=len(graph.nodes), splits=sched.n_splits, n_copies=sched.n_copies,
+                placement=placement, graph=graph, sched=sched)
+
+
+def _pin_like_llama_cpp(sched, graph, placement, backends, pin_norm: bool, offload_kqv: bool) -> None:
+    """`llama_build_graph`'s callback: `norm-<il>` to its layer's backend (when `pin_norm`), and
+    `kqv_merged_cont-<il>` to the CPU without KV offload."""
+    for node in graph.nodes:
+        name, _, il = node.name.rpartition("-")
+        if pin_norm and name == "norm" and il.isdigit():
+            sched.set_tensor_backend(node, backends[placement["layers"][int(il)]])
+        elif not offload_kqv and name == "kqv_merged_cont" and il.isdigit():
+            sched.set_tensor_backend(node, backends["CPU"])
+
+
+# %% [markdown]
+# Three setups whose llama.cpp logs are public (bug reports of mid-2024). Predict the first from the
+# CPU-only run above: the GPU now plans the layers' tensors, the host only the embeddings' rows and
+# the mask.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+cases = {"Llama-2 7B, 1 GPU, 33 layers, n_ctx 512": plan_memory(p7, 512, n_gpu_layers=33, devices=1),
+         "Llama-3.1 8B, 1 GPU, 33 layers, n_ctx 8192": plan_memory(PRESETS["llama-3.1-8b"], 8192, n_gpu_layers=33, devices=1),
+         "Llama-2 7B, CPU only, n_ctx 2048": plan_memory(p7, 2048)}
+for label, r in cases.items():
+    per_device = ", ".join(f"{n} compute {d['compute'] / MiB:.2f} MiB, KV {d['kv'] / MiB:.2f} MiB"
+                           for n, d in r["devices"].items() if d["compute"] or d["kv"])
+    print(f"{label}: {r['nodes']} nodes, {r['splits']} splits; {per_device}")
+
+# %% [markdown]
+# llama.cpp printed: 70.50 MiB on the GPU and 9.01 MiB on the host, 256.00 MiB of KV cache, 1,030
+# nodes and 2 splits; 560.00 and 24.01 MiB, 1024.00 MiB of KV; 164.01 MiB and 1024.00 MiB on the CPU,
+# one split. Every number matches.
+
+# %% [markdown]
 # ## 6 · Check
 
 # %%
@@ -478,4 +588,8 @@ assert len(graph.nodes) == 32 * p7.n_layer + 6 and kv_bytes == 1024 * MiB
 assert round(galloc.get_buffer_size(0) / MiB, 2) == 164.01
 assert same and sizes[True][0] == 1062 and sizes[False][0] == 1030
 assert sizes[True][1] == sizes[False][1] == fx["buffer_size"]
+got = {label: (r["nodes"], r["splits"], *(round(d[k] / MiB, 2) for d in r["devices"].values() for k in ("compute", "kv")))
+       for label, r in cases.items()}
+assert list(got.values()) == [(1030, 2, 70.50, 256.0, 9.01, 0.0), (1030, 2, 560.0, 1024.0, 24.01, 0.0),
+                              (1030, 1, 164.01, 1024.0)]
 print("chapter 10: all checks passed")

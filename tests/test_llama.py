@@ -54,3 +54,29 @@ def test_bad_hyperparameters_are_refused(kwargs, field):
     base = dict(n_vocab=32000, n_embd=4096, n_layer=32, n_head=32, n_head_kv=32, n_ff=11008)
     with pytest.raises(gl.errors.ShapeError, match=field):
         LlamaParams(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize("preset, n_ctx, n_gpu_layers, devices, want", [
+    # (nodes, splits, GPU0 compute MiB, GPU0 KV MiB, host compute MiB): llama.cpp's printed lines
+    ("llama-2-7b", 512, 33, 1, (1030, 2, "70.50", "256.00", "9.01")),
+    ("llama-3.1-8b", 8192, 33, 1, (1030, 2, "560.00", "1024.00", "24.01")),
+])
+def test_one_gpu_setups_are_what_llama_cpp_printed(preset, n_ctx, n_gpu_layers, devices, want):
+    from ggml_lite.models.llama import plan_memory
+
+    r = plan_memory(PRESETS[preset], n_ctx, n_gpu_layers=n_gpu_layers, devices=devices)
+    gpu, cpu = r["devices"]["GPU0"], r["devices"]["CPU"]
+    got = (r["nodes"], r["splits"], f"{gpu['compute'] / MiB:.2f}", f"{gpu['kv'] / MiB:.2f}", f"{cpu['compute'] / MiB:.2f}")
+    assert got == want
+
+
+def test_layer_placement_follows_llm_load_tensors():
+    from ggml_lite.models.llama import layer_placement
+
+    p = layer_placement(32, 20, 2)  # 12 layers on the CPU, the other 20 split evenly
+    assert p["layers"] == ["CPU"] * 12 + ["GPU0"] * 10 + ["GPU1"] * 10 and p["output"] == "CPU"
+    full = layer_placement(32, 33, 2, tensor_split=[3, 1])
+    assert full["layers"].count("GPU0") == 25 and full["output"] == "GPU1" and full["token_embd"] == "CPU"
+    assert layer_placement(32, 33, 1, offload_kqv=False)["kv_cache"] == ["CPU"] * 32
+    with pytest.raises(gl.errors.ShapeError, match="tensor_split"):
+        layer_placement(32, 33, 2, tensor_split=[1, 2, 3])

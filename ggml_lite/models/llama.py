@@ -12,12 +12,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggml_lite.align import GGML_PAD
+from ggml_lite.buffer import BufferUsage
+from ggml_lite.cpu import cpu_init
 from ggml_lite.errors import ShapeError
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
 from ggml_lite.ops import (
     add, cont_2d, cpy, get_rows, mul, mul_mat, permute, reshape_2d, reshape_3d, rms_norm, rope_ext, silu,
     soft_max_ext, transpose, view_1d, view_2d, view_3d,
 )
+from ggml_lite.sched import BackendSched
+from ggml_lite.sim import sim_init
+from ggml_lite.tallocr import alloc_ctx_tensors_from_buft
 from ggml_lite.tensor import Context, F32, I32, row_size, set_input, set_output, type_by_name
 
 GGML_KQ_MASK_PAD = 32  # the mask's rows are padded to this many (llama.cpp's GGML_KQ_MASK_PAD)
@@ -300,3 +305,66 @@ def worst_case_batch(n_ctx: int, n_ubatch: int = 512) -> dict:
     """The batch of llama.cpp's reserve: `min(n_ctx, n_ubatch)` tokens, all outputs, the whole cache."""
     n_tokens = min(n_ctx, n_ubatch)
     return dict(n_tokens=n_tokens, n_kv=n_ctx, kv_head=n_ctx - n_tokens, n_outputs=n_tokens)
+
+
+# notebooks/10_llama.py
+def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, tensor_split=None,
+                    offload_kqv: bool = True) -> dict:
+    """`llm_load_tensors`' placement (split mode layer) and `llama_kv_cache_init`'s: a backend name
+    ("CPU", "GPU0", "GPU1", ...) for `token_embd`, `output`, each layer and each layer's KV cache."""
+    if n_gpu_layers < 0 or n_devices < 0:
+        raise ShapeError(f"n_gpu_layers ({n_gpu_layers}) and devices ({n_devices}) cannot be negative")
+    n_gpu_layers = n_gpu_layers if n_devices else 0
+    i_gpu_start = max(n_layer - n_gpu_layers, 0)
+    weights = np.asarray(tensor_split if tensor_split else [1.0] * max(n_devices, 1), dtype=np.float32)
+    if n_devices and (len(weights) != n_devices or (weights < 0).any() or not weights.any()):
+        raise ShapeError(f"tensor_split {list(tensor_split)} must give {n_devices} non-negative weights, not all zero")
+    splits = np.cumsum(weights, dtype=np.float32) / np.float32(weights.sum(dtype=np.float32))
+    act = min(n_gpu_layers, n_layer + 1)
+
+    def gpu(x):  # std::upper_bound over the split points
+        return f"GPU{int(np.searchsorted(splits, np.float32(x) / np.float32(act), side='right'))}"
+    layers = ["CPU" if i < i_gpu_start else gpu(i - i_gpu_start) for i in range(n_layer)]
+    output = gpu(act - 1) if n_gpu_layers > n_layer else "CPU"
+    kv = layers if offload_kqv else ["CPU"] * n_layer
+    return dict(token_embd="CPU", output=output, layers=layers, kv_cache=list(kv))
+
+
+# notebooks/10_llama.py
+def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0,
+                devices: int = 0, tensor_split=None, kvtype: str = "f16", offload_kqv: bool = True) -> dict:
+    """What `llama_new_context_with_model` allocates: per backend the weights, the KV cache and the
+    compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
+    split counts and the scheduler's n_copies. Sizes in bytes."""
+    n_ctx = padded_n_ctx(n_ctx)
+    placement = layer_placement(params.n_layer, n_gpu_layers, devices, tensor_split, offload_kqv)
+    batch = worst_case_batch(n_ctx, n_ubatch)
+    ctxs, graph, _ = build_llama(params.model(n_ctx, kvtype), placement, batch)
+    gpus = [sim_init(f"GPU{i}", alignment=128, offload="cuda") for i in range(devices)]
+    backends = {b.get_name(): b for b in (*gpus, cpu_init())}
+    report = {name: dict(weights=0, kv=0, compute=0) for name in backends}
+    for c in ctxs[:-1]:
+        kind, name = c.name.split(":")
+        buf = alloc_ctx_tensors_from_buft(c, backends[name].get_default_buffer_type())
+        buf.set_usage(BufferUsage.WEIGHTS if kind == "weights" else BufferUsage.ANY)
+        report[name]["weights" if kind == "weights" else "kv"] += sum(t.nbytes for t in c.tensors)
+    full_offload = n_gpu_layers > params.n_layer and devices > 0
+    parallel = devices > 1 and full_offload and offload_kqv
+    sched = BackendSched(list(backends.values()), graph_size=llama_model_max_nodes(params.n_layer), parallel=parallel)
+    _pin_like_llama_cpp(sched, graph, placement, backends, batch["n_tokens"] < 32 or full_offload, offload_kqv)
+    sched.reserve(graph)
+    for name, b in backends.items():
+        report[name]["compute"] = sched.get_buffer_size(b)
+    return dict(devices=report, nodes=len(graph.nodes), splits=sched.n_splits, n_copies=sched.n_copies,
+                placement=placement, graph=graph, sched=sched)
+
+
+def _pin_like_llama_cpp(sched, graph, placement, backends, pin_norm: bool, offload_kqv: bool) -> None:
+    """`llama_build_graph`'s callback: `norm-<il>` to its layer's backend (when `pin_norm`), and
+    `kqv_merged_cont-<il>` to the CPU without KV offload."""
+    for node in graph.nodes:
+        name, _, il = node.name.rpartition("-")
+        if pin_norm and name == "norm" and il.isdigit():
+            sched.set_tensor_backend(node, backends[placement["layers"][int(il)]])
+        elif not offload_kqv and name == "kqv_merged_cont" and il.isdigit():
+            sched.set_tensor_backend(node, backends["CPU"])
