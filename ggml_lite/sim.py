@@ -432,6 +432,18 @@ def sim_default_buffer_type() -> SimBufferType:
     return _DEFAULT_DEVICE[0]
 
 
+_PINNED = []
+
+
+def sim_host_buffer_type() -> BufferType:
+    """The pinned host buffer type of a SIM setup, as CUDA's `ggml_backend_cuda_host_buffer_type`
+    ("CUDA_Host"): host memory a device copies from directly. Alignment 32, like the CPU's, but a buffer
+    is exactly the size asked for (the CPU buffer type adds 32 bytes)."""
+    if not _PINNED:
+        _PINNED.append(BufferType("CUDA_Host", 32, is_host=True))
+    return _PINNED[0]
+
+
 def _param(key: str, value: str):
     try:
         if key in ("alignment", "max_size"):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggml_lite.align import GGML_PAD
-from ggml_lite.buffer import BufferUsage
+from ggml_lite.buffer import BufferUsage, cpu_buffer_type
 from ggml_lite.cpu import cpu_init
 from ggml_lite.errors import ShapeError
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
@@ -21,7 +21,7 @@ from ggml_lite.ops import (
     soft_max_ext, transpose, view_1d, view_2d, view_3d,
 )
 from ggml_lite.sched import BackendSched
-from ggml_lite.sim import sim_init
+from ggml_lite.sim import sim_host_buffer_type, sim_init
 from ggml_lite.tallocr import alloc_ctx_tensors_from_buft
 from ggml_lite.tensor import Context, F32, I32, row_size, set_input, set_output, type_by_name
 
@@ -342,15 +342,21 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
     ctxs, graph, _ = build_llama(params.model(n_ctx, kvtype), placement, batch)
     gpus = [sim_init(f"GPU{i}", alignment=128, offload="cuda") for i in range(devices)]
     backends = {b.get_name(): b for b in (*gpus, cpu_init())}
-    report = {name: dict(weights=0, kv=0, compute=0) for name in backends}
+    host_buft = sim_host_buffer_type() if devices else cpu_buffer_type()  # llama_default_buffer_type_cpu(true)
+    bufts = {name: host_buft if name == "CPU" else b.get_default_buffer_type() for name, b in backends.items()}
+    report = {name: dict(weights=0, kv=0, output=0, compute=0) for name in backends}
     for c in ctxs[:-1]:
         kind, name = c.name.split(":")
-        buf = alloc_ctx_tensors_from_buft(c, backends[name].get_default_buffer_type())
+        buf = alloc_ctx_tensors_from_buft(c, bufts[name])
         buf.set_usage(BufferUsage.WEIGHTS if kind == "weights" else BufferUsage.ANY)
-        report[name]["weights" if kind == "weights" else "kv"] += sum(t.nbytes for t in c.tensors)
+        report[name]["weights"] += buf.get_size() if kind == "weights" else 0  # as llama.cpp prints buffer sizes
+        report[name]["kv"] += sum(t.nbytes for t in c.tensors) if kind == "kv_cache" else 0  # "KV self size"
+    # llama_output_reserve at init: the logits of n_seq_max (1) outputs, f32, in a host buffer
+    report["CPU"]["output"] = host_buft.alloc_buffer(params.n_vocab * 4).get_size()
     full_offload = n_gpu_layers > params.n_layer and devices > 0
     parallel = devices > 1 and full_offload and offload_kqv
-    sched = BackendSched(list(backends.values()), graph_size=llama_model_max_nodes(params.n_layer), parallel=parallel)
+    sched = BackendSched(list(backends.values()), bufts=list(bufts.values()),
+                         graph_size=llama_model_max_nodes(params.n_layer), parallel=parallel)
     _pin_like_llama_cpp(sched, graph, placement, backends, batch["n_tokens"] < 32 or full_offload, offload_kqv)
     sched.reserve(graph)
     for name, b in backends.items():
