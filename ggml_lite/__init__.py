@@ -56,3 +56,6 @@ from ggml_lite.registry import (  # noqa: F401,E402
     reg_init_backend_from_str, register,
 )
 from ggml_lite.sched import BackendSched, Split  # noqa: F401,E402
+from ggml_lite import models  # noqa: F401,E402  (gl.models.llama: chapter 10)
+from ggml_lite.models import llama as _llama  # noqa: F401,E402
+from ggml_lite.report import MemoryReport, memory_report  # noqa: F401,E402

@@ -3,6 +3,10 @@
     python -m ggml_lite plan GRAPH.json [--json] [--step K]
     python -m ggml_lite check FIXTURE.json [--no-numerics]
     python -m ggml_lite sched SCENARIO.json [--check]
+    python -m ggml_lite llama (--preset NAME | --n-vocab N --n-embd N --n-layer N --n-head N --n-head-kv N
+                               --n-ff N) [--n-ctx 512] [--n-batch 2048] [--n-ubatch 512] [--type-k f16]
+                               [--type-v f16] [--n-gpu-layers 0] [--devices 0] [--tensor-split a,b]
+                               [--no-kv-offload] [--vram GiB] [--json]
 
 `plan` runs the graph allocator (`GAllocr.reserve`, then `alloc_graph`) on a fixture-schema graph on
 the CPU buffer type and prints where every tensor goes. `check` does the same and compares with the
@@ -12,6 +16,8 @@ the leafs, computes the graph on the CPU backend and compares every result withi
 prints. It exits 0 only when everything is equal (results: within tolerance). `sched` prints the
 scheduler's assignments of a recorded scenario's round-0 graph in GGML_SCHED_DEBUG format; with
 `--check` it replays the whole scenario (appendix A3) and exits 0 only when everything recorded matches.
+`llama` plans a LLaMA as llama.cpp (mid-2024) would (chapter 10) and prints the memory of every device,
+and the lines llama.cpp prints about it; GPUs are simulated devices configured like CUDA.
 
 Exit codes: 0 success; 1 the plan or a result differs from the record; 2 the file or the arguments
 are unusable.
@@ -152,6 +158,49 @@ def _causes_legend() -> str:
     return "\n".join(lines)
 
 
+def _llama_params(args):
+    """The model of `llama`: a preset, or the hyperparameters given one by one."""
+    from ggml_lite.errors import ModelError
+    from ggml_lite.models.llama import PRESETS, LlamaParams
+
+    dims = {k: getattr(args, k) for k in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "n_ff")}
+    if args.preset is not None:
+        if any(v is not None for v in dims.values()):
+            raise ModelError("give either --preset or the hyperparameters (--n-vocab ...), not both")
+        if args.preset.lower() not in PRESETS:
+            raise ModelError(f"unknown preset {args.preset!r}; known presets: {', '.join(PRESETS)}")
+        params = PRESETS[args.preset.lower()]
+        return LlamaParams(**{**params.__dict__, "wtype": args.wtype or params.wtype})
+    missing = [f"--{k.replace('_', '-')}" for k, v in dims.items() if v is None and k != "n_head_kv"]
+    if missing:
+        raise ModelError(f"no model: give --preset NAME or the hyperparameters; missing {', '.join(missing)}")
+    dims["n_head_kv"] = dims["n_head_kv"] or dims["n_head"]
+    return LlamaParams(**dims, wtype=args.wtype or "f16")
+
+
+def cmd_llama(args) -> int:
+    from ggml_lite.errors import ModelError
+    from ggml_lite.report import format_report, memory_report
+
+    params = _llama_params(args)
+    split = None
+    if args.tensor_split:
+        try:
+            split = [float(x) for x in args.tensor_split.split(",")]
+        except ValueError:
+            raise ModelError(f"--tensor-split {args.tensor_split!r}: expected numbers separated by commas") from None
+    for name in ("n_ctx", "n_batch", "n_ubatch"):
+        if getattr(args, name) <= 0:
+            raise ModelError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    rep = memory_report(params, args.n_ctx, args.n_batch, args.n_ubatch, args.n_gpu_layers, args.devices, split,
+                        args.type_k, args.type_v, not args.no_kv_offload)
+    if args.json:
+        print(json.dumps(rep.to_json(), indent=1))
+    else:
+        print(format_report(rep, args.vram))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ggml_lite", description="ggml's memory planner, in Python.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -171,6 +220,23 @@ def main(argv=None) -> int:
     d.add_argument("--check", action="store_true", help="replay the whole scenario and compare everything recorded")
     d.add_argument("--limit", type=int, default=10, help="how many differences to print (default 10)")
     d.set_defaults(run=cmd_sched)
+    m = sub.add_parser("llama", help="the memory of a LLaMA per device, as llama.cpp (mid-2024) allocates it")
+    m.add_argument("--preset", help="a model by name: llama-2-7b, llama-3.1-70b, mistral-7b, ... (see the error for all)")
+    for dim in ("n-vocab", "n-embd", "n-layer", "n-head", "n-head-kv", "n-ff"):
+        m.add_argument(f"--{dim}", type=int, default=None)
+    m.add_argument("--wtype", default=None, help="the weights' type (default f16)")
+    m.add_argument("--n-ctx", type=int, default=512)
+    m.add_argument("--n-batch", type=int, default=2048)
+    m.add_argument("--n-ubatch", type=int, default=512)
+    m.add_argument("--type-k", default="f16")
+    m.add_argument("--type-v", default=None, help="default: --type-k")
+    m.add_argument("--n-gpu-layers", type=int, default=0)
+    m.add_argument("--devices", type=int, default=0, help="number of GPUs (simulated, configured like CUDA)")
+    m.add_argument("--tensor-split", default=None, help="the layers' share of each GPU, e.g. 3,1 (default even)")
+    m.add_argument("--no-kv-offload", action="store_true", help="keep the KV cache on the host")
+    m.add_argument("--vram", type=float, default=None, help="GiB per GPU: say whether each one fits")
+    m.add_argument("--json", action="store_true", help="print the report as JSON (sizes in bytes)")
+    m.set_defaults(run=cmd_llama, file="the llama arguments")
     args = parser.parse_args(argv)
     try:
         return args.run(args)

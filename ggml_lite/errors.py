@@ -155,6 +155,11 @@ class UnknownBackendError(BackendError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class ModelError(GGMLLiteError, ValueError):
+    """A model or context that cannot be planned: an unknown preset, inconsistent hyperparameters, a
+    bad context size or tensor split (chapter 10)."""
+
+
 class SchedulerError(BackendError):
     """The backend scheduler cannot place or run a graph (the aborts of `ggml_backend_sched_*`)."""
 

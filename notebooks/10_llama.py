@@ -100,10 +100,12 @@ class LlamaParams:
             object.__setattr__(self, "n_rot", self.n_embd // self.n_head)
         type_by_name(self.wtype)  # an unknown type is an UnknownTypeError now, not later
 
-    def model(self, n_ctx: int, kvtype: str = "f16") -> dict:
-        """The builder's model dictionary for a context of `n_ctx` cells (the KV cache's size)."""
+    def model(self, n_ctx: int, type_k: str = "f16", type_v: str = None) -> dict:
+        """The builder's model dictionary for a context of `n_ctx` cells (the KV cache's size) and the
+        cache's K and V types (`type_v` defaults to `type_k`)."""
         return dict(n_vocab=self.n_vocab, n_embd=self.n_embd, n_layer=self.n_layer, n_head=self.n_head,
-                    n_head_kv=self.n_head_kv, n_ff=self.n_ff, n_ctx=n_ctx, wtype=self.wtype, kvtype=kvtype,
+                    n_head_kv=self.n_head_kv, n_ff=self.n_ff, n_ctx=n_ctx, wtype=self.wtype, kvtype=type_k,
+                    type_v=type_v or type_k,
                     rms_norm_eps=self.rms_norm_eps,
                     rope=dict(mode=0, n_dims=self.n_rot, n_ctx_orig=self.n_ctx_train, freq_base=self.rope_freq_base,
                               freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0))
@@ -153,7 +155,8 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
     n_embd, n_head, n_head_kv = model["n_embd"], model["n_head"], model["n_head_kv"]
     n_ff, n_vocab, n_ctx = model["n_ff"], model["n_vocab"], model["n_ctx"]
     n_gqa = n_embd // n_head * n_head_kv
-    wtype, kvtype = type_by_name(model["wtype"]), type_by_name(model["kvtype"])
+    wtype, type_k = type_by_name(model["wtype"]), type_by_name(model["kvtype"])
+    type_v = type_by_name(model.get("type_v", model["kvtype"]))
     ctxs = {}
 
     def ctx_of(kind, backend):
@@ -177,8 +180,8 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
             weight(be, f"blk.{il}.{name}.weight", *shapes[name])
     for il, be in enumerate(placement["kv_cache"]):
         c = ctx_of("kv_cache", be)
-        c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_k_l{il}")
-        c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_v_l{il}")
+        c.new_tensor_1d(type_k, n_gqa * n_ctx, name=f"cache_k_l{il}")
+        c.new_tensor_1d(type_v, n_gqa * n_ctx, name=f"cache_v_l{il}")
     w, layers = model_tensors({t.name: t for c in ctxs.values() for t in c.tensors}, len(placement["layers"]))
     ctx, graph, roots = build_graph(model, w, layers, batch, recorded)
 
@@ -245,7 +248,7 @@ def llm_build_kv_store(b: _Build, k_cur, v_cur, L: dict, il: int) -> None:
     n_gqa, kvtype = L["k_l"].ne[0] // b.model["n_ctx"], L["k_l"].type
     k_view = b.name(view_1d(b.ctx, L["k_l"], n_tokens * n_gqa, row_size(kvtype, n_gqa) * kv_head), "k_cache_view", il)
     b.roots.append(cpy(b.ctx, k_cur, k_view))
-    elt = kvtype.type_size
+    elt = L["v_l"].type.type_size
 
     def v_cache_view():
         return view_2d(b.ctx, L["v_l"], n_tokens, n_gqa, b.model["n_ctx"] * elt, kv_head * elt)
@@ -271,7 +274,7 @@ def llm_build_kqv(b: _Build, wo, q, kq_mask, L: dict, il: int):
     output projection. `q` is Q permuted to heads-major (`q-<il>`)."""
     m, n_tokens, n_kv = b.model, b.batch["n_tokens"], b.batch["n_kv"]
     head = m["n_embd"] // m["n_head"]
-    n_gqa, kvtype, elt = head * m["n_head_kv"], L["k_l"].type, L["k_l"].type.type_size
+    n_gqa, kvtype, elt = head * m["n_head_kv"], L["k_l"].type, L["v_l"].type.type_size
     k = b.name(view_3d(b.ctx, L["k_l"], head, n_kv, m["n_head_kv"], row_size(kvtype, n_gqa), row_size(kvtype, head), 0),
                "k", il)
 
@@ -522,14 +525,15 @@ def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, ten
 # %%
 # | export
 def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0,
-                devices: int = 0, tensor_split=None, kvtype: str = "f16", offload_kqv: bool = True) -> dict:
+                devices: int = 0, tensor_split=None, type_k: str = "f16", type_v: str = None,
+                offload_kqv: bool = True) -> dict:
     """What `llama_new_context_with_model` allocates: per backend the weights, the KV cache and the
     compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
     split counts and the scheduler's n_copies. Sizes in bytes."""
     n_ctx = padded_n_ctx(n_ctx)
     placement = layer_placement(params.n_layer, n_gpu_layers, devices, tensor_split, offload_kqv)
     batch = worst_case_batch(n_ctx, n_ubatch)
-    ctxs, graph, _ = build_llama(params.model(n_ctx, kvtype), placement, batch)
+    ctxs, graph, _ = build_llama(params.model(n_ctx, type_k, type_v), placement, batch)
     gpus = [sim_init(f"GPU{i}", alignment=128, offload="cuda") for i in range(devices)]
     backends = {b.get_name(): b for b in (*gpus, cpu_init())}
     host_buft = sim_host_buffer_type() if devices else cpu_buffer_type()  # llama_default_buffer_type_cpu(true)
@@ -587,7 +591,104 @@ for label, r in cases.items():
 # one split. Every number matches.
 
 # %% [markdown]
-# ## 6 · Check
+# ## 7 · The report
+#
+# `memory_report` gathers what a user asks: per device the weights, the KV cache, the output buffer
+# and the compute buffer, their total, and the graph's node and split counts — the figures of
+# `python -m ggml_lite llama`, which also prints them the way llama.cpp logs them, so that a user can
+# hold one against the other. `--vram` says per device whether it fits.
+
+# %%
+# | export report
+"""The memory report of a LLaMA (chapter 10): what llama.cpp allocates on each device for a model and a
+context, and the lines llama.cpp prints about it."""
+
+from dataclasses import asdict, dataclass
+
+from ggml_lite.models.llama import LlamaParams, padded_n_ctx, plan_memory
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class MemoryReport:
+    """`model` and `context` (what was asked), `graph` ({nodes, splits, n_copies}) and `devices`
+    (one {name, weights, kv, output, compute, total} per device, the GPUs then the CPU; bytes)."""
+
+    model: dict
+    context: dict
+    graph: dict
+    devices: list
+
+    def to_json(self) -> dict:
+        """The document of `python -m ggml_lite llama --json`."""
+        return dict(model=self.model, context=self.context, graph=self.graph, devices=self.devices)
+
+
+def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_ubatch: int = 512,
+                  n_gpu_layers: int = 0, devices: int = 0, tensor_split=None, type_k: str = "f16",
+                  type_v: str = None, offload_kqv: bool = True) -> MemoryReport:
+    """Plan the model as `llama_new_context_with_model` would (`plan_memory`) and report it."""
+    r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv)
+    rows = [dict(name=name, **d, total=sum(d.values())) for name, d in r["devices"].items()]
+    context = dict(n_ctx=padded_n_ctx(n_ctx), n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
+                   type_v=type_v or type_k, n_gpu_layers=n_gpu_layers, devices=devices,
+                   tensor_split=list(tensor_split) if tensor_split else None, offload_kqv=offload_kqv)
+    return MemoryReport(asdict(params), context, dict(nodes=r["nodes"], splits=r["splits"], n_copies=r["n_copies"]),
+                        rows)
+
+
+# %%
+# | export report
+def llama_cpp_lines(rep: MemoryReport) -> list:
+    """The lines llama.cpp prints about these buffers (`llm_load_tensors`, `llama_kv_cache_init`,
+    `llama_new_context_with_model`), with this setup's buffer type names: GPU<i> for a device, CPU or
+    CUDA_Host (the pinned host type of an accelerator setup) for the host."""
+    host = "CUDA_Host" if rep.context["devices"] else "CPU"
+    lines = [f"llm_load_tensors: {d['name'] if d['name'] != 'CPU' else host:>10s} buffer size = {d['weights'] / MiB:8.2f} MiB"
+             for d in rep.devices if d["weights"]]
+    kv = sum(d["kv"] for d in rep.devices)
+    lines.append(f"llama_new_context_with_model: KV self size  = {kv / MiB:7.2f} MiB, K ({rep.context['type_k']}): "
+                 f"{kv / 2 / MiB:7.2f} MiB, V ({rep.context['type_v']}): {kv / 2 / MiB:7.2f} MiB"
+                 if rep.context["type_k"] == rep.context["type_v"] else
+                 f"llama_new_context_with_model: KV self size  = {kv / MiB:7.2f} MiB")
+    lines.append(f"llama_new_context_with_model: {host:>10s}  output buffer size = "
+                 f"{sum(d['output'] for d in rep.devices) / MiB:8.2f} MiB")
+    if rep.graph["n_copies"] > 1:
+        lines.append(f"llama_new_context_with_model: pipeline parallelism enabled (n_copies={rep.graph['n_copies']})")
+    lines += [f"llama_new_context_with_model: {d['name'] if d['name'] != 'CPU' else host:>10s} compute buffer size = "
+              f"{d['compute'] / MiB:8.2f} MiB" for d in rep.devices if d["compute"] > 1]
+    lines += [f"llama_new_context_with_model: graph nodes  = {rep.graph['nodes']}",
+              f"llama_new_context_with_model: graph splits = {rep.graph['splits']}"]
+    return lines
+
+
+def format_report(rep: MemoryReport, vram_gib: float = None) -> str:
+    """The report as a table (MiB), then llama.cpp's lines; with `vram_gib`, whether each GPU fits."""
+    head = f"{'device':8s} {'weights':>10s} {'KV':>10s} {'output':>10s} {'compute':>10s} {'total':>10s}"
+    rows = [f"{d['name']:8s} " + " ".join(f"{d[k] / MiB:10.2f}" for k in ("weights", "kv", "output", "compute", "total"))
+            for d in rep.devices]
+    out = [head + "   (MiB)", *rows, f"graph: {rep.graph['nodes']} nodes, {rep.graph['splits']} splits, "
+           f"n_copies {rep.graph['n_copies']}"]
+    if vram_gib is not None:
+        for d in rep.devices:
+            if d["name"] != "CPU":
+                fits = d["total"] <= vram_gib * 1024 * MiB
+                out.append(f"{d['name']}: {d['total'] / MiB:.2f} MiB of {vram_gib * 1024:.2f} MiB: "
+                           f"{'fits' if fits else 'does NOT fit'}")
+    return "\n".join(out + ["", "as llama.cpp prints it:", *llama_cpp_lines(rep)])
+
+
+# %% [markdown]
+# Llama-2 7B, all 33 layers on one GPU with 16 GiB, n_ctx 4096:
+
+# %%
+from ggml_lite.report import format_report, memory_report  # noqa: E402
+
+print(format_report(memory_report(p7, 4096, n_gpu_layers=33, devices=1), vram_gib=16))
+
+# %% [markdown]
+# ## 8 · Check
 
 # %%
 assert len(graph.nodes) == 32 * p7.n_layer + 6 and kv_bytes == 1024 * MiB

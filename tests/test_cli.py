@@ -166,3 +166,35 @@ def test_every_cause_the_scheduler_sets_is_explained():
     from ggml_lite.sched import CAUSES
 
     assert set_causes and {c.replace("{i}", "N") for c in set_causes} <= set(CAUSES)
+
+
+def test_llama_json_report(capsys):
+    """`llama --json`: the documented schema, sizes in bytes, llama.cpp's numbers for Llama-2 7B on one GPU."""
+    assert main(["llama", "--preset", "llama-2-7b", "--n-gpu-layers", "33", "--devices", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"model", "context", "graph", "devices"}
+    assert doc["graph"] == {"nodes": 1030, "splits": 2, "n_copies": 1}
+    gpu, cpu = doc["devices"]
+    assert (gpu["name"], cpu["name"]) == ("GPU0", "CPU")
+    assert f"{gpu['compute'] / 2**20:.2f}" == "70.50" and f"{cpu['compute'] / 2**20:.2f}" == "9.01"
+    assert gpu["kv"] == 256 * 2**20 and gpu["total"] == gpu["weights"] + gpu["kv"] + gpu["output"] + gpu["compute"]
+
+
+def test_llama_text_report_prints_llama_cpp_lines(capsys):
+    assert main(["llama", "--preset", "llama-2-7b", "--n-ctx", "2048"]) == 0
+    out = capsys.readouterr().out
+    assert "CPU compute buffer size =   164.01 MiB" in out and "graph nodes  = 1030" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["llama", "--preset", "llama-9-1b"], "unknown preset 'llama-9-1b'"),
+    (["llama", "--n-vocab", "100"], "missing --n-embd"),
+    (["llama", "--n-vocab", "100", "--n-embd", "100", "--n-layer", "2", "--n-head", "3", "--n-ff", "8"], "n_head 3 must divide"),
+    (["llama", "--preset", "llama-2-7b", "--n-ctx", "-5"], "--n-ctx must be positive"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "2", "--n-gpu-layers", "33", "--tensor-split", "1,x"], "--tensor-split"),
+    (["llama", "--preset", "llama-2-7b", "--n-gpu-layers", "-1", "--devices", "1"], "cannot be negative"),
+    (["llama", "--preset", "llama-2-7b", "--type-k", "q9"], "unknown ggml type 'q9'"),
+])
+def test_llama_bad_input_exits_2(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

@@ -55,10 +55,12 @@ class LlamaParams:
             object.__setattr__(self, "n_rot", self.n_embd // self.n_head)
         type_by_name(self.wtype)  # an unknown type is an UnknownTypeError now, not later
 
-    def model(self, n_ctx: int, kvtype: str = "f16") -> dict:
-        """The builder's model dictionary for a context of `n_ctx` cells (the KV cache's size)."""
+    def model(self, n_ctx: int, type_k: str = "f16", type_v: str = None) -> dict:
+        """The builder's model dictionary for a context of `n_ctx` cells (the KV cache's size) and the
+        cache's K and V types (`type_v` defaults to `type_k`)."""
         return dict(n_vocab=self.n_vocab, n_embd=self.n_embd, n_layer=self.n_layer, n_head=self.n_head,
-                    n_head_kv=self.n_head_kv, n_ff=self.n_ff, n_ctx=n_ctx, wtype=self.wtype, kvtype=kvtype,
+                    n_head_kv=self.n_head_kv, n_ff=self.n_ff, n_ctx=n_ctx, wtype=self.wtype, kvtype=type_k,
+                    type_v=type_v or type_k,
                     rms_norm_eps=self.rms_norm_eps,
                     rope=dict(mode=0, n_dims=self.n_rot, n_ctx_orig=self.n_ctx_train, freq_base=self.rope_freq_base,
                               freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0))
@@ -93,7 +95,8 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
     n_embd, n_head, n_head_kv = model["n_embd"], model["n_head"], model["n_head_kv"]
     n_ff, n_vocab, n_ctx = model["n_ff"], model["n_vocab"], model["n_ctx"]
     n_gqa = n_embd // n_head * n_head_kv
-    wtype, kvtype = type_by_name(model["wtype"]), type_by_name(model["kvtype"])
+    wtype, type_k = type_by_name(model["wtype"]), type_by_name(model["kvtype"])
+    type_v = type_by_name(model.get("type_v", model["kvtype"]))
     ctxs = {}
 
     def ctx_of(kind, backend):
@@ -117,8 +120,8 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
             weight(be, f"blk.{il}.{name}.weight", *shapes[name])
     for il, be in enumerate(placement["kv_cache"]):
         c = ctx_of("kv_cache", be)
-        c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_k_l{il}")
-        c.new_tensor_1d(kvtype, n_gqa * n_ctx, name=f"cache_v_l{il}")
+        c.new_tensor_1d(type_k, n_gqa * n_ctx, name=f"cache_k_l{il}")
+        c.new_tensor_1d(type_v, n_gqa * n_ctx, name=f"cache_v_l{il}")
     w, layers = model_tensors({t.name: t for c in ctxs.values() for t in c.tensors}, len(placement["layers"]))
     ctx, graph, roots = build_graph(model, w, layers, batch, recorded)
 
@@ -169,7 +172,7 @@ def llm_build_kv_store(b: _Build, k_cur, v_cur, L: dict, il: int) -> None:
     n_gqa, kvtype = L["k_l"].ne[0] // b.model["n_ctx"], L["k_l"].type
     k_view = b.name(view_1d(b.ctx, L["k_l"], n_tokens * n_gqa, row_size(kvtype, n_gqa) * kv_head), "k_cache_view", il)
     b.roots.append(cpy(b.ctx, k_cur, k_view))
-    elt = kvtype.type_size
+    elt = L["v_l"].type.type_size
 
     def v_cache_view():
         return view_2d(b.ctx, L["v_l"], n_tokens, n_gqa, b.model["n_ctx"] * elt, kv_head * elt)
@@ -189,7 +192,7 @@ def llm_build_kqv(b: _Build, wo, q, kq_mask, L: dict, il: int):
     output projection. `q` is Q permuted to heads-major (`q-<il>`)."""
     m, n_tokens, n_kv = b.model, b.batch["n_tokens"], b.batch["n_kv"]
     head = m["n_embd"] // m["n_head"]
-    n_gqa, kvtype, elt = head * m["n_head_kv"], L["k_l"].type, L["k_l"].type.type_size
+    n_gqa, kvtype, elt = head * m["n_head_kv"], L["k_l"].type, L["v_l"].type.type_size
     k = b.name(view_3d(b.ctx, L["k_l"], head, n_kv, m["n_head_kv"], row_size(kvtype, n_gqa), row_size(kvtype, head), 0),
                "k", il)
 
@@ -332,14 +335,15 @@ def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, ten
 
 # notebooks/10_llama.py
 def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0,
-                devices: int = 0, tensor_split=None, kvtype: str = "f16", offload_kqv: bool = True) -> dict:
+                devices: int = 0, tensor_split=None, type_k: str = "f16", type_v: str = None,
+                offload_kqv: bool = True) -> dict:
     """What `llama_new_context_with_model` allocates: per backend the weights, the KV cache and the
     compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
     split counts and the scheduler's n_copies. Sizes in bytes."""
     n_ctx = padded_n_ctx(n_ctx)
     placement = layer_placement(params.n_layer, n_gpu_layers, devices, tensor_split, offload_kqv)
     batch = worst_case_batch(n_ctx, n_ubatch)
-    ctxs, graph, _ = build_llama(params.model(n_ctx, kvtype), placement, batch)
+    ctxs, graph, _ = build_llama(params.model(n_ctx, type_k, type_v), placement, batch)
     gpus = [sim_init(f"GPU{i}", alignment=128, offload="cuda") for i in range(devices)]
     backends = {b.get_name(): b for b in (*gpus, cpu_init())}
     host_buft = sim_host_buffer_type() if devices else cpu_buffer_type()  # llama_default_buffer_type_cpu(true)
