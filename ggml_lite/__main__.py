@@ -6,7 +6,7 @@
     python -m ggml_lite llama (--preset NAME | --n-vocab N --n-embd N --n-layer N --n-head N --n-head-kv N
                                --n-ff N) [--n-ctx 512] [--n-batch 2048] [--n-ubatch 512] [--type-k f16]
                                [--type-v f16] [--n-gpu-layers 0] [--devices 0] [--tensor-split a,b]
-                               [--no-kv-offload] [--vram GiB] [--json]
+                               [--no-kv-offload] [--vram GiB [--fit]] [--json]
 
 `plan` runs the graph allocator (`GAllocr.reserve`, then `alloc_graph`) on a fixture-schema graph on
 the CPU buffer type and prints where every tensor goes. `check` does the same and compares with the
@@ -180,7 +180,7 @@ def _llama_params(args):
 
 def cmd_llama(args) -> int:
     from ggml_lite.errors import ModelError
-    from ggml_lite.report import format_report, memory_report
+    from ggml_lite.report import fit, format_report, memory_report
 
     params = _llama_params(args)
     split = None
@@ -194,10 +194,20 @@ def cmd_llama(args) -> int:
             raise ModelError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     rep = memory_report(params, args.n_ctx, args.n_batch, args.n_ubatch, args.n_gpu_layers, args.devices, split,
                         args.type_k, args.type_v, not args.no_kv_offload)
+    doc = rep.to_json()
+    if args.fit:
+        if args.vram is None or args.devices < 1:
+            raise ModelError("--fit needs --vram GiB and --devices N (at least one GPU)")
+        layers, n_ctx = fit(params, args.vram, args.n_ctx, args.devices, n_batch=args.n_batch, n_ubatch=args.n_ubatch,
+                            tensor_split=split, type_k=args.type_k, type_v=args.type_v, offload_kqv=not args.no_kv_offload)
+        doc["fit"] = {"n_gpu_layers": layers, "n_ctx": n_ctx}
     if args.json:
-        print(json.dumps(rep.to_json(), indent=1))
+        print(json.dumps(doc, indent=1))
     else:
         print(format_report(rep, args.vram))
+        if args.fit:
+            print(f"\nfit in {args.vram} GiB per GPU: n_gpu_layers {layers}, then n_ctx "
+                  f"{doc['fit']['n_ctx'] if doc['fit']['n_ctx'] else '(none: even n_ctx ' + str(args.n_ctx) + ' does not fit)'}")
     return 0
 
 
@@ -235,6 +245,7 @@ def main(argv=None) -> int:
     m.add_argument("--tensor-split", default=None, help="the layers' share of each GPU, e.g. 3,1 (default even)")
     m.add_argument("--no-kv-offload", action="store_true", help="keep the KV cache on the host")
     m.add_argument("--vram", type=float, default=None, help="GiB per GPU: say whether each one fits")
+    m.add_argument("--fit", action="store_true", help="with --vram: the largest n_gpu_layers that fits, then the largest n_ctx")
     m.add_argument("--json", action="store_true", help="print the report as JSON (sizes in bytes)")
     m.set_defaults(run=cmd_llama, file="the llama arguments")
     args = parser.parse_args(argv)

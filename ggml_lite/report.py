@@ -78,3 +78,25 @@ def format_report(rep: MemoryReport, vram_gib: float = None) -> str:
                 out.append(f"{d['name']}: {d['total'] / MiB:.2f} MiB of {vram_gib * 1024:.2f} MiB: "
                            f"{'fits' if fits else 'does NOT fit'}")
     return "\n".join(out + ["", "as llama.cpp prints it:", *llama_cpp_lines(rep)])
+
+
+# notebooks/10_llama.py
+def fits(rep: MemoryReport, vram_gib: float) -> bool:
+    """Does every GPU's total fit in `vram_gib` GiB?"""
+    return all(d["total"] <= vram_gib * 1024 * MiB for d in rep.devices if d["name"] != "CPU")
+
+
+def fit(params: LlamaParams, vram_gib: float, n_ctx: int = 512, devices: int = 1, **kw) -> tuple:
+    """(the largest n_gpu_layers that fits at `n_ctx`, then the largest n_ctx that fits with it).
+    The context grows in multiples of 32 up to `n_ctx_train` (a bisection: the totals grow with
+    n_ctx). (0, ...) when not even one layer fits."""
+    def ok(layers, ctx):
+        return fits(memory_report(params, ctx, n_gpu_layers=layers, devices=devices, **kw), vram_gib)
+    layers = next((n for n in range(params.n_layer + 1, 0, -1) if ok(n, n_ctx)), 0)
+    lo, hi = padded_n_ctx(n_ctx) // 32, max(params.n_ctx_train // 32, padded_n_ctx(n_ctx) // 32)
+    if not ok(layers, lo * 32):
+        return layers, None
+    while lo < hi:  # the largest multiple of 32 that fits
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(layers, mid * 32) else (lo, mid - 1)
+    return layers, lo * 32

@@ -198,3 +198,18 @@ def test_llama_text_report_prints_llama_cpp_lines(capsys):
 def test_llama_bad_input_exits_2(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_llama_fit_finds_the_largest_offload_then_context(capsys):
+    """`--fit`: the answer fits, one more layer (at the asked n_ctx) or 32 more cells do not."""
+    from ggml_lite.models.llama import PRESETS
+    from ggml_lite.report import fits, memory_report
+
+    assert main(["llama", "--preset", "llama-2-7b", "--devices", "1", "--vram", "8", "--fit", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["fit"]
+    p, layers, n_ctx = PRESETS["llama-2-7b"], got["n_gpu_layers"], got["n_ctx"]
+    assert 0 < layers < 33 and n_ctx >= 512 and n_ctx % 32 == 0
+    assert fits(memory_report(p, n_ctx, n_gpu_layers=layers, devices=1), 8)
+    assert not fits(memory_report(p, 512, n_gpu_layers=layers + 1, devices=1), 8)
+    assert not fits(memory_report(p, n_ctx + 32, n_gpu_layers=layers, devices=1), 8)
+    assert main(["llama", "--preset", "llama-2-7b", "--fit"]) == 2
