@@ -7,37 +7,42 @@ context, and the lines llama.cpp prints about it."""
 
 from dataclasses import asdict, dataclass
 
+from ggml_lite.gallocr import PlaceEvent
 from ggml_lite.models.llama import LlamaParams, padded_n_ctx, plan_memory
+from ggml_lite.tensor import TensorFlag
+from ggml_lite.viz.timeline import lifetimes
 
 MiB = 1024 * 1024
 
 
 @dataclass
 class MemoryReport:
-    """`model` and `context` (what was asked), `graph` ({nodes, splits, n_copies}) and `devices`
-    (one {name, weights, kv, output, compute, total} per device, the GPUs then the CPU; bytes)."""
+    """`model` and `context` (what was asked), `graph` ({nodes, splits, n_copies}), `devices` (one
+    {name, weights, kv, output, compute, total} per device, the GPUs then the CPU; bytes) and `peaks`
+    (per compute buffer: the node of its peak and the tensors live there, see `peaks`)."""
 
     model: dict
     context: dict
     graph: dict
     devices: list
+    peaks: dict
 
     def to_json(self) -> dict:
         """The document of `python -m ggml_lite llama --json`."""
-        return dict(model=self.model, context=self.context, graph=self.graph, devices=self.devices)
+        return dict(model=self.model, context=self.context, graph=self.graph, devices=self.devices, peak=self.peaks)
 
 
 def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_ubatch: int = 512,
                   n_gpu_layers: int = 0, devices: int = 0, tensor_split=None, type_k: str = "f16",
                   type_v: str = None, offload_kqv: bool = True) -> MemoryReport:
     """Plan the model as `llama_new_context_with_model` would (`plan_memory`) and report it."""
-    r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv)
+    r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv, trace=True)
     rows = [dict(name=name, **d, total=sum(d.values())) for name, d in r["devices"].items()]
     context = dict(n_ctx=padded_n_ctx(n_ctx), n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
                    type_v=type_v or type_k, n_gpu_layers=n_gpu_layers, devices=devices,
                    tensor_split=list(tensor_split) if tensor_split else None, offload_kqv=offload_kqv)
     return MemoryReport(asdict(params), context, dict(nodes=r["nodes"], splits=r["splits"], n_copies=r["n_copies"]),
-                        rows)
+                        rows, peaks(r))
 
 
 # notebooks/10_llama.py
@@ -77,6 +82,11 @@ def format_report(rep: MemoryReport, vram_gib: float = None) -> str:
                 fits = d["total"] <= vram_gib * 1024 * MiB
                 out.append(f"{d['name']}: {d['total'] / MiB:.2f} MiB of {vram_gib * 1024:.2f} MiB: "
                            f"{'fits' if fits else 'does NOT fit'}")
+    for buft, pk in rep.peaks.items():
+        out.append(f"{buft} compute buffer peaks at node {pk['node_index']} ({pk['node']}); live there:")
+        out += [f"  {t['bytes'] / MiB:10.2f} MiB  {t['name']}: {t['reason']}" for t in pk["live"][:6]]
+        if len(pk["live"]) > 6:
+            out.append(f"  ... and {len(pk['live']) - 6} smaller")
     return "\n".join(out + ["", "as llama.cpp prints it:", *llama_cpp_lines(rep)])
 
 
@@ -100,3 +110,44 @@ def fit(params: LlamaParams, vram_gib: float, n_ctx: int = 512, devices: int = 1
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if ok(layers, mid * 32) else (lo, mid - 1)
     return layers, lo * 32
+
+
+# notebooks/10_llama.py
+def peaks(result: dict) -> dict:
+    """{buffer type name: {node, node_index, bytes, live: [{name, bytes, reason}], largest first}} for a
+    `plan_memory(..., trace=True)` result: where each compute buffer's highest block was placed."""
+    sched, events = result["sched"], result["events"]
+    graph = sched.graph  # the scheduler's graph copy: what the graph allocator planned
+    top = {}  # buffer id -> (end, node index) of the highest block placed so far
+    for ev in events:
+        if isinstance(ev, PlaceEvent) and ev.how == "new" and ev.offset + ev.size > top.get(ev.buffer_id, (0,))[0]:
+            top[ev.buffer_id] = (ev.offset + ev.size, max(ev.node_index, 0))
+    last_use, via_view = {}, {}
+    for i, node in enumerate(graph.nodes):
+        for src in node.src:
+            if src is not None:
+                root = src.view_src if src.view_src is not None else src
+                last_use[root], via_view[root] = (i, node), (src if src is not root else None)
+    blocks = lifetimes(graph, events)
+    out = {}
+    for b, (end, at) in sorted(top.items()):
+        handed = {lt.parent for lt in blocks if lt.parent is not None and lt.start == at}
+        live = [lt for lt in blocks if lt.kind == "tensor" and lt.buffer_id == b and lt.start <= at <= lt.end
+                and lt.tensor not in handed]
+        out[sched.bufts[b].get_name()] = dict(
+            node=graph.nodes[at].name, node_index=at, bytes=end,
+            live=[dict(name=lt.tensor.name, bytes=lt.size, reason=_reason(lt.tensor, at, graph, last_use, via_view))
+                  for lt in sorted(live, key=lambda lt: -lt.size)])
+    return out
+
+
+def _reason(t, at: int, graph, last_use: dict, via_view: dict) -> str:
+    if t.flags & TensorFlag.OUTPUT:
+        return "an output: kept to the end"
+    if graph.nodes[at] is t:
+        return "computed at this node"
+    j, reader = last_use.get(t, (at, None))
+    if j > at:
+        view = via_view.get(t)
+        return f"read later by {reader.name} (node {j})" + (f" through its view {view.name}" if view is not None else "")
+    return "read by this node, freed after it"

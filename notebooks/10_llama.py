@@ -526,10 +526,11 @@ def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, ten
 # | export
 def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0,
                 devices: int = 0, tensor_split=None, type_k: str = "f16", type_v: str = None,
-                offload_kqv: bool = True) -> dict:
+                offload_kqv: bool = True, trace: bool = False) -> dict:
     """What `llama_new_context_with_model` allocates: per backend the weights, the KV cache and the
     compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
-    split counts and the scheduler's n_copies. Sizes in bytes."""
+    split counts and the scheduler's n_copies. Sizes in bytes. With `trace`, also the graph allocator's
+    trace of the reserve (`events`: chapter 05's events, for `report.peaks`)."""
     n_ctx = padded_n_ctx(n_ctx)
     placement = layer_placement(params.n_layer, n_gpu_layers, devices, tensor_split, offload_kqv)
     batch = worst_case_batch(n_ctx, n_ubatch)
@@ -552,11 +553,16 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
     sched = BackendSched(list(backends.values()), bufts=list(bufts.values()),
                          graph_size=llama_model_max_nodes(params.n_layer), parallel=parallel)
     _pin_like_llama_cpp(sched, graph, placement, backends, batch["n_tokens"] < 32 or full_offload, offload_kqv)
+    events = []
+    if trace:  # the scheduler's graph allocator and its dynamic allocators report every decision
+        sched.galloc.trace = events.append
+        for dyn in sched.galloc.buf_tallocs:
+            dyn.trace = events.append
     sched.reserve(graph)
     for name, b in backends.items():
         report[name]["compute"] = sched.get_buffer_size(b)
     return dict(devices=report, nodes=len(graph.nodes), splits=sched.n_splits, n_copies=sched.n_copies,
-                placement=placement, graph=graph, sched=sched)
+                placement=placement, graph=graph, sched=sched, events=events)
 
 
 def _pin_like_llama_cpp(sched, graph, placement, backends, pin_norm: bool, offload_kqv: bool) -> None:
@@ -605,37 +611,42 @@ context, and the lines llama.cpp prints about it."""
 
 from dataclasses import asdict, dataclass
 
+from ggml_lite.gallocr import PlaceEvent
 from ggml_lite.models.llama import LlamaParams, padded_n_ctx, plan_memory
+from ggml_lite.tensor import TensorFlag
+from ggml_lite.viz.timeline import lifetimes
 
 MiB = 1024 * 1024
 
 
 @dataclass
 class MemoryReport:
-    """`model` and `context` (what was asked), `graph` ({nodes, splits, n_copies}) and `devices`
-    (one {name, weights, kv, output, compute, total} per device, the GPUs then the CPU; bytes)."""
+    """`model` and `context` (what was asked), `graph` ({nodes, splits, n_copies}), `devices` (one
+    {name, weights, kv, output, compute, total} per device, the GPUs then the CPU; bytes) and `peaks`
+    (per compute buffer: the node of its peak and the tensors live there, see `peaks`)."""
 
     model: dict
     context: dict
     graph: dict
     devices: list
+    peaks: dict
 
     def to_json(self) -> dict:
         """The document of `python -m ggml_lite llama --json`."""
-        return dict(model=self.model, context=self.context, graph=self.graph, devices=self.devices)
+        return dict(model=self.model, context=self.context, graph=self.graph, devices=self.devices, peak=self.peaks)
 
 
 def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_ubatch: int = 512,
                   n_gpu_layers: int = 0, devices: int = 0, tensor_split=None, type_k: str = "f16",
                   type_v: str = None, offload_kqv: bool = True) -> MemoryReport:
     """Plan the model as `llama_new_context_with_model` would (`plan_memory`) and report it."""
-    r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv)
+    r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv, trace=True)
     rows = [dict(name=name, **d, total=sum(d.values())) for name, d in r["devices"].items()]
     context = dict(n_ctx=padded_n_ctx(n_ctx), n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
                    type_v=type_v or type_k, n_gpu_layers=n_gpu_layers, devices=devices,
                    tensor_split=list(tensor_split) if tensor_split else None, offload_kqv=offload_kqv)
     return MemoryReport(asdict(params), context, dict(nodes=r["nodes"], splits=r["splits"], n_copies=r["n_copies"]),
-                        rows)
+                        rows, peaks(r))
 
 
 # %%
@@ -676,6 +687,11 @@ def format_report(rep: MemoryReport, vram_gib: float = None) -> str:
                 fits = d["total"] <= vram_gib * 1024 * MiB
                 out.append(f"{d['name']}: {d['total'] / MiB:.2f} MiB of {vram_gib * 1024:.2f} MiB: "
                            f"{'fits' if fits else 'does NOT fit'}")
+    for buft, pk in rep.peaks.items():
+        out.append(f"{buft} compute buffer peaks at node {pk['node_index']} ({pk['node']}); live there:")
+        out += [f"  {t['bytes'] / MiB:10.2f} MiB  {t['name']}: {t['reason']}" for t in pk["live"][:6]]
+        if len(pk["live"]) > 6:
+            out.append(f"  ... and {len(pk['live']) - 6} smaller")
     return "\n".join(out + ["", "as llama.cpp prints it:", *llama_cpp_lines(rep)])
 
 
@@ -709,10 +725,78 @@ def fit(params: LlamaParams, vram_gib: float, n_ctx: int = 512, devices: int = 1
 
 
 # %% [markdown]
+# ## Why this peak
+#
+# A compute buffer is as large as the highest block the graph allocator ever handed out. Replaying the
+# reserve with chapter 05's trace finds, for each buffer, the node at which that block was placed,
+# and the blocks live at that node — each with the reason it is still there: it is the node's own
+# result, a later node still reads it (or a view of it), or it is an output.
+
+# %%
+# | export report
+def peaks(result: dict) -> dict:
+    """{buffer type name: {node, node_index, bytes, live: [{name, bytes, reason}], largest first}} for a
+    `plan_memory(..., trace=True)` result: where each compute buffer's highest block was placed."""
+    sched, events = result["sched"], result["events"]
+    graph = sched.graph  # the scheduler's graph copy: what the graph allocator planned
+    top = {}  # buffer id -> (end, node index) of the highest block placed so far
+    for ev in events:
+        if isinstance(ev, PlaceEvent) and ev.how == "new" and ev.offset + ev.size > top.get(ev.buffer_id, (0,))[0]:
+            top[ev.buffer_id] = (ev.offset + ev.size, max(ev.node_index, 0))
+    last_use, via_view = {}, {}
+    for i, node in enumerate(graph.nodes):
+        for src in node.src:
+            if src is not None:
+                root = src.view_src if src.view_src is not None else src
+                last_use[root], via_view[root] = (i, node), (src if src is not root else None)
+    blocks = lifetimes(graph, events)
+    out = {}
+    for b, (end, at) in sorted(top.items()):
+        handed = {lt.parent for lt in blocks if lt.parent is not None and lt.start == at}
+        live = [lt for lt in blocks if lt.kind == "tensor" and lt.buffer_id == b and lt.start <= at <= lt.end
+                and lt.tensor not in handed]
+        out[sched.bufts[b].get_name()] = dict(
+            node=graph.nodes[at].name, node_index=at, bytes=end,
+            live=[dict(name=lt.tensor.name, bytes=lt.size, reason=_reason(lt.tensor, at, graph, last_use, via_view))
+                  for lt in sorted(live, key=lambda lt: -lt.size)])
+    return out
+
+
+def _reason(t, at: int, graph, last_use: dict, via_view: dict) -> str:
+    if t.flags & TensorFlag.OUTPUT:
+        return "an output: kept to the end"
+    if graph.nodes[at] is t:
+        return "computed at this node"
+    j, reader = last_use.get(t, (at, None))
+    if j > at:
+        view = via_view.get(t)
+        return f"read later by {reader.name} (node {j})" + (f" through its view {view.name}" if view is not None else "")
+    return "read by this node, freed after it"
+
+
+# %% [markdown]
+# Predict the GPU's peak for the 7B on one GPU at n_ctx 512 before the code says it. Attention's
+# scores are `n_kv × n_tokens × n_head` floats — 512 · 512 · 32 · 4 bytes = 32 MiB — and a
+# feed-forward activation 11008 · 512 · 4 = 21.5 MiB; but the logits are `n_vocab × n_tokens` floats,
+# 32000 · 512 · 4 = 62.5 MiB, and every token is an output in the worst case. So the peak is the last
+# node: the logits, with the normalized input they are computed from (8 MiB): 70.50 MiB.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for buft, pk in peaks(plan_memory(p7, 512, n_gpu_layers=33, devices=1, trace=True)).items():
+    print(f"{buft}: peak {pk['bytes'] / MiB:.2f} MiB at node {pk['node_index']} ({pk['node']})")
+    for t in pk["live"][:3]:
+        print(f"  {t['bytes'] / MiB:7.2f} MiB  {t['name']}: {t['reason']}")
+
+# %% [markdown]
+# The GPU's 70.50 MiB are the logits (62.50 MiB) and `result_norm` (8.00 MiB); the host's 9.01 MiB
+# are the embeddings' rows (8.00 MiB) and the mask (1.00 MiB) — inputs waiting to be copied to the GPU.
+
+# %% [markdown]
 # Llama-2 7B, all 33 layers on one GPU with 16 GiB, n_ctx 4096:
 
 # %%
-from ggml_lite.report import fit, format_report, memory_report  # noqa: E402
+from ggml_lite.report import fit, format_report, memory_report, peaks  # noqa: E402
 
 print(format_report(memory_report(p7, 4096, n_gpu_layers=33, devices=1), vram_gib=16))
 print("on an 8 GiB GPU: (n_gpu_layers, n_ctx) =", fit(p7, 8, n_ctx=512))

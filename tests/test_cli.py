@@ -172,7 +172,8 @@ def test_llama_json_report(capsys):
     """`llama --json`: the documented schema, sizes in bytes, llama.cpp's numbers for Llama-2 7B on one GPU."""
     assert main(["llama", "--preset", "llama-2-7b", "--n-gpu-layers", "33", "--devices", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"model", "context", "graph", "devices"}
+    assert set(doc) == {"model", "context", "graph", "devices", "peak"}
+    assert doc["peak"]["GPU0"]["node"] == "result_output" and doc["peak"]["GPU0"]["live"][0]["name"] == "result_output"
     assert doc["graph"] == {"nodes": 1030, "splits": 2, "n_copies": 1}
     gpu, cpu = doc["devices"]
     assert (gpu["name"], cpu["name"]) == ("GPU0", "CPU")

@@ -172,3 +172,20 @@ def test_a_tiny_llama_on_sim_and_cpu_computes_what_numpy_computes():
         want = _numpy_llama(model, W, np.array(seq))[-batch["n_outputs"]:]
         err = np.abs(got - want).max() / np.abs(want).max()
         assert err <= Arithmetic.TOLERANCE_F32, (i, err)  # K and V are rounded to f16 on both sides
+
+
+def test_the_peaks_are_explained_by_the_tensors_live_there():
+    """`report.peaks`: the GPU buffer of the 7B on one GPU at n_ctx 512 peaks at the last node — the
+    logits (32000 x 512 f32 = 62.5 MiB) and the normalized input they read (8 MiB): 70.50 MiB; the
+    host's at the embeddings' rows (8 MiB) and the mask (1 MiB). The live blocks add up to the peak."""
+    from ggml_lite.models.llama import plan_memory
+    from ggml_lite.report import peaks
+
+    pk = peaks(plan_memory(PRESETS["llama-2-7b"], 512, n_gpu_layers=33, devices=1, trace=True))
+    gpu, host = pk["GPU0"], pk["CUDA_Host"]
+    assert gpu["node"] == "result_output" and gpu["bytes"] == 70.5 * MiB
+    assert [(t["name"], t["bytes"]) for t in gpu["live"]] == [("result_output", 62.5 * MiB), ("result_norm", 8 * MiB)]
+    assert gpu["live"][0]["reason"] == "computed at this node"
+    assert sum(t["bytes"] for t in gpu["live"]) == gpu["bytes"]
+    assert [t["name"] for t in host["live"][:2]] == ["inp_embd", "KQ_mask"] and "read later" in host["live"][1]["reason"]
+    assert sum(t["bytes"] for t in host["live"]) == host["bytes"]

@@ -336,10 +336,11 @@ def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, ten
 # notebooks/10_llama.py
 def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0,
                 devices: int = 0, tensor_split=None, type_k: str = "f16", type_v: str = None,
-                offload_kqv: bool = True) -> dict:
+                offload_kqv: bool = True, trace: bool = False) -> dict:
     """What `llama_new_context_with_model` allocates: per backend the weights, the KV cache and the
     compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
-    split counts and the scheduler's n_copies. Sizes in bytes."""
+    split counts and the scheduler's n_copies. Sizes in bytes. With `trace`, also the graph allocator's
+    trace of the reserve (`events`: chapter 05's events, for `report.peaks`)."""
     n_ctx = padded_n_ctx(n_ctx)
     placement = layer_placement(params.n_layer, n_gpu_layers, devices, tensor_split, offload_kqv)
     batch = worst_case_batch(n_ctx, n_ubatch)
@@ -362,11 +363,16 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
     sched = BackendSched(list(backends.values()), bufts=list(bufts.values()),
                          graph_size=llama_model_max_nodes(params.n_layer), parallel=parallel)
     _pin_like_llama_cpp(sched, graph, placement, backends, batch["n_tokens"] < 32 or full_offload, offload_kqv)
+    events = []
+    if trace:  # the scheduler's graph allocator and its dynamic allocators report every decision
+        sched.galloc.trace = events.append
+        for dyn in sched.galloc.buf_tallocs:
+            dyn.trace = events.append
     sched.reserve(graph)
     for name, b in backends.items():
         report[name]["compute"] = sched.get_buffer_size(b)
     return dict(devices=report, nodes=len(graph.nodes), splits=sched.n_splits, n_copies=sched.n_copies,
-                placement=placement, graph=graph, sched=sched)
+                placement=placement, graph=graph, sched=sched, events=events)
 
 
 def _pin_like_llama_cpp(sched, graph, placement, backends, pin_norm: bool, offload_kqv: bool) -> None:
