@@ -3,7 +3,7 @@
     python -m ggml_lite plan GRAPH.json [--json] [--step K]
     python -m ggml_lite check FIXTURE.json [--no-numerics]
     python -m ggml_lite sched SCENARIO.json [--check]
-    python -m ggml_lite llama (--preset NAME | --n-vocab N --n-embd N --n-layer N --n-head N --n-head-kv N
+    python -m ggml_lite llama (--gguf FILE | --preset NAME | --n-vocab N --n-embd N --n-layer N --n-head N --n-head-kv N
                                --n-ff N) [--n-ctx 512] [--n-batch 2048] [--n-ubatch 512] [--type-k f16]
                                [--type-v f16] [--n-gpu-layers 0] [--devices 0] [--tensor-split a,b]
                                [--no-kv-offload] [--vram GiB [--fit]] [--json]
@@ -164,25 +164,32 @@ def _llama_params(args):
     from ggml_lite.models.llama import PRESETS, LlamaParams
 
     dims = {k: getattr(args, k) for k in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "n_ff")}
+    if args.gguf is not None:
+        if args.preset is not None or any(v is not None for v in dims.values()):
+            raise ModelError("give one model: --gguf FILE, --preset NAME or the hyperparameters")
+        from ggml_lite.models.gguf import from_gguf
+
+        model = from_gguf(args.gguf)
+        return model.params, model.tensor_types
     if args.preset is not None:
         if any(v is not None for v in dims.values()):
             raise ModelError("give either --preset or the hyperparameters (--n-vocab ...), not both")
         if args.preset.lower() not in PRESETS:
             raise ModelError(f"unknown preset {args.preset!r}; known presets: {', '.join(PRESETS)}")
         params = PRESETS[args.preset.lower()]
-        return LlamaParams(**{**params.__dict__, "wtype": args.wtype or params.wtype})
+        return LlamaParams(**{**params.__dict__, "wtype": args.wtype or params.wtype}), None
     missing = [f"--{k.replace('_', '-')}" for k, v in dims.items() if v is None and k != "n_head_kv"]
     if missing:
         raise ModelError(f"no model: give --preset NAME or the hyperparameters; missing {', '.join(missing)}")
     dims["n_head_kv"] = dims["n_head_kv"] or dims["n_head"]
-    return LlamaParams(**dims, wtype=args.wtype or "f16")
+    return LlamaParams(**dims, wtype=args.wtype or "f16"), None
 
 
 def cmd_llama(args) -> int:
     from ggml_lite.errors import ModelError
     from ggml_lite.report import fit, format_report, memory_report
 
-    params = _llama_params(args)
+    params, tensor_types = _llama_params(args)
     split = None
     if args.tensor_split:
         try:
@@ -193,13 +200,14 @@ def cmd_llama(args) -> int:
         if getattr(args, name) <= 0:
             raise ModelError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     rep = memory_report(params, args.n_ctx, args.n_batch, args.n_ubatch, args.n_gpu_layers, args.devices, split,
-                        args.type_k, args.type_v, not args.no_kv_offload)
+                        args.type_k, args.type_v, not args.no_kv_offload, tensor_types)
     doc = rep.to_json()
     if args.fit:
         if args.vram is None or args.devices < 1:
             raise ModelError("--fit needs --vram GiB and --devices N (at least one GPU)")
         layers, n_ctx = fit(params, args.vram, args.n_ctx, args.devices, n_batch=args.n_batch, n_ubatch=args.n_ubatch,
-                            tensor_split=split, type_k=args.type_k, type_v=args.type_v, offload_kqv=not args.no_kv_offload)
+                            tensor_split=split, type_k=args.type_k, type_v=args.type_v, offload_kqv=not args.no_kv_offload,
+                            tensor_types=tensor_types)
         doc["fit"] = {"n_gpu_layers": layers, "n_ctx": n_ctx}
     if args.json:
         print(json.dumps(doc, indent=1))
@@ -231,6 +239,7 @@ def main(argv=None) -> int:
     d.add_argument("--limit", type=int, default=10, help="how many differences to print (default 10)")
     d.set_defaults(run=cmd_sched)
     m = sub.add_parser("llama", help="the memory of a LLaMA per device, as llama.cpp (mid-2024) allocates it")
+    m.add_argument("--gguf", metavar="FILE", help="a GGUF model file (only its header is read; sparse files work)")
     m.add_argument("--preset", help="a model by name: llama-2-7b, llama-3.1-70b, mistral-7b, ... (see the error for all)")
     for dim in ("n-vocab", "n-embd", "n-layer", "n-head", "n-head-kv", "n-ff"):
         m.add_argument(f"--{dim}", type=int, default=None)

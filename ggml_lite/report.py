@@ -34,9 +34,10 @@ class MemoryReport:
 
 def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_ubatch: int = 512,
                   n_gpu_layers: int = 0, devices: int = 0, tensor_split=None, type_k: str = "f16",
-                  type_v: str = None, offload_kqv: bool = True) -> MemoryReport:
+                  type_v: str = None, offload_kqv: bool = True, tensor_types: dict = None) -> MemoryReport:
     """Plan the model as `llama_new_context_with_model` would (`plan_memory`) and report it."""
-    r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv, trace=True)
+    r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv,
+                    trace=True, tensor_types=tensor_types)
     rows = [dict(name=name, **d, total=sum(d.values())) for name, d in r["devices"].items()]
     context = dict(n_ctx=padded_n_ctx(n_ctx), n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
                    type_v=type_v or type_k, n_gpu_layers=n_gpu_layers, devices=devices,

@@ -165,8 +165,10 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
             ctxs[label] = Context(label)
         return ctxs[label]
 
+    types = model.get("tensor_types") or {}  # a real file's own type per tensor (models.gguf)
+
     def weight(backend, name, type, *ne):
-        return ctx_of("weights", backend).new_tensor(type, list(ne), name=name)
+        return ctx_of("weights", backend).new_tensor(types.get(name, type), list(ne), name=name)
 
     out_be = placement["output"]  # created in llama.cpp's order: embeddings, head, then layer by layer
     weight(placement["token_embd"], "token_embd.weight", wtype, n_embd, n_vocab)
@@ -396,6 +398,81 @@ def batch_inputs(batch: dict) -> dict:
 
 
 # %% [markdown]
+# ### Models from GGUF files
+#
+# A real model comes as a GGUF file: a header of key/value metadata (`llama.embedding_length`,
+# `llama.block_count`, …) and one record per tensor (its name, ggml type code and shape), then the
+# data. Planning needs only the header: `from_gguf` reads it with the `gguf` package and stops before
+# the data, so a file whose data is missing (header only) or sparse plans as well as the real one.
+# Each weight keeps its own type — a "Q4_K_M" file mixes q4_K and q6_K.
+
+# %%
+# | export models.gguf
+"""Models from GGUF files (chapter 10): a LLaMA's hyperparameters and every weight's name, type and
+shape, from the file's header (the `gguf` package's reader, stopped before the tensor data)."""
+
+from dataclasses import dataclass
+
+import gguf
+
+from ggml_lite.errors import ModelError, UnknownTypeError
+from ggml_lite.models.llama import LlamaParams
+from ggml_lite.tensor import type_by_code
+
+
+class _HeaderReader(gguf.GGUFReader):
+    """gguf's reader, stopping after the tensor infos: (name, ggml type code, ne) per tensor, no data."""
+
+    def _build_tensors(self, start_offs, fields) -> None:
+        self.infos = [(bytes(name).decode(), int(raw_type[0]), [int(d) for d in dims])
+                      for _, name, _, dims, raw_type, _ in (f.parts for f in fields)]
+
+
+@dataclass
+class GGUFModel:
+    """A model file's `params` and `tensor_types` ({name: GGMLType}); `shapes` ({name: ne})."""
+
+    path: str
+    params: LlamaParams
+    tensor_types: dict
+    shapes: dict
+
+
+# %%
+# | export models.gguf
+def from_gguf(path) -> GGUFModel:
+    """The LLaMA in the GGUF file at `path` (its header only). A file that is not GGUF, or whose
+    architecture is not llama, is a `ModelError` saying so."""
+    try:
+        r = _HeaderReader(str(path), "r")
+    except (OSError, ValueError, IndexError) as e:
+        raise ModelError(f"{path}: not a readable GGUF file ({e})") from None
+
+    def get(key, default=None):
+        f = r.fields.get(key)
+        return f.contents() if f is not None else default
+    arch = get("general.architecture")
+    if arch != "llama":
+        raise ModelError(f"{path}: a {arch!r} model; this report plans llama models only")
+    shapes = {name: ne for name, _, ne in r.infos}
+    try:
+        types = {name: type_by_code(code) for name, code, _ in r.infos}
+    except UnknownTypeError as e:
+        raise ModelError(f"{path}: {e}") from None
+    if "token_embd.weight" not in shapes:
+        raise ModelError(f"{path}: no token_embd.weight tensor")
+    n_head = get("llama.attention.head_count")
+    params = LlamaParams(
+        n_vocab=get("llama.vocab_size") or shapes["token_embd.weight"][1], n_embd=get("llama.embedding_length"),
+        n_layer=get("llama.block_count"), n_head=n_head, n_head_kv=get("llama.attention.head_count_kv", n_head),
+        n_ff=get("llama.feed_forward_length"), n_rot=get("llama.rope.dimension_count"),
+        rms_norm_eps=get("llama.attention.layer_norm_rms_epsilon", 1e-5),
+        rope_freq_base=get("llama.rope.freq_base", 10000.0), n_ctx_train=get("llama.context_length", 4096),
+        wtype=types.get("blk.0.attn_q.weight", types["token_embd.weight"]).name)
+    return GGUFModel(str(path), params, types, shapes)
+
+
+# %% [markdown]
 # ## 4 · The worst case llama.cpp reserves
 #
 # `llama_new_context_with_model` pads `n_ctx` to a multiple of 32 (256 with flash attention), makes a
@@ -526,7 +603,7 @@ def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, ten
 # | export
 def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0,
                 devices: int = 0, tensor_split=None, type_k: str = "f16", type_v: str = None,
-                offload_kqv: bool = True, trace: bool = False) -> dict:
+                offload_kqv: bool = True, trace: bool = False, tensor_types: dict = None) -> dict:
     """What `llama_new_context_with_model` allocates: per backend the weights, the KV cache and the
     compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
     split counts and the scheduler's n_copies. Sizes in bytes. With `trace`, also the graph allocator's
@@ -534,7 +611,8 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
     n_ctx = padded_n_ctx(n_ctx)
     placement = layer_placement(params.n_layer, n_gpu_layers, devices, tensor_split, offload_kqv)
     batch = worst_case_batch(n_ctx, n_ubatch)
-    ctxs, graph, _ = build_llama(params.model(n_ctx, type_k, type_v), placement, batch)
+    model = {**params.model(n_ctx, type_k, type_v), "tensor_types": tensor_types}
+    ctxs, graph, _ = build_llama(model, placement, batch)
     gpus = [sim_init(f"GPU{i}", alignment=128, offload="cuda") for i in range(devices)]
     backends = {b.get_name(): b for b in (*gpus, cpu_init())}
     host_buft = sim_host_buffer_type() if devices else cpu_buffer_type()  # llama_default_buffer_type_cpu(true)
@@ -638,9 +716,10 @@ class MemoryReport:
 
 def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_ubatch: int = 512,
                   n_gpu_layers: int = 0, devices: int = 0, tensor_split=None, type_k: str = "f16",
-                  type_v: str = None, offload_kqv: bool = True) -> MemoryReport:
+                  type_v: str = None, offload_kqv: bool = True, tensor_types: dict = None) -> MemoryReport:
     """Plan the model as `llama_new_context_with_model` would (`plan_memory`) and report it."""
-    r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv, trace=True)
+    r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv,
+                    trace=True, tensor_types=tensor_types)
     rows = [dict(name=name, **d, total=sum(d.values())) for name, d in r["devices"].items()]
     context = dict(n_ctx=padded_n_ctx(n_ctx), n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
                    type_v=type_v or type_k, n_gpu_layers=n_gpu_layers, devices=devices,

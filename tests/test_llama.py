@@ -189,3 +189,98 @@ def test_the_peaks_are_explained_by_the_tensors_live_there():
     assert sum(t["bytes"] for t in gpu["live"]) == gpu["bytes"]
     assert [t["name"] for t in host["live"][:2]] == ["inp_embd", "KQ_mask"] and "read later" in host["live"][1]["reason"]
     assert sum(t["bytes"] for t in host["live"]) == host["bytes"]
+
+
+def _write_gguf(path, params: LlamaParams, matrix_type=None, sparse: bool = True):
+    """A GGUF file of a LLaMA with `gguf`'s writer: the header and every tensor's info; the data region
+    extended sparsely to its full length (`sparse`), or left out (a header-only file)."""
+    import os
+
+    import gguf
+
+    qt = gguf.GGMLQuantizationType
+    mtype = matrix_type or qt.F16
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_vocab_size(params.n_vocab)
+    w.add_embedding_length(params.n_embd)
+    w.add_block_count(params.n_layer)
+    w.add_head_count(params.n_head)
+    w.add_head_count_kv(params.n_head_kv)
+    w.add_feed_forward_length(params.n_ff)
+    w.add_rope_dimension_count(params.n_rot)
+    w.add_layer_norm_rms_eps(params.rms_norm_eps)
+    w.add_rope_freq_base(params.rope_freq_base)
+    w.add_context_length(params.n_ctx_train)
+    gqa = params.n_embd // params.n_head * params.n_head_kv
+    shapes = {"token_embd.weight": (params.n_embd, params.n_vocab), "output_norm.weight": (params.n_embd,),
+              "output.weight": (params.n_embd, params.n_vocab)}
+    for il in range(params.n_layer):
+        for name, ne in (("attn_norm", (params.n_embd,)), ("attn_q", (params.n_embd, params.n_embd)),
+                         ("attn_k", (params.n_embd, gqa)), ("attn_v", (params.n_embd, gqa)),
+                         ("attn_output", (params.n_embd, params.n_embd)), ("ffn_norm", (params.n_embd,)),
+                         ("ffn_gate", (params.n_embd, params.n_ff)), ("ffn_down", (params.n_ff, params.n_embd)),
+                         ("ffn_up", (params.n_embd, params.n_ff))):
+            shapes[f"blk.{il}.{name}.weight"] = ne
+    total = 0
+    for name, ne in shapes.items():
+        t = qt.F32 if len(ne) == 1 else (qt.Q6_K if name == "output.weight" and mtype != qt.F16 else mtype)
+        block, size = gguf.GGML_QUANT_SIZES[t]
+        nbytes = int(np.prod(ne)) // block * size
+        shape = tuple(reversed(ne)) if block == 1 else (*reversed(ne[1:]), ne[0] // block * size)  # quantized: bytes
+        w.add_tensor_info(name, shape, np.dtype(np.uint8 if block > 1 else np.float32), nbytes, raw_dtype=t)
+        total += -(-nbytes // 32) * 32
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    if sparse:
+        os.truncate(path, os.path.getsize(path) + total)
+    return path
+
+
+def test_a_sparse_gguf_of_a_7b_plans_like_the_preset(tmp_path):
+    """A 13 GB Llama-2 7B f16 GGUF that takes a few kB on disk (sparse): its header gives the preset's
+    hyperparameters and the same report; a header-only file works too."""
+    from ggml_lite.models.gguf import from_gguf
+    from ggml_lite.report import memory_report
+
+    p7 = PRESETS["llama-2-7b"]
+    path = _write_gguf(tmp_path / "llama-2-7b-f16.gguf", p7)
+    m = from_gguf(path)
+    assert m.params.rms_norm_eps == float(np.float32(1e-5))  # GGUF stores it as a float32
+    p7 = LlamaParams(**{**p7.__dict__, "rms_norm_eps": m.params.rms_norm_eps})
+    assert m.params == p7 and m.tensor_types["blk.0.attn_q.weight"].name == "f16"
+    rep = memory_report(m.params, 512, n_gpu_layers=33, devices=1, tensor_types=m.tensor_types)
+    assert rep.devices == memory_report(p7, 512, n_gpu_layers=33, devices=1).devices
+    header_only = from_gguf(_write_gguf(tmp_path / "header.gguf", p7, sparse=False))
+    assert header_only.params == p7
+
+
+def test_a_quantized_70b_gguf_sizes_every_weight_by_its_own_type(tmp_path, capsys):
+    """A Llama-2 70B in q4_K with a q6_K output (as a Q4_K_M file has it), sparse: the GPU weights are
+    the sum of every tensor's own size, and `llama --gguf` prints the report."""
+    import gguf
+
+    from ggml_lite.__main__ import main
+    from ggml_lite.models.gguf import from_gguf
+
+    p70 = PRESETS["llama-2-70b"]
+    path = _write_gguf(tmp_path / "llama-2-70b-q4_k.gguf", p70, gguf.GGMLQuantizationType.Q4_K)
+    m = from_gguf(path)
+    assert m.params == LlamaParams(**{**p70.__dict__, "wtype": "q4_K", "rms_norm_eps": float(np.float32(1e-5))})
+    assert m.tensor_types["output.weight"].name == "q6_K"
+    assert main(["llama", "--gguf", str(path), "--n-gpu-layers", "81", "--devices", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    gpu_weights = sum(d["weights"] for d in doc["devices"] if d["name"] != "CPU")
+    expected = sum(gl.Context().new_tensor(m.tensor_types[n], ne).nbytes for n, ne in m.shapes.items() if n != "token_embd.weight")
+    assert 0 <= gpu_weights - expected < 81 * 9 * 128 * 2  # + each tensor padded to 128 in its GPU buffer
+    assert doc["graph"]["nodes"] == 32 * 80 + 6
+
+
+@pytest.mark.parametrize("content, message", [(b"not a gguf file at all", "not a readable GGUF file")])
+def test_a_file_that_is_not_gguf_is_refused(tmp_path, content, message, capsys):
+    from ggml_lite.__main__ import main
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(content)
+    assert main(["llama", "--gguf", str(bad)]) == 2 and message in capsys.readouterr().err

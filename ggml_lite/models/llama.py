@@ -105,8 +105,10 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
             ctxs[label] = Context(label)
         return ctxs[label]
 
+    types = model.get("tensor_types") or {}  # a real file's own type per tensor (models.gguf)
+
     def weight(backend, name, type, *ne):
-        return ctx_of("weights", backend).new_tensor(type, list(ne), name=name)
+        return ctx_of("weights", backend).new_tensor(types.get(name, type), list(ne), name=name)
 
     out_be = placement["output"]  # created in llama.cpp's order: embeddings, head, then layer by layer
     weight(placement["token_embd"], "token_embd.weight", wtype, n_embd, n_vocab)
@@ -336,7 +338,7 @@ def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, ten
 # notebooks/10_llama.py
 def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0,
                 devices: int = 0, tensor_split=None, type_k: str = "f16", type_v: str = None,
-                offload_kqv: bool = True, trace: bool = False) -> dict:
+                offload_kqv: bool = True, trace: bool = False, tensor_types: dict = None) -> dict:
     """What `llama_new_context_with_model` allocates: per backend the weights, the KV cache and the
     compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
     split counts and the scheduler's n_copies. Sizes in bytes. With `trace`, also the graph allocator's
@@ -344,7 +346,8 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
     n_ctx = padded_n_ctx(n_ctx)
     placement = layer_placement(params.n_layer, n_gpu_layers, devices, tensor_split, offload_kqv)
     batch = worst_case_batch(n_ctx, n_ubatch)
-    ctxs, graph, _ = build_llama(params.model(n_ctx, type_k, type_v), placement, batch)
+    model = {**params.model(n_ctx, type_k, type_v), "tensor_types": tensor_types}
+    ctxs, graph, _ = build_llama(model, placement, batch)
     gpus = [sim_init(f"GPU{i}", alignment=128, offload="cuda") for i in range(devices)]
     backends = {b.get_name(): b for b in (*gpus, cpu_init())}
     host_buft = sim_host_buffer_type() if devices else cpu_buffer_type()  # llama_default_buffer_type_cpu(true)
