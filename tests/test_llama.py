@@ -284,3 +284,20 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path, content, message, capsys):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(content)
     assert main(["llama", "--gguf", str(bad)]) == 2 and message in capsys.readouterr().err
+
+
+def test_fit_on_a_sparse_gguf_and_a_non_llama_file(tmp_path, capsys):
+    import gguf
+
+    from ggml_lite.__main__ import main
+
+    path = _write_gguf(tmp_path / "llama-2-7b-f16.gguf", PRESETS["llama-2-7b"])
+    assert main(["llama", "--gguf", str(path), "--devices", "1", "--vram", "8", "--fit", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["fit"] == {"n_gpu_layers": 19, "n_ctx": 1792}
+    other = tmp_path / "gpt2.gguf"
+    w = gguf.GGUFWriter(str(other), "gpt2")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    assert main(["llama", "--gguf", str(other)]) == 2 and "a 'gpt2' model" in capsys.readouterr().err
