@@ -131,6 +131,81 @@ PRESETS = {
 
 
 # %% [markdown]
+# ### Models from GGUF files
+#
+# A real model comes as a GGUF file: a header of key/value metadata (`llama.embedding_length`,
+# `llama.block_count`, …) and one record per tensor (its name, ggml type code and shape), then the
+# data. Planning needs only the header: `from_gguf` reads it with the `gguf` package and stops before
+# the data, so a file whose data is missing (header only) or sparse plans as well as the real one.
+# Each weight keeps its own type — a "Q4_K_M" file mixes q4_K and q6_K.
+
+# %%
+# | export models.gguf
+"""Models from GGUF files (chapter 10): a LLaMA's hyperparameters and every weight's name, type and
+shape, from the file's header (the `gguf` package's reader, stopped before the tensor data)."""
+
+from dataclasses import dataclass
+
+import gguf
+
+from ggml_lite.errors import ModelError, UnknownTypeError
+from ggml_lite.models.llama import LlamaParams
+from ggml_lite.tensor import type_by_code
+
+
+class _HeaderReader(gguf.GGUFReader):
+    """gguf's reader, stopping after the tensor infos: (name, ggml type code, ne) per tensor, no data."""
+
+    def _build_tensors(self, start_offs, fields) -> None:
+        self.infos = [(bytes(name).decode(), int(raw_type[0]), [int(d) for d in dims])
+                      for _, name, _, dims, raw_type, _ in (f.parts for f in fields)]
+
+
+@dataclass
+class GGUFModel:
+    """A model file's `params` and `tensor_types` ({name: GGMLType}); `shapes` ({name: ne})."""
+
+    path: str
+    params: LlamaParams
+    tensor_types: dict
+    shapes: dict
+
+
+# %%
+# | export models.gguf
+def from_gguf(path) -> GGUFModel:
+    """The LLaMA in the GGUF file at `path` (its header only). A file that is not GGUF, or whose
+    architecture is not llama, is a `ModelError` saying so."""
+    try:
+        r = _HeaderReader(str(path), "r")
+    except (OSError, ValueError, IndexError) as e:
+        raise ModelError(f"{path}: not a readable GGUF file ({e})") from None
+
+    def get(key, default=None):
+        f = r.fields.get(key)
+        return f.contents() if f is not None else default
+    arch = get("general.architecture")
+    if arch != "llama":
+        raise ModelError(f"{path}: a {arch!r} model; this report plans llama models only")
+    shapes = {name: ne for name, _, ne in r.infos}
+    try:
+        types = {name: type_by_code(code) for name, code, _ in r.infos}
+    except UnknownTypeError as e:
+        raise ModelError(f"{path}: {e}") from None
+    if "token_embd.weight" not in shapes:
+        raise ModelError(f"{path}: no token_embd.weight tensor")
+    n_head = get("llama.attention.head_count")
+    params = LlamaParams(
+        n_vocab=get("llama.vocab_size") or shapes["token_embd.weight"][1], n_embd=get("llama.embedding_length"),
+        n_layer=get("llama.block_count"), n_head=n_head, n_head_kv=get("llama.attention.head_count_kv", n_head),
+        n_ff=get("llama.feed_forward_length"), n_rot=get("llama.rope.dimension_count"),
+        rms_norm_eps=get("llama.attention.layer_norm_rms_epsilon", 1e-5),
+        rope_freq_base=get("llama.rope.freq_base", 10000.0), n_ctx_train=get("llama.context_length", 4096),
+        wtype=types.get("blk.0.attn_q.weight", types["token_embd.weight"]).name)
+    return GGUFModel(str(path), params, types, shapes)
+
+
+# %% [markdown]
 # ## 2 · Weights and the KV cache, as llama.cpp creates them
 #
 # `llm_load_tensors` creates the weights in a fixed order — the embeddings, the output head, then
@@ -395,81 +470,6 @@ def batch_inputs(batch: dict) -> dict:
         mask[i, : head + i + 1] = 0.0
     return {"inp_tokens": ((37 * pos + 11) % 256).astype(np.int32), "inp_pos": pos, "KQ_mask": mask,
             "inp_out_ids": np.arange(n - n_out, n, dtype=np.int32)}
-
-
-# %% [markdown]
-# ### Models from GGUF files
-#
-# A real model comes as a GGUF file: a header of key/value metadata (`llama.embedding_length`,
-# `llama.block_count`, …) and one record per tensor (its name, ggml type code and shape), then the
-# data. Planning needs only the header: `from_gguf` reads it with the `gguf` package and stops before
-# the data, so a file whose data is missing (header only) or sparse plans as well as the real one.
-# Each weight keeps its own type — a "Q4_K_M" file mixes q4_K and q6_K.
-
-# %%
-# | export models.gguf
-"""Models from GGUF files (chapter 10): a LLaMA's hyperparameters and every weight's name, type and
-shape, from the file's header (the `gguf` package's reader, stopped before the tensor data)."""
-
-from dataclasses import dataclass
-
-import gguf
-
-from ggml_lite.errors import ModelError, UnknownTypeError
-from ggml_lite.models.llama import LlamaParams
-from ggml_lite.tensor import type_by_code
-
-
-class _HeaderReader(gguf.GGUFReader):
-    """gguf's reader, stopping after the tensor infos: (name, ggml type code, ne) per tensor, no data."""
-
-    def _build_tensors(self, start_offs, fields) -> None:
-        self.infos = [(bytes(name).decode(), int(raw_type[0]), [int(d) for d in dims])
-                      for _, name, _, dims, raw_type, _ in (f.parts for f in fields)]
-
-
-@dataclass
-class GGUFModel:
-    """A model file's `params` and `tensor_types` ({name: GGMLType}); `shapes` ({name: ne})."""
-
-    path: str
-    params: LlamaParams
-    tensor_types: dict
-    shapes: dict
-
-
-# %%
-# | export models.gguf
-def from_gguf(path) -> GGUFModel:
-    """The LLaMA in the GGUF file at `path` (its header only). A file that is not GGUF, or whose
-    architecture is not llama, is a `ModelError` saying so."""
-    try:
-        r = _HeaderReader(str(path), "r")
-    except (OSError, ValueError, IndexError) as e:
-        raise ModelError(f"{path}: not a readable GGUF file ({e})") from None
-
-    def get(key, default=None):
-        f = r.fields.get(key)
-        return f.contents() if f is not None else default
-    arch = get("general.architecture")
-    if arch != "llama":
-        raise ModelError(f"{path}: a {arch!r} model; this report plans llama models only")
-    shapes = {name: ne for name, _, ne in r.infos}
-    try:
-        types = {name: type_by_code(code) for name, code, _ in r.infos}
-    except UnknownTypeError as e:
-        raise ModelError(f"{path}: {e}") from None
-    if "token_embd.weight" not in shapes:
-        raise ModelError(f"{path}: no token_embd.weight tensor")
-    n_head = get("llama.attention.head_count")
-    params = LlamaParams(
-        n_vocab=get("llama.vocab_size") or shapes["token_embd.weight"][1], n_embd=get("llama.embedding_length"),
-        n_layer=get("llama.block_count"), n_head=n_head, n_head_kv=get("llama.attention.head_count_kv", n_head),
-        n_ff=get("llama.feed_forward_length"), n_rot=get("llama.rope.dimension_count"),
-        rms_norm_eps=get("llama.attention.layer_norm_rms_epsilon", 1e-5),
-        rope_freq_base=get("llama.rope.freq_base", 10000.0), n_ctx_train=get("llama.context_length", 4096),
-        wtype=types.get("blk.0.attn_q.weight", types["token_embd.weight"]).name)
-    return GGUFModel(str(path), params, types, shapes)
 
 
 # %% [markdown]
@@ -804,7 +804,7 @@ def fit(params: LlamaParams, vram_gib: float, n_ctx: int = 512, devices: int = 1
 
 
 # %% [markdown]
-# ## Why this peak
+# ## 8 · Why this peak
 #
 # A compute buffer is as large as the highest block the graph allocator ever handed out. Replaying the
 # reserve with chapter 05's trace finds, for each buffer, the node at which that block was placed,
@@ -881,7 +881,7 @@ print(format_report(memory_report(p7, 4096, n_gpu_layers=33, devices=1), vram_gi
 print("on an 8 GiB GPU: (n_gpu_layers, n_ctx) =", fit(p7, 8, n_ctx=512))
 
 # %% [markdown]
-# ## A picture, and the knobs
+# ## 9 · A picture, and the knobs
 #
 # Stacked bars per device — weights, KV cache, output and compute buffers — show where the memory
 # goes; the widget below moves `n_ctx`, `n_ubatch` and `n_gpu_layers` and re-plans at every move (a
@@ -948,7 +948,7 @@ report_figure(memory_report(PRESETS["llama-3.1-70b"], 8192, n_gpu_layers=81, dev
 report_widget(p7, n_ctx=2048, n_gpu_layers=20)
 
 # %% [markdown]
-# ## 8 · Check
+# ## 10 · Check
 
 # %%
 assert len(graph.nodes) == 32 * p7.n_layer + 6 and kv_bytes == 1024 * MiB
