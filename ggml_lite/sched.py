@@ -488,7 +488,8 @@ def _who(sched: BackendSched, t) -> str:
 
 
 def print_assignments(sched: BackendSched, graph) -> str:
-    """`ggml_backend_sched_print_assignments`: the GGML_SCHED_DEBUG text."""
+    """`ggml_backend_sched_print_assignments`: the GGML_SCHED_DEBUG text. Names are cut at 20
+    characters and ops at 10, as ggml's printf widths cut them."""
     out, cur_split = [], 0
     for i, node in enumerate(graph.nodes):
         if cur_split < sched.n_splits and i == sched.splits[cur_split].i_start:

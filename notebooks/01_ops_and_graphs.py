@@ -775,7 +775,8 @@ def graph_figure(gf: Graph, title: str = "") -> go.Figure:
             if s is not None and s in pos:
                 ex += [pos[s][0], pos[t][0], None]
                 ey += [pos[s][1], pos[t][1], None]
-    fig = go.Figure(go.Scatter(x=ex, y=ey, mode="lines", line=dict(color="#bbb", width=1), hoverinfo="skip"))
+    fig = go.Figure(go.Scatter(x=ex, y=ey, mode="lines", line=dict(color="#bbb", width=1), hoverinfo="skip",
+                               showlegend=False))  # the edges: no legend entry of their own
     kinds = {
         "leaf": [t for t in gf.leafs],
         "op": [t for t in gf.nodes if t.view_src is None],

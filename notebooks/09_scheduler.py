@@ -602,7 +602,9 @@ def split_graph(sched: BackendSched, graph) -> None:
 #
 # `ggml_backend_sched_print_assignments` (:1219) in the exact format of `GGML_SCHED_DEBUG`: a header per
 # split with its inputs, then every non-view node with its backend and cause and those of its
-# sources (printf widths `%10.10s`, `%20.20s`, `%5.5s`, `%8.8s`). The copies have no backend id, so
+# sources (printf widths `%10.10s`, `%20.20s`, `%5.5s`, `%8.8s`: a name longer than 20 characters is
+# **cut at 20**, as ggml cuts it — `kq_soft_max_ext-31` fits, `k_cache_view-0 (copy of Kcur-0)` shows
+# as `k_cache_view-0 (copy`). The copies have no backend id, so
 # they print as `NULL` with their cause `4.cpy`. `print_assignments` returns the text (the C writes
 # it to stderr, starting with the empty line before the first split).
 
@@ -619,7 +621,8 @@ def _who(sched: BackendSched, t) -> str:
 
 
 def print_assignments(sched: BackendSched, graph) -> str:
-    """`ggml_backend_sched_print_assignments`: the GGML_SCHED_DEBUG text."""
+    """`ggml_backend_sched_print_assignments`: the GGML_SCHED_DEBUG text. Names are cut at 20
+    characters and ops at 10, as ggml's printf widths cut them."""
     out, cur_split = [], 0
     for i, node in enumerate(graph.nodes):
         if cur_split < sched.n_splits and i == sched.splits[cur_split].i_start:

@@ -142,7 +142,7 @@ def memory_timeline(graph, events, buffer_size: int = None, title: str = "memory
             fig.add_shape(type="line", x0=-0.5, x1=n - 0.5, y0=y, y1=y, line=dict(color="crimson", dash=dash))
             fig.add_annotation(x=n - 0.5, y=y, text=label, showarrow=False, xanchor="right", yanchor="bottom")
     fig.update_layout(title=title, height=height, xaxis_title="node (execution order)", yaxis_title="offset (bytes)",
-                      margin=dict(l=60, r=20, t=50, b=50), legend=dict(orientation="h", y=1.02, x=0, yanchor="bottom"),
+                      margin=dict(l=60, r=20, t=50, b=90), legend=dict(orientation="h", y=-0.18, x=0, yanchor="top"),
                       plot_bgcolor="white")
     return fig
 
