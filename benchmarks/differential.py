@@ -1,6 +1,8 @@
 """Differential sweep: N random graphs planned by ggml_lite and by the real ggml (ggml-python).
 
-    python benchmarks/differential.py --count 2000 [--seed 0] [--max-ops 40] [--stop-after 10]
+    python benchmarks/differential.py --count 2000 [--seed 0] [--max-ops 40] [--stop-after 10] [--progress N]
+
+`make test-long` runs it over 100,000 graphs.
 
 Graph k is `ggml_oracle.random_graph(seed * 1_000_000 + k)`; a mismatch prints that graph seed, the
 tensor and both offsets (and the buffer sizes when they differ), so that
@@ -42,6 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-ops", type=int, default=40, help="at most this many random ops per graph")
     ap.add_argument("--stop-after", type=int, default=0, help="stop after this many mismatching graphs (0: never)")
     ap.add_argument("--show", type=int, default=5, help="differences printed per mismatching graph")
+    ap.add_argument("--progress", type=int, default=0, help="a progress line every this many graphs (default: 20 lines)")
     args = ap.parse_args(argv)
 
     if not O.available():
@@ -49,7 +52,7 @@ def main(argv=None) -> int:
         return 2
     O.apply_ctypes_fixes()
 
-    step = max(1, args.count // 20)
+    step = args.progress or max(1, args.count // 20)
     bad_graphs = bad_tensors = bad_sizes = errors = nodes = 0
     rss0 = _rss_mib()
     t0 = time.perf_counter()

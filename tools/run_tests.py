@@ -6,7 +6,9 @@
 The parts, in order: the notebook/package sync check (the `.ipynb` and `ggml_lite/` are up to date with
 `notebooks/*.py`), `pytest tests/`, and the notebooks executed under nbval. Every part runs even when an
 earlier one fails, so one run shows everything that is wrong; the exit status is 1 when any part failed.
-`--long` runs pytest with `--long` (the random-graph sweeps over many more graphs).
+`--long` runs pytest with `--long` (the random-graph sweeps over many more graphs), then
+`benchmarks/differential.py` over 100,000 random graphs against the real ggml, which prints the
+mismatch count and the time.
 """
 
 import argparse
@@ -25,7 +27,8 @@ def parts(long: bool) -> list:
          [[py, "tools/nbexport.py", "--check"], [py, "tools/nbsync.py", "--check"]]),
         ("pytest tests/" + (" --long" if long else ""), [[py, "-m", "pytest", "tests/", *(["--long"] if long else [])]]),
         ("notebooks under nbval", [[py, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "notebooks/"]]),
-    ]
+    ] + ([("differential run: 100,000 random graphs against the real ggml (benchmarks/differential.py)",
+           [[py, "benchmarks/differential.py", "--count", "100000", "--progress", "10000"]])] if long else [])
 
 
 def main(argv=None) -> int:
