@@ -181,7 +181,7 @@ def _llama_params(args):
     missing = [f"--{k.replace('_', '-')}" for k, v in dims.items() if v is None and k != "n_head_kv"]
     if missing:
         raise ModelError(f"no model: give --preset NAME or the hyperparameters; missing {', '.join(missing)}")
-    dims["n_head_kv"] = dims["n_head_kv"] or dims["n_head"]
+    dims["n_head_kv"] = dims["n_head"] if dims["n_head_kv"] is None else dims["n_head_kv"]
     return LlamaParams(**dims, wtype=args.wtype or "f16"), None
 
 
@@ -189,6 +189,10 @@ def cmd_llama(args) -> int:
     from ggml_lite.errors import ModelError
     from ggml_lite.report import fit, format_report, memory_report
 
+    if args.fit and (args.vram is None or args.devices < 1):
+        raise ModelError("--fit needs --vram GiB and --devices N (at least one GPU)")
+    if args.gguf is not None and args.wtype is not None:
+        raise ModelError("--wtype does not apply to --gguf: a file's weights have their own types")
     params, tensor_types = _llama_params(args)
     split = None
     if args.tensor_split:
@@ -248,7 +252,7 @@ def main(argv=None) -> int:
     m.add_argument("--n-batch", type=int, default=2048)
     m.add_argument("--n-ubatch", type=int, default=512)
     m.add_argument("--type-k", default="f16")
-    m.add_argument("--type-v", default=None, help="default: --type-k")
+    m.add_argument("--type-v", default="f16", help="f16 (V cache quantization needs flash attention)")
     m.add_argument("--n-gpu-layers", type=int, default=0)
     m.add_argument("--devices", type=int, default=0, help="number of GPUs (simulated, configured like CUDA)")
     m.add_argument("--tensor-split", default=None, help="the layers' share of each GPU, e.g. 3,1 (default even)")

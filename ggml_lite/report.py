@@ -8,7 +8,7 @@ context, and the lines llama.cpp prints about it."""
 from dataclasses import asdict, dataclass
 
 from ggml_lite.gallocr import PlaceEvent
-from ggml_lite.models.llama import LlamaParams, padded_n_ctx, plan_memory
+from ggml_lite.models.llama import LlamaParams, batch_sizes, padded_n_ctx, plan_memory
 from ggml_lite.tensor import TensorFlag
 from ggml_lite.viz.timeline import lifetimes
 
@@ -36,11 +36,12 @@ def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_
                   n_gpu_layers: int = 0, devices: int = 0, tensor_split=None, type_k: str = "f16",
                   type_v: str = None, offload_kqv: bool = True, tensor_types: dict = None) -> MemoryReport:
     """Plan the model as `llama_new_context_with_model` would (`plan_memory`) and report it."""
+    n_batch, n_ubatch = batch_sizes(padded_n_ctx(n_ctx), n_batch, n_ubatch)
     r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv,
                     trace=True, tensor_types=tensor_types)
     rows = [dict(name=name, **d, total=sum(d.values())) for name, d in r["devices"].items()]
     context = dict(n_ctx=padded_n_ctx(n_ctx), n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
-                   type_v=type_v or type_k, n_gpu_layers=n_gpu_layers, devices=devices,
+                   type_v=type_v or "f16", n_gpu_layers=n_gpu_layers, devices=devices,
                    tensor_split=list(tensor_split) if tensor_split else None, offload_kqv=offload_kqv)
     return MemoryReport(asdict(params), context, dict(nodes=r["nodes"], splits=r["splits"], n_copies=r["n_copies"]),
                         rows, peaks(r))

@@ -194,7 +194,10 @@ def test_llama_text_report_prints_llama_cpp_lines(capsys):
     (["llama", "--preset", "llama-2-7b", "--n-ctx", "-5"], "--n-ctx must be positive"),
     (["llama", "--preset", "llama-2-7b", "--devices", "2", "--n-gpu-layers", "33", "--tensor-split", "1,x"], "--tensor-split"),
     (["llama", "--preset", "llama-2-7b", "--n-gpu-layers", "-1", "--devices", "1"], "cannot be negative"),
-    (["llama", "--preset", "llama-2-7b", "--type-k", "q9"], "unknown ggml type 'q9'"),
+    (["llama", "--preset", "llama-2-7b", "--type-k", "q9"], "type_k 'q9'"),
+    (["llama", "--preset", "llama-2-7b", "--type-v", "q8_0"], "V cache quantization requires flash attention"),
+    (["llama", "--preset", "llama-2-7b", "--wtype", "i32"], "weights cannot be of type i32"),
+    (["llama", "--preset", "llama-2-7b", "--fit"], "--fit needs --vram"),
 ])
 def test_llama_bad_input_exits_2(argv, message, capsys):
     assert main(argv) == 2
@@ -213,4 +216,3 @@ def test_llama_fit_finds_the_largest_offload_then_context(capsys):
     assert fits(memory_report(p, n_ctx, n_gpu_layers=layers, devices=1), 8)
     assert not fits(memory_report(p, 512, n_gpu_layers=layers + 1, devices=1), 8)
     assert not fits(memory_report(p, n_ctx + 32, n_gpu_layers=layers, devices=1), 8)
-    assert main(["llama", "--preset", "llama-2-7b", "--fit"]) == 2

@@ -81,7 +81,9 @@ def test_layer_placement_follows_llm_load_tensors():
     assert full["layers"].count("GPU0") == 25 and full["output"] == "GPU1" and full["token_embd"] == "CPU"
     assert layer_placement(32, 33, 1, offload_kqv=False)["kv_cache"] == ["CPU"] * 32
     with pytest.raises(gl.errors.ShapeError, match="tensor_split"):
-        layer_placement(32, 33, 2, tensor_split=[1, 2, 3])
+        layer_placement(32, 33, 2, tensor_split=[float("nan"), 1])
+    assert layer_placement(32, 33, 2, tensor_split=[0, 0]) == layer_placement(32, 33, 2)  # all zero: the default
+    assert layer_placement(32, 33, 3, tensor_split=[1])["layers"] == ["GPU0"] * 32  # the others get nothing
 
 
 def _numpy_llama(p: dict, W: dict, tokens: np.ndarray) -> np.ndarray:
@@ -284,6 +286,18 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path, content, message, capsys):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(content)
     assert main(["llama", "--gguf", str(bad)]) == 2 and message in capsys.readouterr().err
+
+
+def test_n_batch_limits_the_worst_case_as_llama_cpp_does():
+    """n_batch 8 is raised to 32 (the mask's padding), and n_ubatch is at most n_batch: the worst case is
+    32 tokens, not 512."""
+    from ggml_lite.models.llama import batch_sizes
+    from ggml_lite.report import memory_report
+
+    assert batch_sizes(512, 8, 512) == (32, 32) and batch_sizes(512, 2048, 512) == (512, 512)
+    assert batch_sizes(256, 2048, 512) == (256, 256)
+    small = memory_report(PRESETS["llama-2-7b"], 512, n_batch=8)
+    assert small.devices[0]["compute"] < memory_report(PRESETS["llama-2-7b"], 512).devices[0]["compute"] / 10
 
 
 def test_fit_on_a_sparse_gguf_and_a_non_llama_file(tmp_path, capsys):

@@ -54,6 +54,11 @@ def from_gguf(path) -> GGUFModel:
         raise ModelError(f"{path}: {e}") from None
     if "token_embd.weight" not in shapes:
         raise ModelError(f"{path}: no token_embd.weight tensor")
+    if (get("llama.expert_count") or 0) > 0 or "blk.0.ffn_gate.weight" not in shapes:
+        raise ModelError(f"{path}: a mixture-of-experts llama (or one without blk.0.ffn_gate.weight); this report "
+                         f"plans dense llama models only")
+    if "output.weight" not in shapes:  # tied embeddings: llama.cpp uses token_embd as the output matrix
+        types["output.weight"] = types["token_embd.weight"]
     n_head = get("llama.attention.head_count")
     params = LlamaParams(
         n_vocab=get("llama.vocab_size") or shapes["token_embd.weight"][1], n_embd=get("llama.embedding_length"),

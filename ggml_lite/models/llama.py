@@ -53,7 +53,9 @@ class LlamaParams:
                              f"n_head_kv {self.n_head_kv} must divide n_head")
         if self.n_rot is None:
             object.__setattr__(self, "n_rot", self.n_embd // self.n_head)
-        type_by_name(self.wtype)  # an unknown type is an UnknownTypeError now, not later
+        wt = type_by_name(self.wtype)  # an unknown type is an UnknownTypeError now, not later
+        if wt.name in ("i8", "i16", "i32", "i64", "f64"):
+            raise ShapeError(f"LlamaParams: weights cannot be of type {wt.name} (a float or a quantized type)")
 
     def model(self, n_ctx: int, type_k: str = "f16", type_v: str = None) -> dict:
         """The builder's model dictionary for a context of `n_ctx` cells (the KV cache's size) and the
@@ -81,7 +83,8 @@ PRESETS = {
 
 
 # notebooks/10_llama.py
-# the per-layer weights: their role in `build_graph` -> their name `blk.<il>.<name>.weight`, in creation order
+# the per-layer weights: their role in `build_graph` -> their name `blk.<il>.<name>.weight`, in the recorder's
+# creation order (llama.cpp creates ffn_down before ffn_up: offsets differ, buffer sizes do not)
 LAYER_WEIGHTS = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
                  "ffn_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
 CONTEXT_ORDER = ("CPU", "FAKE", "FAKE1")  # weight contexts first, then cache contexts, each in this order
@@ -298,12 +301,24 @@ def batch_inputs(batch: dict) -> dict:
 
 
 # notebooks/10_llama.py
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # llama.cpp's --cache-type-k
+
+
 def padded_n_ctx(n_ctx: int, flash_attn: bool = False) -> int:
     """`llama_new_context_with_model`'s `n_ctx`: padded to `llama_kv_cache_get_padding` (256 with flash
     attention, else 32)."""
     if n_ctx <= 0:
         raise ShapeError(f"n_ctx must be positive, got {n_ctx}")
     return GGML_PAD(n_ctx, 256 if flash_attn else 32)
+
+
+def batch_sizes(n_ctx: int, n_batch: int = 2048, n_ubatch: int = 512) -> tuple:
+    """`llama_new_context_with_model`'s (n_batch, n_ubatch) for a padded `n_ctx`: n_batch at most n_ctx
+    (causal attention) and at least 32 (the mask's padding); n_ubatch at most n_batch (0: n_batch)."""
+    if n_batch <= 0 and n_ubatch <= 0:
+        raise ShapeError("n_batch and n_ubatch cannot both be zero")
+    n_batch = max(min(n_ctx, n_batch), GGML_KQ_MASK_PAD)
+    return n_batch, min(n_batch, n_ubatch if n_ubatch > 0 else n_batch)
 
 
 def worst_case_batch(n_ctx: int, n_ubatch: int = 512) -> dict:
@@ -321,10 +336,15 @@ def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, ten
         raise ShapeError(f"n_gpu_layers ({n_gpu_layers}) and devices ({n_devices}) cannot be negative")
     n_gpu_layers = n_gpu_layers if n_devices else 0
     i_gpu_start = max(n_layer - n_gpu_layers, 0)
-    weights = np.asarray(tensor_split if tensor_split else [1.0] * max(n_devices, 1), dtype=np.float32)
-    if n_devices and (len(weights) != n_devices or (weights < 0).any() or not weights.any()):
-        raise ShapeError(f"tensor_split {list(tensor_split)} must give {n_devices} non-negative weights, not all zero")
-    splits = np.cumsum(weights, dtype=np.float32) / np.float32(weights.sum(dtype=np.float32))
+    given = list(tensor_split or [])[:max(n_devices, 1)]
+    given += [0.0] * (max(n_devices, 1) - len(given))  # a short list: the other devices get nothing
+    weights = np.asarray(given, dtype=np.float32)
+    if not np.isfinite(weights).all() or (weights < 0).any():
+        raise ShapeError(f"tensor_split {list(tensor_split)}: the weights must be finite and non-negative")
+    if not weights.any():  # all zero (or none given): the default split, by free memory -- here equal
+        weights = np.ones(max(n_devices, 1), dtype=np.float32)
+    cumulative = np.cumsum(weights, dtype=np.float32)  # summed in order, as the C loop does
+    splits = cumulative / cumulative[-1]
     act = min(n_gpu_layers, n_layer + 1)
 
     def gpu(x):  # std::upper_bound over the split points
@@ -344,6 +364,12 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
     split counts and the scheduler's n_copies. Sizes in bytes. With `trace`, also the graph allocator's
     trace of the reserve (`events`: chapter 05's events, for `report.peaks`)."""
     n_ctx = padded_n_ctx(n_ctx)
+    type_v = type_v or "f16"
+    if type_k not in KV_TYPES:
+        raise ShapeError(f"type_k {type_k!r}: the K cache can be {', '.join(KV_TYPES)}")
+    if type_v != "f16":
+        raise ShapeError(f"type_v {type_v!r}: V cache quantization requires flash attention, which llama.cpp's "
+                         f"graph here leaves off: the V cache is f16")
     placement = layer_placement(params.n_layer, n_gpu_layers, devices, tensor_split, offload_kqv)
     batch = worst_case_batch(n_ctx, n_ubatch)
     model = {**params.model(n_ctx, type_k, type_v), "tensor_types": tensor_types}
