@@ -49,11 +49,12 @@ def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_
 
 # notebooks/10_llama.py
 def llama_cpp_lines(rep: MemoryReport) -> list:
-    """The lines llama.cpp prints about these buffers (`llm_load_tensors`, `llama_kv_cache_init`,
-    `llama_new_context_with_model`), with this setup's buffer type names: GPU<i> for a device, CPU or
-    CUDA_Host (the pinned host type of an accelerator setup) for the host."""
+    """The lines llama.cpp prints about these buffers (`llm_load_tensors`, `llama_new_context_with_model`),
+    with this setup's buffer type names: GPU<i> for a device, CPU or CUDA_Host (the pinned host type of an
+    accelerator setup) for the host's compute and output buffers. Weights kept on the host print as
+    "CPU", as llama.cpp prints them when it maps the file (its default)."""
     host = "CUDA_Host" if rep.context["devices"] else "CPU"
-    lines = [f"llm_load_tensors: {d['name'] if d['name'] != 'CPU' else host:>10s} buffer size = {d['weights'] / MiB:8.2f} MiB"
+    lines = [f"llm_load_tensors: {d['name']:>10s} buffer size = {d['weights'] / MiB:8.2f} MiB"
              for d in rep.devices if d["weights"]]
     kv = sum(d["kv"] for d in rep.devices)
     lines.append(f"llama_new_context_with_model: KV self size  = {kv / MiB:7.2f} MiB, K ({rep.context['type_k']}): "
