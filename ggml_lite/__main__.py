@@ -206,9 +206,7 @@ def cmd_llama(args) -> int:
     rep = memory_report(params, args.n_ctx, args.n_batch, args.n_ubatch, args.n_gpu_layers, args.devices, split,
                         args.type_k, args.type_v, not args.no_kv_offload, tensor_types)
     doc = rep.to_json()
-    if args.fit:
-        if args.vram is None or args.devices < 1:
-            raise ModelError("--fit needs --vram GiB and --devices N (at least one GPU)")
+    if args.fit:  # (checked before planning: --vram and a GPU are there)
         layers, n_ctx = fit(params, args.vram, args.n_ctx, args.devices, n_batch=args.n_batch, n_ubatch=args.n_ubatch,
                             tensor_split=split, type_k=args.type_k, type_v=args.type_v, offload_kqv=not args.no_kv_offload,
                             tensor_types=tensor_types)

@@ -34,17 +34,19 @@ class MemoryReport:
 
 def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_ubatch: int = 512,
                   n_gpu_layers: int = 0, devices: int = 0, tensor_split=None, type_k: str = "f16",
-                  type_v: str = None, offload_kqv: bool = True, tensor_types: dict = None) -> MemoryReport:
-    """Plan the model as `llama_new_context_with_model` would (`plan_memory`) and report it."""
+                  type_v: str = None, offload_kqv: bool = True, tensor_types: dict = None,
+                  why: bool = True) -> MemoryReport:
+    """Plan the model as `llama_new_context_with_model` would (`plan_memory`) and report it; `why=False`
+    skips the trace behind `peaks` (for searches that need only the totals, as `fit`)."""
     n_batch, n_ubatch = batch_sizes(padded_n_ctx(n_ctx), n_batch, n_ubatch)
     r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv,
-                    trace=True, tensor_types=tensor_types)
+                    trace=why, tensor_types=tensor_types)
     rows = [dict(name=name, **d, total=sum(d.values())) for name, d in r["devices"].items()]
     context = dict(n_ctx=padded_n_ctx(n_ctx), n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
                    type_v=type_v or "f16", n_gpu_layers=n_gpu_layers, devices=devices,
                    tensor_split=list(tensor_split) if tensor_split else None, offload_kqv=offload_kqv)
     return MemoryReport(asdict(params), context, dict(nodes=r["nodes"], splits=r["splits"], n_copies=r["n_copies"]),
-                        rows, peaks(r))
+                        rows, peaks(r) if why else {})
 
 
 # notebooks/10_llama.py
@@ -82,9 +84,8 @@ def format_report(rep: MemoryReport, vram_gib: float = None) -> str:
     if vram_gib is not None:
         for d in rep.devices:
             if d["name"] != "CPU":
-                fits = d["total"] <= vram_gib * 1024 * MiB
                 out.append(f"{d['name']}: {d['total'] / MiB:.2f} MiB of {vram_gib * 1024:.2f} MiB: "
-                           f"{'fits' if fits else 'does NOT fit'}")
+                           f"{'fits' if _fits(d, vram_gib) else 'does NOT fit'}")
     for buft, pk in rep.peaks.items():
         out.append(f"{buft} compute buffer peaks at node {pk['node_index']} ({pk['node']}); live there:")
         out += [f"  {t['bytes'] / MiB:10.2f} MiB  {t['name']}: {t['reason']}" for t in pk["live"][:6]]
@@ -94,9 +95,13 @@ def format_report(rep: MemoryReport, vram_gib: float = None) -> str:
 
 
 # notebooks/10_llama.py
+def _fits(device: dict, vram_gib: float) -> bool:
+    return device["total"] <= vram_gib * 1024 * MiB
+
+
 def fits(rep: MemoryReport, vram_gib: float) -> bool:
     """Does every GPU's total fit in `vram_gib` GiB?"""
-    return all(d["total"] <= vram_gib * 1024 * MiB for d in rep.devices if d["name"] != "CPU")
+    return all(_fits(d, vram_gib) for d in rep.devices if d["name"] != "CPU")
 
 
 def fit(params: LlamaParams, vram_gib: float, n_ctx: int = 512, devices: int = 1, **kw) -> tuple:
@@ -104,7 +109,7 @@ def fit(params: LlamaParams, vram_gib: float, n_ctx: int = 512, devices: int = 1
     The context grows in multiples of 32 up to `n_ctx_train` (a bisection: the totals grow with
     n_ctx). (0, ...) when not even one layer fits."""
     def ok(layers, ctx):
-        return fits(memory_report(params, ctx, n_gpu_layers=layers, devices=devices, **kw), vram_gib)
+        return fits(memory_report(params, ctx, n_gpu_layers=layers, devices=devices, why=False, **kw), vram_gib)
     layers = next((n for n in range(params.n_layer + 1, 0, -1) if ok(n, n_ctx)), 0)
     lo, hi = padded_n_ctx(n_ctx) // 32, max(params.n_ctx_train // 32, padded_n_ctx(n_ctx) // 32)
     if not ok(layers, lo * 32):
