@@ -488,12 +488,37 @@ def step_figure(events, k: int, end: int = None) -> go.Figure:
     return memory_bar(list(ev.free_blocks), states[k], title=f"step {k + 1}/{len(events)}: {ev.describe()}", end=end)
 
 
+# %% [markdown]
+# A widget needs a running kernel. Where there is none — GitHub, nbviewer, a notebook opened without
+# running it — a stepper would show only its text form, `VBox(children=(HBox(…`. So when the
+# environment variable `GGML_LITE_STATIC_FRAMES` is set (`make sync` sets it while it executes the
+# notebooks it commits), every widget first prints one line saying so and shows its first frame as
+# ordinary outputs; `make sync` then stores a picture of each figure beside it (`tools/nbsync.py`).
+# In a live session the variable is unset and nothing changes.
+
 # %%
 # | export viz.memory
+STATIC_FRAMES_ENV = "GGML_LITE_STATIC_FRAMES"
+
+
+def show_static_frame(what: str, render) -> None:
+    """When `GGML_LITE_STATIC_FRAMES` is set: print one line naming the widget (`what`), then call
+    `render()` so its figures and text become ordinary cell outputs — the widget's first frame as a
+    picture for readers without a kernel. Otherwise do nothing."""
+    import os
+
+    if os.environ.get(STATIC_FRAMES_ENV):
+        print(f"[{what}: its first frame, as a picture. Run the notebook to use the widget below it.]")
+        render()
+
+
 def step_widget(n_steps: int, render, label: str = "step", interval: int = 800):
     """The scaffold of every stepper in the course: a play button and a slider over steps
-    0..n_steps-1, and an output area that `render(k)` fills (prints and figures) for the step shown."""
+    0..n_steps-1, and an output area that `render(k)` fills (prints and figures) for the step shown.
+    Shows the first frame statically too when `GGML_LITE_STATIC_FRAMES` is set (`show_static_frame`)."""
     import ipywidgets as w
+
+    show_static_frame(f"a stepper over {n_steps} {label}s", lambda: render(0))
 
     play = w.Play(min=0, max=n_steps - 1, step=1, interval=interval)
     slider = w.IntSlider(min=0, max=n_steps - 1, description=label)

@@ -12,6 +12,13 @@ rendering. This tool never writes a `.py`:
   outputs and execution counts kept; no widget state, no jupytext metadata, a generic kernelspec,
   cell metadata reduced to `tags`, no cell ids, stream outputs merged, deterministic JSON.
   A cell that raises: report it and leave that `.ipynb` alone (exit 1).
+  Executed with `GGML_LITE_STATIC_FRAMES=1`, so every widget also shows its first frame as ordinary
+  outputs (`ggml_lite.viz.memory.show_static_frame`). Every plotly figure then gets a PNG beside its
+  JSON (`image/png`), so GitHub and nbviewer, which cannot run plotly, show a picture; JupyterLab still
+  prefers the interactive figure. A figure whose JSON is unchanged keeps the PNG bytes the previous
+  `.ipynb` held (rendering is not byte-stable across machines, so only changed figures are redrawn);
+  new ones are drawn by kaleido in a headless Chromium (`BROWSER_PATH`, else Debian's
+  /usr/bin/chromium, else the Chrome kaleido finds).
 * `--no-execute`: the same without running (no outputs), for a quick pairing.
 * `--check`: write nothing; each `.ipynb` must exist and hold exactly the cells the `.py` gives (type,
   source, tags; outputs ignored), and (with no arguments) no `.ipynb` may lack its `.py`. Exit 1 when not.
@@ -20,6 +27,11 @@ rendering. This tool never writes a `.py`:
 """
 
 import argparse
+import base64
+import hashlib
+import json
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -30,6 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": "python3"}
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+PLOTLY = "application/vnd.plotly.v1+json"
+STATIC_FRAMES_ENV = "GGML_LITE_STATIC_FRAMES"  # ggml_lite.viz.memory reads it (not imported: tools stand alone)
+PNG_WIDTH, PNG_HEIGHT = 900, 450  # when a figure's layout gives none (plotly's notebook height is 450)
 
 
 def resolve_notebook(arg: str) -> Path:
@@ -77,6 +92,69 @@ def merge_streams(outputs: list) -> list:
         else:
             merged.append(out)
     return merged
+
+
+def figure_key(spec: dict) -> str:
+    """A digest of a plotly output's JSON: equal digests, equal pictures."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+def previous_pictures(ipynb: Path) -> dict:
+    """The PNGs the committed `.ipynb` holds, by `figure_key` of the figure they show."""
+    if not ipynb.exists():
+        return {}
+    try:
+        nb = nbformat.read(ipynb, as_version=4)
+    except Exception:  # unreadable: draw everything again
+        return {}
+    return {figure_key(out.data[PLOTLY]): out.data["image/png"]
+            for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
+            if PLOTLY in out.get("data", {}) and "image/png" in out.data}
+
+
+class Painter:
+    """Draws plotly JSON as PNG with kaleido, one headless Chromium for the whole run."""
+
+    def __init__(self):
+        self.started, self.drawn = False, 0
+
+    def png(self, spec: dict) -> str:
+        import kaleido
+        import plotly.io as pio
+
+        if not self.started:
+            browser = os.environ.get("BROWSER_PATH") or shutil.which("chromium")
+            if browser:
+                os.environ["BROWSER_PATH"] = browser
+            kaleido.start_sync_server(silence_warnings=True)
+            self.started = True
+        fig = pio.from_json(json.dumps(spec))
+        layout = fig.layout
+        opts = {"format": "png", "width": layout.width or PNG_WIDTH, "height": layout.height or PNG_HEIGHT}
+        self.drawn += 1
+        return base64.b64encode(kaleido.calc_fig_sync(fig, opts=opts)).decode()
+
+    def close(self):
+        if self.started:
+            import kaleido
+
+            kaleido.stop_sync_server(silence_warnings=True)
+
+
+def add_pictures(nb, previous: dict, painter: Painter) -> int:
+    """Give every plotly output of `nb` an `image/png` (reused from `previous` when its figure is
+    unchanged, else drawn); return how many were drawn."""
+    drawn = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            data = out.get("data", {})
+            if PLOTLY in data:
+                key = figure_key(data[PLOTLY])
+                if key not in previous:
+                    previous[key] = painter.png(data[PLOTLY])
+                    drawn += 1
+                data["image/png"] = previous[key]  # no text/plain: nbval would compare it with the live output
+    return drawn
 
 
 def execute(nb, cwd: Path) -> None:
@@ -143,21 +221,29 @@ def run_check(sources: list, orphans: bool) -> int:
     return 1 if bad else 0
 
 
-def sync(py: Path, run: bool) -> str:
-    """Write the `.ipynb` of `py` (executed when `run`); return '' or why it was not written."""
+def sync(py: Path, run: bool, painter: Painter) -> str:
+    """Write the `.ipynb` of `py` (executed when `run`, its figures with pictures); return '' or why it
+    was not written."""
     nb = from_source(py)
+    ipynb = py.with_suffix(".ipynb")
+    drawn = 0
     if run:
         try:
             execute(nb, py.parent)
         except Exception as e:  # a failing cell, a dead kernel, a timeout
             return failure(nb, e)
-    ipynb = py.with_suffix(".ipynb")
+        try:
+            drawn = add_pictures(nb, previous_pictures(ipynb), painter)
+        except Exception as e:  # no Chromium, kaleido missing or failing
+            return (f"a figure could not be drawn as PNG ({type(e).__name__}: {str(e).strip()[:300]}); "
+                    "install Chromium (Debian: apt-get install chromium) or set BROWSER_PATH to a Chrome")
     text = nbformat.writes(normalize(nb)) + "\n"
     if ipynb.exists() and ipynb.read_text(encoding="utf-8") == text:
         print(f"unchanged {ipynb.name}")
     else:
         ipynb.write_bytes(text.encode("utf-8"))
-        print(f"wrote {ipynb.name}{' (executed)' if run else ' (not executed)'}")
+        print(f"wrote {ipynb.name}{' (executed' if run else ' (not executed'}"
+              f"{f', {drawn} figure(s) drawn' if drawn else ''})")
     return ""
 
 
@@ -174,12 +260,16 @@ def main(argv=None) -> int:
         return 2
     if args.check:
         return run_check(sources, orphans=not args.notebooks)
-    failed = 0
-    for py in sources:
-        reason = sync(py, run=not args.no_execute)
-        if reason:
-            print(f"nbsync: {py.name}: execution failed, .ipynb not written: {reason}", file=sys.stderr)
-            failed += 1
+    os.environ[STATIC_FRAMES_ENV] = "1"  # the kernels inherit it: widgets show their first frame too
+    failed, painter = 0, Painter()
+    try:
+        for py in sources:
+            reason = sync(py, run=not args.no_execute, painter=painter)
+            if reason:
+                print(f"nbsync: {py.name}: .ipynb not written: {reason}", file=sys.stderr)
+                failed += 1
+    finally:
+        painter.close()
     return 1 if failed else 0
 
 

@@ -7,6 +7,7 @@
 import plotly.graph_objects as go
 
 from ggml_lite.report import MiB, memory_report
+from ggml_lite.viz.memory import show_static_frame
 
 PARTS = {"weights": "#636efa", "kv": "#00cc96", "output": "#ffa15a", "compute": "#ef553b"}
 
@@ -23,7 +24,7 @@ def report_figure(rep, title: str = None) -> go.Figure:
 
 def report_widget(params, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0, devices: int = 1):
     """Sliders for n_ctx, n_ubatch and n_gpu_layers; each move re-plans (`memory_report`) and redraws
-    the bars and the peak's tensors."""
+    the bars and the peak's tensors (its first frame shown statically too, as `show_static_frame` says)."""
     import ipywidgets as w
     from IPython.display import display
 
@@ -32,15 +33,19 @@ def report_widget(params, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: i
     gl_ = w.IntSlider(value=n_gpu_layers, min=0, max=params.n_layer + 1, description="n_gpu_layers")
     out = w.Output()
 
-    def show(change=None):
+    def render():
         rep = memory_report(params, ctx.value, n_ubatch=ub.value, n_gpu_layers=gl_.value, devices=devices)
+        display(report_figure(rep, f"n_ctx {ctx.value}, n_ubatch {ub.value}, {gl_.value} layers offloaded"))
+        for buft, pk in rep.peaks.items():
+            top = ", ".join(f"{t['name']} {t['bytes'] / MiB:.1f}" for t in pk["live"][:3])
+            print(f"{buft}: peak {pk['bytes'] / MiB:.2f} MiB at {pk['node']} — {top} (MiB)")
+
+    def show(change=None):
         with out:
             out.clear_output(wait=True)
-            display(report_figure(rep, f"n_ctx {ctx.value}, n_ubatch {ub.value}, {gl_.value} layers offloaded"))
-            for buft, pk in rep.peaks.items():
-                top = ", ".join(f"{t['name']} {t['bytes'] / MiB:.1f}" for t in pk["live"][:3])
-                print(f"{buft}: peak {pk['bytes'] / MiB:.2f} MiB at {pk['node']} — {top} (MiB)")
+            render()
 
+    show_static_frame("a widget with sliders for n_ctx, n_ubatch and n_gpu_layers", render)
     for s in (ctx, ub, gl_):
         s.observe(show, names="value")
     show()
