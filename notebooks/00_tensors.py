@@ -10,7 +10,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # 00 · Tensors — ggml's data model for numpy users
 #
@@ -159,8 +158,6 @@ try:
     row_size(Q4_0, 33)
 except ShapeError as e:
     print("ShapeError:", e)
-
-# %% [markdown]
 
 # %% [markdown]
 # ### Errors: what a request ggml cannot honour raises
@@ -907,8 +904,6 @@ print(x, "nb =", x.nb, "nbytes =", x.nbytes)
 print("numpy shape", a.shape, "strides", a.strides, "-> ggml ne reversed:", x.shape)
 wq = ctx.new_tensor_2d(Q8_0, 64, 8, name="wq")
 print(wq, "nb =", wq.nb, "nbytes =", wq.nbytes)
-
-# %% [markdown]
 
 # %% [markdown]
 # ## 3 · Check

@@ -10,7 +10,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # 01 · Ops and graphs — what to compute, and in which order
 #

@@ -10,7 +10,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # 07 · The CPU backend
 #
@@ -1274,8 +1273,6 @@ print("corrupted plan: max |out - numpy| =", np.abs(broken - reference).max())
 sq2 = by_name["sq"]
 print("and out == sq + sq exactly:", np.array_equal(broken, 2 * tensor_get(sq2)))
 
-
-# %% [markdown]
 
 # %% [markdown]
 # ## 5 · Check

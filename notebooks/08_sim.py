@@ -10,7 +10,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # 08 · SIM, a simulated accelerator
 #
@@ -794,8 +793,6 @@ backends_figure([cpu_b, sim0, sim1], bufts, shown)
 # %%
 timeline_figure(clock2.spans, title="SIM0 computes, SIM1 waits for its event and copies the result")
 
-
-# %% [markdown]
 
 # %% [markdown]
 # ## 8 · Comparing two backends

@@ -894,7 +894,6 @@ print("reserve:", reserve(sched2, graph2), "| splits", sched2.n_splits,
 # then `logits` (1 KiB), with `probs` in place of it — 5,120 bytes, plus the CPU buffer's 32: 5,152.
 
 # %% [markdown]
-# %% [markdown]
 # ## 6 · Pictures
 #
 # Three pictures of a LLaMA-style model built with the ggml_lite API (the fixtures' 4-layer model,

@@ -10,7 +10,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # A2 · Exact arithmetic — ggml's AVX2 build, bit for bit
 #

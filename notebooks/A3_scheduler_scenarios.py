@@ -10,7 +10,6 @@
 #     name: python3
 # ---
 
-
 # %% [markdown]
 # # A3 · Replaying the recorded scheduler scenarios
 #

@@ -120,3 +120,11 @@ def test_static_frames_only_when_asked(capsys, monkeypatch):
     show_static_frame("a stepper over 3 steps", lambda: drawn.append(0))
     assert drawn == [0] and "a stepper over 3 steps: its first frame" in capsys.readouterr().out
     assert os.environ[STATIC_FRAMES_ENV] == "1"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_empty_cells(path):
+    """An empty cell is a stray `# %%` (or blank lines after the jupytext header) in the source."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    empty = [i for i, c in enumerate(nb["cells"]) if not "".join(c["source"]).strip()]
+    assert not empty, f"{path.name}: empty cells {empty}; remove them from {path.with_suffix('.py').name}"

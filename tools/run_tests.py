@@ -4,7 +4,10 @@
     python tools/run_tests.py [--long]
 
 The parts, in order: the notebook/package sync check (the `.ipynb` and `ggml_lite/` are up to date with
-`notebooks/*.py`), `pytest tests/`, and the notebooks executed under nbval. Every part runs even when an
+`notebooks/*.py`), `pytest tests/` (without tests/ui), the notebooks executed under nbval, and the browser
+test `tests/ui` (every notebook run in JupyterLab under headless Chromium). The browser test needs a
+Chromium (Debian's `chromium`, or `$CHROMIUM`) and the `playwright` package; without them it is skipped,
+and the summary says so, unless `GGML_LITE_REQUIRE_BROWSER=1` (set by `.ci/run`), which makes it fail. Every part runs even when an
 earlier one fails, so one run shows everything that is wrong; the exit status is 1 when any part failed.
 `--long` runs pytest with `--long` (the random-graph sweeps over many more graphs), then
 `benchmarks/differential.py` over 100,000 random graphs against the real ggml, which prints the
@@ -12,6 +15,8 @@ mismatch count and the time.
 """
 
 import argparse
+import importlib.util
+import os
 import subprocess
 import sys
 import time
@@ -20,13 +25,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+BROWSER = "browser test: notebooks in JupyterLab under headless Chromium (tests/ui)"
+
+
+def browser_missing() -> str:
+    """'' when the browser test can run here, else what is missing."""
+    spec = importlib.util.spec_from_file_location("ui_lab", ROOT / "tests" / "ui" / "lab.py")
+    lab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lab)
+    if lab.find_chromium() is None:
+        return "no Chromium (Debian: apt-get install chromium; or set CHROMIUM to a Chromium binary)"
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright package is not installed (make setup installs it)"
+    return ""
+
+
 def parts(long: bool) -> list:
     py = sys.executable
     return [
         ("sync check (notebooks -> package, .py -> .ipynb)",
          [[py, "tools/nbexport.py", "--check"], [py, "tools/nbsync.py", "--check"]]),
-        ("pytest tests/" + (" --long" if long else ""), [[py, "-m", "pytest", "tests/", *(["--long"] if long else [])]]),
+        ("pytest tests/" + (" --long" if long else ""),
+         [[py, "-m", "pytest", "tests/", "--ignore=tests/ui", *(["--long"] if long else [])]]),
         ("notebooks under nbval", [[py, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "notebooks/"]]),
+        (BROWSER, [[py, "-m", "pytest", "tests/ui", "-q"]]),
     ] + ([("differential run: 100,000 random graphs against the real ggml (benchmarks/differential.py)",
            [[py, "benchmarks/differential.py", "--count", "100000", "--progress", "10000"]])] if long else [])
 
@@ -39,14 +61,23 @@ def main(argv=None) -> int:
     for label, commands in parts(args.long):
         print(f"\n=== {label} ===", flush=True)
         t0, ok = time.perf_counter(), True
+        if label == BROWSER and (missing := browser_missing()):
+            required = os.environ.get("GGML_LITE_REQUIRE_BROWSER") == "1"
+            print(f"{'FAILED' if required else 'SKIPPED'}: {missing}"
+                  + (" (GGML_LITE_REQUIRE_BROWSER=1)" if required else ""), flush=True)
+            rows.append((label, 0.0, "FAIL" if required else "SKIP"))
+            continue
         for cmd in commands:
             ok = subprocess.run(cmd, cwd=ROOT).returncode == 0 and ok
-        rows.append((label, time.perf_counter() - t0, ok))
+        rows.append((label, time.perf_counter() - t0, "ok  " if ok else "FAIL"))
     print("\n=== make test: time per part ===")
-    for label, seconds, ok in rows:
-        print(f"  {'ok  ' if ok else 'FAIL'}  {seconds:7.1f} s  {label}")
+    for label, seconds, status in rows:
+        print(f"  {status}  {seconds:7.1f} s  {label}")
     print(f"        {time.perf_counter() - t_all:7.1f} s  in all")
-    return 0 if all(ok for *_, ok in rows) else 1
+    skipped = [label for label, _, status in rows if status == "SKIP"]
+    if skipped:
+        print(f"  NOTE: skipped: {'; '.join(skipped)}: {browser_missing()}")
+    return 0 if all(status != "FAIL" for *_, status in rows) else 1
 
 
 if __name__ == "__main__":

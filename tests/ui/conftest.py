@@ -1,0 +1,42 @@
+"""Fixtures of the browser test: one JupyterLab and one headless Chromium for the whole run, and the
+counts of what was checked, printed at the end of the run."""
+
+import pytest
+
+from lab import Lab, find_chromium
+
+CHECKED = {"notebooks": 0, "cells": 0, "figures": 0, "committed figures": 0, "steppers": 0, "other widgets": 0}
+
+
+def pytest_terminal_summary(terminalreporter):
+    if CHECKED["notebooks"]:
+        c = CHECKED
+        terminalreporter.write_line(
+            f"browser test: {c['notebooks']} notebooks run in JupyterLab ({c['cells']} code cells, no error output), "
+            f"{c['figures']} figures rendered ({c['committed figures']} shown as pictures from the committed files), "
+            f"{c['steppers']} steppers stepped by slider and by play, {c['other widgets']} other widget(s) moved")
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    path = find_chromium()
+    if path is None:
+        pytest.skip("no Chromium (Debian: apt-get install chromium; or set CHROMIUM)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def lab(chromium):
+    server = Lab()
+    yield server
+    server.stop()
+    assert server.proc.poll() is not None, f"JupyterLab (PID {server.pid}) is still running"
+
+
+@pytest.fixture(scope="session")
+def browser(chromium):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        yield b
+        b.close()
