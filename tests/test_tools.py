@@ -8,6 +8,7 @@ start a kernel have `kernel` in their names (`-k "not kernel"` skips them); each
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -255,6 +256,7 @@ EXECUTED = '''# %%
 import os, sys
 print("cwd", os.path.basename(os.getcwd()))
 print("python", sys.executable)
+print("static frames", os.environ.get("GGML_LITE_STATIC_FRAMES"))
 
 # %% tags=["nbval-ignore-output"]
 import ipywidgets
@@ -275,7 +277,9 @@ def test_sync_executes_in_this_interpreter_and_strips_metadata_kernel(repo, caps
     assert first["execution_count"] == 1 and second["execution_count"] == 2
     (stream,) = first["outputs"]
     assert stream["output_type"] == "stream" and stream["name"] == "stdout"
-    assert "".join(stream["text"]) == f"cwd notebooks\npython {sys.executable}\n"  # nbformat may split lines
+    # nbformat may split lines; the kernel (only) was told to show widgets' first frames
+    assert "".join(stream["text"]) == f"cwd notebooks\npython {sys.executable}\nstatic frames 1\n"
+    assert "GGML_LITE_STATIC_FRAMES" not in os.environ
     (result,) = second["outputs"]
     assert result["output_type"] == "execute_result" and "text/plain" in result["data"]
     assert "application/vnd.jupyter.widget-view+json" in result["data"]

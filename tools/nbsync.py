@@ -174,7 +174,7 @@ def execute(nb, cwd: Path) -> None:
     km = AsyncKernelManager(kernel_name="python3", kernel_spec_manager=ThisInterpreter())
     client = NotebookClient(nb, km=km, kernel_name="python3", timeout=300,
                             resources={"metadata": {"path": str(cwd)}})
-    client.execute()
+    client.execute(env={**os.environ, STATIC_FRAMES_ENV: "1"})  # the kernel's: widgets show their first frame too
 
 
 def failure(nb, error: Exception) -> str:
@@ -260,7 +260,6 @@ def main(argv=None) -> int:
         return 2
     if args.check:
         return run_check(sources, orphans=not args.notebooks)
-    os.environ[STATIC_FRAMES_ENV] = "1"  # the kernels inherit it: widgets show their first frame too
     failed, painter = 0, Painter()
     try:
         for py in sources:
