@@ -59,3 +59,8 @@ from ggml_lite.sched import BackendSched, Split  # noqa: F401,E402
 from ggml_lite import models  # noqa: F401,E402  (gl.models.llama: chapter 10)
 from ggml_lite.models import llama as _llama  # noqa: F401,E402
 from ggml_lite.report import MemoryReport, memory_report  # noqa: F401,E402
+from ggml_lite import planners  # noqa: F401,E402  (chapter 11: gl.planners.greedy_by_size, exact, best, ...)
+from ggml_lite.planners import (  # noqa: F401,E402
+    PLANNER_NAMES, Block, PlanResult, Problem, Verification, all_plans, alloc_planned, blocks_of, check_placement,
+    problem_from_blocks, run_planner, verify_plan,
+)

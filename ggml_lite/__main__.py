@@ -1,6 +1,7 @@
 """The command line of ggml_lite (DESIGN.md §4); a plain module, not exported from a notebook.
 
-    python -m ggml_lite plan GRAPH.json [--json] [--step K]
+    python -m ggml_lite plan GRAPH.json [--json] [--step K] [--planner ggml|greedy-size|greedy-breadth|exact|best]
+                             [--budget SECONDS] [--verify]
     python -m ggml_lite check FIXTURE.json [--no-numerics]
     python -m ggml_lite sched SCENARIO.json [--check]
     python -m ggml_lite llama (--gguf FILE | --preset NAME | --n-vocab N --n-embd N --n-layer N --n-head N --n-head-kv N
@@ -9,18 +10,28 @@
                                [--no-kv-offload] [--vram GiB [--fit]] [--json]
 
 `plan` runs the graph allocator (`GAllocr.reserve`, then `alloc_graph`) on a fixture-schema graph on
-the CPU buffer type and prints where every tensor goes. `check` does the same and compares with the
-plan recorded in the file (offsets, buffer sizes, and the allocator's messages; every step of a
-sequence file); when the file records computed results (tests/fixtures/README.md) it also fills
-the leafs, computes the graph on the CPU backend and compares every result within the tolerance it
-prints. It exits 0 only when everything is equal (results: within tolerance). `sched` prints the
+the CPU buffer type and prints where every tensor goes. With `--planner`, an offline planner of chapter
+11 chooses the offsets instead (greedy by size or by breadth, the exact search within `--budget`
+seconds, or `best`, the smallest plan of all and ggml's), and the graph allocator places the tensors
+there. `--json` prints `buffer_size` (the planner's peak + 32, as the CPU buffer reports it), every
+tensor's offset, and `planner`, `lower_bound` (the peak of bytes alive at once) and `optimal` (true:
+proven, false: a smaller plan is known, null: unknown). `--verify` computes the graph in the plan on
+the CPU backend and compares every result a plan keeps (OUTPUT nodes and the nodes nothing reads), bit
+for bit, with a copy of the graph whose tensors all have memory of their own; a difference exits 1. A
+graph the CPU kernels refuse, or one too large to compute here, exits 2.
+
+`check` runs the graph allocator and compares with the plan recorded in the file (offsets, buffer
+sizes, and the allocator's messages; every step of a sequence file); when the file records computed
+results (tests/fixtures/README.md) it also fills the leafs, computes the graph on the CPU backend and
+compares every result within the tolerance it prints. It exits 0 only when everything is equal
+(results: within tolerance). `sched` prints the
 scheduler's assignments of a recorded scenario's round-0 graph in GGML_SCHED_DEBUG format; with
 `--check` it replays the whole scenario (appendix A3) and exits 0 only when everything recorded matches.
 `llama` plans a LLaMA as llama.cpp (mid-2024) would (chapter 10) and prints the memory of every device,
 and the lines llama.cpp prints about it; GPUs are simulated devices configured like CUDA.
 
-Exit codes: 0 success; 1 the plan or a result differs from the record; 2 the file or the arguments
-are unusable.
+Exit codes: 0 success; 1 the plan or a result differs from the record, or a plan failed --verify; 2 the
+file or the arguments are unusable.
 """
 
 import argparse
@@ -28,10 +39,22 @@ import json
 import sys
 from pathlib import Path
 
-from ggml_lite.errors import GGMLLiteError, GraphFileError
+from ggml_lite.errors import GGMLLiteError, GraphFileError, TensorError, UnsupportedOpError
 from ggml_lite.graphio import check_plan_file, plan_of, run_plan
 from ggml_lite.numerics import verify_numerics
+from ggml_lite.planners import DEFAULT_BUDGET, PLANNER_NAMES
 
+
+
+def _seconds(text: str) -> float:
+    """--budget: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
 
 
 def _load(path: str) -> dict:
@@ -64,19 +87,59 @@ def _load_graph_file(path: str) -> dict:
     return doc
 
 
+def _planned(doc: dict, args):
+    """`plan` with an offline planner (chapter 11), or with --verify: the graph loaded, its blocks from
+    ggml's trace, the planner's result placed through the graph allocator (and computed, with --verify).
+    Returns (GraphFile, allocator, PlanResult, Verification or None)."""
+    from ggml_lite.graphio import allocate_external, read_graph_file
+    from ggml_lite.planners import alloc_planned, blocks_of, run_planner, verify_plan
+
+    gf = read_graph_file(doc, args.step)
+    allocate_external(gf)
+    problem = blocks_of(gf.graph)
+    result = run_planner(problem, args.planner, args.budget)
+    if not args.verify:
+        return gf, alloc_planned(gf.graph, result, problem), result, None
+    try:
+        check = verify_plan(gf.graph, result, problem)
+    except (TensorError, UnsupportedOpError) as e:
+        raise type(e)(f"--verify: the CPU backend cannot compute this graph: {e}") from None
+    return gf, check.galloc, result, check
+
+
+def _ggml_result(doc: dict, args):
+    """ggml's own plan as a planner result (for --json's lower_bound and optimal), on a second copy of the
+    graph: the first one is allocated by now."""
+    from ggml_lite.graphio import allocate_external, read_graph_file
+    from ggml_lite.planners import blocks_of, run_planner
+
+    gf = read_graph_file(doc, args.step)
+    allocate_external(gf)
+    return run_planner(blocks_of(gf.graph), "ggml")
+
+
 def cmd_plan(args) -> int:
     doc = _load_graph_file(args.file)
     if "steps" in doc and args.step is None:
         with_graph = [i for i, s in enumerate(doc["steps"]) if "graph" in s]
         raise GraphFileError(f"{args.file} is a sequence of {len(with_graph)} graphs: pass --step (one of {with_graph})")
-    gf, galloc, results = run_plan(doc, args.step)
+    if args.planner == "ggml" and not args.verify:  # the graph allocator alone, as it always was
+        gf, galloc, results = run_plan(doc, args.step)
+        result, check = (_ggml_result(doc, args) if args.json else None), None
+    else:
+        gf, galloc, result, check = _planned(doc, args)
+        results = {}
     plan = plan_of(gf, galloc)
     names = {i: gf.records[i]["name"] for i in gf.tensors}
+    failed = check is not None and not check.ok
     if args.json:
         out = {"buffer_size": plan.buffer_size,
-               "tensors": {names[i]: {"offset": plan.offsets[i]} for i in sorted(gf.tensors)}}
+               "tensors": {names[i]: {"offset": plan.offsets[i]} for i in sorted(gf.tensors)},
+               "planner": args.planner, "lower_bound": result.lower_bound, "optimal": result.optimal}
+        if check is not None:
+            out["verified"] = check.ok
         print(json.dumps(out, indent=1))
-        return 0
+        return 1 if failed else 0
     print(f"{'id':>5}  {'name':40s} {'op':10s} {'bytes':>10}  offset")
     for i in sorted(gf.tensors):
         t, off = gf.tensors[i], plan.offsets[i]
@@ -88,7 +151,16 @@ def cmd_plan(args) -> int:
     for call, res in results.items():
         for line in res["log"]:
             print(f"log ({call}): {line}")
-    return 0
+    if result is not None:
+        print(f"planner {result.describe()}; lower bound {result.lower_bound} bytes")
+    if check is not None:
+        if check.ok:
+            print(f"verify: {len(check.compared)} result(s) computed in this plan on the CPU backend equal, bit for bit, "
+                  f"those of a copy with every tensor in memory of its own")
+        else:
+            print(f"verify: FAILED: {', '.join(check.differing) or check.error} differ(s) from the copy with every "
+                  f"tensor in memory of its own")
+    return 1 if failed else 0
 
 
 def cmd_check(args) -> int:
@@ -226,8 +298,15 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="plan a fixture-schema graph with the graph allocator (CPU buffer type)")
     p.add_argument("file", metavar="GRAPH.json", help="a fixture-schema JSON file")
-    p.add_argument("--json", action="store_true", help='print {"buffer_size": int, "tensors": {name: {"offset": int|null}}}')
+    p.add_argument("--json", action="store_true", help='print {"buffer_size": int, "tensors": {name: {"offset": int|null}}, '
+                   '"planner", "lower_bound", "optimal": true|false|null} (and "verified" with --verify)')
     p.add_argument("--step", type=int, default=None, help="the step of a sequence file")
+    p.add_argument("--planner", choices=PLANNER_NAMES, default="ggml",
+                   help="who chooses the offsets: ggml's graph allocator (default) or an offline planner (chapter 11)")
+    p.add_argument("--budget", type=_seconds, default=DEFAULT_BUDGET, metavar="SECONDS",
+                   help=f"time for the exact search (exact, best; default {DEFAULT_BUDGET})")
+    p.add_argument("--verify", action="store_true", help="compute the graph in the plan on the CPU backend and compare it "
+                   "bit for bit with a copy whose tensors all have memory of their own (exit 1 on a difference)")
     p.set_defaults(run=cmd_plan)
     c = sub.add_parser("check", help="plan again and compare with the plan recorded in the file")
     c.add_argument("file", metavar="FIXTURE.json", help="a ggml-seed fixture file")

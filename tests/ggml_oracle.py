@@ -1353,15 +1353,11 @@ def _replanned(lite, expected):
 # ---------------------------------------------------------------------------------------------
 
 def graph_data_tensors(graph) -> list:
-    """The tensors whose contents a caller provides before computing `graph`: its leafs and its op-NONE
-    nodes (PARAM leafs become nodes), views excluded (they show their source's memory), in graph
-    order without repeats."""
-    out, seen = [], set()
-    for t in [*graph.leafs, *graph.nodes]:
-        if t.op is Op.NONE and t.view_src is None and t not in seen:
-            seen.add(t)
-            out.append(t)
-    return out
+    """The tensors whose contents a caller provides before computing `graph` (chapter 11's
+    `planners.data_tensors`: leafs and op-NONE nodes, views excluded, in graph order)."""
+    from ggml_lite.planners import data_tensors
+
+    return data_tensors(graph)
 
 
 class _Computation:

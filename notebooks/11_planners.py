@@ -1,0 +1,1256 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 11 · Beyond ggml — offline planners against the lower bound
+#
+# ggml plans *online*. The graph allocator of chapter 05 visits the nodes in order, and each new
+# tensor takes the free block that fits it best at that moment. It cannot know what comes later. A
+# block freed now may be too small for the big tensor two nodes on, which then goes on top. On the
+# 7B one-output graph (fixture 14) the compute buffer is 65.00 MiB. Yet at no node are more than
+# 60.00 MiB alive at once. The other 5 MiB are holes.
+#
+# An *offline* planner sees every tensor's lifetime first and only then chooses offsets. That is
+# what compilers for accelerators do: TFLite's greedy planners (Pisarchyk & Lee, 2020), XLA's heap
+# simulator, MiniMalloc's exact search (ASPLOS 2023). This chapter builds three such planners in
+# plain Python, the two TFLite ones and an exact search, and runs them on ggml's own graphs, with
+# ggml's plan and the lower bound as yardsticks. Offline is not always better: greedy by size loses to
+# ggml on some graphs, and §11 shows one.
+#
+# **Learning goals**
+#
+# 1. The planning problem ggml solves, stated offline: *blocks* with a size and a range of nodes,
+#    taken from ggml's own trace. The in-place and freeing rules are those of chapter 05, so every
+#    comparison is fair.
+# 2. The peak-live **lower bound**: no placement of these blocks can use less memory. §2 shows the node
+#    where it is reached.
+# 3. Greedy by size, greedy by breadth, and an exact branch-and-bound search. The search proves a
+#    plan optimal when it finishes within its time budget.
+# 4. Plans that run. A planner's offsets go into the graph allocator's records. The graph computes
+#    there on the CPU backend, and its results must equal, bit for bit, those of a copy in which no
+#    two tensors share memory.
+#
+# Exported: `ggml_lite.planners`. Nothing here ports C, because ggml has no offline planner. The
+# chapter reuses chapter 05 (`ggml_gallocr_reserve`'s trace gives the blocks, and
+# `ggml_gallocr_alloc_graph` places a plan) and chapter 06 (`ggml_backend_graph_copy` makes the copy
+# with memory of its own).
+
+# %%
+# | default_exp planners
+
+# %% [markdown]
+# ## 1 · The problem: blocks and their lifetimes
+#
+# Which tensors need memory, when, and how much? ggml's own trace answers all three (chapter 05's
+# `trace_plan` and `lifetimes`). We keep every rule of the graph allocator and change only one
+# decision: *where* each piece of memory goes.
+#
+# * A tensor that gets **new memory** from the dynamic allocator opens a **block**. Its size is the
+#   size the allocator used, rounded up to the alignment (32 bytes on the CPU buffer type).
+# * A child that takes its parent's memory **in place** joins the parent's block: the same bytes
+#   under a new name. A chain such as `ffn_gate → ffn_silu → ffn_gate_par` is one block.
+# * A block starts at the node where its first tensor is placed. Leafs and INPUT tensors are placed
+#   before node 0, so their blocks start at node 0.
+# * A block ends at the node that frees its chain's last tensor. Outputs, and tensors that nothing
+#   frees, keep their block to the last node.
+# * Views own nothing. They live in their root's block.
+#
+# Two blocks **conflict** when their node ranges meet, even at a single node. At node *i*, ggml places
+# the node's memory *before* it frees the parents the node was the last to read. A node is computed
+# from its parents, so it must not land on them.
+#
+# The trace has one quirk of ggml to respect. An INPUT *node* is placed in the counting loop
+# (chapter 05, §1), before its own sources are counted. If exactly one reader of its parent has been
+# counted so far, the in-place test passes, although that reader is another node. The child takes the
+# parent's block and keeps it from node 0 on. When the parent is INPUT as well, ggml then finds it
+# unplaced and places it a second time, in new memory, where it really lives. So a tensor lives where
+# it was placed *last*, and the blocks follow that. Six of the first 2,000 random graphs of the
+# differential generator do this.
+
+# %%
+# | export
+"""Offline memory planners for a ggml graph (chapter 11; not a port of C: ggml has none): the blocks
+ggml's graph allocator needs and their lifetimes, the peak-live lower bound, greedy-by-size and
+greedy-by-breadth (TFLite), an exact branch and bound, and the best of them and ggml's own plan. A
+plan runs: its offsets become the graph allocator's records, and `verify_plan` computes the graph there
+on the CPU backend and compares it with a copy in which every tensor has memory of its own."""
+
+import sys
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ggml_lite.backend import graph_copy, graph_copy_free, tensor_get, tensor_set
+from ggml_lite.cpu import cpu_init, quantize_q8_0, quantize_row_q4_0_ref
+from ggml_lite.errors import AllocationError, GGMLLiteError, GraphError, PlanMismatchError
+from ggml_lite.gallocr import NOT_PLACED, GAllocr, PlaceEvent
+from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, Op, TensorFlag, describe
+from ggml_lite.viz.timeline import lifetimes, memory_timeline, trace_plan
+
+PLANNER_NAMES = ("ggml", "greedy-size", "greedy-breadth", "exact", "best")
+DEFAULT_BUDGET = 1.0  # seconds the exact search may take before it returns its best placement
+
+
+@dataclass
+class Block:
+    """One piece of memory a plan must provide: `tensors` use it in turn (an in-place chain: the tensor
+    that got new memory, then each child that took it over), `size` bytes (aligned), from node `start`
+    to node `end` inclusive; ggml put it at `ggml_offset` (None in a problem made by hand)."""
+
+    index: int
+    tensors: tuple
+    size: int
+    start: int
+    end: int
+    ggml_offset: int = None
+
+    def overlaps(self, other) -> bool:
+        """Are both blocks needed at some common node?"""
+        return self.start <= other.end and other.start <= self.end
+
+    @property
+    def name(self) -> str:
+        return " > ".join(t.name or "<unnamed>" for t in self.tensors) or f"block {self.index}"
+
+
+@dataclass
+class Problem:
+    """A graph's planning problem: its `blocks`, the bytes `live` at each node, the `lower_bound` (the
+    highest of them) and `lb_step`, the first node that reaches it; ggml's plan of the same graph
+    (`ggml_peak`, its allocator `galloc`, the `ggml_seconds` it took, its trace `events`); `slack`, the
+    bytes the buffer type adds to a peak (32 on the CPU buffer type, chapter 03). `block_of` maps each
+    planned tensor to its block's index, `place_block` each `PlaceEvent` of the trace to its block."""
+
+    graph: object
+    blocks: list
+    alignment: int
+    live: list
+    lower_bound: int
+    lb_step: int
+    ggml_peak: int = None
+    slack: int = 0
+    galloc: object = None
+    ggml_seconds: float = 0.0
+    events: list = field(default_factory=list, repr=False)
+    block_of: dict = field(default_factory=dict, repr=False)
+    place_block: list = field(default_factory=list, repr=False)
+
+    def buffer_size(self, peak: int) -> int:
+        """What the buffer type reports for a buffer made for `peak` bytes (`ggml_gallocr_get_buffer_size`)."""
+        return peak + self.slack
+
+
+# %% [markdown]
+# `blocks_of` reads the trace in order. It reuses chapter 05's `lifetimes`, which gives one record
+# per placement and says whether the placement was in place and of which parent. `problem_from_blocks`
+# makes a problem by hand, with no graph and no ggml plan; the small examples and the tests use it.
+
+# %%
+# | export
+def _live(blocks, n_steps: int) -> list:
+    """The bytes of the blocks alive at each of the `n_steps` nodes."""
+    live = [0] * max(n_steps, 1)
+    for b in blocks:
+        for i in range(b.start, b.end + 1):
+            live[i] += b.size
+    return live
+
+
+def blocks_of(graph, buft=None) -> Problem:
+    """The planning problem of `graph`: plan it with ggml's graph allocator (`ggml_gallocr_reserve`,
+    through chapter 05's `trace_plan`; CPU buffer type unless `buft`) and turn the trace into blocks.
+    The graph must not be allocated yet (a placed tensor counts as external)."""
+    t0 = time.perf_counter()
+    galloc, events = trace_plan(graph, buft)
+    seconds = time.perf_counter() - t0
+    if galloc.n_buffers != 1:
+        raise PlanMismatchError(f"the planners plan one buffer; this allocator has {galloc.n_buffers}")
+    chain, blocks, place_block = {}, [], []  # tensor -> the block of its latest placement
+    for lt in lifetimes(graph, events):
+        if lt.kind != "tensor":
+            continue  # a view lives in its root's block
+        b = chain.get(lt.parent) if lt.how.startswith("inplace") else None
+        if b is None:  # new memory: a new block (lifetimes gives the aligned size)
+            b = Block(len(blocks), (), lt.size, lt.start, lt.end, lt.offset)
+            blocks.append(b)
+        b.tensors += (lt.tensor,)
+        b.end = max(b.end, lt.end, b.start)
+        chain[lt.tensor] = b
+        place_block.append(b.index)
+    for b in blocks:  # a tensor placed twice lives where it was placed last
+        b.tensors = tuple(t for t in b.tensors if chain[t] is b)
+    live = _live(blocks, len(graph.nodes))
+    lb = max(live)
+    peak = galloc.buf_tallocs[0].get_max_size()
+    return Problem(graph, blocks, galloc.bufts[0].get_alignment(), live, lb, live.index(lb), peak,
+                   galloc.get_buffer_size(0) - peak, galloc, seconds, events,
+                   {t: b.index for t, b in chain.items()}, place_block)
+
+
+def problem_from_blocks(specs, alignment: int = 32) -> Problem:
+    """A problem made by hand: `specs` lists `(size, start, end)` per block (sizes are rounded up to
+    `alignment`). There is no graph and no ggml plan."""
+    blocks = [Block(k, (), -(-size // alignment) * alignment, start, end) for k, (size, start, end) in enumerate(specs)]
+    live = _live(blocks, max([b.end + 1 for b in blocks], default=1))
+    lb = max(live)
+    return Problem(None, blocks, alignment, live, lb, live.index(lb))
+
+
+# %% [markdown]
+# ### A worked example: one LLaMA block
+#
+# Fixture 06 is chapter 05's LLaMA block of 10 tokens: 29 nodes, with the weights in a buffer of
+# their own. ggml's compute buffer is 42,912 bytes, so its peak is 42,880 (the CPU buffer type adds
+# 32). There are 18 blocks, and four are in-place chains: `norm-0 > attn_norm-0` (the norm times its
+# weight writes over the norm), `kq-0 > kq_soft_max_ext-0`, `kqv_out-0 > ffn_inp-0`, and the
+# feed-forward's `ffn_gate-0 > ffn_silu-0 > ffn_gate_par-0`. The three INPUT leafs live from node 0 on.
+# `ffn_down-0 > l_out-0`, the OUTPUT, keeps its block to the last node, 28.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import ggml_lite as gl  # noqa: E402
+
+SEED = Path("../tests/fixtures/ggml-seed")
+
+
+def load(name: str, step: int = None):
+    """A recorded graph, its weights (and KV cache) placed in buffers of their own, not yet planned."""
+    gf = gl.read_graph_file(SEED / f"{name}.json", step)
+    gl.graphio.allocate_external(gf)
+    return gf
+
+
+block06 = blocks_of(load("06_llama_block").graph)
+peak06 = block06.ggml_peak
+print(f"{len(block06.blocks)} blocks; ggml's peak {peak06} B, buffer {block06.buffer_size(peak06)} B")
+print(f"{'#':>2} {'size':>6} {'nodes':>7} {'ggml offset':>11}  tensors")
+for b in block06.blocks:
+    print(f"{b.index:2d} {b.size:6d} {b.start:3d}..{b.end:<3d} {b.ggml_offset:11d}  {b.name}")
+
+# %% [markdown]
+# ggml's plan is one placement of these blocks, so it must be a valid one. The check below looks for two
+# blocks that share a node and overlap in bytes, and finds none. The highest block ends at 42,880, ggml's
+# peak. `check_placement` also checks that every offset is a multiple of the alignment.
+
+# %%
+# | export
+def check_placement(problem: Problem, offsets) -> list:
+    """What is wrong with `offsets` (one per block) as a placement (empty: nothing): an offset that is
+    negative or not a multiple of the alignment, or two blocks needed at a common node whose bytes
+    overlap. Blocks of zero bytes overlap nothing."""
+    out = []
+    for b, o in zip(problem.blocks, offsets):
+        if o < 0 or o % problem.alignment:
+            out.append(f"block {b.index} ({b.name}) at offset {o}: not a multiple of {problem.alignment}")
+    order = sorted((b for b in problem.blocks if b.size), key=lambda b: b.start)
+    for k, a in enumerate(order):
+        for b in order[k + 1:]:
+            if b.start > a.end:
+                break  # (sorted by start: no later block meets a)
+            oa, ob = offsets[a.index], offsets[b.index]
+            if oa < ob + b.size and ob < oa + a.size:
+                out.append(f"blocks {a.index} ({a.name}; nodes {a.start}..{a.end}; [{oa}, {oa + a.size})) and "
+                           f"{b.index} ({b.name}; nodes {b.start}..{b.end}; [{ob}, {ob + b.size})) overlap")
+    return out
+
+
+def peak_of(problem: Problem, offsets) -> int:
+    """The memory a placement needs: the highest end of a block."""
+    return max([o + b.size for o, b in zip(offsets, problem.blocks)], default=0)
+
+
+# %%
+# NBVAL_CHECK_OUTPUT
+ggml06 = [b.ggml_offset for b in block06.blocks]
+print("conflicts in ggml's plan:", check_placement(block06, ggml06), "; its peak:", peak_of(block06, ggml06))
+
+# %% [markdown]
+# ## 2 · The lower bound
+#
+# Take any node. The blocks alive there are all needed at once, so they need disjoint bytes. Their total
+# is therefore a floor for every placement. The highest such total over all nodes, the **peak live**,
+# is the lower bound. Chapter 05 drew it as the dashed line of its memory timeline. Nothing guarantees
+# it can be reached: blocks of awkward sizes can force a hole that no placement avoids (§6 has seven
+# such blocks). On ggml's graphs it usually can be reached.
+#
+# In the LLaMA block the peak live is 37,760 bytes at node 25, `ffn_up-0`. Four blocks are alive
+# there: the residual `ffn_inp-0` (5,120), `ffn_norm-0` (5,120), the gate chain (13,760) and `ffn_up-0`
+# itself (13,760). The attention's blocks and the inputs are gone by then. ggml needs 42,880 B, which is
+# 13.6 % more.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+at = block06.lb_step
+print(f"lower bound {block06.lower_bound} B at node {at} ({block06.graph.nodes[at].name}); alive there:")
+for b in block06.blocks:
+    if b.start <= at <= b.end:
+        print(f"  {b.size:6d}  {b.name}")
+print(f"ggml: {block06.ggml_peak} B = {block06.ggml_peak / block06.lower_bound:.3f} x the lower bound")
+
+# %% [markdown]
+# ## 3 · What a planner returns
+#
+# Every planner returns a `PlanResult`. It holds an offset per block, the peak those offsets need, the
+# lower bound, whether the plan is **optimal**, and how long planning took. `optimal` is True when it is
+# proven: the peak equals the lower bound, or the exact search finished. It is False when a smaller plan
+# is known, for instance ggml's own. Otherwise it is None. `buffer_size` is what the CPU buffer type
+# would report: the peak plus 32. `ggml_plan` re-expresses ggml's own placement in this form.
+
+# %%
+# | export
+@dataclass
+class PlanResult:
+    """A planner's decision: `offsets[k]` for block k; the `peak` they need and the problem's
+    `lower_bound`; `optimal` True (proven), False (a smaller plan is known) or None (unknown); the
+    planning time in `seconds`; `buffer_size` as the buffer type reports the peak; `source`, the
+    planner whose plan `best` took; `nodes`, the steps of the exact search."""
+
+    planner: str
+    offsets: tuple
+    peak: int
+    lower_bound: int
+    optimal: object
+    seconds: float
+    buffer_size: int
+    source: str = None
+    nodes: int = 0
+
+    def describe(self) -> str:
+        """One line: planner, peak, ratio to the lower bound, optimality, time."""
+        opt = {True: "optimal", False: "not optimal", None: "optimality unknown"}[self.optimal]
+        src = f" ({self.source}'s plan)" if self.source else ""
+        ratio = self.peak / self.lower_bound if self.lower_bound else 1.0
+        return f"{self.planner}{src}: {self.peak} B, {ratio:.4f} x the lower bound, {opt}, {self.seconds * 1e3:.1f} ms"
+
+
+def _result(problem: Problem, planner: str, offsets, seconds: float, optimal=None, nodes: int = 0) -> PlanResult:
+    """A PlanResult; a peak at the lower bound is optimal, one above ggml's is not."""
+    peak = peak_of(problem, offsets)
+    if peak == problem.lower_bound:
+        optimal = True
+    elif optimal is None and problem.ggml_peak is not None and peak > problem.ggml_peak:
+        optimal = False
+    return PlanResult(planner, tuple(offsets), peak, problem.lower_bound, optimal, seconds,
+                      problem.buffer_size(peak), nodes=nodes)
+
+
+def ggml_plan(problem: Problem) -> PlanResult:
+    """ggml's own plan (the offsets `ggml_gallocr_reserve` chose) as offsets of the blocks."""
+    if problem.ggml_peak is None:
+        raise PlanMismatchError("this problem was made by hand: it has no ggml plan")
+    return _result(problem, "ggml", [b.ggml_offset if b.size else 0 for b in problem.blocks], problem.ggml_seconds)
+
+
+# %% [markdown]
+# ## 4 · Greedy by size
+#
+# The first TFLite planner sorts the blocks by size, largest first, and places them one at a time. Each
+# block looks at the blocks already placed that share a node with it. Sorted by offset, they leave gaps
+# between them, starting from offset 0. The block takes the *smallest* gap that holds it (best fit), or
+# goes above all of them when no gap is large enough. The idea is that big blocks are the hard ones, so
+# they choose first and the small ones fill in around them. Lifetimes play no part in the order, and
+# §11 shows what that costs.
+#
+# `_lowest_gap` is the shared step. Both greedy planners use it.
+
+# %%
+# | export
+def _lowest_gap(block: Block, placed: list, offsets: list) -> int:
+    """The offset for `block` among the `placed` blocks it shares a node with: the start of the
+    smallest gap between them that holds it (the lowest of equal gaps), else above the highest."""
+    busy = sorted((offsets[p.index], offsets[p.index] + p.size) for p in placed if p.overlaps(block))
+    best, best_gap, top = None, None, 0
+    for lo, hi in busy:
+        gap = lo - top
+        if gap >= block.size and (best_gap is None or gap < best_gap):
+            best, best_gap = top, gap
+        top = max(top, hi)
+    return top if best is None else best
+
+
+def greedy_by_size(problem: Problem) -> PlanResult:
+    """Greedy by size (TFLite's offset planner; Pisarchyk & Lee, 2020; not a C port): blocks from the
+    largest (ties: earlier start, then index), each into the smallest gap that holds it."""
+    t0 = time.perf_counter()
+    offsets, placed = [0] * len(problem.blocks), []
+    for b in sorted(problem.blocks, key=lambda b: (-b.size, b.start, b.index)):
+        if b.size:
+            offsets[b.index] = _lowest_gap(b, placed, offsets)
+            placed.append(b)
+    return _result(problem, "greedy-size", offsets, time.perf_counter() - t0)
+
+
+# %% [markdown]
+# On the LLaMA block, the two 13,760-byte feed-forward blocks go first, at 0 and 13,760. Every block
+# that shares a node with one of them has to fit in the bytes the two leave free. The 5,120-byte blocks
+# come next and fill the gaps. The result reaches the lower bound, 37,760 B. `offsets` lists every
+# block's place:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+size06 = greedy_by_size(block06)
+print(size06.describe().rsplit(",", 1)[0])
+print("offsets:", size06.offsets)
+print("valid:", not check_placement(block06, size06.offsets))
+
+# %% [markdown]
+# ## 5 · Greedy by breadth
+#
+# The second TFLite planner starts from the nodes instead. A node's *breadth* is the bytes alive there,
+# the `live` profile of §2. The planner visits the nodes from the broadest down. At each node it places
+# the blocks alive there that still have no offset, largest first, with the same smallest-gap rule. The
+# crowded nodes, where the lower bound is decided, are settled first. Blocks that live only at quiet
+# nodes are placed last, into whatever room is left.
+
+# %%
+# | export
+def greedy_by_breadth(problem: Problem) -> PlanResult:
+    """Greedy by breadth (TFLite's offset planner; Pisarchyk & Lee, 2020; not a C port): nodes from the
+    most live bytes down (ties: earlier node); at each, its unplaced live blocks, largest first (ties:
+    index), each into the smallest gap that holds it."""
+    t0 = time.perf_counter()
+    offsets, placed, done = [0] * len(problem.blocks), [], set()
+    live_at = [[] for _ in problem.live]
+    for b in problem.blocks:
+        for i in range(b.start, b.end + 1):
+            live_at[i].append(b)
+    for step in sorted(range(len(problem.live)), key=lambda i: (-problem.live[i], i)):
+        for b in sorted(live_at[step], key=lambda b: (-b.size, b.index)):
+            if b.size and b.index not in done:
+                offsets[b.index] = _lowest_gap(b, placed, offsets)
+                placed.append(b)
+                done.add(b.index)
+    return _result(problem, "greedy-breadth", offsets, time.perf_counter() - t0)
+
+
+# %% [markdown]
+# On the LLaMA block, node 25 is the broadest (37,760 B), and its four blocks are placed first, which
+# is the lower bound already. Every later block fits around them:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+breadth06 = greedy_by_breadth(block06)
+print(breadth06.describe().rsplit(",", 1)[0], "; valid:", not check_placement(block06, breadth06.offsets))
+
+# %% [markdown]
+# ## 6 · An exact search
+#
+# Both greedy planners decide each block once and never go back. An exact planner must consider every
+# placement, or at least enough of them to be sure that none is better. Two observations cut the search
+# down to something that can finish.
+#
+# **Canonical placements** (the idea behind MiniMalloc). Take any valid placement and let every block
+# fall as far as it can, the lowest block first, until it rests on a block it shares a node with or
+# on offset 0. Nothing rises, so the peak does not grow, and the result is still valid. Now list the
+# fallen blocks by offset. Each one sits exactly at the highest end among the blocks *before it in the
+# list* that share a node with it. The list therefore fixes the placement. The search only has to choose
+# orders, place each block on the "skyline" of those before it, and keep orders whose offsets never
+# decrease. Blocks at equal offsets never share a node, so they are taken in index order. Identical
+# blocks (same size, same nodes) are interchangeable and are also taken in index order.
+#
+# **Bounds.** Work in *sections*: stretches of nodes in which the same blocks are alive. For each
+# section keep its *floor* (the highest end of the blocks placed there so far) and the units still to
+# place there. Every block still to come goes at or above the last offset. All blocks left in one
+# section share a node, so they stack, and `max(floor, last) + left` is a floor for the final peak.
+# When that exceeds the target, the branch is cut. A block that can no longer go at or above the last
+# offset has to rest on a block not yet placed. If no such block is left in its sections, the branch
+# is dead.
+#
+# The search first asks for a placement *at the lower bound*, where these bounds cut hardest. If one is
+# found, it is optimal. If the search proves there is none, it asks for anything below the best plan
+# known so far (the incumbent: ggml's or a greedy plan) and tightens the target after each find. When
+# the search finishes, the answer is proven optimal. When the time budget runs out first, it returns the
+# best placement found, which is never worse than the incumbent. Sizes are counted in units of the
+# alignment, so every offset it produces is aligned.
+
+# %%
+# | export
+class _Timeout(Exception):
+    """The exact search ran out of time."""
+
+
+class _Found(Exception):
+    """The exact search found a placement it can stop at (one at the lower bound)."""
+
+
+class ExactSearch:
+    """The state of `exact`'s search (not a C port), in units of the alignment. Section s is a stretch
+    of nodes with the same live blocks; `floor[s]` is the highest end of the blocks placed so far that
+    live there, `rem[s]` the units of those still to place, `cnt[s]` how many they are. `twin[i]` is the
+    previous block identical to block i (same size and sections), or -1."""
+
+    def __init__(self, problem: Problem, deadline: float):
+        self.blocks = [b for b in problem.blocks if b.size]
+        cuts = sorted({b.start for b in self.blocks} | {b.end + 1 for b in self.blocks})
+        at = {c: k for k, c in enumerate(cuts)}
+        self.size = [b.size // problem.alignment for b in self.blocks]
+        self.s0 = [at[b.start] for b in self.blocks]
+        self.s1 = [at[b.end + 1] for b in self.blocks]  # one past the block's last section
+        n = max(len(cuts) - 1, 0)
+        self.floor, self.rem, self.cnt = [0] * n, [0] * n, [0] * n
+        for i, u in enumerate(self.size):
+            for s in range(self.s0[i], self.s1[i]):
+                self.rem[s] += u
+                self.cnt[s] += 1
+        self.twin, last_seen = [], {}
+        for i, key in enumerate(zip(self.size, self.s0, self.s1)):
+            self.twin.append(last_seen.get(key, -1))
+            last_seen[key] = i
+        self.unplaced = set(range(len(self.blocks)))
+        self.offset = [0] * len(self.blocks)
+        self.deadline, self.nodes = deadline, 0
+        self.target = self.stop_at = 0
+        self.solution = None  # (peak, offsets), in units
+
+    def bound(self, last: int) -> int:
+        """A floor for any completion: the blocks left in a section stack above its floor and `last`."""
+        m = 0
+        for f, r in zip(self.floor, self.rem):
+            if r and (f if f > last else last) + r > m:
+                m = (f if f > last else last) + r
+        return m
+
+    def candidates(self, last: int, last_i: int):
+        """`(offset, -sections, -size, block)` of each block that may come next, in the order to try
+        them: lowest offset first, then the longest-lived, then the largest. None when a block below
+        `last` can never be placed (no block left to place shares a section with it)."""
+        out, floor, s0, s1, cnt = [], self.floor, self.s0, self.s1, self.cnt
+        for i in self.unplaced:
+            p = max(floor[s0[i]:s1[i]])
+            if p < last or (p == last and i < last_i):
+                if all(cnt[s] == 1 for s in range(s0[i], s1[i])):
+                    return None
+                continue
+            if self.twin[i] < 0 or self.twin[i] not in self.unplaced:
+                out.append((p, s0[i] - s1[i], -self.size[i], i))
+        out.sort()
+        return out
+
+
+# %% [markdown]
+# Placing a block raises the floor of its sections to its end. Taking it back restores them. The
+# depth-first search tries the candidates in order, and every complete placement it reaches lowers the
+# target below itself.
+
+# %%
+# | export
+def _place(search: ExactSearch, i: int, p: int) -> list:
+    """Put block i at offset p; returns the floors it covered (for `_unplace`)."""
+    saved = search.floor[search.s0[i]:search.s1[i]]
+    for s in range(search.s0[i], search.s1[i]):
+        search.floor[s] = p + search.size[i]
+        search.rem[s] -= search.size[i]
+        search.cnt[s] -= 1
+    search.unplaced.discard(i)
+    search.offset[i] = p
+    return saved
+
+
+def _unplace(search: ExactSearch, i: int, saved: list) -> None:
+    """Take block i back out: its sections get their floors `saved` and its units back."""
+    search.floor[search.s0[i]:search.s1[i]] = saved
+    for s in range(search.s0[i], search.s1[i]):
+        search.rem[s] += search.size[i]
+        search.cnt[s] += 1
+    search.unplaced.add(i)
+
+
+def _dfs(search: ExactSearch, last: int, last_i: int, top: int) -> None:
+    """Place the blocks left, in canonical order after block `last_i` at offset `last`; `top` is the
+    highest end so far. A complete placement becomes the solution and lowers the target below it."""
+    search.nodes += 1
+    if time.perf_counter() > search.deadline:
+        raise _Timeout
+    if not search.unplaced:
+        search.solution = (top, list(search.offset))
+        if top <= search.stop_at:
+            raise _Found
+        search.target = top - 1
+        return
+    if max(top, search.bound(last)) > search.target:
+        return
+    for p, _, _, i in search.candidates(last, last_i) or ():
+        end = p + search.size[i]
+        if end <= search.target:
+            saved = _place(search, i, p)
+            _dfs(search, p, i, max(top, end))
+            _unplace(search, i, saved)
+
+
+def _run(search: ExactSearch, target: int, stop_at: int) -> bool:
+    """Search for placements with a peak of at most `target` units, stopping at one of at most
+    `stop_at`. True when the search is complete: such a placement was found, or none exists."""
+    search.target, search.stop_at = target, stop_at
+    limit = sys.getrecursionlimit()  # one level per block
+    sys.setrecursionlimit(max(limit, len(search.blocks) + 200))
+    try:
+        _dfs(search, 0, -1, 0)
+    except _Found:
+        return True
+    except _Timeout:
+        return False
+    finally:
+        sys.setrecursionlimit(limit)
+    return True
+
+
+ExactSearch.place, ExactSearch.unplace, ExactSearch.dfs, ExactSearch.run = _place, _unplace, _dfs, _run
+
+
+# %%
+# | export
+def exact(problem: Problem, budget: float = DEFAULT_BUDGET, incumbent: PlanResult = None) -> PlanResult:
+    """The exact planner (branch and bound over canonical placements, in the spirit of MiniMalloc; not
+    a C port). It looks for a placement at the lower bound and, when none exists, for one below
+    `incumbent` (default: the best of ggml's plan and the greedy planners). `optimal` is True when the
+    search finished within `budget` seconds; otherwise it returns the best placement it knows."""
+    t0 = time.perf_counter()
+    if incumbent is None:
+        known = [greedy_by_size(problem), greedy_by_breadth(problem)]
+        known += [ggml_plan(problem)] if problem.ggml_peak is not None else []
+        incumbent = min(known, key=lambda r: r.peak)
+    a = problem.alignment
+    lb, inc = -(-problem.lower_bound // a), incumbent.peak // a
+    search = ExactSearch(problem, t0 + budget)
+    proven = inc <= lb or search.run(lb, lb) and (search.solution is not None or search.run(inc - 1, lb))
+    offsets = list(incumbent.offsets)
+    if search.solution is not None and search.solution[0] < inc:
+        offsets = [0] * len(problem.blocks)
+        for b, u in zip(search.blocks, search.solution[1]):
+            offsets[b.index] = u * a
+    return _result(problem, "exact", offsets, time.perf_counter() - t0, True if proven else None,
+                   nodes=search.nodes)
+
+
+# %% [markdown]
+# ### A worked example the greedy planner gets wrong
+#
+# Four blocks over nodes 0 to 5: two of 64 bytes that live one node each (block 0 at node 3, block 1
+# at node 5), and two of 32 bytes, block 2 at nodes 4..5 and block 3 at nodes 0..4. At most 96 bytes
+# are alive at once. Greedy by size places block 0 at 0, then block 1 at 0 as well, since they never
+# meet. Of the small blocks, block 3 starts earlier and goes first, above block 0 at 64. Block 2 meets
+# block 1 at node 5 and block 3 at node 4, so it has to go on top, at 96, and the peak is 128. Greedy
+# by breadth settles node 3 first (96 bytes: blocks 0 and 3), then node 5, and ends up the same. The
+# exact search finds 96. It puts block 2 at 0 with block 1 on top of it at 32, and block 3 at 64 above
+# block 0. Because 96 is the lower bound, that answer is proven optimal. A greedy planner on its own
+# cannot tell whether 128 is optimal, so it says None. `all_plans` (§7) compares the plans and marks
+# it False.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+four = problem_from_blocks([(64, 3, 3), (64, 5, 5), (32, 4, 5), (32, 0, 4)])
+for planner in (greedy_by_size, greedy_by_breadth, exact):
+    r = planner(four)
+    print(f"{r.planner:15s} offsets {r.offsets}  peak {r.peak}  optimal {r.optimal}")
+print("lower bound", four.lower_bound)
+
+# %% [markdown]
+# ### When the lower bound cannot be reached
+#
+# Seven blocks over nodes 0 to 4, in units of 32 bytes: A (3 units) at node 0, B (2) at nodes 0..1,
+# C (1) at 1..2, D (2) at 1..3, E (1) at 2..3, F (2) at 3..4 and G (3) at node 4. At most five units are
+# alive at once (nodes 0, 1, 3 and 4), so the lower bound is 160 bytes, yet no placement fits in five
+# units. At node 0, A and B fill the five units, so B sits at one edge. By symmetry, put it at the
+# bottom, units 0..1. At node 1, C and D share units 2..4, so either C is at 2 and D at 3..4, or D at
+# 2..3 and C at 4. At node 4, F must be at an edge beside G, and at node 3 it also shares the five units
+# with D and E. If D is at 3..4, F takes 0..1 and E must take unit 2, where C still is at node 2. If D
+# is at 2..3, F cannot go to 3..4 and takes 0..1, and E must take unit 4, again C's unit. Every branch
+# fails, so six units (192 bytes) are needed, and they suffice.
+#
+# The exact search makes the same argument by exhaustion. Its first phase finds no placement at 160
+# bytes and ends, which proves that none exists. The second phase finds 192 and finishes, so the answer
+# is proven optimal although it lies above the lower bound.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+seven = problem_from_blocks([(96, 0, 0), (64, 0, 1), (32, 1, 2), (64, 1, 3), (32, 2, 3), (64, 3, 4), (96, 4, 4)])
+exact7 = exact(seven)
+print(f"lower bound {seven.lower_bound}; exact: peak {exact7.peak}, optimal {exact7.optimal}, offsets {exact7.offsets}")
+
+# %% [markdown]
+# ## 7 · The best plan
+#
+# `best` runs every planner and keeps the smallest plan, and ggml's own plan takes part. `best` can
+# therefore never be worse than ggml. On a tie, ggml's plan is kept, so `best` only moves tensors when
+# doing so saves memory. The exact search starts from the best of the other three, which makes it the
+# smallest by construction, and the budget is spent only when no plan is at the lower bound yet.
+# `all_plans` returns every result, so a comparison runs each planner once. Each result's `optimal`
+# then takes the others into account: a plan larger than another one is not optimal.
+
+# %%
+# | export
+def all_plans(problem: Problem, budget: float = DEFAULT_BUDGET) -> dict:
+    """Every planner's result on `problem`, by name (PLANNER_NAMES; no "ggml" for a problem made by
+    hand): ggml's plan, the two greedy plans, the exact search started from the best of them, and
+    `best`, the smallest (the first of equals: ggml's plan first)."""
+    t0 = time.perf_counter()
+    out = {"ggml": ggml_plan(problem)} if problem.ggml_peak is not None else {}
+    out["greedy-size"] = greedy_by_size(problem)
+    out["greedy-breadth"] = greedy_by_breadth(problem)
+    out["exact"] = exact(problem, budget, min(out.values(), key=lambda r: r.peak))
+    win = min(out.values(), key=lambda r: r.peak)
+    proven = any(r.optimal for r in out.values() if r.peak == win.peak)
+    for name, r in out.items():
+        if r.peak > win.peak:
+            out[name] = replace(r, optimal=False)
+        elif proven:
+            out[name] = replace(r, optimal=True)
+    out["best"] = replace(out[win.planner], planner="best", source=win.planner, seconds=time.perf_counter() - t0)
+    return out
+
+
+def best(problem: Problem, budget: float = DEFAULT_BUDGET) -> PlanResult:
+    """The smallest of ggml's plan, both greedy plans and the exact search's (see `all_plans`)."""
+    return all_plans(problem, budget)["best"]
+
+
+def run_planner(problem: Problem, planner: str = "best", budget: float = DEFAULT_BUDGET) -> PlanResult:
+    """The plan of the planner called `planner`, one of PLANNER_NAMES. Its `optimal` is also False when
+    ggml's plan or a greedy plan, cheap to make, is smaller."""
+    run = {"ggml": ggml_plan, "greedy-size": greedy_by_size, "greedy-breadth": greedy_by_breadth,
+           "exact": lambda p: exact(p, budget), "best": lambda p: best(p, budget)}
+    if planner not in run:
+        raise ValueError(f"unknown planner {planner!r}; the planners are {', '.join(PLANNER_NAMES)}")
+    result = run[planner](problem)
+    if result.optimal is None:
+        cheap = [greedy_by_size(problem), greedy_by_breadth(problem)]
+        cheap += [ggml_plan(problem)] if problem.ggml_peak is not None else []
+        if min(r.peak for r in cheap) < result.peak:
+            result = replace(result, optimal=False)
+    return result
+
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for name, r in all_plans(block06).items():
+    print(f"{name:15s} {r.peak:6d} B  optimal {r.optimal}" + (f"  (the plan of {r.source})" if r.source else ""))
+
+# %% [markdown]
+# ## 8 · Plans that run
+#
+# A plan is only worth something if the graph computes in it. The graph allocator already holds its
+# plan as a table: one record per placed tensor, with buffer, offset and reserved size (chapter 05,
+# §2.2), and `alloc_graph` places every tensor from that table without asking why. Chapter 07 (§4)
+# broke a plan by changing one record. Here every record changes. `alloc_planned` calls `reserve`, which
+# decides *which* tensors the allocator places (external and pre-allocated tensors stay where they are).
+# It then gives each placed tensor the offset of its block, remakes the buffer at the planner's peak,
+# and lets `alloc_graph` place the graph. Views follow their roots, because `ggml_gallocr_init_tensor`
+# initializes a view from its source. The result is a normal ggml allocation with other offsets.
+
+# %%
+# | export
+def alloc_planned(graph, result: PlanResult, problem: Problem = None) -> GAllocr:
+    """Place `graph`'s tensors at `result`'s offsets through the graph allocator: `ggml_gallocr_reserve`
+    (which tensors it places), each placed tensor's record set to its block's offset, the buffer made
+    at the plan's peak, then `ggml_gallocr_alloc_graph`. `problem` is `blocks_of(graph)` (made when
+    None). Returns the allocator; its buffer reports `result.buffer_size`."""
+    problem = problem if problem is not None else blocks_of(graph)
+    if len(result.offsets) != len(problem.blocks):
+        raise PlanMismatchError(f"the {result.planner} plan has {len(result.offsets)} blocks, this graph "
+                                f"needs {len(problem.blocks)}: the plan was made for another graph")
+    galloc = GAllocr(problem.galloc.bufts[0])
+    galloc.reserve(graph)
+    for t, k in problem.block_of.items():
+        rec = galloc.planned_alloc(t)  # the tensor's record in the kept plan (its hash node)
+        if rec is NOT_PLACED:
+            raise PlanMismatchError(f"{describe(t)}: the graph allocator does not place it, the plan does "
+                                    f"(the graph changed since the plan was made?)")
+        rec.offset = result.offsets[k]
+    galloc.buffers[0].free()
+    galloc.buffers[0] = galloc.bufts[0].alloc_buffer(result.peak)
+    if not galloc.alloc_graph(graph):
+        raise PlanMismatchError(f"the graph allocator could not place the {result.planner} plan")
+    return galloc
+
+
+# %% [markdown]
+# **The check.** The reference is the same graph with every tensor in memory of its own, and chapter 06
+# already has it: `ggml_backend_graph_copy` duplicates a graph into one new buffer, every tensor in its
+# own region. `verify_plan` places the graph with `alloc_planned` and makes the copy. Then it fills the
+# *data tensors* (leafs and op-NONE nodes) of both with the same seeded values. It fills them after the
+# copy is made, so data that the plan's overlaps destroyed cannot leak into the reference. Index tensors
+# get valid row numbers. Both graphs are computed on the CPU backend, the reference first, so a graph the
+# kernels refuse raises before any verdict on the plan. The results compared are those a plan must keep
+# to the end: OUTPUT nodes and the nodes no other node reads, the last node among them. Intermediate
+# tensors are not compared, because every plan, ggml's included, reuses their memory once they have
+# been read. Nor are OUTPUT views: ggml frees a view's root after the view's last reader whether or not
+# the view is flagged OUTPUT (only the root's own flag counts). Same kernels, same inputs, so the
+# comparison is bit for bit.
+#
+# Two conditions come first. Everything must fit in memory: a 7B model's 13 GB of weights do not, and
+# `max_bytes` says so before any allocation. Every data tensor must also be placed from node 0. An
+# op-NONE *node* that is not INPUT, such as a PARAM weight in the compute context, only gets memory at
+# its node. So does a leaf that an INPUT node took over in the counting loop (§1), which ggml places
+# again when its first reader runs. Filling such a tensor up front could overwrite a tensor still in
+# use, under ggml's plan as much as anyone's. Flag them INPUT, which is ggml's contract for tensors
+# filled before computing.
+
+# %%
+# | export
+def data_tensors(graph) -> list:
+    """The tensors a caller fills before computing: leafs and op-NONE nodes that are not views."""
+    out, seen = [], set()
+    for t in [*graph.leafs, *graph.nodes]:
+        if t.op is Op.NONE and t.view_src is None and t not in seen:
+            seen.add(t)
+            out.append(t)
+    return out
+
+
+def results_to_compare(graph) -> list:
+    """The results every plan keeps to the end: OUTPUT nodes that are not views, and nodes no other node
+    reads (the last node among them). An op-NONE view keeps nothing alive and is left out."""
+    read = {s for n in graph.nodes for s in n.src if s is not None}
+    return [t for t in graph.nodes if not (t.op is Op.NONE and t.view_src is not None)
+            and ((t.view_src is None and t.flags & TensorFlag.OUTPUT) or t not in read)]
+
+
+def fill(t, seed: int, k: int, rows: int = 64) -> None:
+    """Seeded data for data tensor number `k`: floats in [-1, 1) (f16 rounded, q8_0 and q4_0 quantized),
+    integers in [0, rows) for i32, random bytes for any other type."""
+    rng = np.random.default_rng([seed, k])
+    if t.type is I32:
+        tensor_set(t, rng.integers(0, max(rows, 1), t.nelements).astype(np.int32))
+        return
+    values = rng.uniform(-1, 1, t.nelements).astype(np.float32)
+    if t.type is F32:
+        tensor_set(t, values)
+    elif t.type is F16:
+        tensor_set(t, values.astype(np.float16))
+    elif t.type is Q8_0:
+        tensor_set(t, quantize_q8_0(values).view(np.uint8))
+    elif t.type is Q4_0:
+        tensor_set(t, quantize_row_q4_0_ref(values).view(np.uint8))
+    else:
+        tensor_set(t, rng.integers(0, 256, t.nbytes).astype(np.uint8))
+
+
+def _rows(graph, tensors: list) -> list:
+    """The range of each i32 tensor's values: the rows of the table a get_rows reads with it, else 64."""
+    rows = {}
+    for node in graph.nodes:
+        if node.op is Op.GET_ROWS and node.src[1] is not None:
+            rows[node.src[1]] = min(rows.get(node.src[1], node.src[0].ne[1]), node.src[0].ne[1])
+    return [rows.get(t, 64) for t in tensors]
+
+
+def _twins(graph, copy) -> dict:
+    """Each tensor of `graph` that its nodes reach -> its copy in `copy` (`graph_copy` of it)."""
+    twin, stack = {}, list(zip(graph.nodes, copy.nodes))
+    while stack:
+        a, b = stack.pop()
+        if a not in twin:
+            twin[a] = b
+            stack += [(s, d) for s, d in zip([a.view_src, *a.src], [b.view_src, *b.src]) if s is not None]
+    return twin
+
+
+# %%
+# | export
+@dataclass
+class Verification:
+    """What `verify_plan` found: `ok` when every compared result equals the reference bit for bit; the
+    names of the results `compared` and of those `differing`; `error`, a kernel's complaint when the
+    planned run failed outright (data it needed was overwritten); `galloc`, the allocator that placed
+    the graph."""
+
+    ok: bool
+    compared: list
+    differing: list
+    galloc: object
+    error: str = None
+
+
+def verify_plan(graph, result: PlanResult, problem: Problem = None, seed: int = 0,
+                max_bytes: int = 2 << 30) -> Verification:
+    """Compute `graph` (not allocated yet) in `result`'s placement on the CPU backend and compare its
+    results with a copy whose tensors all have memory of their own (`ggml_backend_graph_copy`), both
+    filled with the same seeded data. The graph stays allocated in the plan (`.galloc`)."""
+    problem = problem if problem is not None else blocks_of(graph)
+    data = data_tensors(graph)
+    for t in data:
+        k = problem.block_of.get(t)
+        if k is not None and problem.blocks[k].start > 0:
+            raise GraphError(f"{describe(t)} is filled before computing, but the graph allocator gives it memory "
+                             f"only at node {problem.blocks[k].start} (it is not INPUT): filling it first could "
+                             f"overwrite a tensor still in use, whatever the plan. Flag it INPUT (set_input) to "
+                             f"verify this graph")
+    need, seen, stack = result.peak, set(), list(graph.nodes)  # the copy holds every tensor the nodes reach
+    while stack:
+        t = stack.pop()
+        if t is not None and t not in seen:
+            seen.add(t)
+            need += 2 * t.nbytes if t.view_src is None else 0  # its data, then its copy's
+            stack += [t.view_src, *t.src]
+    if need > max_bytes:
+        raise AllocationError(f"verifying by computing needs about {need / 2**30:.2f} GiB (the graph's tensors, their "
+                              f"copies and the plan's buffer); the limit is max_bytes = {max_bytes / 2**30:.2f} GiB")
+    galloc = alloc_planned(graph, result, problem)
+    if not graph.nodes:
+        return Verification(True, [], [], galloc)  # nothing is computed
+    cpu = cpu_init()
+    copy = graph_copy(cpu, graph)
+    if copy.buffer is None:
+        raise AllocationError("verify: the copy of the graph could not be allocated")
+    try:
+        twin = _twins(graph, copy.graph)
+        for k, (t, rows) in enumerate(zip(data, _rows(graph, data))):
+            for u in (t, twin.get(t)):  # (a leaf no node reads has no copy)
+                if u is not None and t.nbytes:
+                    fill(u, seed, k, rows)
+        cpu.graph_compute(copy.graph)  # the reference first: a graph the kernels refuse gives no verdict
+        compared = results_to_compare(graph)
+        try:
+            cpu.graph_compute(graph)
+        except GGMLLiteError as err:  # e.g. row numbers the plan overwrote: a kernel refused them
+            return Verification(False, [t.name for t in compared], [], galloc, f"{type(err).__name__}: {err}")
+        differing = [t for t in compared if tensor_get(t).tobytes() != tensor_get(twin[t]).tobytes()]
+        return Verification(not differing, [t.name for t in compared], [t.name for t in differing], galloc)
+    finally:
+        graph_copy_free(copy)
+
+
+# %% [markdown]
+# The LLaMA block in its best plan. A fresh copy of the graph is loaded, because a graph that has been
+# placed once counts as pre-allocated. It is placed at the offsets of `greedy-size`, computed, and
+# compared with the reference:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+best06 = best(block06)
+graph06 = load("06_llama_block").graph
+check06 = verify_plan(graph06, best06)
+base = check06.galloc.buffers[0].get_base()
+print(f"buffer {check06.galloc.get_buffer_size(0)} B; compared {check06.compared}: ok = {check06.ok}")
+print("where the plan put the last five nodes:", {t.name: t.data - base for t in graph06.nodes[-5:]})
+
+# %% [markdown]
+# And the check can fail. Below, the block of `ffn_up-0` (block 16) is moved onto the block of
+# `ffn_gate-0 > ffn_silu-0 > ffn_gate_par-0` (block 15), although both are alive at nodes 25 and 26. The
+# peak stays at 37,760 B, because other blocks reach it, but `check_placement` names the conflict. In
+# the computation, `ffn_up-0` writes over the gate values before `ffn_gate_par-0` multiplies them, and
+# the output changes:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+bad = list(best06.offsets)
+bad[16] = bad[15]
+broken = _result(block06, "broken", bad, 0.0)
+print("conflicts:", check_placement(block06, broken.offsets))
+check_bad = verify_plan(load("06_llama_block").graph, broken)
+print(f"peak {broken.peak} B; ok = {check_bad.ok}, differing: {check_bad.differing}")
+
+# %% [markdown]
+# ## 9 · ggml against the best plan, on the 7B graph
+#
+# Fixture 14 is llama.cpp's Llama-2 7B graph at n_ctx 512 with one output row, 1,062 nodes. It has 456
+# blocks. ggml's buffer is 65.00 MiB (68,161,600 B with the 32 spare bytes). The lower bound is 60.00 MiB
+# (62,916,640 B), reached at node 30, `ffn_up-0`. Alive there are the residual `ffn_inp-0` and
+# `ffn_norm-0` (8 MiB each: 512 tokens × 4,096 × 4 bytes), the gate chain and `ffn_up-0` (21.5 MiB each:
+# 512 × 11,008 × 4), the 1 MiB `KQ_mask`, and 2,080 bytes of positions and output ids.
+#
+# Where do ggml's extra 5 MiB come from? At node 19 the attention scores `kq-0` need 32 MiB (512 × 512
+# × 32 heads × 4 bytes). The blocks freed so far have left a 16 MiB hole between `inp_embd` (1 to
+# 9 MiB) and `Qcur_rope-0` (25 to 33 MiB). Best fit finds no hole large enough and puts `kq-0` at the
+# top, at 33 MiB, which makes the peak 65 MiB. An offline planner knows at node 0 that a 32 MiB block
+# is coming and leaves room for it. Both greedy planners reach the lower bound here. `best` keeps
+# greedy by size's plan.
+#
+# To draw a planner's plan, `planned_events` rewrites ggml's trace as if the allocator had chosen the
+# planner's offsets. Chapter 05's `memory_timeline` then draws it as it draws ggml's plan: placements in
+# colour (orange for in place), the lower bound dashed and the plan's peak solid. The picture shows the
+# first two of the 32 layers, since the rest repeats (zoom out to see them). On the left, `kq-0` sits on
+# top at node 19. On the right, `kq-0` takes offsets 0 to 32 MiB, and the blocks that live across node 19
+# (`inp_embd` and `Qcur_rope-0`) sit above it, from 32 MiB.
+
+# %%
+# | export
+def planned_events(problem: Problem, result: PlanResult) -> list:
+    """ggml's trace (`problem.events`) with every placement moved to its block's offset in `result`:
+    the trace ggml would have left had its allocator chosen these offsets (for chapter 05's pictures)."""
+    out, k = [], 0
+    for ev in problem.events:
+        if isinstance(ev, PlaceEvent):
+            ev = replace(ev, offset=result.offsets[problem.place_block[k]])
+            k += 1
+        out.append(ev)
+    return out
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB" if n >= 10 * 2**10 else f"{n:,} B"
+
+
+def _clipped(trace, first: int, last: int):
+    """A timeline trace without the rectangles (5 corners and a gap each) or hover points outside the
+    nodes `first..last`, so a figure of a window of a large graph carries only that window."""
+    x, y = list(trace.x), list(trace.y)
+    if trace.mode == "markers":
+        keep = [k for k, v in enumerate(x) if first - 1 <= v <= last + 1]
+        text = list(trace.hovertext) if trace.hovertext is not None else None
+        return trace.update(x=[x[k] for k in keep], y=[y[k] for k in keep],
+                            hovertext=[text[k] for k in keep] if text else None)
+    rects = [k for k in range(0, len(x), 6) if min(x[k:k + 5]) <= last + 1 and max(x[k:k + 5]) >= first - 1]
+    return trace.update(x=[v for k in rects for v in x[k:k + 6]], y=[v for k in rects for v in y[k:k + 6]])
+
+
+def compare_timelines(problem: Problem, results: list, title: str = "", height: int = 520,
+                      views: bool = False, nodes: tuple = None) -> go.Figure:
+    """Memory timelines of several plans of one graph side by side (chapter 05's `memory_timeline` of
+    each `planned_events`), sharing the offset axis; the lower bound dashed and each plan's peak solid.
+    Views (dotted outlines) only with `views=True`; `nodes=(first, last)` shows only those nodes."""
+    fig = make_subplots(rows=1, cols=len(results), shared_yaxes=True, horizontal_spacing=0.03,
+                        subplot_titles=[f"{r.planner}{' (' + r.source + ')' if r.source else ''}: {_size(r.peak)}"
+                                        for r in results])
+    for col, r in enumerate(results, 1):
+        for trace in memory_timeline(problem.graph, planned_events(problem, r), r.peak).data:
+            if views or trace.name != "view":
+                trace.showlegend = col == 1 and trace.showlegend is not False
+                fig.add_trace(trace if nodes is None else _clipped(trace, *nodes), row=1, col=col)
+        fig.add_hline(y=problem.lower_bound, line=dict(color="crimson", dash="dash"), row=1, col=col,
+                      annotation_text=f"lower bound {_size(problem.lower_bound)}",
+                      annotation_position="bottom right")
+        fig.add_hline(y=r.peak, line=dict(color="crimson"), row=1, col=col,
+                      annotation_text=f"peak {_size(r.peak)}", annotation_position="top left")
+        fig.update_xaxes(title_text="node (execution order)", row=1, col=col,
+                         range=None if nodes is None else [nodes[0] - 0.5, nodes[1] + 0.5])
+    fig.update_yaxes(title_text="offset (bytes)", row=1, col=1)
+    fig.update_layout(title=title, height=height, plot_bgcolor="white", margin=dict(l=60, r=20, t=70, b=90),
+                      legend=dict(orientation="h", y=-0.2, x=0, yanchor="top"))
+    return fig
+
+
+# %%
+# NBVAL_CHECK_OUTPUT
+llama14 = blocks_of(load("14_llama7b_ctx512_one_output").graph)
+plans14 = all_plans(llama14)
+at14 = llama14.lb_step
+print(f"{len(llama14.graph.nodes)} nodes, {len(llama14.blocks)} blocks; lower bound {llama14.lower_bound} B "
+      f"({llama14.lower_bound / 2**20:.2f} MiB) at node {at14} ({llama14.graph.nodes[at14].name})")
+for name, r in plans14.items():
+    print(f"  {name:15s} buffer {r.buffer_size:10d} B = {r.buffer_size / 2**20:6.2f} MiB; optimal {r.optimal}")
+
+# %%
+compare_timelines(llama14, [plans14["ggml"], plans14["best"]], nodes=(0, 70),
+                  title="Llama-2 7B, n_ctx 512, one output (fixture 14), the first two of 32 layers").show()
+
+# %% [markdown]
+# ## 10 · Every recorded graph
+#
+# The same comparison runs over every graph the project recorded from ggml: the 12 single-graph
+# fixtures and each step of the two sequences. Each planner column shows how far the plan is above the
+# lower bound ("LB" when it reaches it). The planners reach the lower bound on every graph but
+# two, the large random DAGs 09 and 10. On those, greedy by breadth is 0.40 % and 3.18 % above it, ggml
+# 1.83 % and 0.45 %, and greedy by size 3.20 % and 8.82 %. Their 295 and 375 blocks are too many for the
+# exact search to finish within its second. It returns the best plan it knows and does not claim
+# optimality. Greedy by size loses to ggml on three graphs (08, 09, 10). ggml reaches the lower bound on
+# its own on 01, 03, 04, 05 and 13.
+#
+# The exact column depends on how far the search gets in its second on the machine that runs it, so
+# this cell's output is not compared by the tests.
+
+# %% tags=["nbval-ignore-output"]
+def recorded_graphs():
+    """(label, GraphFile) for every recorded graph: each single-graph fixture, each step of a sequence."""
+    for path in sorted(SEED.glob("*.json")):
+        doc = json.loads(path.read_text())
+        for step in [i for i, st in enumerate(doc.get("steps", [])) if "graph" in st] or [None]:
+            yield path.stem + ("" if step is None else f" step {step}"), load(path.stem, step)
+
+
+def over(r: PlanResult) -> str:
+    return "LB" if r.peak == r.lower_bound else f"+{100 * (r.peak / r.lower_bound - 1):.2f} %"
+
+
+table = {}
+print(f"{'graph':40s} {'nodes':>5} {'blocks':>6} {'lower bound':>12} {'ggml':>8} {'greedy-size':>11} "
+      f"{'greedy-br.':>10} {'exact':>8}")
+for label, gf in recorded_graphs():
+    problem = blocks_of(gf.graph)
+    plans = all_plans(problem)
+    table[label] = problem, plans
+    print(f"{label:40s} {len(gf.graph.nodes):5d} {len(problem.blocks):6d} {problem.lower_bound:12d} "
+          + " ".join(f"{over(plans[n]):>{w}}" for n, w in (("ggml", 8), ("greedy-size", 11),
+                                                            ("greedy-breadth", 10), ("exact", 8))))
+
+# %% [markdown]
+# ## 11 · When greedy by size loses to ggml
+#
+# Sorting by size alone ignores *when* a block lives. Graph 87 of the differential generator
+# (`random_graph(87)` in `tests/ggml_oracle.py`) is the smallest of its first 300 graphs on which this
+# costs more than ggml's online best fit. It is written out below with the public API, its data tensors
+# flagged INPUT as the benchmark does: 11 nodes, 10 blocks. At most 3,040 bytes are alive at once, at
+# the last node. ggml needs 3,072, greedy by breadth 3,040, and greedy by size 3,552. (It is a graph for
+# planning only: its `node_7` subtracts from a transposed view, which ggml's kernel would read the wrong
+# way, so the CPU backend refuses it and the benchmark, which computes every plan, skips it.)
+
+# %%
+def graph87():
+    """`random_graph(87)` of tests/ggml_oracle.py, its data tensors flagged INPUT (as the benchmark)."""
+    w = gl.Context("weights")
+    c4, b6 = w.new_tensor(gl.F32, [3, 5, 5, 2], name="c4"), w.new_tensor(gl.F32, [5, 5, 1, 1], name="b6")
+    ctx = gl.Context("compute")
+    inp1 = ctx.new_tensor(gl.F32, [3, 5, 5, 1], name="inp1")
+    dst2 = ctx.new_tensor(gl.F32, [15, 5, 1, 1], name="dst2")
+    copied = gl.cpy(ctx, inp1, dst2)
+    b3 = ctx.new_tensor(gl.F32, [3, 1, 1, 1], name="b3")
+    node_3 = gl.sub(ctx, inp1, b3).set_name("node_3")
+    node_10 = gl.concat(ctx, c4, inp1, 3).set_name("node_10")
+    node_4 = gl.sum_rows(ctx, node_3).set_name("node_4")
+    node_5 = gl.mul_mat(ctx, node_4, node_4).set_name("node_5")
+    transposed = gl.transpose(ctx, node_5)
+    gl.cpy(ctx, transposed, ctx.new_tensor(gl.F16, [5, 25, 1, 1], name="dst5"))  # (not in the graph)
+    node_7 = gl.sub(ctx, transposed, b6).set_name("node_7")
+    normed = gl.norm(ctx, node_7, 1e-5, inplace=True)
+    node_9 = gl.soft_max_ext(ctx, normed, None, 1.0, 0.0).set_name("node_9")
+    ctx.new_tensor(gl.F32, [64, 5, 1, 1], name="inp7")  # (not in the graph)
+    inp8 = ctx.new_tensor(gl.F32, [128, 1, 1, 1], name="inp8")
+    logged = gl.log(ctx, inp8, inplace=True)
+    last = gl.transpose(ctx, logged)
+    for t in (node_3, node_4, transposed, normed, logged, last):
+        gl.set_output(t)
+    for t in (inp1, dst2, b3, inp8):
+        gl.set_input(t)
+    graph = gl.Graph()
+    for root in (copied, last, node_9, node_10):
+        gl.build_forward_expand(graph, root)
+    gl.alloc_ctx_tensors(w, gl.cpu_buffer_type())
+    return graph
+
+
+g87 = blocks_of(graph87())
+plans87 = all_plans(g87)
+print(f"{len(g87.graph.nodes)} nodes, {len(g87.blocks)} blocks, lower bound {g87.lower_bound} B at node {g87.lb_step}")
+print("  ".join(f"{n} {plans87[n].peak}" for n in ("ggml", "greedy-size", "greedy-breadth", "exact")))
+print(f"{'#':>2} {'size':>5} {'nodes':>7} {'ggml':>6} {'greedy-size':>11}  tensors")
+for b in g87.blocks:
+    print(f"{b.index:2d} {b.size:5d} {b.start:3d}..{b.end:<3d} {plans87['ggml'].offsets[b.index]:6d} "
+          f"{plans87['greedy-size'].offsets[b.index]:11d}  {b.name}")
+
+# %% [markdown]
+# Read the greedy-size column from the largest block down. `node_10`, the concat (928 B), is the largest
+# block, and it lives at one node only, the last one. Greedy by size places it first, at offset 0. Next
+# come the 512-byte blocks. `inp8` lives from the start to the end and meets `node_10`, so it goes above
+# it at 928. The chain `node_5` → `node_7` → `node_9` meets `inp8` everywhere and each block meets its
+# neighbour in the chain. `node_5` fits below `inp8` at 0 (it dies before node 10). `node_7` meets
+# `node_5`, and the 416 bytes left below `inp8` are too few, so it goes above `inp8` at 1,440. `node_9`
+# meets `node_7` at node 9 and `node_10` at node 10, so it goes above `node_7` at 1,952, although
+# `node_7` is gone by node 10. Last come the long-lived 320- and 128-byte blocks (`inp1`, `dst2`,
+# `node_3`, `node_4`, all kept to the end). They meet everything and stack on top, from 2,464 to
+# 3,552. At node 10, the 512 bytes at [1,440, 1,952) that `node_7` held are empty: 3,552 − 3,040 = 512
+# bytes lost.
+#
+# ggml works in time order and sees the long-lived INPUTs first. It puts them at the bottom (0 to 1,632),
+# and the short-lived blocks come and go above them. The big concat arrives last and fits at 2,144, 32
+# bytes above the lower bound. Greedy by breadth starts at node 10, the broadest node, places exactly the
+# blocks alive there, and reaches the lower bound. Greedy by size has no notion of which node is crowded.
+# That is why it loses to ggml on fixtures 08, 09 and 10 too, and on 11 of the benchmark's 300 random
+# graphs (§12).
+
+# %%
+compare_timelines(g87, [plans87["ggml"], plans87["greedy-size"]], views=True, height=460,
+                  title="random_graph(87): ggml's online best fit against greedy by size").show()
+
+# %% [markdown]
+# ## 12 · Across random graphs: the benchmark
+#
+# `benchmarks/planners.py` runs the planners over the recorded graphs of §10 and over 300 random graphs
+# of the differential generator (`--count`). The random graphs have at most 40 ops, and their data
+# tensors are flagged INPUT. Graphs the CPU kernels refuse are skipped and counted. Every plan of every
+# graph is then computed and compared as in §8. Its output on the machine that wrote this chapter, with
+# the default settings:
+#
+# ```
+# recorded fixtures (tests/fixtures/ggml-seed, each step of a sequence): 23 graphs
+#   planner         ratio to LB: geo-mean     max          at LB  time/graph: mean       max
+#   ggml                           1.0519  1.1356      5 ( 21.7 %)           1.64 ms    9.3 ms
+#   greedy-size                    1.0059  1.0882     20 ( 87.0 %)           2.22 ms   19.1 ms
+#   greedy-breadth                 1.0015  1.0318     21 ( 91.3 %)           3.73 ms   36.2 ms
+#   exact                          1.0004  1.0045     21 ( 91.3 %)          87.46 ms 1004.6 ms
+#   best                           1.0004  1.0045     21 ( 91.3 %)          93.56 ms 1060.3 ms
+#   blocks from ggml's trace (blocks_of): mean 10.65 ms, max 73.9 ms
+#   greedy-size worse than ggml: 3 graphs; best better than ggml: 17, worse: 0
+#   exact searches run (no plan at the lower bound before them): 2, finished: 0, reached the lower bound: 0
+#   slowest exact search: 09_random_dag_wide_s42 (295 blocks): 1004.6 ms, 24945 steps, out of time (its best plan returned)
+#   plans verified by computing: 95, failures: 0
+#   not verified: 09_random_dag_wide_s42 (the CPU kernels refuse it: DataTypeError)
+#   not verified: 10_random_dag_wide_s7 (the CPU kernels refuse it: ShapeError)
+#   not verified: 13_llama7b_ctx512_all_outputs (too large to compute here)
+#   not verified: 14_llama7b_ctx512_one_output (too large to compute here)
+#
+# random graphs (ggml_oracle.random_graph of seeds 0..434, at most 40 ops;
+#   135 skipped because the CPU kernels refuse them): 300 graphs
+#   planner         ratio to LB: geo-mean     max          at LB  time/graph: mean       max
+#   ggml                           1.0415  1.9524    132 ( 44.0 %)           0.22 ms    2.0 ms
+#   greedy-size                    1.0048  1.2629    266 ( 88.7 %)           0.06 ms    0.3 ms
+#   greedy-breadth                 1.0068  1.4004    274 ( 91.3 %)           0.09 ms    0.4 ms
+#   exact                          1.0000  1.0000    300 (100.0 %)           0.06 ms    1.2 ms
+#   best                           1.0000  1.0000    300 (100.0 %)           0.26 ms    1.9 ms
+#   blocks from ggml's trace (blocks_of): mean 0.69 ms, max 3.1 ms
+#   greedy-size worse than ggml: 11 graphs; best better than ggml: 168, worse: 0
+#   exact searches run (no plan at the lower bound before them): 21, finished: 21, reached the lower bound: 21
+#   slowest exact search: graph seed 139 (37 blocks): 1.2 ms, 111 steps, finished (optimal proven)
+#   plans verified by computing: 1500, failures: 0
+#
+# 6.7 s in all (exact search budget 1.0 s)
+# ```
+#
+# On random graphs ggml reaches the lower bound on 44 % of them. Its worst plan needs 1.95 times the
+# lower bound, and its geometric mean is 4.2 % above it. Each greedy planner alone reaches the lower bound
+# on about nine graphs in ten, and each has graphs where it is far off (greedy by size up to 26 %, greedy
+# by breadth up to 40 %). The exact search ran on the 21 graphs that neither greedy planner nor ggml had
+# solved. It finished on all of them, the slowest in about a millisecond (graph seed 139, 37 blocks), and
+# each time it found a placement at the lower bound. So `best` reaches the lower bound on every one of
+# the 300 graphs, is smaller than ggml on 168 and never larger, and all 1,500 plans compute exactly what
+# the copy without sharing computes.
+#
+# On the recorded graphs the exact search ran twice, on fixtures 09 and 10 (295 and 375 blocks), and
+# both times it used its whole second without a proof (which of the two is reported as the slowest
+# changes from run to run). On 09 the best it knows is greedy by breadth's plan, 0.40 % above the lower
+# bound. On 10 it returns ggml's plan, 0.45 % above. Whether those two graphs admit a placement at the
+# lower bound is open. Four recorded graphs cannot be checked by computing. The CPU kernels refuse 09
+# and 10, random DAGs recorded for planning only, and 13 and 14 would need the 7B model's 13 GB of
+# weights in memory twice. Their plans pass `check_placement`, as every plan here does.
+#
+# With `--count 2000` (29 s here) the picture holds. `best` reaches the lower bound on all 2,000 random
+# graphs and all 10,000 plans verify. The exact search ran on 108 graphs and finished on every one. The
+# slowest took half a second: graph seed 1138, 34 blocks, 113,113 steps.
+
+# %% [markdown]
+# ## 13 · Check
+
+# %%
+from ggml_lite.viz.timeline import live_bytes  # noqa: E402
+
+assert (len(block06.blocks), block06.lower_bound, block06.lb_step, block06.ggml_peak) == (18, 37760, 25, 42880)
+assert check_placement(block06, ggml06) == [] and peak_of(block06, ggml06) == block06.ggml_peak
+assert size06.peak == breadth06.peak == 37760 and size06.optimal and not check_placement(block06, size06.offsets)
+assert [r.peak for r in (greedy_by_size(four), exact(four))] == [128, 96] and exact(four).optimal
+assert (seven.lower_bound, exact7.peak, exact7.optimal) == (160, 192, True) and not check_placement(seven, exact7.offsets)
+assert check06.ok and check06.galloc.get_buffer_size(0) == 37760 + 32
+assert not check_bad.ok and check_bad.differing == ["l_out-0"] and check_placement(block06, broken.offsets)
+# fixture 14: ggml 65.00 MiB, the lower bound 60.00 MiB, and best reaches it (buffer = lower bound + 32 B)
+assert plans14["ggml"].buffer_size == 68161600 and f"{llama14.lower_bound / 2**20:.2f}" == "60.00"
+assert plans14["best"].buffer_size == llama14.lower_bound + 32 and plans14["best"].optimal
+assert max(live_bytes(lifetimes(llama14.graph, llama14.events), len(llama14.graph.nodes))) == llama14.lower_bound
+for label, (problem, plans) in table.items():  # every plan valid, none below the lower bound, best <= ggml
+    assert all(r.peak >= problem.lower_bound and not check_placement(problem, r.offsets) for r in plans.values()), label
+    assert plans["best"].peak <= plans["ggml"].peak and plans["exact"].peak <= plans["greedy-breadth"].peak, label
+assert sum(p["greedy-size"].peak > p["ggml"].peak for _, p in table.values()) == 3
+assert [plans87[n].peak for n in ("ggml", "greedy-size", "greedy-breadth")] == [3072, 3552, 3040]
+print("chapter 11: all checks passed")

@@ -1,0 +1,374 @@
+"""The offline planners of chapter 11 (`ggml_lite.planners`): blocks from ggml's trace, the lower bound,
+greedy by size and by breadth, the exact search, best; plans placed by the graph allocator and verified
+by computing; `python -m ggml_lite plan --planner ... [--verify]`.
+
+Properties run over the random graphs of `ggml_oracle` (hypothesis, few examples) and over every
+recorded fixture. No assertion depends on time: the exact search is given budgets that either let it
+finish on these small problems or are meant to run out."""
+
+import itertools
+import json
+import random
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+
+import ggml_lite as gl
+import ggml_oracle as O
+from ggml_lite import planners as P
+from ggml_lite.__main__ import main
+from helpers import SEED_FILES, fixture_path, graph_sections, load_json
+
+NOT_COMPUTABLE = (gl.TensorError, gl.UnsupportedOpError)
+
+
+def recorded(name: str, step=None):
+    gf = gl.read_graph_file(fixture_path("ggml-seed", name), step)
+    gl.graphio.allocate_external(gf)
+    return gf
+
+
+def random_graph(seed: int, max_ops: int = 24):
+    """`random_graph(seed)` with the tensors a caller fills flagged INPUT (ggml's contract for data set
+    before computing; the benchmark does the same)."""
+    rg = O.random_graph(seed, max_ops=max_ops)
+    for t in P.data_tensors(rg.graph):
+        if t.data is None:
+            gl.set_input(t)
+    return rg.graph
+
+
+def assert_sound(problem, plans: dict) -> None:
+    """Every plan valid and aligned, none below the lower bound, best no worse than ggml (when there is
+    a ggml plan) nor than any other plan."""
+    for name, r in plans.items():
+        assert P.check_placement(problem, r.offsets) == [], name
+        assert all(o % problem.alignment == 0 for o in r.offsets), name
+        assert r.peak == P.peak_of(problem, r.offsets) >= problem.lower_bound, name
+        assert r.buffer_size == r.peak + problem.slack
+    assert plans["best"].peak == min(r.peak for r in plans.values())
+    assert plans["exact"].peak <= min(plans["greedy-size"].peak, plans["greedy-breadth"].peak)
+    if "ggml" in plans:
+        assert plans["best"].peak <= plans["ggml"].peak
+
+
+# -- hand-made problems with known answers ------------------------------------------------------------
+
+FOUR = [(64, 3, 3), (64, 5, 5), (32, 4, 5), (32, 0, 4)]  # greedy by size: 128; optimal: 96 (chapter 11, §6)
+
+
+def brute_force(problem) -> int:
+    """The smallest peak of any placement, by trying every offset (in alignment units) from the lower
+    bound up: small problems only."""
+    a, blocks = problem.alignment, problem.blocks
+    units = [b.size // a for b in blocks]
+    for cap in itertools.count(problem.lower_bound // a):
+        offs = [None] * len(blocks)
+
+        def place(k):
+            if k == len(blocks):
+                return True
+            for o in range(cap - units[k] + 1):
+                if all(not blocks[k].overlaps(blocks[j]) or o + units[k] <= offs[j] or offs[j] + units[j] <= o
+                       for j in range(k)):
+                    offs[k] = o
+                    if place(k + 1):
+                        return True
+            return False
+
+        if place(0):
+            return cap * a
+
+
+def test_the_four_block_example():
+    four = P.problem_from_blocks(FOUR)
+    plans = P.all_plans(four)
+    assert four.lower_bound == 96 and "ggml" not in plans
+    assert plans["greedy-size"].peak == plans["greedy-breadth"].peak == 128
+    assert plans["exact"].peak == plans["best"].peak == 96 and plans["exact"].optimal is True
+    assert plans["greedy-size"].optimal is False and plans["best"].source == "exact"
+    assert_sound(four, plans)
+
+
+def test_exact_matches_brute_force_on_small_problems():
+    rng = random.Random(11)
+    for _ in range(60):
+        specs = []
+        for _ in range(rng.randint(2, 6)):
+            start = rng.randint(0, 5)
+            specs.append((32 * rng.choice((1, 2, 3, 5)), start, rng.randint(start, 5)))
+        problem = P.problem_from_blocks(specs)
+        r = P.exact(problem, budget=10.0)
+        assert r.optimal is True and r.peak == brute_force(problem), specs
+        assert P.check_placement(problem, r.offsets) == []
+
+
+SEVEN = [(96, 0, 0), (64, 0, 1), (32, 1, 2), (64, 1, 3), (32, 2, 3), (64, 3, 4), (96, 4, 4)]  # chapter 11, §6
+
+
+def test_exact_proves_an_optimum_above_the_lower_bound():
+    """Seven blocks whose lower bound (160) no placement reaches: the search proves that nothing fits
+    in 160, then finds and proves 192 (brute force agrees). The same happens with a bound that is
+    merely weak: the four-block problem told its lower bound is 64."""
+    seven = P.problem_from_blocks(SEVEN)
+    r = P.exact(seven, budget=10.0)
+    assert (seven.lower_bound, r.peak, r.optimal) == (160, 192, True) and brute_force(seven) == 192
+    assert P.check_placement(seven, r.offsets) == [] and r.nodes > 0
+    weak = replace(P.problem_from_blocks(FOUR), lower_bound=64)
+    assert (P.exact(weak, budget=10.0).peak, P.exact(weak, budget=10.0).optimal) == (96, True)
+
+
+def test_sizes_are_rounded_to_the_alignment_and_empty_blocks_cost_nothing():
+    problem = P.problem_from_blocks([(1, 0, 2), (33, 1, 1), (0, 0, 3)], alignment=64)
+    assert [b.size for b in problem.blocks] == [64, 64, 0] and problem.lower_bound == 128
+    for r in P.all_plans(problem).values():
+        assert r.peak == 128 and all(o % 64 == 0 for o in r.offsets)
+
+
+def test_check_placement_names_overlaps_and_misalignment():
+    four = P.problem_from_blocks(FOUR)
+    bad = P.check_placement(four, (0, 0, 16, 32))  # 2 and 3 meet at node 4; 16 is not aligned
+    assert any("not a multiple of 32" in m for m in bad) and any("blocks 2" in m and "overlap" in m for m in bad)
+
+
+def test_an_exhausted_budget_returns_the_incumbent_without_a_proof():
+    """Fixture 09 (295 blocks): the search cannot finish in 10 ms; it returns the best plan it knows."""
+    problem = P.blocks_of(recorded("09_random_dag_wide_s42").graph)
+    r = P.exact(problem, budget=0.01)
+    known = min(P.greedy_by_size(problem).peak, P.greedy_by_breadth(problem).peak, problem.ggml_peak)
+    assert r.optimal is None and r.peak <= known and P.check_placement(problem, r.offsets) == []
+
+
+def test_an_unknown_planner_is_refused():
+    with pytest.raises(ValueError, match="unknown planner 'fast'"):
+        P.run_planner(P.problem_from_blocks(FOUR), "fast")
+
+
+# -- the recorded graphs ---------------------------------------------------------------------------------
+
+RECORDED = [(name, step) for name in SEED_FILES for step, _ in graph_sections(load_json(fixture_path("ggml-seed", name)))]
+
+
+@pytest.mark.parametrize("name, step", RECORDED, ids=[f"{n}-{s}" for n, s in RECORDED])
+def test_every_recorded_graph(name, step):
+    """ggml's own plan is a valid placement of the blocks and ends at ggml's peak (the recorded buffer
+    size - 32, which a fresh plan of a sequence step gives as well: the recorded size there may be a
+    kept, larger buffer); every planner is sound; best is never worse than ggml."""
+    doc = load_json(fixture_path("ggml-seed", name))
+    problem = P.blocks_of(recorded(name, step).graph)
+    plans = P.all_plans(problem, budget=0.2)
+    assert P.check_placement(problem, plans["ggml"].offsets) == []
+    assert plans["ggml"].peak == problem.ggml_peak and problem.slack == 32
+    if step is None:
+        assert plans["ggml"].buffer_size == doc["buffer_size"]
+    assert_sound(problem, plans)
+
+
+def test_fixture_14_reaches_the_lower_bound():
+    """The 7B one-output graph: ggml 65.00 MiB; the lower bound 60.00 MiB; best reaches it."""
+    problem = P.blocks_of(recorded("14_llama7b_ctx512_one_output").graph)
+    best = P.best(problem)
+    assert problem.ggml_peak + 32 == 68161600 and f"{problem.ggml_peak / 2**20:.2f}" == "65.00"
+    assert f"{problem.lower_bound / 2**20:.2f}" == "60.00" and best.peak == problem.lower_bound
+    assert best.buffer_size == problem.lower_bound + 32 and best.optimal is True
+
+
+def test_the_lower_bound_is_chapter_05s_peak_live():
+    from ggml_lite.viz.timeline import lifetimes, live_bytes
+
+    problem = P.blocks_of(recorded("06_llama_block").graph)
+    assert max(live_bytes(lifetimes(problem.graph, problem.events), len(problem.graph.nodes))) == problem.lower_bound
+    assert (problem.lower_bound, problem.lb_step) == (37760, 25)
+
+
+# -- random graphs ---------------------------------------------------------------------------------------
+
+@O.oracle_settings(max_examples=25)
+@given(O.graphs(max_ops=24))
+def test_planners_on_random_graphs(rg):
+    for t in P.data_tensors(rg.graph):
+        if t.data is None:
+            gl.set_input(t)
+    problem = P.blocks_of(rg.graph)
+    plans = P.all_plans(problem, budget=0.5)
+    assert P.check_placement(problem, plans["ggml"].offsets) == [] and plans["ggml"].peak == problem.ggml_peak
+    assert_sound(problem, plans)
+
+
+def test_a_tensor_placed_twice():
+    """random_graph(615, max_ops=40): an INPUT node takes its parent leaf in place in the counting loop,
+    and ggml places the leaf again; the leaf lives where it was placed last, ggml's plan stays valid
+    and the lower bound stays below it."""
+    problem = P.blocks_of(random_graph(615, max_ops=40))
+    inp1 = next(t for t in problem.graph.leafs if t.name == "inp1")
+    homes = [b for b in problem.blocks if inp1 in b.tensors]
+    assert len(homes) == 1 and homes[0].ggml_offset == 8544 and problem.block_of[inp1] == homes[0].index
+    assert problem.lower_bound <= problem.ggml_peak == 16928
+    assert_sound(problem, P.all_plans(problem))
+
+
+def test_plans_compute_what_separate_memory_computes():
+    """Every planner's plan of the first computable random graphs gives, bit for bit, the results of a
+    copy of the graph with every tensor in memory of its own."""
+    verified = 0
+    for seed in range(12):
+        problem = P.blocks_of(random_graph(seed))
+        for r in P.all_plans(problem, budget=0.5).values():
+            try:
+                check = P.verify_plan(random_graph(seed), r)
+            except NOT_COMPUTABLE:
+                break
+            assert check.ok, (seed, r.planner, check.differing, check.error)
+            assert check.galloc.get_buffer_size(0) == r.buffer_size
+            verified += 1
+    assert verified >= 40
+
+
+def _clobber_a_result(problem, result):
+    """`result` with a block moved onto the block of a result that must survive (an OUTPUT or a node
+    nothing reads), the moved block written after that result was computed; None when there is none."""
+    nodes = problem.graph.nodes
+    at = {t: i for i, t in enumerate(nodes)}
+    for t in P.results_to_compare(problem.graph):
+        k = problem.block_of.get(t)
+        if k is None or not problem.blocks[k].size:
+            continue
+        for o in problem.blocks:
+            first = o.tensors[0] if o.tensors else None
+            if o.size and o.index != k and first in at and at[first] > at[t] and o.overlaps(problem.blocks[k]):
+                offsets = list(result.offsets)
+                offsets[o.index] = offsets[k]
+                return replace(result, offsets=tuple(offsets), peak=P.peak_of(problem, offsets))
+    return None
+
+
+def _moved(problem, result, block: int, onto: int):
+    """`result` with block `block` moved to the offset of block `onto`."""
+    offsets = list(result.offsets)
+    offsets[block] = offsets[onto]
+    return replace(result, offsets=tuple(offsets), peak=P.peak_of(problem, offsets))
+
+
+def test_a_corrupted_plan_fails_verification():
+    """Two live blocks made to overlap: check_placement names them, and computing shows it. In the LLaMA
+    block, ffn_up-0 (block 16) put on the gate chain (block 15) overwrites ffn_silu-0 before
+    ffn_gate_par-0 reads it (chapter 11, section 8); in random graphs, a block written after a kept
+    result is put on it."""
+    problem = P.blocks_of(recorded("06_llama_block").graph)
+    broken = _moved(problem, P.best(problem), 16, 15)
+    assert P.check_placement(problem, broken.offsets)
+    check = P.verify_plan(recorded("06_llama_block").graph, broken)
+    assert not check.ok and check.differing == ["l_out-0"]
+    caught = 0
+    for seed in range(12):
+        problem = P.blocks_of(random_graph(seed))
+        broken = _clobber_a_result(problem, P.best(problem))
+        if broken is None:
+            continue
+        try:
+            check = P.verify_plan(random_graph(seed), broken)
+        except NOT_COMPUTABLE:
+            continue
+        assert not check.ok, seed
+        caught += 1
+    assert caught >= 5
+
+
+def test_verify_refuses_what_it_cannot_check():
+    problem = P.blocks_of(recorded("14_llama7b_ctx512_one_output").graph)
+    with pytest.raises(gl.AllocationError, match="GiB"):
+        P.verify_plan(problem.graph, P.best(problem), problem)
+    ctx = gl.Context()  # a PARAM weight in the compute context: a node that is not INPUT, filled up front
+    w = ctx.new_tensor_1d(gl.F32, 16, name="w")
+    gl.set_param(w)
+    x = ctx.new_tensor_1d(gl.F32, 16, name="x")
+    y = gl.add(ctx, gl.sqr(ctx, x), w)
+    graph = gl.build_forward(y)
+    problem = P.blocks_of(graph)
+    assert w in graph.nodes and problem.blocks[problem.block_of[w]].start > 0
+    with pytest.raises(gl.GraphError, match="Flag it INPUT"):
+        P.verify_plan(graph, P.best(problem), problem)
+    stale = P.best(P.problem_from_blocks(FOUR))
+    with pytest.raises(gl.PlanMismatchError, match="made for another graph"):
+        P.alloc_planned(recorded("06_llama_block").graph, stale)
+
+
+# -- the command line ----------------------------------------------------------------------------------
+
+F06, F14 = (str(fixture_path("ggml-seed", n)) for n in ("06_llama_block", "14_llama7b_ctx512_one_output"))
+
+
+def test_plan_json_with_a_planner(capsys):
+    assert main(["plan", F14, "--planner", "best", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"buffer_size", "tensors", "planner", "lower_bound", "optimal"}
+    assert out["planner"] == "best" and out["optimal"] is True
+    assert out["buffer_size"] == out["lower_bound"] + 32 == 62916640 + 32
+    doc = load_json(fixture_path("ggml-seed", "14_llama7b_ctx512_one_output"))
+    assert set(out["tensors"]) == {t["name"] for t in doc["graph"]["tensors"]}
+    sizes = {t["name"]: t["nbytes"] for t in doc["graph"]["tensors"]}
+    assert all(v["offset"] + sizes[n] <= out["lower_bound"] for n, v in out["tensors"].items() if v["offset"] is not None)
+
+
+def test_plan_json_of_ggml_keeps_the_recorded_plan(capsys):
+    doc = load_json(fixture_path("ggml-seed", "06_llama_block"))
+    assert main(["plan", F06, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["buffer_size"] == doc["buffer_size"] and out["planner"] == "ggml"
+    assert out["tensors"] == {t["name"]: {"offset": t["offset"]} for t in doc["graph"]["tensors"]}
+    assert out["lower_bound"] == 37760 and out["optimal"] is False  # greedy plans reach 37,760
+
+
+def test_plan_text_of_ggml_is_unchanged(capsys):
+    assert main(["plan", F06]) == 0
+    out = capsys.readouterr().out
+    assert "planner" not in out and "verify" not in out and out.splitlines()[-2].startswith("compute buffer: 42912 bytes")
+
+
+@pytest.mark.parametrize("planner", P.PLANNER_NAMES)
+def test_plan_verify_exits_0(planner, capsys):
+    assert main(["plan", F06, "--planner", planner, "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "verify: 1 result(s)" in out and "bit for bit" in out
+
+
+def test_plan_verify_json_and_a_sequence_step(capsys):
+    seq = str(fixture_path("ggml-seed", "11_realloc_sequence_grow"))
+    assert main(["plan", seq, "--step", "3", "--planner", "greedy-breadth", "--verify", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["verified"] is True and out["buffer_size"] == out["lower_bound"] + 32
+
+
+def test_plan_verify_fails_with_exit_1(monkeypatch, capsys):
+    """A planner whose plan overlaps two live blocks: --verify computes it and exits 1."""
+    real = P.run_planner
+
+    def corrupted(problem, planner="best", budget=P.DEFAULT_BUDGET):
+        return _moved(problem, real(problem, planner, budget), 16, 15)
+
+    monkeypatch.setattr(P, "run_planner", corrupted)
+    assert main(["plan", F06, "--planner", "best", "--verify"]) == 1
+    assert "verify: FAILED: l_out-0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--planner", "fast"], "invalid choice: 'fast'"),
+    (["--planner", "exact", "--budget", "0"], "expected a positive number of seconds"),
+    (["--planner", "exact", "--budget", "soon"], "expected a positive number of seconds"),
+])
+def test_bad_planner_arguments_exit_2(args, needle, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", F06, *args])
+    assert exit_.value.code == 2 and needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, args, needle", [
+    ("14_llama7b_ctx512_one_output", ["--verify"], "AllocationError: verifying by computing needs about"),
+    ("09_random_dag_wide_s42", ["--planner", "greedy-size", "--verify"], "--verify: the CPU backend cannot compute"),
+    ("11_realloc_sequence_grow", ["--planner", "best"], "pass --step"),
+])
+def test_unusable_inputs_for_a_planner_exit_2(name, args, needle, capsys):
+    assert main(["plan", str(fixture_path("ggml-seed", name)), *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
