@@ -1,11 +1,17 @@
 """The stepper scaffold shared by the course's three steppers (viz.memory.step_widget), driven without
-a browser: moving the slider renders that step; every step of a real trace renders."""
+a browser: moving the slider renders that step; every step of a real trace renders. Chapter 05's
+timeline (viz.timeline): its peak of live bytes is chapter 11's lower bound, never above ggml's plan,
+also when ggml places a tensor twice."""
 
 import contextlib
 import io
 
 import ggml_lite as gl
+import ggml_oracle as O
+from ggml_lite import planners as P
 from ggml_lite.viz.memory import step_widget, stepper
+from ggml_lite.viz.timeline import lifetimes, live_bytes, memory_timeline, trace_plan
+from helpers import SEED_FILES, fixture_path, graph_sections, load_json
 
 
 def test_the_slider_renders_the_step_it_shows():
@@ -52,3 +58,63 @@ def test_the_report_widget_replans_when_a_slider_moves(monkeypatch):
         layers.value = 23
         n_ctx.value = 1024
     assert layers.max == 23 and asked == [0, 23, 23]  # planned at start, then at every move
+
+
+# -- the timeline's peak of live bytes ---------------------------------------------------------------
+
+# Seeds of random_graph (max_ops=40) in which an INPUT node takes a parent in place while gallocr counts
+# children, and ggml places that parent a second time (12 of the 50 found in seeds 0..9999).
+PLACED_TWICE = (615, 962, 1096, 1823, 1950, 1984, 2328, 2340, 2426, 2786, 2793, 3267)
+
+
+def _peaks(seed: int) -> tuple:
+    """(peak of live bytes, ggml's peak, chapter 11's lower bound, lifetimes) of random_graph(seed)."""
+    graph = O.random_graph(seed).graph
+    galloc, events = trace_plan(graph)
+    lts = lifetimes(graph, events)
+    live = max(live_bytes(lts, len(graph.nodes)))
+    return live, galloc.get_buffer_size(0) - 32, P.blocks_of(O.random_graph(seed).graph).lower_bound, lts
+
+
+def test_a_tensor_placed_twice_is_counted_once():
+    """random_graph(615): INPUT node_12 takes leaf inp1's block (3104) in place while counting, and inp1
+    is placed again at 8544. Only the last placement counts: the peak is ggml's own 16,928 B (it was
+    18,976 B, above the buffer), chapter 11's lower bound; the timeline draws inp1 once."""
+    live, ggml_peak, lower_bound, lts = _peaks(615)
+    assert live == lower_bound == ggml_peak == 16928
+    inp1 = [(lt.offset, lt.superseded) for lt in lts if lt.kind == "tensor" and lt.tensor.name == "inp1"]
+    assert inp1 == [(3104, True), (8544, False)]
+    graph = O.random_graph(615).graph
+    galloc, events = trace_plan(graph)
+    fig = memory_timeline(graph, events, galloc.get_buffer_size(0))
+    hovers = [h for t in fig.data if t.hovertext for h in t.hovertext]
+    assert [h.split("<br>")[1] for h in hovers if h.startswith("inp1 ")] == ["2048 B at 8544"]
+    assert len(hovers) == sum(lt.kind == "tensor" and not lt.superseded for lt in lts)
+    assert [s.y0 for s in fig.layout.shapes] == [16928, 16928 + 32]  # the peak line, then the buffer
+
+
+def test_peak_live_is_the_lower_bound_on_random_graphs(long_run):
+    """On ~200 random graphs (10,000 with --long), 12 with a tensor placed twice: the peak of live bytes
+    equals chapter 11's lower bound and never exceeds ggml's peak."""
+    seeds = range(10_000) if long_run else sorted(set(range(188)) | set(PLACED_TWICE))
+    twice = 0
+    for seed in seeds:
+        live, ggml_peak, lower_bound, lts = _peaks(seed)
+        assert live == lower_bound <= ggml_peak, seed
+        twice += any(lt.superseded for lt in lts)
+    assert twice >= len(PLACED_TWICE)
+
+
+def test_peak_live_is_the_lower_bound_on_every_recorded_graph():
+    """Every graph of tests/fixtures/ggml-seed (each step of the sequences 11 and 12): the peak of live
+    bytes equals chapter 11's lower bound and never exceeds ggml's peak."""
+    checked = 0
+    for name in SEED_FILES:
+        for step, _ in graph_sections(load_json(fixture_path("ggml-seed", name))):
+            gf = gl.read_graph_file(fixture_path("ggml-seed", name), step)
+            gl.graphio.allocate_external(gf)
+            problem = P.blocks_of(gf.graph)
+            live = max(live_bytes(lifetimes(problem.graph, problem.events), len(problem.graph.nodes)))
+            assert live == problem.lower_bound <= problem.ggml_peak, (name, step)
+            checked += 1
+    assert checked == 23

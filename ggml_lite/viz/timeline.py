@@ -30,7 +30,9 @@ def trace_plan(graph, bufts=None) -> tuple:
 class Lifetime:
     """A block of the plan: `tensor` held `[offset, offset + size)` from node `start` to node `end`
     (inclusive). `how`: "leaf", "input", "new" or "inplace" (then `parent` handed it over);
-    `kind` "tensor" or "view" (a view spans part of its root's block, for drawing only)."""
+    `kind` "tensor" or "view" (a view spans part of its root's block, for drawing only).
+    `handed_at`: the node from which an in-place child holds the block (None: never handed over);
+    `superseded`: the tensor was placed again later and lives there, not here (chapter 05, §4)."""
 
     tensor: object
     buffer_id: int
@@ -41,15 +43,18 @@ class Lifetime:
     how: str
     parent: object = None
     kind: str = "tensor"
+    handed_at: int = None
+    superseded: bool = False
 
 
 # notebooks/05_gallocr.py
 def lifetimes(graph, events) -> list:
-    """The blocks of a plan from its trace: one per placed tensor, ending where it was freed, where
-    an in-place child took it over (the child's step), or at the last node (outputs, never-freed).
-    Views of placed tensors are added from the graph: from their node to their last consumer."""
+    """The blocks of a plan from its trace: one per placement, ending where it was freed, where an
+    in-place child took it over (the child's step), or at the last node (outputs, never-freed). A
+    tensor placed twice lives at its last placement: the earlier one is marked `superseded`. Views
+    of placed tensors are added from the graph: from their node to their last consumer."""
     n = len(graph.nodes)
-    open_, out = {}, []
+    open_, out, latest = {}, [], {}
     aligned = {}
     for ev in events:
         if isinstance(ev, AllocEvent):
@@ -60,9 +65,12 @@ def lifetimes(graph, events) -> list:
             size = aligned.get(ev.tensor, ev.size)
             if ev.parent is not None and ev.parent in open_:
                 par = open_.pop(ev.parent)
-                par.end = ev.node_index
+                par.end, par.handed_at = ev.node_index, start
                 size = par.size
-            open_[ev.tensor] = lt = Lifetime(ev.tensor, ev.buffer_id, ev.offset, size, start, n - 1, how, ev.parent)
+            if ev.tensor in latest:  # placed again (an INPUT node took it in place while counting)
+                latest[ev.tensor].superseded = True
+            lt = Lifetime(ev.tensor, ev.buffer_id, ev.offset, size, start, max(n - 1, start), how, ev.parent)
+            open_[ev.tensor] = latest[ev.tensor] = lt
             out.append(lt)
         elif isinstance(ev, FreeNodeEvent) and not ev.kept_output and ev.tensor in open_:
             open_.pop(ev.tensor).end = ev.node_index
@@ -81,14 +89,14 @@ def lifetimes(graph, events) -> list:
 
 
 def live_bytes(lts, n_nodes: int) -> list:
-    """Bytes of the plan in use during each node: the sum over blocks alive at that step (views not
-    counted: they share their root's block; an in-place hand-over is counted once)."""
+    """Bytes of the plan in use during each node: the sum over blocks alive at that step. Views are
+    not counted (they share their root's block), nor superseded placements (the tensor lives at its
+    last one); a block handed over in place counts once: the parent holds it until its child does."""
     live = [0] * max(n_nodes, 1)
-    handed_over = {o.parent for o in lts if o.kind == "tensor" and o.how.startswith("inplace")}
     for lt in lts:
-        if lt.kind != "tensor":
+        if lt.kind != "tensor" or lt.superseded:
             continue
-        end = lt.end - 1 if lt.tensor in handed_over else lt.end  # the child holds it from its step on
+        end = lt.end if lt.handed_at is None else min(lt.end, lt.handed_at - 1)
         for i in range(lt.start, end + 1):
             live[i] += lt.size
     return live
@@ -110,7 +118,7 @@ def memory_timeline(graph, events, buffer_size: int = None, title: str = "memory
     for how, color in COLORS.items():
         xs, ys, hx, hy, text = [], [], [], [], []
         for lt in lts:
-            if lt.kind != "tensor" or lt.how != how:
+            if lt.kind != "tensor" or lt.how != how or lt.superseded:
                 continue
             x, y = _rect(lt.start - 0.42, lt.end + 0.42, lt.offset, lt.offset + lt.size)
             xs += x
@@ -200,7 +208,8 @@ def alloc_stepper(graph, events, end: int = None):
         st = steps[k]
         node_i = k - 1  # step 0 is before the first node
         live = [(lt.tensor.name, lt.offset, lt.size) for lt in lts
-                if lt.kind == "tensor" and lt.start <= max(node_i, 0) <= lt.end and not (k == 0 and lt.how not in ("leaf", "input"))]
+                if lt.kind == "tensor" and not lt.superseded and lt.start <= max(node_i, 0) <= lt.end
+                and not (k == 0 and lt.how not in ("leaf", "input"))]
         print(f"step {k}/{len(steps) - 1}: {st['title']}")
         if st["exec"] is not None:
             for p, c, v, a in st["exec"].parents:
