@@ -158,8 +158,18 @@ def cmd_plan(args) -> int:
             print(f"verify: {len(check.compared)} result(s) computed in this plan on the CPU backend equal, bit for bit, "
                   f"those of a copy with every tensor in memory of its own")
         else:
-            print(f"verify: FAILED: {', '.join(check.differing) or check.error} differ(s) from the copy with every "
-                  f"tensor in memory of its own")
+            for conflict in check.conflicts[:5]:
+                print(f"verify: FAILED: invalid placement: {conflict}")
+            if len(check.conflicts) > 5:
+                print(f"verify: FAILED: ... and {len(check.conflicts) - 5} more overlaps")
+            if check.differing:
+                print(f"verify: FAILED: {', '.join(check.differing)} differ(s) from the copy with every "
+                      f"tensor in memory of its own")
+            elif check.error:
+                print(f"verify: FAILED: computing in this plan failed: {check.error}")
+            elif check.compared:
+                print(f"verify: the {len(check.compared)} result(s) computed equal the copy's, but the placement "
+                      f"above is invalid (these numpy kernels read a node's sources before writing it)")
     return 1 if failed else 0
 
 

@@ -89,7 +89,11 @@ def _live(blocks, n_steps: int) -> list:
 def blocks_of(graph, buft=None) -> Problem:
     """The planning problem of `graph`: plan it with ggml's graph allocator (`ggml_gallocr_reserve`,
     through chapter 05's `trace_plan`; CPU buffer type unless `buft`) and turn the trace into blocks.
-    The graph must not be allocated yet (a placed tensor counts as external)."""
+    The graph must not be allocated yet: a placed tensor counts as external, and its block vanishes."""
+    own = [t for t in graph.nodes if t.view_src is None]
+    if own and all(t.data is not None for t in own):  # (some nodes placed beforehand are external: fine)
+        raise GraphError(f"every node of this graph already has memory ({describe(own[0])}, ...): it was planned "
+                         f"or computed before, and would leave no block to plan; load or build the graph again")
     t0 = time.perf_counter()
     galloc, events = trace_plan(graph, buft)
     seconds = time.perf_counter() - t0
@@ -522,16 +526,17 @@ def _twins(graph, copy) -> dict:
 # notebooks/11_planners.py
 @dataclass
 class Verification:
-    """What `verify_plan` found: `ok` when every compared result equals the reference bit for bit; the
-    names of the results `compared` and of those `differing`; `error`, a kernel's complaint when the
-    planned run failed outright (data it needed was overwritten); `galloc`, the allocator that placed
-    the graph."""
+    """What `verify_plan` found: `ok` when the placement is valid and every compared result equals the
+    reference bit for bit; the names of the results `compared` and of those `differing`; `galloc`, the
+    allocator that placed the graph; `error`, a kernel's complaint when the planned run failed outright
+    (data it needed was overwritten); `conflicts`, what `check_placement` found wrong with the plan."""
 
     ok: bool
     compared: list
     differing: list
     galloc: object
     error: str = None
+    conflicts: list = ()
 
 
 def verify_plan(graph, result: PlanResult, problem: Problem = None, seed: int = 0,
@@ -540,6 +545,7 @@ def verify_plan(graph, result: PlanResult, problem: Problem = None, seed: int = 
     results with a copy whose tensors all have memory of their own (`ggml_backend_graph_copy`), both
     filled with the same seeded data. The graph stays allocated in the plan (`.galloc`)."""
     problem = problem if problem is not None else blocks_of(graph)
+    conflicts = check_placement(problem, result.offsets)  # (numpy kernels cannot show every overlap)
     data = data_tensors(graph)
     for t in data:
         k = problem.block_of.get(t)
@@ -560,7 +566,7 @@ def verify_plan(graph, result: PlanResult, problem: Problem = None, seed: int = 
                               f"copies and the plan's buffer); the limit is max_bytes = {max_bytes / 2**30:.2f} GiB")
     galloc = alloc_planned(graph, result, problem)
     if not graph.nodes:
-        return Verification(True, [], [], galloc)  # nothing is computed
+        return Verification(not conflicts, [], [], galloc, conflicts=conflicts)  # nothing is computed
     cpu = cpu_init()
     copy = graph_copy(cpu, graph)
     if copy.buffer is None:
@@ -576,9 +582,11 @@ def verify_plan(graph, result: PlanResult, problem: Problem = None, seed: int = 
         try:
             cpu.graph_compute(graph)
         except GGMLLiteError as err:  # e.g. row numbers the plan overwrote: a kernel refused them
-            return Verification(False, [t.name for t in compared], [], galloc, f"{type(err).__name__}: {err}")
+            return Verification(False, [t.name for t in compared], [], galloc, f"{type(err).__name__}: {err}",
+                                conflicts)
         differing = [t for t in compared if tensor_get(t).tobytes() != tensor_get(twin[t]).tobytes()]
-        return Verification(not differing, [t.name for t in compared], [t.name for t in differing], galloc)
+        return Verification(not differing and not conflicts, [t.name for t in compared],
+                            [t.name for t in differing], galloc, conflicts=conflicts)
     finally:
         graph_copy_free(copy)
 

@@ -171,7 +171,11 @@ def _live(blocks, n_steps: int) -> list:
 def blocks_of(graph, buft=None) -> Problem:
     """The planning problem of `graph`: plan it with ggml's graph allocator (`ggml_gallocr_reserve`,
     through chapter 05's `trace_plan`; CPU buffer type unless `buft`) and turn the trace into blocks.
-    The graph must not be allocated yet (a placed tensor counts as external)."""
+    The graph must not be allocated yet: a placed tensor counts as external, and its block vanishes."""
+    own = [t for t in graph.nodes if t.view_src is None]
+    if own and all(t.data is not None for t in own):  # (some nodes placed beforehand are external: fine)
+        raise GraphError(f"every node of this graph already has memory ({describe(own[0])}, ...): it was planned "
+                         f"or computed before, and would leave no block to plan; load or build the graph again")
     t0 = time.perf_counter()
     galloc, events = trace_plan(graph, buft)
     seconds = time.perf_counter() - t0
@@ -213,10 +217,12 @@ def problem_from_blocks(specs, alignment: int = 32) -> Problem:
 #
 # Fixture 06 is chapter 05's LLaMA block of 10 tokens: 29 nodes, with the weights in a buffer of
 # their own. ggml's compute buffer is 42,912 bytes, so its peak is 42,880 (the CPU buffer type adds
-# 32). There are 18 blocks, and four are in-place chains: `norm-0 > attn_norm-0` (the norm times its
-# weight writes over the norm), `kq-0 > kq_soft_max_ext-0`, `kqv_out-0 > ffn_inp-0`, and the
-# feed-forward's `ffn_gate-0 > ffn_silu-0 > ffn_gate_par-0`. The three INPUT leafs live from node 0 on.
-# `ffn_down-0 > l_out-0`, the OUTPUT, keeps its block to the last node, 28.
+# 32). There are 18 blocks, and six are in-place chains. Two norms are multiplied by their weights over
+# themselves: `norm-0 > attn_norm-0` and `norm_ffn-0 > ffn_norm-0`. The soft-max writes over the scores
+# (`kq-0 > kq_soft_max_ext-0`). The residual adds write over their first operand: `kqv_out-0 >
+# ffn_inp-0` and `ffn_down-0 > l_out-0`. The feed-forward's `ffn_gate-0 > ffn_silu-0 > ffn_gate_par-0`
+# is a chain of three. The three INPUT leafs live from node 0 on. `l_out-0`, the OUTPUT, keeps its block
+# to the last node, 28.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -792,7 +798,13 @@ def alloc_planned(graph, result: PlanResult, problem: Problem = None) -> GAllocr
 # the view is flagged OUTPUT (only the root's own flag counts). Same kernels, same inputs, so the
 # comparison is bit for bit.
 #
-# Two conditions come first. Everything must fit in memory: a 7B model's 13 GB of weights do not, and
+# Computing alone cannot catch every bad plan. The numpy kernels read all of a node's sources before
+# they write its result, so a node placed over a source it reads at that very node computes the right
+# bits here, while ggml's threaded C kernels, which write rows as they go, could corrupt it. So
+# `verify_plan` also runs `check_placement`, and a plan passes only when no two blocks needed at a
+# common node overlap *and* every compared result is equal.
+#
+# Two conditions come next. Everything must fit in memory: a 7B model's 13 GB of weights do not, and
 # `max_bytes` says so before any allocation. Every data tensor must also be placed from node 0. An
 # op-NONE *node* that is not INPUT, such as a PARAM weight in the compute context, only gets memory at
 # its node. So does a leaf that an INPUT node took over in the counting loop (§1), which ggml places
@@ -864,16 +876,17 @@ def _twins(graph, copy) -> dict:
 # | export
 @dataclass
 class Verification:
-    """What `verify_plan` found: `ok` when every compared result equals the reference bit for bit; the
-    names of the results `compared` and of those `differing`; `error`, a kernel's complaint when the
-    planned run failed outright (data it needed was overwritten); `galloc`, the allocator that placed
-    the graph."""
+    """What `verify_plan` found: `ok` when the placement is valid and every compared result equals the
+    reference bit for bit; the names of the results `compared` and of those `differing`; `galloc`, the
+    allocator that placed the graph; `error`, a kernel's complaint when the planned run failed outright
+    (data it needed was overwritten); `conflicts`, what `check_placement` found wrong with the plan."""
 
     ok: bool
     compared: list
     differing: list
     galloc: object
     error: str = None
+    conflicts: list = ()
 
 
 def verify_plan(graph, result: PlanResult, problem: Problem = None, seed: int = 0,
@@ -882,6 +895,7 @@ def verify_plan(graph, result: PlanResult, problem: Problem = None, seed: int = 
     results with a copy whose tensors all have memory of their own (`ggml_backend_graph_copy`), both
     filled with the same seeded data. The graph stays allocated in the plan (`.galloc`)."""
     problem = problem if problem is not None else blocks_of(graph)
+    conflicts = check_placement(problem, result.offsets)  # (numpy kernels cannot show every overlap)
     data = data_tensors(graph)
     for t in data:
         k = problem.block_of.get(t)
@@ -902,7 +916,7 @@ def verify_plan(graph, result: PlanResult, problem: Problem = None, seed: int = 
                               f"copies and the plan's buffer); the limit is max_bytes = {max_bytes / 2**30:.2f} GiB")
     galloc = alloc_planned(graph, result, problem)
     if not graph.nodes:
-        return Verification(True, [], [], galloc)  # nothing is computed
+        return Verification(not conflicts, [], [], galloc, conflicts=conflicts)  # nothing is computed
     cpu = cpu_init()
     copy = graph_copy(cpu, graph)
     if copy.buffer is None:
@@ -918,9 +932,11 @@ def verify_plan(graph, result: PlanResult, problem: Problem = None, seed: int = 
         try:
             cpu.graph_compute(graph)
         except GGMLLiteError as err:  # e.g. row numbers the plan overwrote: a kernel refused them
-            return Verification(False, [t.name for t in compared], [], galloc, f"{type(err).__name__}: {err}")
+            return Verification(False, [t.name for t in compared], [], galloc, f"{type(err).__name__}: {err}",
+                                conflicts)
         differing = [t for t in compared if tensor_get(t).tobytes() != tensor_get(twin[t]).tobytes()]
-        return Verification(not differing, [t.name for t in compared], [t.name for t in differing], galloc)
+        return Verification(not differing and not conflicts, [t.name for t in compared],
+                            [t.name for t in differing], galloc, conflicts=conflicts)
     finally:
         graph_copy_free(copy)
 

@@ -259,7 +259,7 @@ def test_a_corrupted_plan_fails_verification():
     broken = _moved(problem, P.best(problem), 16, 15)
     assert P.check_placement(problem, broken.offsets)
     check = P.verify_plan(recorded("06_llama_block").graph, broken)
-    assert not check.ok and check.differing == ["l_out-0"]
+    assert not check.ok and check.differing == ["l_out-0"] and check.conflicts
     caught = 0
     for seed in range(12):
         problem = P.blocks_of(random_graph(seed))
@@ -273,6 +273,25 @@ def test_a_corrupted_plan_fails_verification():
         assert not check.ok, seed
         caught += 1
     assert caught >= 5
+
+
+def test_an_overlap_the_numpy_kernels_survive_still_fails():
+    """Vcur-0 (block 8, a mul_mat of attn_norm-0) put on attn_norm-0's own block (3), which it reads at
+    that very node: numpy reads all sources before writing, so the results are equal, but the placement
+    is invalid, and ggml's threaded kernels could corrupt it. verify_plan fails it; the CLI exits 1."""
+    problem = P.blocks_of(recorded("06_llama_block").graph)
+    broken = _moved(problem, P.best(problem), 8, 3)
+    check = P.verify_plan(recorded("06_llama_block").graph, broken)
+    assert check.compared and not check.differing and not check.error  # computing alone sees nothing
+    assert not check.ok and any("blocks 3" in c and "8" in c for c in check.conflicts)
+
+
+def test_a_planned_graph_is_refused_not_planned_as_empty():
+    graph = recorded("06_llama_block").graph
+    problem = P.blocks_of(graph)
+    assert P.verify_plan(graph, P.best(problem), problem).ok
+    with pytest.raises(gl.GraphError, match="already has memory"):
+        P.blocks_of(graph)
 
 
 def test_verify_refuses_what_it_cannot_check():
@@ -349,7 +368,15 @@ def test_plan_verify_fails_with_exit_1(monkeypatch, capsys):
 
     monkeypatch.setattr(P, "run_planner", corrupted)
     assert main(["plan", F06, "--planner", "best", "--verify"]) == 1
-    assert "verify: FAILED: l_out-0" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "verify: FAILED: l_out-0" in out and "verify: FAILED: invalid placement: blocks 15" in out
+
+    def survivable(problem, planner="best", budget=P.DEFAULT_BUDGET):
+        return _moved(problem, real(problem, planner, budget), 8, 3)
+
+    monkeypatch.setattr(P, "run_planner", survivable)
+    assert main(["plan", F06, "--planner", "best", "--verify"]) == 1
+    assert "the placement above is invalid" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args, needle", [
