@@ -1,7 +1,7 @@
 """The command line of ggml_lite (DESIGN.md §4); a plain module, not exported from a notebook.
 
     python -m ggml_lite plan GRAPH.json [--json] [--step K] [--planner ggml|greedy-size|greedy-breadth|exact|best]
-                             [--budget SECONDS] [--verify]
+                             [--budget SECONDS] [--verify [--max-gib GiB]]
     python -m ggml_lite check FIXTURE.json [--no-numerics]
     python -m ggml_lite sched SCENARIO.json [--check]
     python -m ggml_lite llama (--gguf FILE | --preset NAME | --n-vocab N --n-embd N --n-layer N --n-head N --n-head-kv N
@@ -15,10 +15,12 @@ the CPU buffer type and prints where every tensor goes. With `--planner`, an off
 seconds, or `best`, the smallest plan of all and ggml's), and the graph allocator places the tensors
 there. `--json` prints `buffer_size` (the planner's peak + 32, as the CPU buffer reports it), every
 tensor's offset, and `planner`, `lower_bound` (the peak of bytes alive at once) and `optimal` (true:
-proven, false: a smaller plan is known, null: unknown). `--verify` computes the graph in the plan on
-the CPU backend and compares every result a plan keeps (OUTPUT nodes and the nodes nothing reads), bit
-for bit, with a copy of the graph whose tensors all have memory of their own; a difference exits 1. A
-graph the CPU kernels refuse, or one too large to compute here, exits 2.
+proven, false: a smaller plan is known, null: unknown). Optimal means optimal for the blocks ggml's
+allocator needs: its in-place reuse and its lifetimes are kept, only the offsets change. `--verify`
+computes the graph in the plan on the CPU backend and compares every result a plan keeps (OUTPUT nodes
+and the nodes nothing reads), bit for bit, with the graph computed with every tensor in memory of its
+own; a difference or an invalid placement exits 1. A graph the CPU kernels refuse, or one that needs
+more than `--max-gib` (default 2) to verify, exits 2: a 7B graph needs about 13.2 GiB.
 
 `check` runs the graph allocator and compares with the plan recorded in the file (offsets, buffer
 sizes, and the allocator's messages; every step of a sequence file); when the file records computed
@@ -39,22 +41,26 @@ import json
 import sys
 from pathlib import Path
 
-from ggml_lite.errors import GGMLLiteError, GraphFileError, TensorError, UnsupportedOpError
+from ggml_lite.errors import AllocationError, GGMLLiteError, GraphFileError, TensorError, UnsupportedOpError
 from ggml_lite.graphio import check_plan_file, plan_of, run_plan
 from ggml_lite.numerics import verify_numerics
 from ggml_lite.planners import DEFAULT_BUDGET, PLANNER_NAMES
 
 
 
-def _seconds(text: str) -> float:
-    """--budget: a positive number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
+def _positive(unit: str):
+    """An argparse type: a positive, finite number of `unit` (--budget, --max-gib)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a positive number of {unit}, got {text!r}")
+        return value
+
+    return parse
 
 
 def _load(path: str) -> dict:
@@ -98,13 +104,15 @@ def _planned(doc: dict, args):
     allocate_external(gf)
     problem = blocks_of(gf.graph)
     result = run_planner(problem, args.planner, args.budget)
-    if not args.verify:
-        return gf, alloc_planned(gf.graph, result, problem), result, None
-    try:
-        check = verify_plan(gf.graph, result, problem)
-    except (TensorError, UnsupportedOpError) as e:
-        raise type(e)(f"--verify: the CPU backend cannot compute this graph: {e}") from None
-    return gf, check.galloc, result, check
+    check = None
+    if args.verify:  # on a twin of the graph: the loaded one stays unplaced
+        try:
+            check = verify_plan(gf.graph, result, problem, max_bytes=int(args.max_gib * 2**30))
+        except (TensorError, UnsupportedOpError) as e:
+            raise type(e)(f"--verify: the CPU backend cannot compute this graph: {e}") from None
+        except AllocationError as e:
+            raise AllocationError(f"--verify: {e} (--max-gib raises it)") from None
+    return gf, alloc_planned(gf.graph, result, problem), result, check
 
 
 def _ggml_result(doc: dict, args):
@@ -156,19 +164,19 @@ def cmd_plan(args) -> int:
     if check is not None:
         if check.ok:
             print(f"verify: {len(check.compared)} result(s) computed in this plan on the CPU backend equal, bit for bit, "
-                  f"those of a copy with every tensor in memory of its own")
+                  f"those computed with every tensor in memory of its own")
         else:
             for conflict in check.conflicts[:5]:
                 print(f"verify: FAILED: invalid placement: {conflict}")
             if len(check.conflicts) > 5:
                 print(f"verify: FAILED: ... and {len(check.conflicts) - 5} more overlaps")
             if check.differing:
-                print(f"verify: FAILED: {', '.join(check.differing)} differ(s) from the copy with every "
-                      f"tensor in memory of its own")
+                print(f"verify: FAILED: {', '.join(check.differing)} differ(s) from the results computed with "
+                      f"every tensor in memory of its own")
             elif check.error:
                 print(f"verify: FAILED: computing in this plan failed: {check.error}")
             elif check.compared:
-                print(f"verify: the {len(check.compared)} result(s) computed equal the copy's, but the placement "
+                print(f"verify: the {len(check.compared)} result(s) computed equal the reference's, but the placement "
                       f"above is invalid (these numpy kernels read a node's sources before writing it)")
     return 1 if failed else 0
 
@@ -313,10 +321,12 @@ def main(argv=None) -> int:
     p.add_argument("--step", type=int, default=None, help="the step of a sequence file")
     p.add_argument("--planner", choices=PLANNER_NAMES, default="ggml",
                    help="who chooses the offsets: ggml's graph allocator (default) or an offline planner (chapter 11)")
-    p.add_argument("--budget", type=_seconds, default=DEFAULT_BUDGET, metavar="SECONDS",
+    p.add_argument("--budget", type=_positive("seconds"), default=DEFAULT_BUDGET, metavar="SECONDS",
                    help=f"time for the exact search (exact, best; default {DEFAULT_BUDGET})")
     p.add_argument("--verify", action="store_true", help="compute the graph in the plan on the CPU backend and compare it "
-                   "bit for bit with a copy whose tensors all have memory of their own (exit 1 on a difference)")
+                   "bit for bit with the graph computed with every tensor in memory of its own (exit 1 on a difference)")
+    p.add_argument("--max-gib", type=_positive("GiB"), default=2.0, metavar="GiB",
+                   help="memory --verify may use (default 2; a 7B graph needs about 13.2)")
     p.set_defaults(run=cmd_plan)
     c = sub.add_parser("check", help="plan again and compare with the plan recorded in the file")
     c.add_argument("file", metavar="FIXTURE.json", help="a ggml-seed fixture file")

@@ -5,9 +5,11 @@
 """Offline memory planners for a ggml graph (chapter 11; not a port of C: ggml has none): the blocks
 ggml's graph allocator needs and their lifetimes, the peak-live lower bound, greedy-by-size and
 greedy-by-breadth (TFLite), an exact branch and bound, and the best of them and ggml's own plan. A
-plan runs: its offsets become the graph allocator's records, and `verify_plan` computes the graph there
-on the CPU backend and compares it with a copy in which every tensor has memory of its own."""
+plan runs: its offsets become the graph allocator's records, and `verify_plans` computes the graph there
+on the CPU backend (or by a data-flow run, for graphs the kernels refuse) and compares it with the graph
+computed with every tensor in memory of its own."""
 
+import hashlib
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -16,11 +18,13 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ggml_lite.backend import graph_copy, graph_copy_free, tensor_get, tensor_set
+from ggml_lite.backend import dup_tensor_layout, tensor_buffer, tensor_get, tensor_set
+from ggml_lite.buffer import cpu_buffer_type, tensor_alloc, view_init
 from ggml_lite.cpu import cpu_init, quantize_q8_0, quantize_row_q4_0_ref
-from ggml_lite.errors import AllocationError, GGMLLiteError, GraphError, PlanMismatchError
+from ggml_lite.errors import AllocationError, GGMLLiteError, GraphError, PlanMismatchError, PlannerError
 from ggml_lite.gallocr import NOT_PLACED, GAllocr, PlaceEvent
-from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, Op, TensorFlag, describe
+from ggml_lite.graph import Graph
+from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, Context, Op, TensorFlag, describe, is_view_op
 from ggml_lite.viz.timeline import lifetimes, memory_timeline, trace_plan
 
 PLANNER_NAMES = ("ggml", "greedy-size", "greedy-breadth", "exact", "best")
@@ -429,7 +433,7 @@ def run_planner(problem: Problem, planner: str = "best", budget: float = DEFAULT
     run = {"ggml": ggml_plan, "greedy-size": greedy_by_size, "greedy-breadth": greedy_by_breadth,
            "exact": lambda p: exact(p, budget), "best": lambda p: best(p, budget)}
     if planner not in run:
-        raise ValueError(f"unknown planner {planner!r}; the planners are {', '.join(PLANNER_NAMES)}")
+        raise PlannerError(f"unknown planner {planner!r}; the planners are {', '.join(PLANNER_NAMES)}")
     result = run[planner](problem)
     if result.optimal is None:
         cheap = [greedy_by_size(problem), greedy_by_breadth(problem)]
@@ -483,6 +487,25 @@ def results_to_compare(graph) -> list:
             and ((t.view_src is None and t.flags & TensorFlag.OUTPUT) or t not in read)]
 
 
+def root(t):
+    """The tensor whose memory `t` uses: `t`, or the end of its chain of view sources."""
+    while t.view_src is not None:
+        t = t.view_src
+    return t
+
+
+def written_data(graph) -> set:
+    """The data tensors some node writes: the root of a computing node's memory (an in-place op, or a
+    CPY into a view of the KV cache, writes its view source's root)."""
+    data = set(data_tensors(graph))
+    return {root(n) for n in graph.nodes if n.op is not Op.NONE and not is_view_op(n.op)} & data
+
+
+def read_only_data(graph) -> set:
+    """The data tensors already in memory (weights) that no node writes: every run can share them."""
+    return {t for t in data_tensors(graph) if t.data is not None} - written_data(graph)
+
+
 def fill(t, seed: int, k: int, rows: int = 64) -> None:
     """Seeded data for data tensor number `k`: floats in [-1, 1) (f16 rounded, q8_0 and q4_0 quantized),
     integers in [0, rows) for i32, random bytes for any other type."""
@@ -512,24 +535,119 @@ def _rows(graph, tensors: list) -> list:
     return [rows.get(t, 64) for t in tensors]
 
 
-def _twins(graph, copy) -> dict:
-    """Each tensor of `graph` that its nodes reach -> its copy in `copy` (`graph_copy` of it)."""
-    twin, stack = {}, list(zip(graph.nodes, copy.nodes))
+# notebooks/11_planners.py
+def twin_graph(graph, keep=()) -> tuple:
+    """`graph` again, each tensor its nodes and leafs reach duplicated as `graph_copy_dup_tensor` does
+    (type, shape, strides, op, parameters, name, sources, view source; here also the flags, which the
+    graph allocator reads), but without memory; the tensors in `keep` are shared, not duplicated.
+    Returns (the twin `Graph`, {tensor: its twin})."""
+    ctx, twin = Context("twin"), {t: t for t in keep}
+
+    def dup(t):
+        d = twin.get(t)
+        if d is None:
+            d = dup_tensor_layout(ctx, t)
+            if t.view_src is not None:
+                d.view_src, d.view_offs = dup(t.view_src), t.view_offs
+            d.op, d.op_params, d.flags = t.op, list(t.op_params), t.flags
+            d.set_name(t.name)
+            for i, s in enumerate(t.src):
+                if s is not None:
+                    d.set_src(i, dup(s))
+            twin[t] = d
+        return d
+
+    copy = Graph(graph.size)
+    copy.nodes = [dup(n) for n in graph.nodes]  # in order, so each node's sources exist already
+    copy.leafs = [dup(t) for t in graph.leafs]
+    return copy, twin
+
+
+def reached(graph) -> set:
+    """Every tensor the graph's nodes and leafs reach through their sources and view sources."""
+    seen, stack = set(), [*graph.nodes, *graph.leafs]
     while stack:
-        a, b = stack.pop()
-        if a not in twin:
-            twin[a] = b
-            stack += [(s, d) for s, d in zip([a.view_src, *a.src], [b.view_src, *b.src]) if s is not None]
-    return twin
+        t = stack.pop()
+        if t is not None and t not in seen:
+            seen.add(t)
+            stack += [t.view_src, *t.src]
+    return seen
+
+
+def _place_view(t) -> None:
+    """Give a view its address (`ggml_backend_view_init`) once its view source has one."""
+    if t.view_src is not None and t.data is None:
+        _place_view(t.view_src)
+        view_init(t)
+
+
+# notebooks/11_planners.py
+class ReferenceRun:
+    """The reference of `verify_plans`: `graph` computed on a twin that shares only `shared` (read-only
+    data already in memory). Every other tensor has a CPU buffer of its own: a data tensor from the
+    start, any other from the first node that touches it; each is freed after its last reader, except
+    the results to compare. `peak` is the most bytes those buffers hold at once."""
+
+    def __init__(self, graph, shared=frozenset()):
+        self.copy, twin = twin_graph(graph, keep=shared)
+        self.data = [(t, twin[t]) for t in data_tensors(graph) if t not in shared]
+        self.compared = [twin[t] for t in results_to_compare(graph)]
+        n = len(self.copy.nodes)
+        self.first = {d: 0 for _, d in self.data}
+        self.last = dict(self.first)
+        for i, node in enumerate(self.copy.nodes):
+            for r in {root(t) for t in (node, *node.src) if t is not None} - set(shared):
+                self.first.setdefault(r, i)
+                self.last[r] = i
+        self.last.update({root(t): n for t in self.compared})
+        delta = [0] * (n + 2)
+        for r, i in self.first.items():
+            delta[i] += r.nbytes
+            delta[self.last[r] + 1] -= r.nbytes
+        self.peak = max(np.cumsum(delta)) if delta else 0
+
+    def run(self, fill_data, compute=None) -> list:
+        """Compute the reference after `fill_data(tensor, its twin)` has filled each data tensor's twin;
+        returns the bytes of each result to compare, in the order of `results_to_compare`. `compute`
+        computes a graph (default: the CPU backend's `graph_compute`)."""
+        compute, buft, own = compute or cpu_init().graph_compute, cpu_buffer_type(), {}
+        ends = {}
+        for r, i in self.last.items():
+            ends.setdefault(i, []).append(r)
+
+        def give(r):  # a buffer of its own (`ggml_backend_buft_alloc_buffer`, `ggml_backend_tensor_alloc`)
+            own[r] = buft.alloc_buffer(r.nbytes)
+            tensor_alloc(own[r], r, own[r].get_base())
+
+        try:
+            for t, d in self.data:
+                give(d)
+                fill_data(t, d)
+            for i, node in enumerate(self.copy.nodes):
+                for t in (node, *node.src):
+                    if t is not None:
+                        if root(t).data is None:
+                            give(root(t))
+                        _place_view(t)
+                one = Graph(1)
+                one.nodes = [node]
+                compute(one)  # one node at a time
+                for r in ends.get(i, ()):
+                    own.pop(r).free()
+            return [tensor_get(t).tobytes() for t in self.compared]
+        finally:
+            for buf in own.values():
+                buf.free()
 
 
 # notebooks/11_planners.py
 @dataclass
 class Verification:
-    """What `verify_plan` found: `ok` when the placement is valid and every compared result equals the
-    reference bit for bit; the names of the results `compared` and of those `differing`; `galloc`, the
-    allocator that placed the graph; `error`, a kernel's complaint when the planned run failed outright
-    (data it needed was overwritten); `conflicts`, what `check_placement` found wrong with the plan."""
+    """What `verify_plans` found for one plan: `ok` when the placement is valid and every compared result
+    equals the reference bit for bit; the names of the results `compared` and of those `differing`;
+    `graph`, the twin of the graph that was placed and computed, and `galloc`, the allocator that placed
+    it; `error`, a kernel's complaint when the planned run failed outright (data it needed was
+    overwritten); `conflicts`, what `check_placement` found wrong with the plan."""
 
     ok: bool
     compared: list
@@ -537,15 +655,22 @@ class Verification:
     galloc: object
     error: str = None
     conflicts: list = ()
+    graph: object = None
 
 
-def verify_plan(graph, result: PlanResult, problem: Problem = None, seed: int = 0,
-                max_bytes: int = 2 << 30) -> Verification:
-    """Compute `graph` (not allocated yet) in `result`'s placement on the CPU backend and compare its
-    results with a copy whose tensors all have memory of their own (`ggml_backend_graph_copy`), both
-    filled with the same seeded data. The graph stays allocated in the plan (`.galloc`)."""
+COMPUTE_WITH = ("cpu", "dataflow")  # how verify_plans computes: the CPU backend, or the data-flow run (below)
+
+
+def verify_plans(graph, results, problem: Problem = None, seed: int = 0, max_bytes: int = 2 << 30,
+                 compute: str = "cpu") -> list:
+    """Compute `graph` (loaded, not planned) in each of `results`' placements and compare it with the
+    `ReferenceRun`, every tensor in memory of its own, all with the same seeded data. `compute` is "cpu"
+    (the CPU backend's kernels) or "dataflow" (`dataflow_compute`, for graphs the kernels refuse). Plans
+    with the same offsets are computed once. Returns one `Verification` per result."""
+    if compute not in COMPUTE_WITH:
+        raise PlannerError(f"verify: unknown way of computing {compute!r}; use one of {', '.join(COMPUTE_WITH)}")
+    run = cpu_init().graph_compute if compute == "cpu" else dataflow_compute
     problem = problem if problem is not None else blocks_of(graph)
-    conflicts = check_placement(problem, result.offsets)  # (numpy kernels cannot show every overlap)
     data = data_tensors(graph)
     for t in data:
         k = problem.block_of.get(t)
@@ -554,41 +679,84 @@ def verify_plan(graph, result: PlanResult, problem: Problem = None, seed: int = 
                              f"only at node {problem.blocks[k].start} (it is not INPUT): filling it first could "
                              f"overwrite a tensor still in use, whatever the plan. Flag it INPUT (set_input) to "
                              f"verify this graph")
-    need, seen, stack = result.peak, set(), list(graph.nodes)  # the copy holds every tensor the nodes reach
-    while stack:
-        t = stack.pop()
-        if t is not None and t not in seen:
-            seen.add(t)
-            need += 2 * t.nbytes if t.view_src is None else 0  # its data, then its copy's
-            stack += [t.view_src, *t.src]
+    spec = {t: (k, rows) for k, (t, rows) in enumerate(zip(data, _rows(graph, data)))}
+    in_memory = {t for t in reached(graph) if t.data is not None}  # weights, KV cache: every twin shares them
+    shared = read_only_data(graph)
+    reference = ReferenceRun(graph, shared)
+    need = sum(t.nbytes for t in in_memory if t.view_src is None) + reference.peak + max((r.peak for r in results), default=0)
     if need > max_bytes:
-        raise AllocationError(f"verifying by computing needs about {need / 2**30:.2f} GiB (the graph's tensors, their "
-                              f"copies and the plan's buffer); the limit is max_bytes = {max_bytes / 2**30:.2f} GiB")
-    galloc = alloc_planned(graph, result, problem)
-    if not graph.nodes:
-        return Verification(not conflicts, [], [], galloc, conflicts=conflicts)  # nothing is computed
-    cpu = cpu_init()
-    copy = graph_copy(cpu, graph)
-    if copy.buffer is None:
-        raise AllocationError("verify: the copy of the graph could not be allocated")
+        raise AllocationError(f"verifying by computing needs about {need / 2**30:.2f} GiB (the data in memory, the "
+                              f"reference's peak and the plan's buffer); the limit is max_bytes = "
+                              f"{max_bytes / 2**30:.2f} GiB")
+    for t in sorted(shared, key=lambda t: spec[t][0]):
+        fill(t, seed, *spec[t])  # read-only: once, for every run
+    expected = reference.run(lambda t, d: fill(d, seed, *spec[t]), run) if graph.nodes else []
+    done, out = {}, []
+    for result in results:
+        key = tuple(result.offsets)
+        if key not in done:
+            done[key] = _planned_run(graph, result, problem, in_memory, shared, spec, seed, expected, run)
+        out.append(done[key])
+    return out
+
+
+def _planned_run(graph, result, problem, in_memory, shared, spec, seed, expected, run) -> Verification:
+    """One plan of `verify_plans`: a twin of `graph` sharing the tensors in memory, placed by
+    `alloc_planned`, its data filled (the read-only data already is), computed, compared."""
+    conflicts = check_placement(problem, result.offsets)
+    copy, twin = twin_graph(graph, keep=in_memory)
+    galloc = alloc_planned(copy, result)
+    compared = results_to_compare(copy)
+    names = [t.name for t in compared]
+    for t, (k, rows) in spec.items():
+        if t not in shared:
+            fill(twin[t], seed, k, rows)
     try:
-        twin = _twins(graph, copy.graph)
-        for k, (t, rows) in enumerate(zip(data, _rows(graph, data))):
-            for u in (t, twin.get(t)):  # (a leaf no node reads has no copy)
-                if u is not None and t.nbytes:
-                    fill(u, seed, k, rows)
-        cpu.graph_compute(copy.graph)  # the reference first: a graph the kernels refuse gives no verdict
-        compared = results_to_compare(graph)
-        try:
-            cpu.graph_compute(graph)
-        except GGMLLiteError as err:  # e.g. row numbers the plan overwrote: a kernel refused them
-            return Verification(False, [t.name for t in compared], [], galloc, f"{type(err).__name__}: {err}",
-                                conflicts)
-        differing = [t for t in compared if tensor_get(t).tobytes() != tensor_get(twin[t]).tobytes()]
-        return Verification(not differing and not conflicts, [t.name for t in compared],
-                            [t.name for t in differing], galloc, conflicts=conflicts)
-    finally:
-        graph_copy_free(copy)
+        run(copy)
+    except GGMLLiteError as err:  # e.g. row numbers the plan overwrote: a kernel refused them
+        return Verification(False, names, [], galloc, f"{type(err).__name__}: {err}", conflicts, copy)
+    differing = [t.name for t, want in zip(compared, expected) if tensor_get(t).tobytes() != want]
+    return Verification(not differing and not conflicts, names, differing, galloc, conflicts=conflicts, graph=copy)
+
+
+def verify_plan(graph, result: PlanResult, problem: Problem = None, seed: int = 0,
+                max_bytes: int = 2 << 30, compute: str = "cpu") -> Verification:
+    """`verify_plans` for one plan."""
+    return verify_plans(graph, [result], problem, seed, max_bytes, compute)[0]
+
+
+# notebooks/11_planners.py
+WRITE_ONLY_SOURCES = {Op.CPY: (1,)}  # CPY(a, b) writes a's values into b's memory without reading b
+
+
+def element_bytes(t) -> np.ndarray:
+    """The bytes of `t`'s elements (of its blocks, when quantized), a writable uint8 array of shape
+    (ne3, ne2, ne1, ne0 / block size, type size) over its buffer's memory, through its strides `nb`."""
+    shape = (t.ne[3], t.ne[2], t.ne[1], t.ne[0] // t.type.blck_size, t.type.type_size)
+    strides = (t.nb[3], t.nb[2], t.nb[1], t.nb[0], 1)
+    extent = sum((n - 1) * st for n, st in zip(shape, strides)) + 1
+    mem = tensor_buffer(t).span(t.data, extent, f"the bytes of {describe(t)}")
+    return np.lib.stride_tricks.as_strided(mem, shape, strides)
+
+
+def dataflow_forward(node) -> None:
+    """The data-flow stand-in for `ggml_compute_forward`: `node`'s elements get bytes drawn from a
+    generator seeded with the digest of its op, its parameters and the bytes of the sources it reads.
+    View-like ops, op NONE and empty nodes compute nothing, as in `ggml_compute_forward`."""
+    if node.op is Op.NONE or is_view_op(node.op) or node.nelements == 0:
+        return
+    h = hashlib.blake2b(f"{node.op.name} {list(node.op_params)}".encode(), digest_size=16)
+    for i, s in enumerate(node.src):
+        if s is not None and i not in WRITE_ONLY_SOURCES.get(node.op, ()) and s.nelements:
+            h.update(element_bytes(s).tobytes())  # (a strided array's bytes, in element order)
+    out = element_bytes(node)
+    out[...] = np.random.default_rng(int.from_bytes(h.digest(), "little")).integers(0, 256, out.shape, np.uint8)
+
+
+def dataflow_compute(graph) -> None:
+    """Every node of `graph` in order, by `dataflow_forward`."""
+    for node in graph.nodes:
+        dataflow_forward(node)
 
 
 # notebooks/11_planners.py

@@ -345,6 +345,11 @@ class SchedulerError(BackendError):
     """The backend scheduler cannot place or run a graph (the aborts of `ggml_backend_sched_*`)."""
 
 
+class PlannerError(GGMLLiteError, ValueError):
+    """An offline planner was asked for something it does not have or cannot use: an unknown planner or
+    way of computing, a hand-made block that ends before it starts or has a negative size (chapter 11)."""
+
+
 class LayoutMismatchError(BackendError, ValueError):
     """A tensor copy between tensors of different type, shape or strides (`ggml_backend_tensor_copy`)."""
 

@@ -141,8 +141,11 @@ def test_an_exhausted_budget_returns_the_incumbent_without_a_proof():
 
 
 def test_an_unknown_planner_is_refused():
-    with pytest.raises(ValueError, match="unknown planner 'fast'"):
+    with pytest.raises(gl.PlannerError, match="unknown planner 'fast'"):
         P.run_planner(P.problem_from_blocks(FOUR), "fast")
+    problem = P.blocks_of(recorded("01_mlp_small").graph)
+    with pytest.raises(gl.PlannerError, match="unknown way of computing 'gpu'; use one of cpu, dataflow"):
+        P.verify_plan(problem.graph, P.best(problem), problem, compute="gpu")
 
 
 # -- the recorded graphs ---------------------------------------------------------------------------------
@@ -225,6 +228,83 @@ def test_plans_compute_what_separate_memory_computes():
     assert verified >= 40
 
 
+def _graph_copy_results(graph, seed: int = 0) -> list:
+    """Chapter 06's way to the reference: `graph` placed by ggml, filled, then `graph_copy` (every tensor
+    reached, weights included, copied into one buffer) computed; the bytes of the results to compare."""
+    gl.GAllocr(gl.cpu_buffer_type()).alloc_graph(graph)
+    data = P.data_tensors(graph)
+    for k, (t, rows) in enumerate(zip(data, P._rows(graph, data))):
+        P.fill(t, seed, k, rows)
+    copy = gl.graph_copy(gl.cpu_init(), graph)
+    try:
+        twin = dict(zip(graph.nodes, copy.graph.nodes))
+        gl.cpu_init().graph_compute(copy.graph)
+        return [gl.tensor_get(twin[t]).tobytes() for t in P.results_to_compare(graph)]
+    finally:
+        gl.graph_copy_free(copy)
+
+
+def _reference_results(graph, seed: int = 0) -> tuple:
+    """The lean reference of verify_plans on `graph`: (its bytes, its peak)."""
+    data = P.data_tensors(graph)
+    spec = {t: (k, rows) for k, (t, rows) in enumerate(zip(data, P._rows(graph, data)))}
+    shared = P.read_only_data(graph)
+    for t in shared:
+        P.fill(t, seed, *spec[t])
+    ref = P.ReferenceRun(graph, shared)
+    return ref.run(lambda t, d: P.fill(d, seed, *spec[t])), ref.peak
+
+
+@pytest.mark.parametrize("name", ["01_mlp_small", "03_views_layout", "06_llama_block", "07_llama4_kvcache"])
+def test_the_reference_computes_what_a_graph_copy_computes(name):
+    """The reference shares the read-only data, gives every other tensor a buffer of its own and frees it
+    after its last reader: its results are chapter 06's graph_copy results, bit for bit, in less memory."""
+    lean, peak = _reference_results(recorded(name).graph)
+    assert lean == _graph_copy_results(recorded(name).graph)
+    graph = recorded(name).graph
+    assert 0 < peak <= sum(t.nbytes for t in P.reached(graph) if t.view_src is None and t.data is None) + sum(
+        t.nbytes for t in P.written_data(graph))
+
+
+def test_the_reference_on_random_graphs():
+    compared = 0
+    for seed in range(40):
+        try:
+            want = _graph_copy_results(random_graph(seed))
+        except NOT_COMPUTABLE:
+            continue
+        assert _reference_results(random_graph(seed))[0] == want, seed
+        compared += 1
+    assert compared >= 20
+
+
+def test_written_data_is_the_kv_cache_not_the_weights():
+    graph = recorded("07_llama4_kvcache").graph
+    written = {t.name for t in P.written_data(graph)}
+    assert written and all(n.startswith("cache_") for n in written)
+    assert not any(n.startswith("cache_") for n in {t.name for t in P.data_tensors(graph)} - written)
+    shared = {t.name for t in P.read_only_data(graph)}
+    assert shared and not shared & written and all(".weight" in n for n in shared)
+
+
+def test_plans_run_on_twins_and_identical_plans_run_once():
+    """The loaded graph stays unplaced, so one graph serves every plan; plans with the same offsets share
+    one verification; a twin keeps names, flags and shapes, and shares what already has memory."""
+    problem = P.blocks_of(recorded("06_llama_block").graph)
+    plans = P.all_plans(problem)
+    checks = P.verify_plans(problem.graph, list(plans.values()), problem)
+    assert all(c.ok for c in checks) and all(t.data is None for t in problem.graph.nodes)
+    same = {}
+    for r, c in zip(plans.values(), checks):
+        assert same.setdefault(tuple(r.offsets), c) is c
+        assert c.galloc.get_buffer_size(0) == r.buffer_size
+    copy, twin = P.twin_graph(problem.graph, keep={t for t in P.reached(problem.graph) if t.data is not None})
+    for t, d in twin.items():
+        assert (d is t) == (t.data is not None)
+        assert (d.name, d.flags, d.ne, d.nb, d.op, d.type) == (t.name, t.flags, t.ne, t.nb, t.op, t.type)
+    assert [twin[t] for t in problem.graph.nodes] == copy.nodes
+
+
 def _clobber_a_result(problem, result):
     """`result` with a block moved onto the block of a result that must survive (an OUTPUT or a node
     nothing reads), the moved block written after that result was computed; None when there is none."""
@@ -275,6 +355,60 @@ def test_a_corrupted_plan_fails_verification():
     assert caught >= 5
 
 
+def test_the_dataflow_run_fails_what_the_kernels_fail():
+    """The data-flow run (a digest of every byte read, for graphs the kernels refuse) passes every good
+    plan, and on a plan corrupted so that a kept result is overwritten it finds a differing result
+    wherever the CPU kernels find a difference or fail (and sometimes where they compute equal bits)."""
+    both = 0
+    for seed in range(30):
+        problem = P.blocks_of(random_graph(seed))
+        broken = _clobber_a_result(problem, P.best(problem))
+        plans = [*P.all_plans(problem, budget=0.2).values(), *([broken] if broken else [])]
+        flow = P.verify_plans(problem.graph, plans, problem, compute="dataflow")
+        assert all(c.ok for c in flow[:5]), seed
+        try:
+            cpu = P.verify_plans(problem.graph, plans, problem)
+        except NOT_COMPUTABLE:
+            continue
+        assert [c.ok for c in cpu] == [c.ok for c in flow], seed
+        if broken is not None and (cpu[-1].differing or cpu[-1].error):  # (an error: indices overwritten)
+            assert flow[-1].differing, seed
+            both += 1
+    assert both >= 8
+
+
+@pytest.mark.parametrize("name", ["09_random_dag_wide_s42", "10_random_dag_wide_s7"])
+def test_graphs_the_kernels_refuse_are_verified_by_the_dataflow_run(name):
+    problem = P.blocks_of(recorded(name).graph)
+    with pytest.raises(NOT_COMPUTABLE):
+        P.verify_plan(problem.graph, P.best(problem), problem)
+    plans = list(P.all_plans(problem, budget=0.2).values())
+    broken = _clobber_a_result(problem, plans[-1])
+    checks = P.verify_plans(problem.graph, [*plans, broken], problem, compute="dataflow")
+    assert [c.ok for c in checks] == [True] * 5 + [False] and checks[-1].differing
+
+
+def test_element_bytes_follow_the_strides():
+    """A transposed view's element bytes are the transpose of its source's; a node's data-flow result
+    covers exactly its own elements (an in-place add on rows 1..2 of a 4-row tensor leaves rows 0 and 3)."""
+    ctx = gl.Context()
+    a = ctx.new_tensor_2d(gl.F32, 3, 4, name="a")
+    t = gl.transpose(ctx, a)
+    rows = gl.view_2d(ctx, a, 3, 2, a.nb[1], a.nb[1])
+    y = gl.add_inplace(ctx, rows, gl.sqr(ctx, rows))
+    graph = gl.build_forward(y)
+    gl.GAllocr(gl.cpu_buffer_type()).alloc_graph(graph)
+    gl.tensor_set(a, __import__("numpy").arange(12, dtype="float32"))
+    t.buffer, t.data = a.buffer, a.data
+    ea, et = P.element_bytes(a), P.element_bytes(t)
+    assert ea.shape == (1, 1, 4, 3, 4) and et.shape == (1, 1, 3, 4, 4)
+    assert (et[0, 0] == ea[0, 0].transpose(1, 0, 2)).all()
+    before = gl.tensor_get(a).copy()
+    P.dataflow_compute(graph)
+    after = gl.tensor_get(a)
+    assert (after[[0, 3]] == before[[0, 3]]).all() and (after[1:3] != before[1:3]).any()
+
+
 def test_an_overlap_the_numpy_kernels_survive_still_fails():
     """Vcur-0 (block 8, a mul_mat of attn_norm-0) put on attn_norm-0's own block (3), which it reads at
     that very node: numpy reads all sources before writing, so the results are equal, but the placement
@@ -289,14 +423,14 @@ def test_an_overlap_the_numpy_kernels_survive_still_fails():
 def test_a_planned_graph_is_refused_not_planned_as_empty():
     graph = recorded("06_llama_block").graph
     problem = P.blocks_of(graph)
-    assert P.verify_plan(graph, P.best(problem), problem).ok
+    P.alloc_planned(graph, P.best(problem), problem)
     with pytest.raises(gl.GraphError, match="already has memory"):
         P.blocks_of(graph)
 
 
 def test_verify_refuses_what_it_cannot_check():
     problem = P.blocks_of(recorded("14_llama7b_ctx512_one_output").graph)
-    with pytest.raises(gl.AllocationError, match="GiB"):
+    with pytest.raises(gl.AllocationError, match=r"needs about 13\.\d\d GiB .* max_bytes = 2\.00 GiB"):
         P.verify_plan(problem.graph, P.best(problem), problem)
     ctx = gl.Context()  # a PARAM weight in the compute context: a node that is not INPUT, filled up front
     w = ctx.new_tensor_1d(gl.F32, 16, name="w")
@@ -350,6 +484,9 @@ def test_plan_verify_exits_0(planner, capsys):
     assert main(["plan", F06, "--planner", planner, "--verify"]) == 0
     out = capsys.readouterr().out
     assert "verify: 1 result(s)" in out and "bit for bit" in out
+    assert main(["plan", F06, "--planner", planner]) == 0  # the same offsets printed, verified or not
+    table = lambda text: text[:text.index("compute buffer:")]  # noqa: E731
+    assert table(capsys.readouterr().out) == table(out) and "  -\n" not in table(out)
 
 
 def test_plan_verify_json_and_a_sequence_step(capsys):
@@ -383,6 +520,8 @@ def test_plan_verify_fails_with_exit_1(monkeypatch, capsys):
     (["--planner", "fast"], "invalid choice: 'fast'"),
     (["--planner", "exact", "--budget", "0"], "expected a positive number of seconds"),
     (["--planner", "exact", "--budget", "soon"], "expected a positive number of seconds"),
+    (["--verify", "--max-gib", "0"], "expected a positive number of GiB"),
+    (["--verify", "--max-gib", "inf"], "expected a positive number of GiB"),
 ])
 def test_bad_planner_arguments_exit_2(args, needle, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -391,7 +530,8 @@ def test_bad_planner_arguments_exit_2(args, needle, capsys):
 
 
 @pytest.mark.parametrize("name, args, needle", [
-    ("14_llama7b_ctx512_one_output", ["--verify"], "AllocationError: verifying by computing needs about"),
+    ("14_llama7b_ctx512_one_output", ["--verify"], "AllocationError: --verify: verifying by computing needs about"),
+    ("06_llama_block", ["--verify", "--max-gib", "0.00001"], "(--max-gib raises it)"),
     ("09_random_dag_wide_s42", ["--planner", "greedy-size", "--verify"], "--verify: the CPU backend cannot compute"),
     ("11_realloc_sequence_grow", ["--planner", "best"], "pass --step"),
 ])
