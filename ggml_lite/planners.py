@@ -10,6 +10,7 @@ on the CPU backend (or by a data-flow run, for graphs the kernels refuse) and co
 computed with every tensor in memory of its own."""
 
 import hashlib
+import numbers
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -128,6 +129,12 @@ def blocks_of(graph, buft=None) -> Problem:
 def problem_from_blocks(specs, alignment: int = 32) -> Problem:
     """A problem made by hand: `specs` lists `(size, start, end)` per block (sizes are rounded up to
     `alignment`). There is no graph and no ggml plan."""
+    for k, spec in enumerate(specs):
+        if len(spec) != 3 or not all(isinstance(v, numbers.Integral) for v in spec) or spec[0] < 0 or not 0 <= spec[1] <= spec[2]:
+            raise PlannerError(f"block {k}: {spec!r} is not (size, start, end) with size >= 0 and "
+                               f"0 <= start <= end, all integers")
+    if not isinstance(alignment, numbers.Integral) or alignment < 1:
+        raise PlannerError(f"alignment must be a positive integer, got {alignment!r}")
     blocks = [Block(k, (), -(-size // alignment) * alignment, start, end) for k, (size, start, end) in enumerate(specs)]
     live = _live(blocks, max([b.end + 1 for b in blocks], default=1))
     lb = max(live)
@@ -382,7 +389,9 @@ def exact(problem: Problem, budget: float = DEFAULT_BUDGET, incumbent: PlanResul
     """The exact planner (branch and bound over canonical placements, in the spirit of MiniMalloc; not
     a C port). It looks for a placement at the lower bound and, when none exists, for one below
     `incumbent` (default: the best of ggml's plan and the greedy planners). `optimal` is True when the
-    search finished within `budget` seconds; otherwise it returns the best placement it knows."""
+    search finished within `budget` seconds; otherwise it returns the best placement it knows. The
+    budget counts from this call, the starting plans included: on thousands of blocks they alone can
+    take longer, and the search then stops at its first check of the clock."""
     t0 = time.perf_counter()
     if incumbent is None:
         known = [greedy_by_size(problem), greedy_by_breadth(problem)]

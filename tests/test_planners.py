@@ -140,6 +140,20 @@ def test_an_exhausted_budget_returns_the_incumbent_without_a_proof():
     assert r.optimal is None and r.peak <= known and P.check_placement(problem, r.offsets) == []
 
 
+@pytest.mark.parametrize("specs, needle", [
+    ([(64, 3, 2)], "block 0: (64, 3, 2) is not (size, start, end)"),
+    ([(32, 0, 1), (-1, 0, 0)], "block 1: (-1, 0, 0)"),
+    ([(32, -1, 0)], "block 0"),
+    ([(32, 0)], "block 0: (32, 0)"),
+    ([(32.5, 0, 1)], "all integers"),
+])
+def test_hand_made_blocks_are_checked(specs, needle):
+    with pytest.raises(gl.PlannerError, match=__import__("re").escape(needle)):
+        P.problem_from_blocks(specs)
+    with pytest.raises(gl.PlannerError, match="alignment must be a positive integer"):
+        P.problem_from_blocks(FOUR, alignment=0)
+
+
 def test_an_unknown_planner_is_refused():
     with pytest.raises(gl.PlannerError, match="unknown planner 'fast'"):
         P.run_planner(P.problem_from_blocks(FOUR), "fast")
