@@ -48,16 +48,17 @@ from ggml_lite.planners import DEFAULT_BUDGET, PLANNER_NAMES
 
 
 
-def _positive(unit: str):
-    """An argparse type: a positive, finite number of `unit` (--budget, --max-gib)."""
+def _positive(unit: str, most: float = float("inf")):
+    """An argparse type: a positive, finite number of `unit`, below `most` (--budget, --max-gib)."""
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = float("nan")
-        if not value > 0 or value == float("inf"):
-            raise argparse.ArgumentTypeError(f"expected a positive number of {unit}, got {text!r}")
+        if not 0 < value < most or value == float("inf"):
+            limit = f" below {most:g}" if most != float("inf") else ""
+            raise argparse.ArgumentTypeError(f"expected a positive number of {unit}{limit}, got {text!r}")
         return value
 
     return parse
@@ -325,7 +326,7 @@ def main(argv=None) -> int:
                    help=f"time for the exact search (exact, best; default {DEFAULT_BUDGET})")
     p.add_argument("--verify", action="store_true", help="compute the graph in the plan on the CPU backend and compare it "
                    "bit for bit with the graph computed with every tensor in memory of its own (exit 1 on a difference)")
-    p.add_argument("--max-gib", type=_positive("GiB"), default=2.0, metavar="GiB",
+    p.add_argument("--max-gib", type=_positive("GiB", 2.0**30), default=2.0, metavar="GiB",
                    help="memory --verify may use (default 2; a 7B graph needs about 13.2)")
     p.set_defaults(run=cmd_plan)
     c = sub.add_parser("check", help="plan again and compare with the plan recorded in the file")

@@ -675,7 +675,8 @@ def verify_plans(graph, results, problem: Problem = None, seed: int = 0, max_byt
     """Compute `graph` (loaded, not planned) in each of `results`' placements and compare it with the
     `ReferenceRun`, every tensor in memory of its own, all with the same seeded data. `compute` is "cpu"
     (the CPU backend's kernels) or "dataflow" (`dataflow_compute`, for graphs the kernels refuse). Plans
-    with the same offsets are computed once. Returns one `Verification` per result."""
+    with the same offsets are computed once. Returns one `Verification` per result. The graph's own
+    weights and KV cache are overwritten with the seeded data (and the cache by each run in turn)."""
     if compute not in COMPUTE_WITH:
         raise PlannerError(f"verify: unknown way of computing {compute!r}; use one of {', '.join(COMPUTE_WITH)}")
     run = cpu_init().graph_compute if compute == "cpu" else dataflow_compute
@@ -689,13 +690,15 @@ def verify_plans(graph, results, problem: Problem = None, seed: int = 0, max_byt
                              f"overwrite a tensor still in use, whatever the plan. Flag it INPUT (set_input) to "
                              f"verify this graph")
     spec = {t: (k, rows) for k, (t, rows) in enumerate(zip(data, _rows(graph, data)))}
-    in_memory = {t for t in reached(graph) if t.data is not None}  # weights, KV cache: every twin shares them
+    # the tensors that own memory already (weights, KV cache): every twin shares them. Not their views: a
+    # CPY into a view of the KV cache has its address from the start, but is a node to compute
+    in_memory = {t for t in reached(graph) if t.data is not None and t.view_src is None}
     shared = read_only_data(graph)
     reference = ReferenceRun(graph, shared)
-    need = sum(t.nbytes for t in in_memory if t.view_src is None) + reference.peak + max((r.peak for r in results), default=0)
+    need = sum(t.nbytes for t in in_memory if t.view_src is None) + reference.peak + sum({tuple(r.offsets): r.peak for r in results}.values())
     if need > max_bytes:
         raise AllocationError(f"verifying by computing needs about {need / 2**30:.2f} GiB (the data in memory, the "
-                              f"reference's peak and the plan's buffer); the limit is max_bytes = "
+                              f"reference's peak and the buffer of each distinct plan); the limit is max_bytes = "
                               f"{max_bytes / 2**30:.2f} GiB")
     for t in sorted(shared, key=lambda t: spec[t][0]):
         fill(t, seed, *spec[t])  # read-only: once, for every run

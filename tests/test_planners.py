@@ -292,6 +292,28 @@ def test_the_reference_on_random_graphs():
     assert compared >= 20
 
 
+def test_a_graph_built_after_the_kv_cache_has_memory():
+    """llama.cpp builds each decode graph with the KV cache already allocated, so the CPY into a view of
+    the cache has its address from the start. It is still a node to compute: the twins duplicate it (and
+    share only the cache itself), so every plan, ggml's included, places and verifies."""
+    from ggml_lite.models.llama import LlamaParams, build_graph, build_llama, layer_placement, model_tensors
+
+    model = LlamaParams(n_vocab=64, n_embd=64, n_layer=2, n_head=8, n_head_kv=2, n_ff=96, wtype="f32").model(32)
+    ctxs, _, _ = build_llama(model, layer_placement(2, 0, 0), dict(n_tokens=4, n_kv=32, kv_head=0, n_outputs=4))
+    for c in ctxs[:-1]:
+        gl.alloc_ctx_tensors(c, gl.cpu_init())
+    w, layers = model_tensors({t.name: t for c in ctxs[:-1] for t in c.tensors}, 2)
+    graph = build_graph(model, w, layers, dict(n_tokens=1, n_kv=32, kv_head=4, n_outputs=1))[1]
+    for t in P.data_tensors(graph):
+        if t.data is None:
+            gl.set_input(t)
+    assert any(n.op is gl.Op.CPY and n.data is not None for n in graph.nodes)
+    problem = P.blocks_of(graph)
+    plans = P.all_plans(problem)
+    for compute in P.COMPUTE_WITH:
+        assert all(c.ok for c in P.verify_plans(graph, list(plans.values()), problem, compute=compute)), compute
+
+
 def test_written_data_is_the_kv_cache_not_the_weights():
     graph = recorded("07_llama4_kvcache").graph
     written = {t.name for t in P.written_data(graph)}
@@ -536,6 +558,7 @@ def test_plan_verify_fails_with_exit_1(monkeypatch, capsys):
     (["--planner", "exact", "--budget", "soon"], "expected a positive number of seconds"),
     (["--verify", "--max-gib", "0"], "expected a positive number of GiB"),
     (["--verify", "--max-gib", "inf"], "expected a positive number of GiB"),
+    (["--verify", "--max-gib", "1e308"], "expected a positive number of GiB"),
 ])
 def test_bad_planner_arguments_exit_2(args, needle, capsys):
     with pytest.raises(SystemExit) as exit_:
