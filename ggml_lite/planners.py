@@ -712,6 +712,7 @@ def verify_plans(graph, results, problem: Problem = None, seed: int = 0, max_byt
     return out
 
 
+# notebooks/11_planners.py
 def _planned_run(graph, result, problem, in_memory, shared, spec, seed, expected, run) -> Verification:
     """One plan of `verify_plans`: a twin of `graph` sharing the tensors in memory, placed by
     `alloc_planned`, its data filled (the read-only data already is), computed, compared."""
