@@ -8,10 +8,12 @@
 computes it (`ggml_compute_forward` in ggml.c, llama.cpp `daa9623`): the same types, shapes and
 checks, f16 results rounded to nearest even, rope's float32 angle recurrence.
 
-How each order- or rounding-dependent step is done is the numerics tier's choice (`params.arith`):
-`Arithmetic`, the default, is plain numpy and agrees with ggml within its stated tolerance (1e-4 of
-the largest value for f32 graphs, 5e-3 with f16 or quantized tensors); the tier of `ggml_lite.exact`
-(appendix A2) reproduces ggml's AVX2 build, sums, FMAs and src1's conversion to the dot type included.
+How each order- or rounding-dependent step is done is the numerics tier's choice (`params.arith`).
+Both tiers convert mul_mat's f32 src1 to the weight's dot type as ggml does (f16; q8_0 for q8_0 and
+q4_0 weights). `Arithmetic`, the default, then computes with plain numpy and agrees with ggml within
+its stated tolerance (`Arithmetic.TOLERANCE_F32`, `TOLERANCE_MIXED`: 1e-4 of the largest value for
+f32 graphs, 5e-3 with f16 or quantized tensors, measured by benchmarks/numerics_tolerance.py); the
+tier of `ggml_lite.exact` (appendix A2) reproduces ggml's AVX2 build, its sums and FMAs included.
 
 Every kernel computes its result from its sources before it writes the destination, so a destination
 that shares memory with a source (in-place ops, the graph allocator's memory reuse) is safe. Where
@@ -166,6 +168,33 @@ def quantize_row_q4_0_ref(x) -> np.ndarray:
 
 
 # notebooks/07_cpu_backend.py
+def q8_0_from_amax(xb, amax) -> np.ndarray:
+    """The body of `quantize_row_q8_0` (x86 SIMD path) once each block's max|x| is known: d = amax/127
+    stored as f16, id = 127/amax (0 when amax = 0), q = x·id rounded to nearest even
+    (`_mm256_round_ps`); NaN and out-of-range values give -128 (`_mm256_cvtps_epi32` returns
+    0x80000000, the packs saturate). `xb` holds blocks on its last axis, `amax` one value per block."""
+    with np.errstate(all="ignore"):
+        d = amax / F4(127)
+        idv = np.where(amax != 0, F4(127) / np.where(amax != 0, amax, F4(1)), F4(0)).astype(F4)
+        q = np.rint(xb * idv[..., None])
+        q = np.where(np.isfinite(q) & (np.abs(q) < 2.0 ** 31), np.clip(q, -128, 127), -128)
+    out = np.empty(xb.shape[:-1], dtype=Q8_0_DTYPE)
+    out["d"] = fp32_to_fp16(d)
+    out["qs"] = q.astype(np.int8)
+    return out
+
+
+def quantize_row_q8_0(x) -> np.ndarray:
+    """`quantize_row_q8_0`, the CPU backend's q8_0 `from_float` (`mul_mat`'s conversion of src1, `cpy`
+    into q8_0), as ggml's x86 build computes it: halves rounded to even (`q8_0_from_amax`). The block
+    maximum is numpy's, equal to ggml's 8-lane max tree unless the block holds a NaN (appendix A2
+    reproduces the tree)."""
+    xb = _blocks(x)
+    with np.errstate(invalid="ignore"):
+        return q8_0_from_amax(xb, np.max(np.abs(xb), axis=-1))
+
+
+# notebooks/07_cpu_backend.py
 def dequantize_row_q8_0(blocks) -> np.ndarray:
     """`dequantize_row_q8_0`: element j of a block is qs[j]·d (exact in f32)."""
     d = blocks["d"].astype(F4)[..., None]
@@ -199,7 +228,8 @@ class Arithmetic:
 
     name = "numpy"
     # its stated tolerance against ggml: max|ours - ggml's| / max|ggml's| over a result, for graphs of
-    # f32 tensors only, and where f16 or quantized tensors take part (their roundings differ more)
+    # f32 tensors only, and where f16 or quantized tensors take part (their roundings amplify the
+    # summation order more); measured by benchmarks/numerics_tolerance.py (see the prose above)
     TOLERANCE_F32, TOLERANCE_MIXED = 1e-4, 5e-3
     _MATH = {"expf": np.exp, "expm1f": np.expm1, "logf": np.log, "tanhf": np.tanh, "cosf": np.cos, "sinf": np.sin}
 
@@ -245,13 +275,24 @@ class Arithmetic:
         return fp16_to_fp32(fp32_to_fp16(h / (F4(1) + np.exp(GELU_QUICK_COEF * h))))
 
     def from_float(self, type, rows) -> np.ndarray:
-        """The type's `from_float` on f32 rows: here ggml's reference quantizers."""
-        return {Q8_0.name: quantize_row_q8_0_ref, Q4_0.name: quantize_row_q4_0_ref}[type.name](rows)
+        """The type's `from_float` (the CPU backend's `type_traits`) on f32 rows: `quantize_row_q8_0`
+        for q8_0, `quantize_row_q4_0_ref` for q4_0."""
+        return quantize_row_q8_0(rows) if type is Q8_0 else quantize_row_q4_0_ref(rows)
+
+    def to_vec_dot(self, type, y) -> np.ndarray:
+        """src1 rows `y` converted to the vec_dot type of a `type` src0, as `ggml_compute_forward_mul_mat`
+        does before any dot product: f32 rounded to f16 (nearest even) for f16 weights, quantized by
+        `from_float` for q8_0 and q4_0 weights; an f32 src0's, or an already converted src1, unchanged."""
+        if y.dtype != F4 or type is F32:
+            return y
+        return fp32_to_fp16(y) if type is F16 else self.from_float(Q8_0, y)
 
     def mul_mat(self, type, x, y) -> np.ndarray:
         """The dot products of `ggml_compute_forward_mul_mat`: src0 planes x (.., .., M, K) in `type`, src1
-        planes y (.., .., N, K), f32 or already in the dot type -> (.., .., N, M) float32, as one batched
-        matmul in f32 (an f32 src1 is not rounded to the dot type first, unlike ggml)."""
+        planes y (.., .., N, K) -> (.., .., N, M) float32. src1 is converted to the dot type first
+        (`to_vec_dot`), as ggml does; then both sides are widened to f32 (exactly) and multiplied as one
+        batched matmul, which sums in its own order."""
+        y = self.to_vec_dot(type, y)
         xf = _DEQUANT[type.name](x) if type.is_quantized else x.astype(F4, copy=False)
         yf = _DEQUANT[Q8_0.name](y) if y.dtype == Q8_0_DTYPE else y.astype(F4, copy=False)
         return np.matmul(yf, np.swapaxes(xf, -1, -2))
@@ -662,9 +703,9 @@ def compute_forward_rms_norm(params, node) -> None:
 def compute_forward_mul_mat(params, node) -> None:
     """`ggml_compute_forward_mul_mat` (no llamafile sgemm, no BLAS): dst[i01, i11, i12, i13] =
     vec_dot(row i01 of src0 plane (i12 / r2, i13 / r3), row (i11, i12, i13) of src1), with
-    r2 = ne12/ne02 and r3 = ne13/ne03 (GQA broadcast). An f32 src1 is handed to the tier, which
-    converts it to the vec_dot type of src0 as ggml does (`from_float`: f16 for f16, q8_0 for q8_0 and
-    q4_0) -- the exact tier -- or multiplies in f32 -- the numpy tier."""
+    r2 = ne12/ne02 and r3 = ne13/ne03 (GQA broadcast). The tier converts an f32 src1 to the vec_dot
+    type of src0 as ggml does (`Arithmetic.to_vec_dot`: f16 for f16, q8_0 for q8_0 and q4_0), then
+    computes the dot products (numpy: one batched matmul; exact: ggml's AVX2 `vec_dot`)."""
     a, b = node.src[0], node.src[1]
     vdt = VEC_DOT_TYPE.get(a.type.name)
     if vdt is None:

@@ -333,6 +333,25 @@ def test_q8_0_quantizers_differ_on_ties():
     x[0, 0], x[0, 1], x[0, 2] = 127, 2.5, -3.5  # amax 127: d = 1, id = 1 in both quantizers
     assert quantize_row_q8_0(x)["qs"][0, 0, :3].tolist() == [127, 2, -4]      # ties to even (SIMD)
     assert quantize_row_q8_0_ref(x)["qs"][0, 0, :3].tolist() == [127, 3, -4]  # roundf: away from zero
+    assert NUMPY.from_float(gl.Q8_0, x)["qs"][0, 0, :3].tolist() == [127, 2, -4]  # the numpy tier: ggml's from_float
+
+
+def test_both_tiers_convert_src1_to_the_dot_type():
+    """`Arithmetic.to_vec_dot`: f16 (nearest even) for f16 weights, ggml's `quantize_row_q8_0` blocks for
+    q8_0 and q4_0 weights (the numpy tier's blocks equal the exact tier's, NaN-free rows), nothing for
+    f32 weights or a src1 already converted."""
+    rng = np.random.default_rng(5)
+    y = rng.uniform(-3, 3, (2, 3, 4, 64)).astype(np.float32)
+    y[0, 0, 0, :32] = np.arange(32) + np.float32(0.5)  # a block of ties: amax 127 gives id = 1
+    y[0, 0, 0, 0] = 127
+    exact = gl.cpu_init(exact=True).arith
+    assert NUMPY.to_vec_dot(gl.F32, y) is y
+    assert np.array_equal(NUMPY.to_vec_dot(gl.F16, y), y.astype(np.float16))
+    for w in (gl.Q8_0, gl.Q4_0):
+        blocks = NUMPY.to_vec_dot(w, y)
+        assert blocks.shape == (2, 3, 4, 2) and np.array_equal(blocks, exact.to_vec_dot(w, y))
+        assert np.array_equal(blocks, quantize_row_q8_0(y)) and not np.array_equal(blocks, quantize_row_q8_0_ref(y))
+        assert NUMPY.to_vec_dot(w, blocks) is blocks
 
 
 def test_gelu_table_semantics():
