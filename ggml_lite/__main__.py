@@ -2,7 +2,7 @@
 
     python -m ggml_lite plan GRAPH.json [--json] [--step K] [--planner ggml|greedy-size|greedy-breadth|exact|best]
                              [--budget SECONDS] [--verify [--max-gib GiB]]
-    python -m ggml_lite check FIXTURE.json [--no-numerics]
+    python -m ggml_lite check FIXTURE.json [--no-numerics] [--exact]
     python -m ggml_lite sched SCENARIO.json [--check]
     python -m ggml_lite llama (--gguf FILE | --preset NAME | --n-vocab N --n-embd N --n-layer N --n-head N --n-head-kv N
                                --n-ff N) [--n-ctx 512] [--n-batch 2048] [--n-ubatch 512] [--type-k f16]
@@ -198,14 +198,15 @@ def cmd_check(args) -> int:
         if args.no_numerics:
             print("numerics: skipped (--no-numerics)")
             return 0
-        return _check_numerics(args.file, doc)
+        return _check_numerics(args.file, doc, args.exact)
     return 0
 
 
-def _check_numerics(path: str, doc: dict) -> int:
+def _check_numerics(path: str, doc: dict, exact: bool = False) -> int:
     gf, _, _ = run_plan(doc)
-    tol, rows = verify_numerics(doc, gf)
-    print(f"numerics: {len(rows)} result(s) computed on the CPU backend, tolerance {tol:g} "
+    tol, rows = verify_numerics(doc, gf, exact=exact)
+    tier = " with the bit-exact tier (--exact)" if exact else ""
+    print(f"numerics: {len(rows)} result(s) computed on the CPU backend{tier}, tolerance {tol:g} "
           f"(max |got - want| / max |want|)")
     for name, err, ok in rows:
         print(f"  {'ok  ' if ok else 'FAIL'} {name:40s} worst relative error {err:.3g}")
@@ -332,6 +333,8 @@ def main(argv=None) -> int:
     c = sub.add_parser("check", help="plan again and compare with the plan recorded in the file")
     c.add_argument("file", metavar="FIXTURE.json", help="a ggml-seed fixture file")
     c.add_argument("--no-numerics", action="store_true", help="compare the plan only, not the recorded results")
+    c.add_argument("--exact", action="store_true", help="compute with the bit-exact tier (appendix A2: ggml's AVX2 "
+                   "summation order) instead of plain numpy")
     c.add_argument("--limit", type=int, default=10, help="how many differences to print (default 10)")
     c.set_defaults(run=cmd_check)
     d = sub.add_parser("sched", help="the scheduler's assignments of a recorded scenario (GGML_SCHED_DEBUG format)",
