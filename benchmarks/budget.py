@@ -1,0 +1,109 @@
+"""Does `--budget` bound the offline planners (chapter 11) on large graphs?
+
+    python benchmarks/budget.py [--budget 1.0] [--size 10000] [--cli]
+
+Builds graphs with the ggml_lite API (no file; the fan-out and the chain are tests/test_planners.py's),
+each planned by ggml first (`planners.blocks_of`):
+
+* fan-out: one INPUT tensor and --size ops reading it (SCALE), every one an OUTPUT;
+* chain: --size matrix products in a row, y = w_k y, whose widths cycle through 48, 80, 16, 112 and 32
+  rows (the weights in a buffer of their own);
+* llama: a LLaMA of 156 layers with tiny dimensions (n_embd 64, n_ff 176): about 5,000 nodes, the
+  weights and KV cache in buffers of their own;
+* random: `ggml_oracle.random_graph` with up to --size/5 ops.
+
+Printed per graph and planner (`exact`, `best`, through `planners.run_planner` as `plan --planner` runs
+them): the seconds from the call to its return, the seconds past the budget, the peak against ggml's and
+the lower bound, and whether the plan is valid (`check_placement`). Then, with --cli, the whole command
+`python -m ggml_lite plan FILE --planner exact --budget B` on the fan-out written as a graph file (the
+reading and ggml's own plan included), beside `--planner ggml`. Figures only: nothing asserts on time.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import ggml_oracle as O  # noqa: E402
+from test_planners import chain_graph as chain  # noqa: E402
+from test_planners import fan_out_graph as fan_out  # noqa: E402
+
+import ggml_lite as gl  # noqa: E402
+from ggml_lite import planners  # noqa: E402
+from ggml_lite.models.llama import LlamaParams, build_llama, worst_case_batch  # noqa: E402
+
+
+def llama(n_layer: int = 156):
+    """A LLaMA of `n_layer` tiny layers (n_ctx 64, a batch of 32), weights and KV cache placed."""
+    params = LlamaParams(256, 64, n_layer, 4, 4, 176)
+    cpu = dict(token_embd="CPU", output="CPU", layers=["CPU"] * n_layer, kv_cache=["CPU"] * n_layer)
+    ctxs, graph, _ = build_llama(params.model(64), cpu, worst_case_batch(64, 32))
+    for c in ctxs[:-1]:
+        gl.alloc_ctx_tensors(c, gl.cpu_buffer_type())
+    return graph
+
+
+def random(n_ops: int):
+    rg = O.random_graph(7, max_ops=n_ops)
+    for t in planners.data_tensors(rg.graph):
+        if t.data is None:
+            gl.set_input(t)
+    return rg.graph
+
+
+def measure(label: str, build, budget: float) -> None:
+    for planner in ("exact", "best"):
+        t0 = time.perf_counter()
+        problem = planners.blocks_of(build())
+        t1 = time.perf_counter()
+        r = planners.run_planner(problem, planner, budget)
+        t2 = time.perf_counter()
+        valid = not planners.check_placement(problem, r.offsets)
+        print(f"{label:24s} {planner:6s} {len(problem.blocks):6d} blocks  blocks_of {t1 - t0:6.2f} s  "
+              f"planner {t2 - t1:7.2f} s ({t2 - t1 - budget:+6.2f} s past the budget)  "
+              f"peak {r.peak / problem.ggml_peak:.4f} x ggml's, {r.peak / problem.lower_bound:.4f} x the lower "
+              f"bound  optimal {r.optimal}  valid {valid}", flush=True)
+
+
+def cli(n: int, budget: float) -> None:
+    graph, ctxs, roots = fan_out(n)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"fan_out_{n}.json"
+        path.write_text(json.dumps(gl.graphio.graph_document(graph, ctxs, roots)))
+        for args in (["--planner", "ggml"], ["--planner", "exact", "--budget", str(budget)],
+                     ["--planner", "best", "--budget", str(budget)]):
+            t0 = time.perf_counter()
+            run = subprocess.run([sys.executable, "-m", "ggml_lite", "plan", str(path), *args],
+                                 capture_output=True, text=True, cwd=ROOT)
+            last = (run.stdout.strip().splitlines() or run.stderr.strip().splitlines() or [""])[-1]
+            print(f"python -m ggml_lite plan fan_out_{n}.json {' '.join(args)}: {time.perf_counter() - t0:.2f} s, "
+                  f"exit {run.returncode}: {last[:140]}", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--budget", type=float, default=1.0)
+    ap.add_argument("--size", type=int, default=10_000, help="ops of the fan-out and the chain (default 10,000)")
+    ap.add_argument("--cli", action="store_true", help="also time the command line on the fan-out")
+    ap.add_argument("--only", default=None, help="one of fan-out, chain, llama, random")
+    args = ap.parse_args(argv)
+    shapes = {"fan-out": (f"fan-out {args.size:,}", lambda: fan_out(args.size)[0]),
+              "chain": (f"chain {args.size:,}", lambda: chain(args.size)),
+              "llama": ("llama 156 layers", llama),
+              "random": (f"random {args.size // 5:,} ops", lambda: random(args.size // 5))}
+    for key, (label, build) in shapes.items():
+        if args.only in (None, key):
+            measure(label, build, args.budget)
+    if args.cli:
+        cli(args.size, args.budget)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
