@@ -39,11 +39,12 @@ file or the arguments are unusable.
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from ggml_lite.errors import AllocationError, GGMLLiteError, GraphFileError, TensorError, UnsupportedOpError
-from ggml_lite.graphio import check_plan_file, plan_of, run_plan
-from ggml_lite.numerics import verify_numerics
+from ggml_lite.graphio import (
+    RecordedBufferType, buffer_type_of, check_plan_file, plan_of, read_json, run_plan, validate_document,
+)
+from ggml_lite.numerics import validate_numerics, verify_numerics
 from ggml_lite.planners import DEFAULT_BUDGET, PLANNER_NAMES
 
 
@@ -64,33 +65,38 @@ def _positive(unit: str, most: float = float("inf")):
     return parse
 
 
+def _count(what: str, least: int):
+    """An argparse type: an integer >= `least` (--step, --limit)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < least:
+            raise argparse.ArgumentTypeError(f"expected {what}, an integer >= {least}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _load(path: str) -> dict:
-    """The JSON object in the file at `path`, or `GraphFileError` saying why it cannot be one."""
-    p = Path(path)
-    if p.is_dir():
-        raise GraphFileError(f"{path} is a directory; give one JSON file (e.g. {path.rstrip('/')}/NAME.json)")
-    if not p.is_file():
-        raise GraphFileError(f"{path}: no such file")
-    try:
-        doc = json.loads(p.read_text())
-    except UnicodeDecodeError:
-        raise GraphFileError(f"{path}: not a text file (JSON expected)") from None
-    except json.JSONDecodeError as e:
-        raise GraphFileError(f"{path}: not JSON ({e})") from None
-    if not isinstance(doc, dict):
-        raise GraphFileError(f"{path}: the top level is a JSON {type(doc).__name__.replace('dict', 'object')}, "
-                             "expected an object (a graph file or a scheduler scenario)")
-    return doc
+    """The JSON object in the file at `path`, or `GraphFileError` saying why it cannot be one (not JSON,
+    NaN or Infinity, nesting too deep: `graphio.read_json`)."""
+    return read_json(path)
 
 
-def _load_graph_file(path: str) -> dict:
-    """A graph file (ggml-seed schema) for `plan` and `check`; a scheduler scenario is pointed to `sched`."""
+def _load_graph_file(path: str, record: bool = False) -> dict:
+    """A graph file (ggml-seed schema) for `plan` and `check`, validated field by field before anything
+    is built (`graphio.validate_document`; `record`: with the results `check` compares, and the
+    `numerics` block when there is one); a scheduler scenario is pointed to `sched`."""
     doc = _load(path)
     if doc.get("schema") == "ggml-sched-fixture":
         raise GraphFileError(f"{path} is a scheduler scenario (schema 'ggml-sched-fixture'): "
                              f"use `python -m ggml_lite sched {path}` (--check to replay it)")
-    if "graph" not in doc and not isinstance(doc.get("steps"), list):
+    if "graph" not in doc and "steps" not in doc:
         raise GraphFileError(f"{path}: no `graph` and no `steps`: not a graph file (schema {doc.get('schema')!r})")
+    validate_document(doc, record)
     return doc
 
 
@@ -132,6 +138,11 @@ def cmd_plan(args) -> int:
     if "steps" in doc and args.step is None:
         with_graph = [i for i, s in enumerate(doc["steps"]) if "graph" in s]
         raise GraphFileError(f"{args.file} is a sequence of {len(with_graph)} graphs: pass --step (one of {with_graph})")
+    if "graph" in doc and args.step is not None:
+        raise GraphFileError(f"{args.file} holds one graph, not a sequence: --step {args.step} does not apply")
+    if (args.planner != "ggml" or args.verify) and isinstance(buffer_type_of(doc), RecordedBufferType):
+        raise GraphFileError(f"{args.file}: buffer_type: --planner and --verify plan on ggml's CPU buffer type "
+                             f"(alignment 32); this file records {doc['buffer_type']}")
     if args.planner == "ggml" and not args.verify:  # the graph allocator alone, as it always was
         gf, galloc, results = run_plan(doc, args.step)
         result, check = (_ggml_result(doc, args) if args.json else None), None
@@ -183,7 +194,10 @@ def cmd_plan(args) -> int:
 
 
 def cmd_check(args) -> int:
-    doc = _load_graph_file(args.file)
+    doc = _load_graph_file(args.file, record=True)
+    numerics = ("numerics" in doc or doc.get("numeric", False) is not False) and not args.no_numerics
+    if numerics:  # validated (and its memory bounded) before anything is planned
+        validate_numerics(doc, int(args.max_gib * 2**30))
     diffs = check_plan_file(doc, limit=args.limit)
     if diffs:
         print(f"{args.file}: the plan differs from the recorded one; first differences:")
@@ -194,17 +208,14 @@ def cmd_check(args) -> int:
     n = sum(len(g["graph"]["tensors"]) for g in graphs if "graph" in g)
     sizes = ", ".join(str(g["buffer_size"]) for g in graphs)
     print(f"{args.file}: plan identical to ggml's ({len(graphs)} graph(s), {n} tensors; buffer size {sizes})")
-    if doc.get("numeric") or "numerics" in doc:
-        if args.no_numerics:
-            print("numerics: skipped (--no-numerics)")
-            return 0
-        return _check_numerics(args.file, doc, args.exact)
-    return 0
+    if args.no_numerics and ("numerics" in doc or doc.get("numeric")):
+        print("numerics: skipped (--no-numerics)")
+    return _check_numerics(args.file, doc, int(args.max_gib * 2**30), args.exact) if numerics else 0
 
 
-def _check_numerics(path: str, doc: dict, exact: bool = False) -> int:
+def _check_numerics(path: str, doc: dict, max_bytes: int, exact: bool = False) -> int:
     gf, _, _ = run_plan(doc)
-    tol, rows = verify_numerics(doc, gf, exact=exact)
+    tol, rows = verify_numerics(doc, gf, exact=exact, max_bytes=max_bytes)
     tier = " with the bit-exact tier (--exact)" if exact else ""
     print(f"numerics: {len(rows)} result(s) computed on the CPU backend{tier}, tolerance {tol:g} "
           f"(max |got - want| / max |want|)")
@@ -320,7 +331,7 @@ def main(argv=None) -> int:
     p.add_argument("file", metavar="GRAPH.json", help="a fixture-schema JSON file")
     p.add_argument("--json", action="store_true", help='print {"buffer_size": int, "tensors": {name: {"offset": int|null}}, '
                    '"planner", "lower_bound", "optimal": true|false|null} (and "verified" with --verify)')
-    p.add_argument("--step", type=int, default=None, help="the step of a sequence file")
+    p.add_argument("--step", type=_count("a step number", 0), default=None, help="the step of a sequence file")
     p.add_argument("--planner", choices=PLANNER_NAMES, default="ggml",
                    help="who chooses the offsets: ggml's graph allocator (default) or an offline planner (chapter 11)")
     p.add_argument("--budget", type=_positive("seconds"), default=DEFAULT_BUDGET, metavar="SECONDS",
@@ -335,7 +346,10 @@ def main(argv=None) -> int:
     c.add_argument("--no-numerics", action="store_true", help="compare the plan only, not the recorded results")
     c.add_argument("--exact", action="store_true", help="compute with the bit-exact tier (appendix A2: ggml's AVX2 "
                    "summation order) instead of plain numpy")
-    c.add_argument("--limit", type=int, default=10, help="how many differences to print (default 10)")
+    c.add_argument("--limit", type=_count("a number of differences", 1), default=10,
+                   help="how many differences to print (default 10)")
+    c.add_argument("--max-gib", type=_positive("GiB", 2.0**30), default=1.0, metavar="GiB",
+                   help="memory the numerics check may use (default 1); a file that needs more is refused")
     c.set_defaults(run=cmd_check)
     d = sub.add_parser("sched", help="the scheduler's assignments of a recorded scenario (GGML_SCHED_DEBUG format)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_causes_legend())

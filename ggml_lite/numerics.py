@@ -3,40 +3,64 @@
 
 # notebooks/A1_graph_files.py
 """The `numerics` extension of the fixture schema (`tests/fixtures/README.md`): the leaf data
-generator, and the verification of recorded results on the CPU backend."""
+generator, the validation of a `numerics` block, and the verification of recorded results on the CPU
+backend."""
+
+import math
 
 import numpy as np
 
 from ggml_lite.backend import tensor_get, tensor_set
 from ggml_lite.cpu import Arithmetic, cpu_init, quantize_q8_0
-from ggml_lite.errors import GraphFileError
-from ggml_lite.tensor import F16, F32, I32, Q8_0
+from ggml_lite.errors import AllocationError, GraphFileError
+from ggml_lite.graphio import INT64_MAX, check_int, check_list, check_type, fail, need
+from ggml_lite.tensor import F16, F32, I32, Q8_0, type_by_name
 
 MASK = 0xFFFFFFFF
 LCG_A, LCG_C = 1664525, 1013904223
 TOLERANCE_F32, TOLERANCE_MIXED = Arithmetic.TOLERANCE_F32, Arithmetic.TOLERANCE_MIXED  # the numpy tier's (chapter 07)
+CHUNK = 1 << 20  # values generated at a time: the generator's memory does not grow with the leaf
 
 
-def lcg_states(seed: int, n: int) -> np.ndarray:
-    """The states `s_1..s_n` of the LCG `s ← (1664525·s + 1013904223) mod 2^32` from `s_0 = seed`."""
-    m = np.array([LCG_A], dtype=np.uint64)  # s_k = m[k-1]·s_0 + c[k-1]
+def _coefficients(n: int) -> tuple:
+    """`(m, c)` with `s_k = m[k-1]·s_0 + c[k-1] (mod 2^32)` for `k = 1..n`."""
+    m = np.array([LCG_A], dtype=np.uint64)
     c = np.array([LCG_C], dtype=np.uint64)
     while m.size < n:  # s_{j+k} = m_k·s_j + c_k: double the known coefficients
         mj, cj = m[-1], c[-1]
         m = np.concatenate([m, (m * mj) & MASK])
         c = np.concatenate([c, (m[: c.size] * cj + c) & MASK])
-    return ((m[:n] * np.uint64(seed & MASK) + c[:n]) & MASK).astype(np.uint64)
+    return m[:n], c[:n]
+
+
+def lcg_states(seed: int, n: int) -> np.ndarray:
+    """The states `s_1..s_n` of the LCG `s ← (1664525·s + 1013904223) mod 2^32` from `s_0 = seed`."""
+    m, c = _coefficients(n)
+    return (m * np.uint64(seed & MASK) + c) & MASK
 
 
 def leaf_values(data_seed: int, leaf_id: int, n: int, kind: str, value_range=None) -> np.ndarray:
-    """The `n` values of leaf `leaf_id` in memory order: f32 in [-1, 1), or integers in `range`."""
-    u = lcg_states((data_seed + 2654435761 * (leaf_id + 1)) & MASK, n) >> np.uint64(8)
-    if value_range is not None or kind in ("int", "i32"):
+    """The `n` values of leaf `leaf_id` in memory order: f32 in [-1, 1), or int32 integers in `range`
+    `[lo, hi)`; generated `CHUNK` values at a time (each chunk continues from the last state)."""
+    integer = value_range is not None or kind in ("int", "i32")
+    if integer:
         if value_range is None:
             raise GraphFileError(f"leaf {leaf_id}: an integer leaf needs a range [lo, hi)")
         lo, hi = value_range
-        return (lo + (u % np.uint64(hi - lo)).astype(np.int64)).astype(np.int32)
-    return ((u.astype(np.float64) - 2.0**23) / 2.0**23).astype(np.float32)
+        if not -(2**31) <= lo < hi <= 2**31:
+            raise GraphFileError(f"leaf {leaf_id}: range [{lo}, {hi}) is not a non-empty range of int32 values")
+    out = np.empty(n, dtype=np.int32 if integer else np.float32)
+    m, c = _coefficients(min(n, CHUNK))
+    s = np.uint64((data_seed + 2654435761 * (leaf_id + 1)) & MASK)
+    for start in range(0, n, CHUNK):
+        states = (m * s + c) & MASK
+        u = states[: n - start] >> np.uint64(8)
+        if integer:
+            out[start:start + u.size] = lo + (u % np.uint64(hi - lo)).astype(np.int64)
+        else:
+            out[start:start + u.size] = (u.astype(np.float64) - 2.0**23) / 2.0**23
+        s = states[-1]
+    return out
 
 
 def fill_leaf(tensor, data_seed: int, leaf_id: int, kind: str = "float", value_range=None) -> None:
@@ -63,30 +87,131 @@ def data_seed(doc: dict) -> int:
     """The leaf-data seed: `data_generator.data_seed` (the spec's place), else a top-level `data_seed`
     (files written before the spec said so)."""
     gen = doc.get("data_generator")
-    seed = gen.get("data_seed") if isinstance(gen, dict) else None
+    seed, path = (gen.get("data_seed"), "data_generator.data_seed") if isinstance(gen, dict) else (None, None)
     if seed is None:
-        seed = doc.get("data_seed")
+        seed, path = doc.get("data_seed"), "data_seed"
     if seed is None:
         raise GraphFileError("numerics: the file has no seed: expected `data_generator.data_seed` (an integer)")
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
-        raise GraphFileError(f"numerics: the seed must be an integer in [0, 2^32), the file has {seed!r}")
+        fail(path, "an integer in [0, 2^32)", seed)
     return seed
 
 
 # notebooks/A1_graph_files.py
-def verify_numerics(doc: dict, gf, exact: bool = False) -> tuple:
+NUMERICS_MAX_BYTES = 2**30
+F32_MAX = float(np.finfo(np.float32).max)
+KINDS = {"float": False, "int": True, "i32": True}  # kind -> integer data
+FILLABLE = ("f32", "f16", "q8_0", "i32")
+
+
+def _check_values(vals, path: str, n: int) -> None:
+    for k, v in enumerate(check_list(vals, path, length=n)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not (math.isfinite(v) and abs(v) <= F32_MAX):
+            fail(f"{path}[{k}]", "a finite f32 value", v)
+
+
+def _check_leaf(leaf: dict, p: str, ents: list) -> int:
+    check_type(leaf, p, dict, "an object {id, name, type, kind, range?}")
+    i = check_int(need(leaf, "id", f"{p}.id"), f"{p}.id", 0, len(ents) - 1)
+    e = ents[i]
+    if e["graph_role"] == "none" or e["op"] != "NONE":
+        fail(f"{p}.id", "the id of a leaf of the graph (op NONE)", i)
+    for f in ("name", "type"):
+        if need(leaf, f, f"{p}.{f}") != e[f]:
+            fail(f"{p}.{f}", f"{e[f]!r}, the {f} of tensor #{i}", leaf[f])
+    if e["type"] not in FILLABLE:
+        fail(f"{p}.type", f"a type the generator fills {FILLABLE}", e["type"])
+    kind = leaf.get("kind", "float")
+    if kind not in KINDS or KINDS[kind] != (e["type"] == "i32"):
+        fail(f"{p}.kind", "'int' for an i32 leaf" if e["type"] == "i32" else "'float' for a leaf of type " + e["type"], kind)
+    if KINDS[kind] or "range" in leaf:
+        r = check_list(need(leaf, "range", f"{p}.range"), f"{p}.range", length=2)
+        if not KINDS[kind]:
+            fail(f"{p}.range", "no range on a float leaf", r)
+        lo, hi = (check_int(x, f"{p}.range[{k}]", -(2**31), 2**31) for k, x in enumerate(r))
+        if lo >= hi:
+            fail(f"{p}.range", "[lo, hi) with lo < hi", r)
+    return i
+
+
+def _check_result(res: dict, p: str, ents: list) -> int:
+    check_type(res, p, dict, "an object {id, name, type, ne, n_elements, values}")
+    i = check_int(need(res, "id", f"{p}.id"), f"{p}.id", 0, len(ents) - 1)
+    e = ents[i]
+    if e["graph_role"] != "node":
+        fail(f"{p}.id", "the id of a node of the graph", i)
+    for f in ("name", "type", "ne"):
+        if need(res, f, f"{p}.{f}") != e[f]:
+            fail(f"{p}.{f}", f"{e[f]!r}, the {f} of tensor #{i}", res[f])
+    n = math.prod(e["ne"])
+    if check_int(need(res, "n_elements", f"{p}.n_elements"), f"{p}.n_elements") != n:
+        fail(f"{p}.n_elements", f"{n}, the product of ne {e['ne']}", res["n_elements"])
+    if not check_type(res.get("summary", False), f"{p}.summary", bool, "true or false"):
+        _check_values(need(res, "values", f"{p}.values"), f"{p}.values", n)
+        return i
+    _check_values(need(res, "first", f"{p}.first"), f"{p}.first", min(n, 256))
+    for f in ("sum", "sum_sq"):
+        v = need(res, f, f"{p}.{f}")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or (f == "sum_sq" and v < 0):
+            fail(f"{p}.{f}", "a finite number" + (" >= 0" if f == "sum_sq" else ""), v)
+    return i
+
+
+# notebooks/A1_graph_files.py
+def validate_numerics(doc: dict, max_bytes: int = NUMERICS_MAX_BYTES) -> None:
+    """Check the `numerics` block of a validated single-graph document (`graphio.validate_document`)
+    against its graph, field by field, and the memory computing it needs against `max_bytes`."""
+    if check_type(doc.get("numeric", True), "numeric", bool, "true or false") is False or "numerics" not in doc:
+        raise GraphFileError("numeric / numerics: a file with computed results has `numeric: true` and a "
+                             f"`numerics` block; this one has numeric = {doc.get('numeric')!r} and "
+                             f"{'a' if 'numerics' in doc else 'no'} `numerics` block")
+    if "graph" not in doc:
+        raise GraphFileError("numerics: recorded results go with a single graph, not with a sequence of steps")
+    num = check_type(doc["numerics"], "numerics", dict, "an object {leaf_data, results}")
+    ents = doc["graph"]["tensors"]
+    seen = {}
+    for k, leaf in enumerate(check_list(need(num, "leaf_data", "numerics.leaf_data"), "numerics.leaf_data")):
+        i = _check_leaf(leaf, f"numerics.leaf_data[{k}]", ents)
+        if seen.setdefault(i, k) != k:
+            fail(f"numerics.leaf_data[{k}].id", f"a leaf not described before (leaf_data[{seen[i]}] is)", i)
+    for i, e in enumerate(ents):
+        if e["graph_role"] != "none" and e["op"] == "NONE" and e["view_src"] is None and i not in seen:
+            raise GraphFileError(f"numerics.leaf_data: no entry for graph.tensors[{i}] {e['name']!r}, a leaf that "
+                                 "holds data (every leaf's data must be described)")
+    results = check_list(need(num, "results", "numerics.results"), "numerics.results")
+    if not results:
+        fail("numerics.results", "at least one result (an empty list leaves nothing to compare)", results)
+    done = {}
+    for k, res in enumerate(results):
+        i = _check_result(res, f"numerics.results[{k}]", ents)
+        if done.setdefault(i, k) != k:
+            fail(f"numerics.results[{k}].id", f"a node not compared before (results[{done[i]}] is)", i)
+    data_seed(doc)
+    _check_memory(doc, [math.prod(e["ne"]) for i, e in enumerate(ents) if i in seen or i in done], max_bytes)
+
+
+def _check_memory(doc: dict, counts: list, max_bytes: int) -> None:
+    """Computing allocates the compute and external buffers (twice: room for the kernels' temporaries)
+    and, per leaf or result, 16 bytes an element while generating or comparing."""
+    buffers = doc["buffer_size"] + sum(ext["size"] for ext in doc.get("external_buffers", []))
+    need_ = 2 * buffers + 16 * max(counts, default=0)
+    if need_ > max_bytes:
+        raise AllocationError(f"numerics: computing this graph needs about {need_ / 2**30:.2f} GiB (buffers of "
+                              f"{buffers / 2**30:.2f} GiB), more than the {max_bytes / 2**30:.3g} GiB allowed "
+                              "(check --max-gib raises it)")
+
+
+# notebooks/A1_graph_files.py
+def verify_numerics(doc: dict, gf, exact: bool = False, max_bytes: int = NUMERICS_MAX_BYTES) -> tuple:
     """Fill the leafs of the planned graph `gf` (a `graphio.GraphFile` after `run_plan`), compute it on
     the CPU backend (`exact`: with the bit-exact tier of appendix A2) and compare every recorded
-    result. Returns `(tolerance, rows)` with one row per result: `(name, worst relative error, ok)`."""
-    num = doc.get("numerics")
-    if not isinstance(num, dict) or "results" not in num or "leaf_data" not in num:
-        raise GraphFileError("numerics: the file has no `numerics` block with `leaf_data` and `results`")
+    result. Returns `(tolerance, rows)` with one row per result: `(name, worst relative error, ok)`.
+    The block is validated first (`validate_numerics`, with `max_bytes`)."""
+    validate_numerics(doc, max_bytes)
+    num = doc["numerics"]
     seed = data_seed(doc)
     for leaf in num["leaf_data"]:
-        t = gf.tensors.get(leaf["id"])
-        if t is None:
-            raise GraphFileError(f"numerics: leaf_data names tensor id {leaf['id']}, which the graph does not have")
-        fill_leaf(t, seed, leaf["id"], leaf.get("kind", "float"), leaf.get("range"))
+        fill_leaf(gf.tensors[leaf["id"]], seed, leaf["id"], leaf.get("kind", "float"), leaf.get("range"))
     cpu_init(exact=exact).graph_compute(gf.graph)
     mixed = any(t.type.name != "f32" and t.type is not I32 for t in gf.tensors.values())
     tol = TOLERANCE_MIXED if mixed else TOLERANCE_F32
@@ -94,8 +219,14 @@ def verify_numerics(doc: dict, gf, exact: bool = False) -> tuple:
     return tol, [(name, err, err <= tol) for name, err in errors]
 
 
-def _as_f32(values) -> np.ndarray:
-    return np.array([float(v) for v in values], dtype=np.float64)
+def _relative(got: np.ndarray, want: np.ndarray) -> float:
+    """`max|got − want| / max|want|`; infinite when a computed value is not finite."""
+    if not want.size:
+        return 0.0
+    diff = np.abs(got - want)
+    if not np.all(np.isfinite(diff)):
+        return float("inf")
+    return float(np.max(diff) / max(np.max(np.abs(want)), np.finfo(np.float32).tiny))
 
 
 def _worst(res: dict, got: np.ndarray) -> float:
@@ -105,12 +236,9 @@ def _worst(res: dict, got: np.ndarray) -> float:
         return float("inf")
     g = got.astype(np.float64)
     if not res.get("summary"):
-        want = _as_f32(res["values"])
-        scale = max(np.max(np.abs(want)), np.finfo(np.float32).tiny)
-        return float(np.max(np.abs(g - want)) / scale) if want.size else 0.0
-    first = _as_f32(res["first"])
-    scale = max(np.max(np.abs(first)), np.finfo(np.float32).tiny)
-    errs = [float(np.max(np.abs(g[: first.size] - first)) / scale)]
-    errs.append(abs(g.sum() - res["sum"]) / max(np.abs(g).sum(), 1e-30))
-    errs.append(abs((g * g).sum() - res["sum_sq"]) / max(res["sum_sq"], 1e-30))
-    return max(errs)
+        return _relative(g, np.array(res["values"], dtype=np.float64))
+    first = np.array(res["first"], dtype=np.float64)
+    errs = [_relative(g[: first.size], first),
+            abs(g.sum() - res["sum"]) / max(np.abs(g).sum(), 1e-30),
+            abs((g * g).sum() - res["sum_sq"]) / max(res["sum_sq"], 1e-30)]
+    return float("inf") if not all(math.isfinite(x) for x in errs) else max(errs)

@@ -25,8 +25,9 @@
 # 2. Loading is *replaying*: every tensor is rebuilt by calling the same ggml_lite op that ggml
 #    called, then checked against the record — so a file that loads is a file whose shapes,
 #    strides, sizes and views ggml_lite reproduces.
-# 3. Bad files fail early with an error that names the tensor: unknown op or type, a dangling
-#    source id, a cycle, a negative size.
+# 3. A graph file is untrusted input: it is validated field by field before anything is built, and a
+#    bad file fails early with an error that names the field by its JSON path (and the tensor): a wrong
+#    type or range, NaN, an unknown op or type, a dangling source id, a cycle, a name used twice.
 #
 # Exported: `ggml_lite.graphio`.
 
@@ -62,63 +63,292 @@ back. Also writes a fixture-schema file for a graph built with the ggml_lite API
 
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggml_lite import ops
-from ggml_lite.buffer import cpu_buffer_type
+from ggml_lite.buffer import TENSOR_ALIGNMENT, BufferType, CPUBufferType, cpu_buffer_type
 from ggml_lite.errors import (
-    DanglingSourceError, GraphCycleError, GraphFileError, InvalidSizeError, RecordMismatchError,
+    DanglingSourceError, GGMLLiteError, GraphCycleError, GraphFileError, InvalidSizeError, RecordMismatchError,
+    UnknownOpError,
 )
 from ggml_lite.dyn_tallocr import captured_log
 from ggml_lite.gallocr import GAllocr
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
 from ggml_lite.tallocr import alloc_ctx_tensors
 from ggml_lite.tensor import (
-    Context, Op, Tensor, TensorFlag, UnaryOp, op_by_name, type_by_name, word_to_float,
+    GGML_MAX_OP_PARAMS, GGML_MAX_SRC, Context, Op, Tensor, TensorFlag, UnaryOp, op_by_name, type_by_name,
+    word_to_float,
 )
 
 SCHEMAS = ("ggml-gallocr-fixture", "ggml-sched-fixture")
-REQUIRED_FIELDS = ("id", "name", "type", "ne", "nb", "op", "src")
 _AUTO_GRAPH_NAME = re.compile(r"(node|leaf)_\d+")
 
 # %% [markdown]
 # ## 2 · Validation before anything is built
 #
-# A file is checked as data first, so that a typo gives a message instead of a traceback from deep
-# inside an op: ids must be `0..n-1` in order (they are creation positions), every type and op must be
-# known, sizes non-negative, every source id present, and no tensor may depend on itself through
-# its sources or view source (a cycle — something ggml cannot even create).
+# A graph file is untrusted input (DESIGN §3). It is checked as data first, field by field, so that a
+# typo or a hostile edit gives a message instead of a traceback from deep inside an op, a wrong answer,
+# or unbounded work. Every message names the field by its JSON path (`graph.tensors[12].op_params[0]`,
+# `steps[3].graph.nodes[7]`), what was expected and what was found. What is checked:
+#
+# * **JSON itself**: `NaN`/`Infinity` (which Python's parser would accept) are refused where they are
+#   read, and so is nesting too deep to parse;
+# * **every tensor field** the schema lists is present and of its type: `id` equals the position (ids
+#   are creation positions); integers are integers (not floats, booleans or strings) within ggml's
+#   ranges — sizes, strides and offsets in `[0, 2^63)` (ggml's `int64_t`/`size_t`), `op_params` at most
+#   16 words of int32; a tensor's bytes must fit in 2^63; names are strings and unique (the writer
+#   appends `#id`, so `plan --json` can key by name); `flags` agrees with `flags_value`;
+# * **cross references**: sources and view sources name tensors of the file, `src_names` and
+#   `view_src_name` name them too, `graph_role` agrees with the `nodes` and `leafs` lists, no tensor
+#   depends on itself (a cycle — something ggml cannot even create);
+# * **the document**: `schema_version` 1, the `buffer_type` (a CPU-like type: alignment a power of two,
+#   `max_size`; the planner uses exactly that type), `external_buffers`, a non-empty `steps` list, and —
+#   for `check` — every recorded result it compares.
+#
+# After loading, the rebuilt tensor must also agree with its record (`type`, `ne`, `nb`, `nbytes`, …,
+# §3), so a file that loads is a file ggml_lite reproduces.
 
 # %%
 # | export
-def _tname(e: dict) -> str:
-    return f"tensor #{e.get('id')} {e.get('name')!r}"
+INT64_MAX = 2**63 - 1
+MAX_ALIGNMENT = 2**20  # the largest buffer-type alignment accepted (ggml's are 32..256)
+_INT32 = (-(2**31), 2**31 - 1)
 
 
-def _check_entry(e: dict, n: int) -> None:
-    for f in REQUIRED_FIELDS:
-        if f not in e:
-            raise GraphFileError(f"{_tname(e)} has no {f!r} field")
+def _bound(x: int) -> str:
+    return {INT64_MAX: "2^63-1", _INT32[0]: "-2^31", _INT32[1]: "2^31-1"}.get(x, str(x))
+
+
+def found(v) -> str:
+    """A JSON value as an error message names it: its kind and (a prefix of) its value."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return f"the boolean {str(v).lower()}"
+    if isinstance(v, int):
+        return str(v) if abs(v) < 2**53 else f"{v} (about 2^{abs(v).bit_length() - 1})"
+    if isinstance(v, float):
+        return f"the number {v!r}, not an integer" if v == int(v) else f"the number {v!r}"
+    if isinstance(v, str):
+        return f"the string {v[:40]!r}" + ("..." if len(v) > 40 else "")
+    if isinstance(v, list):
+        return f"a list of {len(v)} item(s)"
+    return "an object" if isinstance(v, dict) else type(v).__name__
+
+
+def fail(path: str, expected: str, v, cls=GraphFileError):
+    """Raise `cls` naming the field `path`, what was `expected` and what was found."""
+    raise cls(f"{path}: expected {expected}, found {found(v)}")
+
+
+def check_int(v, path: str, lo: int = 0, hi: int = INT64_MAX, cls=GraphFileError) -> int:
+    """`v` must be a JSON integer in `[lo, hi]` (a float, boolean or string is refused)."""
+    if not isinstance(v, int) or isinstance(v, bool):
+        fail(path, f"an integer in [{_bound(lo)}, {_bound(hi)}]", v)
+    if not lo <= v <= hi:
+        fail(path, f"an integer in [{_bound(lo)}, {_bound(hi)}]", v, cls)
+    return v
+
+
+def check_size(v, path: str, nullable: bool = False):
+    """A byte count, stride or offset: an integer in `[0, 2^63)`; a negative one is an `InvalidSizeError`."""
+    return None if v is None and nullable else check_int(v, path, 0, INT64_MAX, InvalidSizeError)
+
+
+def check_type(v, path: str, kind, what: str, nullable: bool = False):
+    """`v` must be of JSON kind `kind` (str, bool, list, dict), or null when `nullable`."""
+    if (v is None and nullable) or (isinstance(v, kind) and not (kind is int and isinstance(v, bool))):
+        return v
+    fail(path, what + (" or null" if nullable else ""), v)
+
+
+def need(d: dict, key: str, path: str):
+    """`d[key]`, or `GraphFileError` saying that the field at `path` is missing."""
+    if key not in d:
+        raise GraphFileError(f"{path}: missing")
+    return d[key]
+
+
+def check_list(v, path: str, most: int = None, length: int = None) -> list:
+    check_type(v, path, list, "a list")
+    if length is not None and len(v) != length:
+        fail(path, f"a list of {length} items", v)
+    if most is not None and len(v) > most:
+        fail(path, f"a list of at most {most} items", v)
+    return v
+
+# %% [markdown]
+# Parsing comes first. Python's `json` accepts `NaN`, `Infinity` and `-Infinity`, which JSON does
+# not have; each is refused with the path where it stands. A document nested deeper than the parser
+# can follow (`[[[[…` 100,000 deep) is refused too, instead of ending in a `RecursionError`.
+
+# %%
+# | export
+class _NonFinite:
+    """What the parser puts where the text says NaN or Infinity, to be found and reported."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def _find_non_finite(doc):
+    """(path, literal) of the first NaN/Infinity in a parsed document (iterative: depth is unbounded)."""
+    stack = [("", doc)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, _NonFinite):
+            return path or "the top level", v.text
+        if isinstance(v, dict):
+            stack.extend((f"{path}.{k}" if path else k, x) for k, x in reversed(list(v.items())))
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{k}]", x) for k, x in reversed(list(enumerate(v))))
+    return None
+
+
+def parse_json(text: str, where: str = "the document"):
+    """Parse JSON text as untrusted input: `GraphFileError` (naming `where`) for text that is not JSON,
+    a NaN or Infinity literal (with its path) and nesting too deep to parse."""
+    seen = []
+
+    def constant(name):
+        seen.append(name)
+        return _NonFinite(name)
+
     try:
-        type_by_name(e["type"])
-        op_by_name(e["op"])
+        doc = json.loads(text, parse_constant=constant)
+    except json.JSONDecodeError as e:
+        raise GraphFileError(f"{where}: not JSON ({e})") from None
+    except RecursionError:
+        raise GraphFileError(f"{where}: JSON nested too deeply to read (more than about "
+                             f"{sys.getrecursionlimit()} levels)") from None
+    if seen:
+        path, literal = _find_non_finite(doc)
+        raise GraphFileError(f"{where}: {path}: expected a finite number, found {literal} "
+                             "(JSON has no NaN or Infinity)")
+    return doc
+
+
+def read_json(path) -> dict:
+    """The JSON object in the file at `path`, read as untrusted input (`parse_json`); `GraphFileError`
+    says why it cannot be one."""
+    p = Path(path)
+    if p.is_dir():
+        raise GraphFileError(f"{path} is a directory; give one JSON file (e.g. {str(path).rstrip('/')}/NAME.json)")
+    if not p.is_file():
+        raise GraphFileError(f"{path}: no such file")
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError:
+        raise GraphFileError(f"{path}: not a text file (JSON expected)") from None
+    doc = parse_json(text, str(path))
+    if not isinstance(doc, dict):
+        raise GraphFileError(f"{path}: the top level is a JSON {type(doc).__name__.replace('dict', 'object')}, "
+                             "expected an object (a graph file or a scheduler scenario)")
+    return doc
+
+# %% [markdown]
+# One tensor entry, field by field. The types and ops must be known to ggml_lite; a quantized
+# tensor's rows must hold whole blocks; and the bytes a tensor spans must fit in ggml's `int64_t`.
+
+# %%
+# | export
+TENSOR_FIELDS = ("id", "name", "ctx", "graph_role", "type", "ne", "nb", "nbytes", "alloc_size", "op", "op_params",
+                 "src", "src_names", "view_src", "view_src_name", "view_offs", "flags", "flags_value",
+                 "preallocated", "buffer", "offset", "ext_offset")
+REQUIRED_FIELDS = TENSOR_FIELDS  # (and `unary_op` for a UNARY tensor)
+ROLES = ("node", "leaf", "none")
+_FLAG_BITS = {"INPUT": int(TensorFlag.INPUT), "OUTPUT": int(TensorFlag.OUTPUT), "PARAM": int(TensorFlag.PARAM)}
+
+
+def _tname(e: dict) -> str:
+    name = e.get("name")
+    return f"tensor #{str(e.get('id'))[:20]} " + (repr(name[:60]) if isinstance(name, str) else "(no name)")
+
+
+def _check_layout(e: dict, p: str) -> None:
+    """`type`, `ne`, `nb`: known type, four sizes each, whole blocks, a span below 2^63 bytes."""
+    try:
+        tp = type_by_name(check_type(e["type"], f"{p}.type", str, "a type name"))
     except KeyError as err:
-        raise type(err)(f"{_tname(e)}: {err}") from None
+        raise type(err)(f"{p}.type: {_tname(e)}: {err}") from None
     for f in ("ne", "nb"):
-        v = e[f]
-        if not isinstance(v, list) or len(v) != 4 or not all(isinstance(x, int) for x in v):
-            raise GraphFileError(f"{_tname(e)}: {f} must be a list of 4 integers, got {v!r}")
-        if min(v) < 0:
-            raise InvalidSizeError(f"{_tname(e)}: negative {f} {v}")
+        for k, x in enumerate(check_list(e[f], f"{p}.{f}", length=4)):
+            check_size(x, f"{p}.{f}[{k}]")
+    ne, nb = e["ne"], e["nb"]
+    if ne[0] % tp.blck_size:
+        fail(f"{p}.ne[0]", f"a multiple of {tp.blck_size} (the block size of {tp.name})", ne[0])
+    span = tp.type_size * (ne[0] // tp.blck_size) * ne[1] * ne[2] * ne[3]
+    reach = sum((n - 1) * s for n, s in zip(ne, nb) if n > 0)
+    if max(span, reach) > INT64_MAX:
+        raise InvalidSizeError(f"{p}.ne: expected a shape whose bytes ggml's int64 can count (below 2^63), found "
+                               f"ne {ne} (nb {nb}), about 2^{max(span, reach).bit_length() - 1} bytes ({_tname(e)})")
+
+
+def _check_entry(e: dict, i: int, n: int, p: str) -> None:
+    """Every field of the entry at position `i` of `n` (JSON path `p`): presence, type, range, ids."""
+    for f in TENSOR_FIELDS + (("unary_op",) if e.get("op") == "UNARY" else ()):
+        if f not in e:
+            raise GraphFileError(f"{p}.{f}: missing ({_tname(e)}; every tensor entry has the fields of "
+                                 f"tests/fixtures/ggml-seed/README.md)")
+    if check_int(e["id"], f"{p}.id") != i:
+        raise GraphFileError(f"{p}.id: {_tname(e)} is at position {i}: ids must be 0..n-1 in creation order")
+    check_type(e["name"], f"{p}.name", str, "a string")
+    check_type(e["ctx"], f"{p}.ctx", str, "a context label (a string)")
+    if e["graph_role"] not in ROLES:
+        fail(f"{p}.graph_role", f"one of {ROLES}", e["graph_role"])
+    _check_layout(e, p)
     for f in ("nbytes", "alloc_size", "view_offs"):
-        if e.get(f) is not None and e[f] < 0:
-            raise InvalidSizeError(f"{_tname(e)}: negative {f} {e[f]}")
-    for ref in [*e["src"], e.get("view_src")]:
-        if ref is not None and not (isinstance(ref, int) and 0 <= ref < n):
-            raise DanglingSourceError(f"{_tname(e)} refers to tensor id {ref!r}, which is not in the file (ids 0..{n - 1})")
+        check_size(e[f], f"{p}.{f}")
+    try:
+        op = op_by_name(check_type(e["op"], f"{p}.op", str, "an op name"))
+    except KeyError as err:
+        raise type(err)(f"{p}.op: {_tname(e)}: {err}") from None
+    if "unary_op" in e:
+        if op is not Op.UNARY:
+            fail(f"{p}.unary_op", "no unary_op on a tensor whose op is not UNARY", e["unary_op"])
+        if check_type(e["unary_op"], f"{p}.unary_op", str, "a unary op name") not in UnaryOp.__members__:
+            fail(f"{p}.unary_op", "a unary op name of ggml", e["unary_op"], UnknownOpError)
+    for k, w in enumerate(check_list(e["op_params"], f"{p}.op_params", most=GGML_MAX_OP_PARAMS // 4)):
+        check_int(w, f"{p}.op_params[{k}]", *_INT32)
+    if op is Op.UNARY:  # the unary op is op_params[0]
+        w = e["op_params"][0] if e["op_params"] else 0
+        if w not in UnaryOp._value2member_map_:
+            fail(f"{p}.op_params[0]", f"a unary op code of ggml (0..{max(UnaryOp)})", w)
+        if e["unary_op"] != UnaryOp(w).name:
+            fail(f"{p}.unary_op", f"{UnaryOp(w).name!r}, the unary op of op_params[0] = {w}", e["unary_op"])
+    for k, ref in enumerate(check_list(e["src"], f"{p}.src", most=GGML_MAX_SRC)):
+        _check_ref(ref, f"{p}.src[{k}]", n)
+    _check_ref(e["view_src"], f"{p}.view_src", n)
+    check_list(e["src_names"], f"{p}.src_names", length=len(e["src"]))
+    bits = 0
+    for k, flag in enumerate(check_list(e["flags"], f"{p}.flags", most=len(_FLAG_BITS))):
+        if flag not in _FLAG_BITS or bits & _FLAG_BITS[flag]:
+            fail(f"{p}.flags[{k}]", f"one of {tuple(_FLAG_BITS)}, each once", flag)
+        bits |= _FLAG_BITS[flag]
+    if check_int(e["flags_value"], f"{p}.flags_value", 0, sum(_FLAG_BITS.values())) != bits:
+        fail(f"{p}.flags_value", f"{bits}, the value of flags {e['flags']}", e["flags_value"])
+    check_type(e["preallocated"], f"{p}.preallocated", bool, "true or false")
+    check_type(e["buffer"], f"{p}.buffer", str, "a buffer label (a string)", nullable=True)
+    for f in ("offset", "ext_offset"):
+        check_size(e[f], f"{p}.{f}", nullable=True)
 
 
+def _check_ref(ref, path: str, n: int) -> None:
+    if ref is None:
+        return
+    if not isinstance(ref, int) or isinstance(ref, bool):
+        fail(path, "a tensor id (an integer) or null", ref)
+    if not 0 <= ref < n:
+        raise DanglingSourceError(f"{path}: refers to tensor id {ref}, which is not in the file (ids 0..{n - 1})")
+
+# %% [markdown]
+# The rebuild order is found by Kahn's algorithm, which also finds cycles; then the whole `graph`
+# section: its tensors, the uniqueness of names, the names of sources, and the node and leaf lists.
+
+# %%
+# | export
 def creation_order(entries: list) -> list:
     """The order to rebuild tensors in: by id, except that a tensor waits for its sources and view
     source (Kahn's algorithm, smallest id first). A cycle raises `GraphCycleError` naming its tensors."""
@@ -160,23 +390,216 @@ def _a_cycle(deps: list, waiting: list) -> list:
 
 # %%
 # | export
-def validate_graph_doc(g: dict) -> list:
-    """Check a `graph` section (ids, types, ops, sizes, references, cycles); return the rebuild order."""
-    if not isinstance(g, dict) or not isinstance(g.get("tensors"), list):
-        raise GraphFileError("the graph section has no 'tensors' list")
-    entries = g["tensors"]
+def _check_names(entries: list, where: str) -> None:
+    """Names are unique (the writer appends `#id`), and `src_names` / `view_src_name` name the sources."""
+    first = {}
     for i, e in enumerate(entries):
-        if not isinstance(e, dict):
-            raise GraphFileError(f"tensors[{i}] is not an object")
-        if e.get("id") != i:
-            raise GraphFileError(f"{_tname(e)} is at position {i}: ids must be 0..n-1 in creation order")
-        _check_entry(e, len(entries))
-    for key in ("nodes", "leafs", "expand_roots"):
-        for ref in g.get(key) or []:
-            if not (isinstance(ref, int) and 0 <= ref < len(entries)):
-                raise DanglingSourceError(f"graph.{key} refers to tensor id {ref!r}, which is not in the file")
-    return creation_order(entries)
+        j = first.setdefault(e["name"], i)
+        if j != i:
+            raise GraphFileError(f"{where}.tensors[{i}].name: {e['name']!r} is also the name of tensors[{j}]; "
+                                 "names in a graph file are unique (the writer appends #id to shared names)")
+    for i, e in enumerate(entries):
+        refs = [(f"src_names[{k}]", r, nm) for k, (r, nm) in enumerate(zip(e["src"], e["src_names"]))]
+        for field_, r, nm in refs + [("view_src_name", e["view_src"], e["view_src_name"])]:
+            want = None if r is None else entries[r]["name"]
+            if nm != want:
+                fail(f"{where}.tensors[{i}].{field_}", "null" if want is None else f"{want!r}, the name of tensor #{r}", nm)
 
+
+def _check_lists(g: dict, where: str, n: int) -> None:
+    """`nodes`, `leafs` (ids, each once, in neither both), `n_nodes`, `n_leafs`, `expand_roots`, and
+    each tensor's `graph_role` against the lists."""
+    role = {}
+    for key in ("nodes", "leafs"):
+        for k, ref in enumerate(check_list(need(g, key, f"{where}.{key}"), f"{where}.{key}")):
+            _check_ref(check_int(ref, f"{where}.{key}[{k}]", 0, INT64_MAX), f"{where}.{key}[{k}]", n)
+            if ref in role:
+                fail(f"{where}.{key}[{k}]", "a tensor id not listed before", ref)
+            role[ref] = key[:-1]
+        if check_int(need(g, f"n_{key}", f"{where}.n_{key}"), f"{where}.n_{key}") != len(g[key]):
+            fail(f"{where}.n_{key}", f"{len(g[key])}, the length of {key}", g[f"n_{key}"])
+    if "expand_roots" in g:
+        for k, ref in enumerate(check_list(g["expand_roots"], f"{where}.expand_roots")):
+            _check_ref(check_int(ref, f"{where}.expand_roots[{k}]"), f"{where}.expand_roots[{k}]", n)
+    else:  # the recorded lists are the graph: a node's sources come before it, leafs have no op
+        done = set(g["leafs"])
+        for k, ref in enumerate(g["nodes"]):
+            for s in g["tensors"][ref]["src"]:
+                if s is not None and s not in done:
+                    fail(f"{where}.nodes[{k}]", f"a node whose sources are leafs or earlier nodes (no expand_roots); "
+                         f"its source #{s} is not", ref)
+            done.add(ref)
+        for k, ref in enumerate(g["leafs"]):
+            if g["tensors"][ref]["op"] != "NONE":
+                fail(f"{where}.leafs[{k}]", "a tensor of op NONE", ref)
+    for i, e in enumerate(g["tensors"]):
+        if e["graph_role"] != role.get(i, "none"):
+            fail(f"{where}.tensors[{i}].graph_role", f"{role.get(i, 'none')!r} ({where}.nodes and .leafs say so)",
+                 e["graph_role"])
+
+
+def validate_graph_doc(g: dict, where: str = "graph") -> list:
+    """Check a `graph` section (at JSON path `where`) field by field: every tensor entry, names, node and
+    leaf lists, references and cycles, before anything is built. Returns the rebuild order."""
+    if not isinstance(g, dict):
+        fail(where, "an object (a graph section)", g)
+    entries = check_list(need(g, "tensors", f"{where}.tensors"), f"{where}.tensors")
+    if not entries:
+        fail(f"{where}.tensors", "at least one tensor", entries)
+    for i, e in enumerate(entries):
+        check_type(e, f"{where}.tensors[{i}]", dict, "an object (a tensor entry)")
+        try:
+            _check_entry(e, i, len(entries), f"{where}.tensors[{i}]")
+        except GraphFileError as err:  # name the tensor too, when the message does not
+            raise err if "tensor #" in str(err) else type(err)(f"{err} ({_tname(e)})") from None
+    try:
+        order = creation_order(entries)
+    except GraphCycleError as err:
+        raise GraphCycleError(f"{where}.tensors[*].src: {err}") from None
+    _check_names(entries, where)
+    _check_lists(g, where, len(entries))
+    return order
+
+# %% [markdown]
+# The document around the graphs. `schema_version` must be 1, the only version there is. The
+# `buffer_type` is honoured, not ignored: `plan` and `check` allocate on a CPU buffer type with the
+# recorded name, alignment and `max_size` (`RecordedBufferType`; the fixtures all record ggml's CPU type,
+# alignment 32, no maximum). An external buffer must name a context of the graph, and a tensor is
+# `preallocated` exactly when its memory (its view root's) lives in one. For `check`, every result it
+# compares (the calls' `ok`, sizes and logs; every step of a sequence) must be there and well typed.
+
+# %%
+# | export
+class RecordedBufferType(CPUBufferType):
+    """The CPU buffer type (`ggml_backend_cpu_buffer_type`: base padded by 32 bytes, host memory) with the
+    name, alignment and maximum size a graph file records in `buffer_type`."""
+
+    def __init__(self, name: str, alignment: int, max_size: int = None):
+        BufferType.__init__(self, name, alignment, max_size, True)
+
+
+def _check_buffer_type(bt) -> None:
+    check_type(bt, "buffer_type", dict, "an object {name, alignment, max_size, alloc_size}")
+    check_type(need(bt, "name", "buffer_type.name"), "buffer_type.name", str, "a string")
+    a = check_int(need(bt, "alignment", "buffer_type.alignment"), "buffer_type.alignment", 1, MAX_ALIGNMENT)
+    if a & (a - 1):
+        fail("buffer_type.alignment", "a power of two", a)
+    if need(bt, "max_size", "buffer_type.max_size") is not None:
+        check_int(bt["max_size"], "buffer_type.max_size", 1)
+    if bt.get("alloc_size", "ggml_nbytes") != "ggml_nbytes":
+        fail("buffer_type.alloc_size", "'ggml_nbytes' (the only allocation size ggml_lite knows)", bt["alloc_size"])
+
+
+def buffer_type_of(doc: dict) -> BufferType:
+    """The buffer type a file records: ggml's CPU type itself, or a `RecordedBufferType` like it."""
+    bt = doc.get("buffer_type")
+    if bt is None or (bt["name"], bt["alignment"], bt["max_size"]) == ("CPU", TENSOR_ALIGNMENT, None):
+        return cpu_buffer_type()
+    return RecordedBufferType(bt["name"], bt["alignment"], bt["max_size"])
+
+
+def _check_external(doc: dict, sections: list) -> None:
+    labels = {}
+    for k, ext in enumerate(check_list(doc.get("external_buffers", []), "external_buffers")):
+        p = f"external_buffers[{k}]"
+        check_type(ext, p, dict, "an object {ctx, size}")
+        label = check_type(need(ext, "ctx", f"{p}.ctx"), f"{p}.ctx", str, "a context label")
+        if labels.setdefault(label, k) != k:
+            fail(f"{p}.ctx", f"a label not used before (external_buffers[{labels[label]}] has it)", label)
+        check_size(need(ext, "size", f"{p}.size"), f"{p}.size")
+    for where, g in sections:
+        ents = g["tensors"]
+        ctxs = {e["ctx"] for e in ents}
+        for label, k in labels.items():
+            if label not in ctxs:
+                fail(f"external_buffers[{k}].ctx", f"a context of {where}", label)
+        roots = _root_ctxs(ents)
+        for i, e in enumerate(ents):
+            if e["preallocated"] != (roots[i] in labels):
+                ext = roots[i] in labels
+                fail(f"{where}.tensors[{i}].preallocated", f"{str(ext).lower()}: its memory (its view root's) is in "
+                     f"context {roots[i]!r}, {'an' if ext else 'not an'} external buffer", e["preallocated"])
+
+
+def _root_ctxs(ents: list) -> list:
+    """The context of the tensor that owns each tensor's memory (its view root), in creation order."""
+    out = [None] * len(ents)
+    for i in creation_order(ents):
+        v = ents[i]["view_src"]
+        out[i] = ents[i]["ctx"] if v is None else out[v]
+    return out
+
+
+def _sections(doc: dict) -> list:
+    """[(JSON path, graph section)] of a validated document."""
+    if "graph" in doc:
+        return [("graph", doc["graph"])]
+    return [(f"steps[{k}].graph", s["graph"]) for k, s in enumerate(doc["steps"]) if "graph" in s]
+
+
+# %%
+# | export
+def validate_document(doc, record: bool = False) -> None:
+    """Check a fixture-schema document before anything is built: schema and version, buffer type,
+    external buffers, `graph` or a non-empty `steps`, every graph section; with `record`, also every
+    recorded result `check` compares. Raises `GraphFileError` (or a subclass) naming the field."""
+    check_type(doc, "the top level", dict, "an object")
+    schema = need(doc, "schema", "schema")
+    if schema not in SCHEMAS:
+        fail("schema", f"one of {SCHEMAS}", schema)
+    v = need(doc, "schema_version", "schema_version")
+    if v != 1 or isinstance(v, bool) or not isinstance(v, int):
+        fail("schema_version", "1 (the only version of the schema)", v)
+    if schema != SCHEMAS[0]:  # a scheduler scenario: appendix A3 checks the rest; its graph here
+        if "graph" in doc:
+            validate_graph_doc(doc["graph"], "graph")
+        return
+    if "buffer_type" in doc:
+        _check_buffer_type(doc["buffer_type"])
+    if ("graph" in doc) == ("steps" in doc):
+        raise GraphFileError("the top level: expected either `graph` (one graph) or `steps` (a sequence), "
+                             f"found {'both' if 'graph' in doc else 'neither'}")
+    if "steps" in doc:
+        for k, st in enumerate(check_list(doc["steps"], "steps")):
+            check_type(st, f"steps[{k}]", dict, "an object (a step)")
+        if not doc["steps"]:
+            fail("steps", "at least one step", doc["steps"])
+    sections = _sections(doc)
+    for where, g in sections:
+        validate_graph_doc(g, where)
+    _check_external(doc, sections)
+    if record:
+        _check_record(doc)
+
+
+def _check_call(c: dict, p: str, keys: tuple) -> None:
+    check_type(c, p, dict, "an object (a call's record)")
+    for key in keys:
+        v = need(c, key, f"{p}.{key}")
+        if key == "ok":
+            check_type(v, f"{p}.ok", bool, "true or false")
+        elif key == "log":
+            for k, line in enumerate(check_list(v, f"{p}.log")):
+                check_type(line, f"{p}.log[{k}]", str, "a string")
+        elif key == "compute_buffer_replaced":
+            check_type(v, f"{p}.{key}", bool, "true or false", nullable=True)
+        else:
+            check_size(v, f"{p}.{key}")
+
+
+def _check_record(doc: dict) -> None:
+    """The results `check` compares: each call's ok, buffer sizes and log; every step's graph."""
+    if "steps" not in doc:
+        _check_call(doc, "the top level", ("buffer_size",))
+        for call in ("reserve", "alloc_graph"):
+            _check_call(need(doc, call, call), call, ("ok", "buffer_size", "log"))
+        return
+    for k, st in enumerate(doc["steps"]):
+        p = f"steps[{k}]"
+        if need(st, "call", f"{p}.call") not in _CALLS:
+            fail(f"{p}.call", f"one of {tuple(_CALLS)}", st["call"])
+        need(st, "graph", f"{p}.graph")
+        _check_call(st, p, ("ok", "buffer_size_before", "buffer_size", "compute_buffer_replaced", "log"))
 
 
 # %% [markdown]
@@ -257,8 +680,11 @@ def rebuild_tensor(ctx: Context, e: dict, T: dict) -> Tensor:
     inplace = e.get("view_src") is not None and op not in _VIEW_LIKE
     try:
         return _REBUILD[op](ctx, e, src, p, inplace)
-    except (TypeError, IndexError, AttributeError) as err:  # missing sources, wrong arity
-        raise GraphFileError(f"{_tname(e)}: cannot rebuild op {op.name} from sources {e['src']}: {err}") from None
+    except GGMLLiteError:
+        raise
+    except (TypeError, IndexError, AttributeError, ValueError) as err:  # missing sources, wrong arity, bad params
+        raise GraphFileError(f"{_tname(e)}: cannot rebuild op {op.name} from sources {e['src']} and op_params "
+                             f"{e['op_params']}: {err}") from None
 
 
 _VIEW_LIKE = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE, Op.CPY})
@@ -276,7 +702,7 @@ def _trimmed(words) -> list:
 def _compare(e: dict, t: Tensor, T: dict) -> None:
     """Raise RecordMismatchError at the first field where the rebuilt tensor differs from the record."""
     got = {
-        "ne": list(t.ne), "nb": list(t.nb), "nbytes": t.nbytes,
+        "type": t.type.name, "ne": list(t.ne), "nb": list(t.nb), "nbytes": t.nbytes, "alloc_size": t.nbytes,
         "op_params": _trimmed(t.op_params),
         "view_src": None if t.view_src is None else T.id_of[t.view_src],
         "view_offs": t.view_offs,
@@ -284,8 +710,6 @@ def _compare(e: dict, t: Tensor, T: dict) -> None:
     for f, v in got.items():
         if f in e and e[f] != v:
             raise RecordMismatchError(f"{_tname(e)} ({e['op']}): ggml recorded {f} = {e[f]}, ggml_lite gives {v}")
-    if e["op"] == "UNARY" and "unary_op" in e and e["unary_op"] != t.unary_op.name:
-        raise RecordMismatchError(f"{_tname(e)}: recorded unary_op {e['unary_op']}, op_params say {t.unary_op.name}")
 
 
 
@@ -348,58 +772,69 @@ class GraphFile:
         return self.doc["steps"][self.step]["graph"] if self.step is not None else self.doc["graph"]
 
 
-def _graph_section(doc: dict, step):
+def _graph_section(doc: dict, step) -> tuple:
+    """(JSON path, section) of the graph to load: the file's `graph`, or that of step `step`."""
     if "graph" in doc and step is None:
-        return doc["graph"]
-    steps = [s for s in doc.get("steps", []) if isinstance(s, dict)]
-    with_graph = [i for i, s in enumerate(steps) if "graph" in s]
+        return "graph", doc["graph"]
+    with_graph = [i for i, s in enumerate(doc.get("steps", [])) if "graph" in s]
     if step is None:
         raise GraphFileError(
             f"this file holds no single graph but {len(with_graph)} steps with graphs; pass step= one of {with_graph}"
             if with_graph else "this file has no 'graph' section")
-    if step not in with_graph:
+    if step not in with_graph or isinstance(step, bool):
         raise GraphFileError(f"step {step!r} has no graph; steps with graphs: {with_graph}")
-    return steps[step]["graph"]
+    return f"steps[{step}].graph", doc["steps"][step]["graph"]
+
+
+def load_document(source, record: bool = False) -> dict:
+    """The document of `source` (a path, read as untrusted JSON, or a parsed dict), validated
+    (`validate_document`); errors about a file name it."""
+    if isinstance(source, dict):
+        validate_document(source, record)
+        return source
+    doc = read_json(source)
+    try:
+        validate_document(doc, record)
+    except GGMLLiteError as e:
+        raise type(e)(f"{source}: {e}") from None
+    return doc
 
 
 # %%
 # | export
 def read_graph_file(source, step: int = None, graph_size: int = GGML_DEFAULT_GRAPH_SIZE) -> GraphFile:
-    """Load a fixture-schema file (a path, or an already parsed dict): validate, rebuild every tensor
-    with ggml_lite's ops, check each against the record, and rebuild the graph from `expand_roots`."""
-    doc = source if isinstance(source, dict) else json.loads(Path(source).read_text())
-    if doc.get("schema") not in SCHEMAS:
-        raise GraphFileError(f"unknown schema {doc.get('schema')!r}; expected one of {SCHEMAS}")
-    g = _graph_section(doc, step)
-    order = validate_graph_doc(g)
+    """Load a fixture-schema file (a path, or an already parsed dict): validate it (`validate_document`),
+    rebuild every tensor with ggml_lite's ops, check each against the record, and rebuild the graph from
+    `expand_roots`. The graph holds at least as many tensors as the file (`graph_size` or more)."""
+    doc = load_document(source)
+    where, g = _graph_section(doc, step)
+    order = creation_order(g["tensors"])
     entries = g["tensors"]
     roots = g.get("expand_roots")
     contexts, T, auto_names = {}, _Ids(), {}
     for e in entries:  # contexts in order of first appearance
-        contexts.setdefault(e.get("ctx", "compute"), Context(e.get("ctx", "compute")))
+        contexts.setdefault(e["ctx"], Context(e["ctx"]))
     for i in order:
         e = entries[i]
-        ctx = contexts[e.get("ctx", "compute")]
         try:
-            t = rebuild_tensor(ctx, e, T)
-        except GraphFileError:
-            raise
-        except (ValueError, TypeError) as err:  # an op refused the recorded sources
-            raise type(err)(f"{_tname(e)}: {err}") from None
-        T.add(i, t)
-        _compare(e, t, T)
+            t = rebuild_tensor(contexts[e["ctx"]], e, T)
+            T.add(i, t)
+            _compare(e, t, T)
+        except GGMLLiteError as err:  # an op refused the recorded sources, or the record differs
+            named = "" if "tensor #" in str(err) else f" ({_tname(e)})"
+            raise type(err)(f"{where}.tensors[{i}]{named}: {err}") from None
         auto_names[i] = t.name
         t.set_name(_recorded_name(e, roots is not None))
-        t.flags = int(e.get("flags_value", 0))
+        t.flags = e["flags_value"]
     for ctx in contexts.values():  # creation order = id order
         ctx.tensors.sort(key=T.id_of.__getitem__)
-    graph = Graph(graph_size)
+    graph = Graph(max(graph_size, len(entries)))
     if roots is not None:
         for r in roots:
             build_forward_expand(graph, T[r])
     else:
-        graph.nodes = [T[i] for i in g.get("nodes", [])]
-        graph.leafs = [T[i] for i in g.get("leafs", [])]
+        graph.nodes = [T[i] for i in g["nodes"]]
+        graph.leafs = [T[i] for i in g["leafs"]]
         graph.visited = set(graph.nodes) | set(graph.leafs)
     gf = GraphFile(doc, graph, T, contexts, {e["id"]: e for e in entries}, auto_names, list(roots or []), step)
     _check_graph(gf, g)
@@ -608,9 +1043,10 @@ fig.update_layout(title="bytes per tensor of the toy graph (views own none of th
 fig
 
 # %% [markdown]
-# ## 7 · Errors that name the tensor
+# ## 7 · Errors that name the field
 #
-# Each broken file below differs from the good one in one field.
+# Each broken file below differs from the good one in one field; each message starts with the field's
+# JSON path, then says what was expected and what was found (§2).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -629,14 +1065,34 @@ def broken(edit):
 
 cases = {
     "unknown op": lambda ts: ts[2].update(op="CONV_2D"),
-    "unknown type": lambda ts: ts[1].update(type="f64"),
+    "unknown type": lambda ts: ts[1].update(type="f99"),
     "dangling src": lambda ts: ts[2].update(src=[1, 99]),
     "cycle": lambda ts: ts[2].update(src=[3, 0]),
     "negative size": lambda ts: ts[0].update(ne=[32, -6, 1, 1]),
     "wrong stride": lambda ts: ts[2].update(nb=[4, 256, 1536, 1536]),
+    "float size": lambda ts: ts[0].update(ne=[32, 6.0, 1, 1]),
+    "2^70 param": lambda ts: ts[3].update(op_params=[2**70]),
+    "name twice": lambda ts: ts[1].update(name="x"),
+    "wrong type": lambda ts: ts[2].update(type="f16"),
 }
 for what, edit in cases.items():
     print(f"{what:14s} -> {broken(edit)}")
+
+# %% [markdown]
+# A worked example of a refused file: the text of the toy graph with one size replaced by `NaN` — which
+# Python's `json` would read as a float — is refused where it is parsed, with the path of the field:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+bad_text = text.replace('"ne": [32, 6, 1, 1]', '"ne": [32, NaN, 1, 1]', 1)
+try:
+    parse_json(bad_text, "attention_toy.json")
+except gl.errors.GraphFileError as e:
+    print(f"{type(e).__name__}: {e}")
+try:
+    parse_json("[" * 100_000 + "]" * 100_000, "deep.json")
+except gl.errors.GraphFileError as e:
+    print(f"{type(e).__name__}: {e}")
 
 # %% [markdown]
 # ## 8 · The recorded fixtures
@@ -678,14 +1134,13 @@ print(f"{n_files} fixture files: {n_tensors} tensors rebuilt; shapes, strides, s
 # | export
 def allocate_external(gf: GraphFile, buft=None) -> dict:
     """Allocate the file's `external_buffers` contexts (`ggml_backend_alloc_ctx_tensors`); returns
-    `{label: Buffer}` after checking each buffer's size and every tensor's `ext_offset`."""
-    buft = buft or cpu_buffer_type()
+    `{label: Buffer}` after checking each buffer's size and every tensor's `ext_offset`. The buffer type
+    is the file's (`buffer_type_of`) unless `buft` is given."""
+    buft = buft or buffer_type_of(gf.doc)
     buffers = {}
     for ext in gf.doc.get("external_buffers", []):
         label = ext["ctx"]
-        ctx = gf.contexts.get(label)
-        if ctx is None:
-            continue
+        ctx = gf.contexts[label]  # (validated: every label is a context of the graph)
         buf = alloc_ctx_tensors(ctx, buft)
         size = buf.get_size() if buf is not None else 0
         if size != ext["size"]:
@@ -702,40 +1157,56 @@ def allocate_external(gf: GraphFile, buft=None) -> dict:
 @dataclass
 class Plan:
     """A compute-buffer plan: the buffer size and each tensor's offset in it (None: not in it),
-    keyed by fixture id."""
+    keyed by fixture id; and where every tensor is: `buffers[id]`, the label of its buffer ("compute",
+    an external context's, None: no buffer yet), and `ext_offsets[id]`, its offset in an external one."""
 
     buffer_size: int
     offsets: dict
+    buffers: dict = None
+    ext_offsets: dict = None
 
 
 def plan_of(gf: GraphFile, galloc) -> Plan:
-    """The plan `galloc` carried out on `gf`'s tensors: `data - base` of the compute buffer."""
+    """The plan `galloc` carried out on `gf`'s tensors: `data - base` of the compute buffer, and of
+    the external buffers."""
     buf = galloc.buffers[0]
     base = buf.get_base() if buf is not None else None
-    offsets = {}
+    offsets, labels, ext = {}, {}, {}
     for i, t in gf.tensors.items():
         holder = t.view_src.buffer if t.view_src is not None else t.buffer
         offsets[i] = t.data - base if buf is not None and holder is buf and t.data is not None else None
-    return Plan(galloc.get_buffer_size(0), offsets)
+        root = t
+        while root.view_src is not None:
+            root = root.view_src
+        labels[i] = None if t.buffer is None else "compute" if t.buffer is buf else root.ctx.name
+        own = root.buffer
+        ext[i] = t.data - own.get_base() if own is not None and own is not buf and t.data is not None else None
+    return Plan(galloc.get_buffer_size(0), offsets, labels, ext)
 
 
 def recorded_plan(gf: GraphFile) -> Plan:
     """The plan the file recorded (for a sequence file: that of `gf.step`)."""
     where = gf.doc["steps"][gf.step] if gf.step is not None else gf.doc
-    return Plan(where["buffer_size"], {i: r.get("offset") for i, r in gf.records.items()})
+    rec = gf.records.items()
+    return Plan(where["buffer_size"], {i: r.get("offset") for i, r in rec}, {i: r.get("buffer") for i, r in rec},
+                {i: r.get("ext_offset") for i, r in rec})
 
 
 def plan_differences(want: Plan, got: Plan, gf: GraphFile, limit: int = 10) -> list:
-    """The first `limit` differences between two plans, in id order, each naming the tensor."""
+    """The first `limit` differences between two plans (None: all), in id order, each naming the
+    tensor: its offset, and when both plans know them, its buffer and its offset in an external buffer."""
     out = []
     if want.buffer_size != got.buffer_size:
         out.append(f"buffer size: ggml {want.buffer_size}, ggml_lite {got.buffer_size}")
     for i in sorted(want.offsets):
-        if want.offsets[i] != got.offsets.get(i):
+        facts = [("offset", want.offsets, got.offsets), ("buffer", want.buffers, got.buffers),
+                 ("ext_offset", want.ext_offsets, got.ext_offsets)]
+        diff = [f"{f} {w[i]!r}, ggml_lite {g.get(i)!r}" for f, w, g in facts
+                if w is not None and g is not None and w[i] != g.get(i)]
+        if diff:
             r = gf.records[i]
-            out.append(f"tensor #{i} {r['name']!r} ({r['op']}, {r.get('nbytes')} B): "
-                       f"ggml offset {want.offsets[i]}, ggml_lite {got.offsets.get(i)}")
-            if len(out) >= limit:
+            out.append(f"tensor #{i} {r['name']!r} ({r['op']}, {r.get('nbytes')} B): ggml " + "; ggml ".join(diff))
+            if limit and len(out) >= limit:
                 break
     return out
 
@@ -751,13 +1222,13 @@ def _call(galloc, name: str, graph):
 def run_plan(source, step: int = None, galloc=None, call: str = None) -> tuple:
     """Load `source` (path or document, `step` of a sequence), allocate its external contexts, and
     run `call` ("reserve" or "alloc_graph"; default both, as the single-graph files record) on
-    `galloc` (a new CPU `GAllocr` when None). Returns `(GraphFile, galloc, {call: result})`, where
+    `galloc` (when None, a new `GAllocr` on the file's buffer type: `buffer_type_of`). Returns `(GraphFile, galloc, {call: result})`, where
     a result holds ok, buffer_size_before, buffer_size, the compute buffer's `handle` (the address
     of its C struct) before and after, and the log lines."""
 
     gf = read_graph_file(source, step)
     allocate_external(gf)
-    galloc = galloc or GAllocr(cpu_buffer_type())
+    galloc = galloc or GAllocr(buffer_type_of(gf.doc))
     results = {}
     for name in ([call] if call else ["reserve", "alloc_graph"]):
         before = galloc.buffers[0]
@@ -786,10 +1257,15 @@ def _compare_call(label: str, want: dict, got: dict) -> list:
 # | export
 def check_plan_file(source, limit: int = 10) -> list:
     """Every difference between the file's recorded plan(s) and ggml_lite's (empty: identical):
-    offsets, buffer sizes, ok flags, logs; for a sequence file, each step on one allocator."""
-    doc = source if isinstance(source, dict) else json.loads(Path(source).read_text())
-    if doc.get("schema") != "ggml-gallocr-fixture":
-        raise GraphFileError(f"not a graph-allocator fixture (schema {doc.get('schema')!r})")
+    offsets, buffer sizes, ok flags, logs; for a sequence file, each step on one allocator. The first
+    `limit` differences (an integer >= 1; 0 or None: all of them). The document is validated first,
+    with every recorded result (`validate_document(record=True)`)."""
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+        raise GraphFileError(f"limit: expected an integer >= 1 (0 or None: every difference), found {limit!r}")
+    limit = limit or None
+    doc = load_document(source, record=True)
+    if doc["schema"] != SCHEMAS[0]:
+        raise GraphFileError(f"not a graph-allocator fixture (schema {doc['schema']!r})")
     out = []
     if "steps" in doc:
         galloc = seen = None  # seen: the compute buffer's address after the last alloc_graph step
@@ -808,11 +1284,12 @@ def check_plan_file(source, limit: int = 10) -> list:
         gf, galloc, res = run_plan(doc)
         for call in ("reserve", "alloc_graph"):
             res[call]["replaced"] = None
-            out += _compare_call(call, doc.get(call, {}), res[call])
+            out += _compare_call(call, doc[call], res[call])
         out += plan_differences(recorded_plan(gf), plan_of(gf, galloc), gf, limit)
-    return out[:limit] if limit else out
+    return out[:limit]
 
 
+# %% [markdown]
 # ## 10 · `check` verifies numerics
 #
 # A fixture-schema file may also record what the real ggml *computed*
@@ -833,40 +1310,64 @@ def check_plan_file(source, limit: int = 10) -> list:
 # %%
 # | export numerics
 """The `numerics` extension of the fixture schema (`tests/fixtures/README.md`): the leaf data
-generator, and the verification of recorded results on the CPU backend."""
+generator, the validation of a `numerics` block, and the verification of recorded results on the CPU
+backend."""
+
+import math
 
 import numpy as np
 
 from ggml_lite.backend import tensor_get, tensor_set
 from ggml_lite.cpu import Arithmetic, cpu_init, quantize_q8_0
-from ggml_lite.errors import GraphFileError
-from ggml_lite.tensor import F16, F32, I32, Q8_0
+from ggml_lite.errors import AllocationError, GraphFileError
+from ggml_lite.graphio import INT64_MAX, check_int, check_list, check_type, fail, need
+from ggml_lite.tensor import F16, F32, I32, Q8_0, type_by_name
 
 MASK = 0xFFFFFFFF
 LCG_A, LCG_C = 1664525, 1013904223
 TOLERANCE_F32, TOLERANCE_MIXED = Arithmetic.TOLERANCE_F32, Arithmetic.TOLERANCE_MIXED  # the numpy tier's (chapter 07)
+CHUNK = 1 << 20  # values generated at a time: the generator's memory does not grow with the leaf
 
 
-def lcg_states(seed: int, n: int) -> np.ndarray:
-    """The states `s_1..s_n` of the LCG `s ← (1664525·s + 1013904223) mod 2^32` from `s_0 = seed`."""
-    m = np.array([LCG_A], dtype=np.uint64)  # s_k = m[k-1]·s_0 + c[k-1]
+def _coefficients(n: int) -> tuple:
+    """`(m, c)` with `s_k = m[k-1]·s_0 + c[k-1] (mod 2^32)` for `k = 1..n`."""
+    m = np.array([LCG_A], dtype=np.uint64)
     c = np.array([LCG_C], dtype=np.uint64)
     while m.size < n:  # s_{j+k} = m_k·s_j + c_k: double the known coefficients
         mj, cj = m[-1], c[-1]
         m = np.concatenate([m, (m * mj) & MASK])
         c = np.concatenate([c, (m[: c.size] * cj + c) & MASK])
-    return ((m[:n] * np.uint64(seed & MASK) + c[:n]) & MASK).astype(np.uint64)
+    return m[:n], c[:n]
+
+
+def lcg_states(seed: int, n: int) -> np.ndarray:
+    """The states `s_1..s_n` of the LCG `s ← (1664525·s + 1013904223) mod 2^32` from `s_0 = seed`."""
+    m, c = _coefficients(n)
+    return (m * np.uint64(seed & MASK) + c) & MASK
 
 
 def leaf_values(data_seed: int, leaf_id: int, n: int, kind: str, value_range=None) -> np.ndarray:
-    """The `n` values of leaf `leaf_id` in memory order: f32 in [-1, 1), or integers in `range`."""
-    u = lcg_states((data_seed + 2654435761 * (leaf_id + 1)) & MASK, n) >> np.uint64(8)
-    if value_range is not None or kind in ("int", "i32"):
+    """The `n` values of leaf `leaf_id` in memory order: f32 in [-1, 1), or int32 integers in `range`
+    `[lo, hi)`; generated `CHUNK` values at a time (each chunk continues from the last state)."""
+    integer = value_range is not None or kind in ("int", "i32")
+    if integer:
         if value_range is None:
             raise GraphFileError(f"leaf {leaf_id}: an integer leaf needs a range [lo, hi)")
         lo, hi = value_range
-        return (lo + (u % np.uint64(hi - lo)).astype(np.int64)).astype(np.int32)
-    return ((u.astype(np.float64) - 2.0**23) / 2.0**23).astype(np.float32)
+        if not -(2**31) <= lo < hi <= 2**31:
+            raise GraphFileError(f"leaf {leaf_id}: range [{lo}, {hi}) is not a non-empty range of int32 values")
+    out = np.empty(n, dtype=np.int32 if integer else np.float32)
+    m, c = _coefficients(min(n, CHUNK))
+    s = np.uint64((data_seed + 2654435761 * (leaf_id + 1)) & MASK)
+    for start in range(0, n, CHUNK):
+        states = (m * s + c) & MASK
+        u = states[: n - start] >> np.uint64(8)
+        if integer:
+            out[start:start + u.size] = lo + (u % np.uint64(hi - lo)).astype(np.int64)
+        else:
+            out[start:start + u.size] = (u.astype(np.float64) - 2.0**23) / 2.0**23
+        s = states[-1]
+    return out
 
 
 def fill_leaf(tensor, data_seed: int, leaf_id: int, kind: str = "float", value_range=None) -> None:
@@ -893,31 +1394,144 @@ def data_seed(doc: dict) -> int:
     """The leaf-data seed: `data_generator.data_seed` (the spec's place), else a top-level `data_seed`
     (files written before the spec said so)."""
     gen = doc.get("data_generator")
-    seed = gen.get("data_seed") if isinstance(gen, dict) else None
+    seed, path = (gen.get("data_seed"), "data_generator.data_seed") if isinstance(gen, dict) else (None, None)
     if seed is None:
-        seed = doc.get("data_seed")
+        seed, path = doc.get("data_seed"), "data_seed"
     if seed is None:
         raise GraphFileError("numerics: the file has no seed: expected `data_generator.data_seed` (an integer)")
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
-        raise GraphFileError(f"numerics: the seed must be an integer in [0, 2^32), the file has {seed!r}")
+        fail(path, "an integer in [0, 2^32)", seed)
     return seed
+
+
+# %% [markdown]
+# A `numerics` block is validated like the rest of the file, before any byte is allocated: each
+# `leaf_data` entry names a leaf of the graph, with its name and type, and a kind its type allows (an
+# integer leaf has a range `[lo, hi)` of int32 values); every leaf that holds data has one entry; each
+# result names a node, its type and `ne`, `n_elements` equal to the product of `ne`, and exactly that
+# many finite f32 `values` (or, summarised, `first`, `sum` and `sum_sq`). An empty `results` list is
+# refused: there would be nothing to compare. And computing needs real bytes, so the block is refused
+# when its buffers (the recorded compute buffer and external buffers, with room for temporaries) would
+# exceed `max_bytes` (1 GiB by default; `check --max-gib` raises it).
+
+# %%
+# | export numerics
+NUMERICS_MAX_BYTES = 2**30
+F32_MAX = float(np.finfo(np.float32).max)
+KINDS = {"float": False, "int": True, "i32": True}  # kind -> integer data
+FILLABLE = ("f32", "f16", "q8_0", "i32")
+
+
+def _check_values(vals, path: str, n: int) -> None:
+    for k, v in enumerate(check_list(vals, path, length=n)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not (math.isfinite(v) and abs(v) <= F32_MAX):
+            fail(f"{path}[{k}]", "a finite f32 value", v)
+
+
+def _check_leaf(leaf: dict, p: str, ents: list) -> int:
+    check_type(leaf, p, dict, "an object {id, name, type, kind, range?}")
+    i = check_int(need(leaf, "id", f"{p}.id"), f"{p}.id", 0, len(ents) - 1)
+    e = ents[i]
+    if e["graph_role"] == "none" or e["op"] != "NONE":
+        fail(f"{p}.id", "the id of a leaf of the graph (op NONE)", i)
+    for f in ("name", "type"):
+        if need(leaf, f, f"{p}.{f}") != e[f]:
+            fail(f"{p}.{f}", f"{e[f]!r}, the {f} of tensor #{i}", leaf[f])
+    if e["type"] not in FILLABLE:
+        fail(f"{p}.type", f"a type the generator fills {FILLABLE}", e["type"])
+    kind = leaf.get("kind", "float")
+    if kind not in KINDS or KINDS[kind] != (e["type"] == "i32"):
+        fail(f"{p}.kind", "'int' for an i32 leaf" if e["type"] == "i32" else "'float' for a leaf of type " + e["type"], kind)
+    if KINDS[kind] or "range" in leaf:
+        r = check_list(need(leaf, "range", f"{p}.range"), f"{p}.range", length=2)
+        if not KINDS[kind]:
+            fail(f"{p}.range", "no range on a float leaf", r)
+        lo, hi = (check_int(x, f"{p}.range[{k}]", -(2**31), 2**31) for k, x in enumerate(r))
+        if lo >= hi:
+            fail(f"{p}.range", "[lo, hi) with lo < hi", r)
+    return i
+
+
+def _check_result(res: dict, p: str, ents: list) -> int:
+    check_type(res, p, dict, "an object {id, name, type, ne, n_elements, values}")
+    i = check_int(need(res, "id", f"{p}.id"), f"{p}.id", 0, len(ents) - 1)
+    e = ents[i]
+    if e["graph_role"] != "node":
+        fail(f"{p}.id", "the id of a node of the graph", i)
+    for f in ("name", "type", "ne"):
+        if need(res, f, f"{p}.{f}") != e[f]:
+            fail(f"{p}.{f}", f"{e[f]!r}, the {f} of tensor #{i}", res[f])
+    n = math.prod(e["ne"])
+    if check_int(need(res, "n_elements", f"{p}.n_elements"), f"{p}.n_elements") != n:
+        fail(f"{p}.n_elements", f"{n}, the product of ne {e['ne']}", res["n_elements"])
+    if not check_type(res.get("summary", False), f"{p}.summary", bool, "true or false"):
+        _check_values(need(res, "values", f"{p}.values"), f"{p}.values", n)
+        return i
+    _check_values(need(res, "first", f"{p}.first"), f"{p}.first", min(n, 256))
+    for f in ("sum", "sum_sq"):
+        v = need(res, f, f"{p}.{f}")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or (f == "sum_sq" and v < 0):
+            fail(f"{p}.{f}", "a finite number" + (" >= 0" if f == "sum_sq" else ""), v)
+    return i
 
 
 # %%
 # | export numerics
-def verify_numerics(doc: dict, gf, exact: bool = False) -> tuple:
+def validate_numerics(doc: dict, max_bytes: int = NUMERICS_MAX_BYTES) -> None:
+    """Check the `numerics` block of a validated single-graph document (`graphio.validate_document`)
+    against its graph, field by field, and the memory computing it needs against `max_bytes`."""
+    if check_type(doc.get("numeric", True), "numeric", bool, "true or false") is False or "numerics" not in doc:
+        raise GraphFileError("numeric / numerics: a file with computed results has `numeric: true` and a "
+                             f"`numerics` block; this one has numeric = {doc.get('numeric')!r} and "
+                             f"{'a' if 'numerics' in doc else 'no'} `numerics` block")
+    if "graph" not in doc:
+        raise GraphFileError("numerics: recorded results go with a single graph, not with a sequence of steps")
+    num = check_type(doc["numerics"], "numerics", dict, "an object {leaf_data, results}")
+    ents = doc["graph"]["tensors"]
+    seen = {}
+    for k, leaf in enumerate(check_list(need(num, "leaf_data", "numerics.leaf_data"), "numerics.leaf_data")):
+        i = _check_leaf(leaf, f"numerics.leaf_data[{k}]", ents)
+        if seen.setdefault(i, k) != k:
+            fail(f"numerics.leaf_data[{k}].id", f"a leaf not described before (leaf_data[{seen[i]}] is)", i)
+    for i, e in enumerate(ents):
+        if e["graph_role"] != "none" and e["op"] == "NONE" and e["view_src"] is None and i not in seen:
+            raise GraphFileError(f"numerics.leaf_data: no entry for graph.tensors[{i}] {e['name']!r}, a leaf that "
+                                 "holds data (every leaf's data must be described)")
+    results = check_list(need(num, "results", "numerics.results"), "numerics.results")
+    if not results:
+        fail("numerics.results", "at least one result (an empty list leaves nothing to compare)", results)
+    done = {}
+    for k, res in enumerate(results):
+        i = _check_result(res, f"numerics.results[{k}]", ents)
+        if done.setdefault(i, k) != k:
+            fail(f"numerics.results[{k}].id", f"a node not compared before (results[{done[i]}] is)", i)
+    data_seed(doc)
+    _check_memory(doc, [math.prod(e["ne"]) for i, e in enumerate(ents) if i in seen or i in done], max_bytes)
+
+
+def _check_memory(doc: dict, counts: list, max_bytes: int) -> None:
+    """Computing allocates the compute and external buffers (twice: room for the kernels' temporaries)
+    and, per leaf or result, 16 bytes an element while generating or comparing."""
+    buffers = doc["buffer_size"] + sum(ext["size"] for ext in doc.get("external_buffers", []))
+    need_ = 2 * buffers + 16 * max(counts, default=0)
+    if need_ > max_bytes:
+        raise AllocationError(f"numerics: computing this graph needs about {need_ / 2**30:.2f} GiB (buffers of "
+                              f"{buffers / 2**30:.2f} GiB), more than the {max_bytes / 2**30:.3g} GiB allowed "
+                              "(check --max-gib raises it)")
+
+
+# %%
+# | export numerics
+def verify_numerics(doc: dict, gf, exact: bool = False, max_bytes: int = NUMERICS_MAX_BYTES) -> tuple:
     """Fill the leafs of the planned graph `gf` (a `graphio.GraphFile` after `run_plan`), compute it on
     the CPU backend (`exact`: with the bit-exact tier of appendix A2) and compare every recorded
-    result. Returns `(tolerance, rows)` with one row per result: `(name, worst relative error, ok)`."""
-    num = doc.get("numerics")
-    if not isinstance(num, dict) or "results" not in num or "leaf_data" not in num:
-        raise GraphFileError("numerics: the file has no `numerics` block with `leaf_data` and `results`")
+    result. Returns `(tolerance, rows)` with one row per result: `(name, worst relative error, ok)`.
+    The block is validated first (`validate_numerics`, with `max_bytes`)."""
+    validate_numerics(doc, max_bytes)
+    num = doc["numerics"]
     seed = data_seed(doc)
     for leaf in num["leaf_data"]:
-        t = gf.tensors.get(leaf["id"])
-        if t is None:
-            raise GraphFileError(f"numerics: leaf_data names tensor id {leaf['id']}, which the graph does not have")
-        fill_leaf(t, seed, leaf["id"], leaf.get("kind", "float"), leaf.get("range"))
+        fill_leaf(gf.tensors[leaf["id"]], seed, leaf["id"], leaf.get("kind", "float"), leaf.get("range"))
     cpu_init(exact=exact).graph_compute(gf.graph)
     mixed = any(t.type.name != "f32" and t.type is not I32 for t in gf.tensors.values())
     tol = TOLERANCE_MIXED if mixed else TOLERANCE_F32
@@ -925,8 +1539,14 @@ def verify_numerics(doc: dict, gf, exact: bool = False) -> tuple:
     return tol, [(name, err, err <= tol) for name, err in errors]
 
 
-def _as_f32(values) -> np.ndarray:
-    return np.array([float(v) for v in values], dtype=np.float64)
+def _relative(got: np.ndarray, want: np.ndarray) -> float:
+    """`max|got − want| / max|want|`; infinite when a computed value is not finite."""
+    if not want.size:
+        return 0.0
+    diff = np.abs(got - want)
+    if not np.all(np.isfinite(diff)):
+        return float("inf")
+    return float(np.max(diff) / max(np.max(np.abs(want)), np.finfo(np.float32).tiny))
 
 
 def _worst(res: dict, got: np.ndarray) -> float:
@@ -936,15 +1556,12 @@ def _worst(res: dict, got: np.ndarray) -> float:
         return float("inf")
     g = got.astype(np.float64)
     if not res.get("summary"):
-        want = _as_f32(res["values"])
-        scale = max(np.max(np.abs(want)), np.finfo(np.float32).tiny)
-        return float(np.max(np.abs(g - want)) / scale) if want.size else 0.0
-    first = _as_f32(res["first"])
-    scale = max(np.max(np.abs(first)), np.finfo(np.float32).tiny)
-    errs = [float(np.max(np.abs(g[: first.size] - first)) / scale)]
-    errs.append(abs(g.sum() - res["sum"]) / max(np.abs(g).sum(), 1e-30))
-    errs.append(abs((g * g).sum() - res["sum_sq"]) / max(res["sum_sq"], 1e-30))
-    return max(errs)
+        return _relative(g, np.array(res["values"], dtype=np.float64))
+    first = np.array(res["first"], dtype=np.float64)
+    errs = [_relative(g[: first.size], first),
+            abs(g.sum() - res["sum"]) / max(np.abs(g).sum(), 1e-30),
+            abs((g * g).sum() - res["sum_sq"]) / max(res["sum_sq"], 1e-30)]
+    return float("inf") if not all(math.isfinite(x) for x in errs) else max(errs)
 
 
 

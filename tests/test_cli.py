@@ -36,19 +36,26 @@ def test_check_prints_the_first_differing_tensors_and_exits_1(tmp_path, capsys):
     assert all(t["name"] in out for t in moved), out
 
 
-def test_check_with_numerics_computes_or_skips(tmp_path, capsys):
-    """A file that records computed results: `check` computes them (here: none recorded, nothing to
-    compare, still the plan is checked) unless --no-numerics is given. Real result files are checked in
-    tests/test_numerics.py."""
+def test_check_with_numerics_refuses_nothing_to_compare_or_skips(tmp_path, capsys):
+    """A file that says it records computed results but records none: `check` refuses it (exit 2: there is
+    nothing to compare, it is not "identical") unless --no-numerics is given. Real result files are
+    checked in tests/test_numerics.py."""
     doc = copy.deepcopy(load_json(fixture_path("ggml-seed", "01_mlp_small")))
-    doc.update(numeric=True, data_seed=1, numerics={"leaf_data": [], "results": []})
+    leafs = [{"id": i, "name": e["name"], "type": e["type"], "kind": "float"}
+             for i, e in enumerate(doc["graph"]["tensors"]) if e["graph_role"] == "leaf"]
+    doc.update(numeric=True, data_seed=1, numerics={"leaf_data": leafs, "results": []})
     path = _write(tmp_path, doc)
-    assert main(["check", path]) == 0
-    out = capsys.readouterr().out
-    assert "plan identical" in out and "numerics: 0 result(s) computed on the CPU backend" in out
+    assert main(["check", path]) == 2
+    err = capsys.readouterr().err
+    assert "numerics.results: expected at least one result (an empty list leaves nothing to compare)" in err
     assert main(["check", path, "--no-numerics"]) == 0
-    assert "numerics: skipped" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "plan identical" in out and "numerics: skipped" in out
     del doc["data_seed"]
+    last = doc["graph"]["tensors"][doc["graph"]["nodes"][-1]]
+    n = last["ne"][0] * last["ne"][1] * last["ne"][2] * last["ne"][3]
+    doc["numerics"]["results"] = [{"id": last["id"], "name": last["name"], "type": last["type"], "ne": last["ne"],
+                                   "n_elements": n, "values": [0.0] * n}]
     assert main(["check", _write(tmp_path, doc)]) == 2
     assert "expected `data_generator.data_seed`" in capsys.readouterr().err
 
@@ -94,13 +101,16 @@ def test_the_module_runs_as_a_command():
     ("[1, 2, 3]", "the top level is a JSON list, expected an object"),
     ('"text"', "the top level is a JSON str, expected an object"),
     ("42", "the top level is a JSON int, expected an object"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),  # json would raise RecursionError
+    ('{"schema": NaN}', "schema: expected a finite number, found NaN"),  # json would accept these
+    ('{"a": [1, -Infinity]}', "a[1]: expected a finite number, found -Infinity"),
 ])
 def test_a_top_level_that_is_not_an_object_exits_2(tmp_path, capsys, command, content, needle):
     path = tmp_path / "bad.json"
     path.write_text(content)
     assert main([command, str(path)]) == 2
     err = capsys.readouterr().err
-    assert needle in err and "Traceback" not in err
+    assert needle in err and "Traceback" not in err and "internal error" not in err, err
 
 
 @pytest.mark.parametrize("command", ["plan", "check", "sched"])
@@ -190,16 +200,57 @@ def test_llama_text_report_prints_llama_cpp_lines(capsys):
 @pytest.mark.parametrize("argv, message", [
     (["llama", "--preset", "llama-9-1b"], "unknown preset 'llama-9-1b'"),
     (["llama", "--n-vocab", "100"], "missing --n-embd"),
-    (["llama", "--n-vocab", "100", "--n-embd", "100", "--n-layer", "2", "--n-head", "3", "--n-ff", "8"], "n_head 3 must divide"),
-    (["llama", "--preset", "llama-2-7b", "--n-ctx", "-5"], "--n-ctx must be positive"),
-    (["llama", "--preset", "llama-2-7b", "--devices", "2", "--n-gpu-layers", "33", "--tensor-split", "1,x"], "--tensor-split"),
-    (["llama", "--preset", "llama-2-7b", "--n-gpu-layers", "-1", "--devices", "1"], "cannot be negative"),
-    (["llama", "--preset", "llama-2-7b", "--type-k", "q9"], "type_k 'q9'"),
+    (["llama", "--n-vocab", "100", "--n-embd", "100", "--n-layer", "2", "--n-head", "3", "--n-ff", "8"],
+     "n_head (--n-head): expected a divisor of n_embd 100, found 3"),
+    (["llama", "--preset", "llama-2-7b", "--n-ctx", "-5"], "n_ctx (--n-ctx): expected an integer from 1 to 2147483616"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "2", "--n-gpu-layers", "33", "--tensor-split", "1,x"],
+     "tensor_split (--tensor-split): expected numbers separated by commas, found '1,x'"),
+    (["llama", "--preset", "llama-2-7b", "--n-gpu-layers", "-1", "--devices", "1"],
+     "n_gpu_layers (--n-gpu-layers): expected an integer from 0 to 2147483647, found -1"),
+    (["llama", "--preset", "llama-2-7b", "--type-k", "q9"], "type_k (--type-k): expected one of f32, f16"),
     (["llama", "--preset", "llama-2-7b", "--type-v", "q8_0"], "V cache quantization requires flash attention"),
     (["llama", "--preset", "llama-2-7b", "--wtype", "i32"], "weights cannot be of type i32"),
+    (["llama", "--preset", "llama-2-7b", "--wtype", "q9_9"], "wtype (--wtype): expected a ggml type (f16, q8_0, q4_K, ...), found 'q9_9'"),
+    # issue 22: absurd values, refused before any work with the flag, what was expected and what was found
+    (["llama", "--preset", "llama-2-7b", "--devices", str(10**12)],
+     "devices (--devices): expected an integer from 0 to 15 (GGML_SCHED_MAX_BACKENDS = 16 backends, the CPU being one)"),
+    (["llama", "--n-vocab", "100", "--n-embd", "64", "--n-layer", str(10**6), "--n-head", "8", "--n-ff", "8"],
+     "n_layer (--n-layer): expected an integer from 1 to 512 (LLAMA_MAX_LAYERS), found 1000000"),
+    (["llama", "--n-vocab", "100", "--n-embd", str(2**40), "--n-layer", "2", "--n-head", "8", "--n-ff", "8"],
+     "n_embd (--n-embd): expected an integer from 1 to 4294967295 (a uint32_t), found 1099511627776"),
+    (["llama", "--n-vocab", "-3", "--n-embd", "64", "--n-layer", "2", "--n-head", "8", "--n-ff", "8"], "n_vocab (--n-vocab)"),
+    (["llama", "--n-vocab", "100", "--n-embd", "64", "--n-layer", "2", "--n-head", "8", "--n-head-kv", "0", "--n-ff", "8"],
+     "n_head_kv (--n-head-kv): expected an integer from 1"),
+    (["llama", "--n-vocab", "100", "--n-embd", "64", "--n-layer", "2", "--n-head", "8", "--n-head-kv", "3", "--n-ff", "8"],
+     "n_head_kv (--n-head-kv): expected a divisor of n_head 8, found 3"),
+    (["llama", "--preset", "llama-2-7b", "--n-ctx", str(2**40)], "n_ctx (--n-ctx): expected an integer from 1 to 2147483616"),
+    (["llama", "--preset", "llama-2-7b", "--n-batch", "-1"], "n_batch (--n-batch): expected an integer from 0 to 2147483647"),
+    (["llama", "--preset", "llama-2-7b", "--n-ubatch", str(2**31)], "n_ubatch (--n-ubatch): expected an integer from 0"),
+    (["llama", "--preset", "llama-2-7b", "--n-batch", "0", "--n-ubatch", "0"], "cannot both be zero"),
+    (["llama", "--preset", "llama-2-7b", "--n-gpu-layers", str(2**31), "--devices", "1"], "n_gpu_layers (--n-gpu-layers)"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "1", "--vram", "nan"], "vram (--vram): expected a finite number above 0"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "1", "--vram", "inf"], "vram (--vram)"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "1", "--vram", "-8"], "found -8.0"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "1", "--vram", "0"], "found 0.0"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", "1"],
+     "tensor_split (--tensor-split): expected 2 weight(s), one per GPU (--devices 2), found 1: [1.0]"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "1", "--tensor-split", "1,1"], "expected 1 weight(s)"),
+    (["llama", "--preset", "llama-2-7b", "--tensor-split", "1"], "expected 0 weight(s), one per GPU (--devices 0)"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", "nan,1"],
+     "tensor_split[0] (--tensor-split): expected a finite number at least 0, found nan"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", "1,-1"], "tensor_split[1] (--tensor-split)"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", "inf,1"], "found inf"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", ""], "expected numbers separated by commas"),
+    (["llama", "--preset", "Llama-2-7B ", "--devices", "1"], "unknown preset 'Llama-2-7B '"),
+    (["llama", "--preset", "llama-2-7b", "--type-k", "q4_0", "--n-ctx", "64"], None),  # head 128: 4 blocks of q4_0, fine
+    (["llama", "--n-vocab", "100", "--n-embd", "96", "--n-layer", "1", "--n-head", "2", "--n-ff", "8", "--type-k", "q8_0"],
+     "type_k (--type-k) q8_0: the head size 48 is not a whole number of its blocks (32 elements each)"),
     (["llama", "--preset", "llama-2-7b", "--fit"], "--fit needs --vram"),
 ])
 def test_llama_bad_input_exits_2(argv, message, capsys):
+    if message is None:  # a legal request near a limit: it plans
+        assert main(argv) == 0
+        return
     assert main(argv) == 2
     assert message in capsys.readouterr().err
 
@@ -216,3 +267,116 @@ def test_llama_fit_finds_the_largest_offload_then_context(capsys):
     assert fits(memory_report(p, n_ctx, n_gpu_layers=layers, devices=1), 8)
     assert not fits(memory_report(p, 512, n_gpu_layers=layers + 1, devices=1), 8)
     assert not fits(memory_report(p, n_ctx + 32, n_gpu_layers=layers, devices=1), 8)
+
+
+# -- plan and check on hostile input (issue 22) ------------------------------------------------------
+
+@pytest.mark.parametrize("limit", ["-1", "0", "1.5", "x"])
+def test_check_limit_must_be_positive(limit, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["check", str(fixture_path("ggml-seed", "01_mlp_small")), "--limit", limit])
+    assert info.value.code == 2 and "--limit: expected a number of differences, an integer >= 1" in capsys.readouterr().err
+
+
+def test_check_limit_1_still_reports_a_difference(tmp_path, capsys):
+    """--limit 1 on a file with one difference prints that one (before, a limit of -1 sliced it away and
+    printed "identical")."""
+    from ggml_lite.graphio import check_plan_file
+
+    doc = copy.deepcopy(load_json(fixture_path("ggml-seed", "01_mlp_small")))
+    doc["graph"]["tensors"][-1]["offset"] += 32
+    assert main(["check", _write(tmp_path, doc), "--limit", "1"]) == 1
+    assert capsys.readouterr().out.count("ggml offset") == 1
+    assert len(check_plan_file(doc, limit=0)) == len(check_plan_file(doc, limit=None)) == 1
+    with pytest.raises(errors_module().GraphFileError, match="limit: expected an integer >= 1"):
+        check_plan_file(doc, limit=-1)
+
+
+def errors_module():
+    from ggml_lite import errors
+
+    return errors
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--step", "-1"], "--step: expected a step number, an integer >= 0"),
+    (["--step", "99"], "step 99 has no graph"),
+    (["--step", "1e3"], "--step: expected a step number"),
+])
+def test_plan_step_out_of_range(argv, needle, capsys):
+    seq = str(fixture_path("ggml-seed", "11_realloc_sequence_grow"))
+    try:
+        code = main(["plan", seq] + argv)
+    except SystemExit as e:
+        code = e.code
+    assert code == 2 and needle in capsys.readouterr().err
+
+
+def test_plan_step_on_a_single_graph_is_refused(capsys):
+    assert main(["plan", str(fixture_path("ggml-seed", "01_mlp_small")), "--step", "0"]) == 2
+    assert "holds one graph, not a sequence: --step 0 does not apply" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: d.update(steps=[]), "steps: expected at least one step"),
+    (lambda d: d["steps"][1].pop("graph"), "steps[1].graph: missing"),
+    (lambda d: d["steps"][2].update(call="ggml_gallocr_free"), "steps[2].call: expected one of"),
+    (lambda d: d["steps"][0].update(buffer_size=1.5), "steps[0].buffer_size: expected an integer"),
+    (lambda d: d["steps"][0].update(log="one line"), "steps[0].log: expected a list"),
+    (lambda d: d["steps"][0]["graph"]["nodes"].__setitem__(5, d["steps"][0]["graph"]["nodes"][0]),
+     "steps[0].graph.nodes[5]: expected a tensor id not listed"),
+    (lambda d: d.update(graph={}), "the top level: expected either `graph`"),
+])
+def test_check_refuses_a_malformed_sequence(tmp_path, capsys, edit, needle):
+    doc = copy.deepcopy(load_json(fixture_path("ggml-seed", "11_realloc_sequence_grow")))
+    edit(doc)
+    assert main(["check", _write(tmp_path, doc)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "internal error" not in err, err
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: d.pop("reserve"), "reserve: missing"),
+    (lambda d: d["alloc_graph"].update(ok="true"), "alloc_graph.ok: expected true or false"),
+    (lambda d: d.update(buffer_size=None), "the top level.buffer_size: expected an integer"),
+    (lambda d: d.update(schema_version=2), "schema_version: expected 1"),
+])
+def test_check_refuses_missing_or_malformed_records(tmp_path, capsys, edit, needle):
+    doc = copy.deepcopy(load_json(fixture_path("ggml-seed", "06_llama_block")))
+    edit(doc)
+    assert main(["check", _write(tmp_path, doc)]) == 2
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field, value", [("buffer", "weights"), ("ext_offset", 64)])
+def test_check_compares_where_each_tensor_went(tmp_path, capsys, field, value):
+    """A recorded buffer label or external offset that is not where ggml_lite (and ggml) put the tensor
+    is a difference (exit 1), not "identical"."""
+    doc = copy.deepcopy(load_json(fixture_path("ggml-seed", "07_llama4_kvcache")))
+    t = next(t for t in doc["graph"]["tensors"] if t["ctx"] == "compute" and t["buffer"] == "kv_cache")
+    t[field] = value
+    assert main(["check", _write(tmp_path, doc)]) == 1
+    assert f"ggml {field} {value!r}" in capsys.readouterr().out
+
+
+def test_plan_json_keys_are_the_unique_names(tmp_path, capsys):
+    """Names are unique in a file (the writer appends #id), so `plan --json` has one key per tensor; a
+    file naming two tensors alike is refused rather than collapsed."""
+    doc = copy.deepcopy(load_json(fixture_path("ggml-seed", "03_views_layout")))
+    assert main(["plan", _write(tmp_path, doc), "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["tensors"]) == len(doc["graph"]["tensors"])
+    ts = doc["graph"]["tensors"]
+    ts[5]["name"] = ts[4]["name"]
+    assert main(["plan", _write(tmp_path, doc), "--json"]) == 2
+    assert "graph.tensors[5].name" in capsys.readouterr().err
+
+
+def test_planners_refuse_a_buffer_type_they_do_not_plan_on(tmp_path, capsys):
+    doc = copy.deepcopy(load_json(fixture_path("ggml-seed", "01_mlp_small")))
+    doc["buffer_type"] = {"name": "CPU", "alignment": 512, "max_size": None, "alloc_size": "ggml_nbytes"}
+    path = _write(tmp_path, doc)
+    assert main(["plan", path]) == 0
+    capsys.readouterr()
+    assert main(["plan", path, "--planner", "greedy-size"]) == 2
+    assert "buffer_type" in capsys.readouterr().err
+    assert main(["check", path]) == 1  # honoured: planned at alignment 512, which is not what ggml recorded

@@ -24,8 +24,16 @@ def doc():
 
 
 def load_edited(doc, edit):
+    """Load `doc` after `edit(tensors)`, its `src_names` / `view_src_name` following the edited ids (so
+    that the check an edit aims at is the one that fires)."""
     d = copy.deepcopy(doc)
-    edit(d["graph"]["tensors"])
+    ts = d["graph"]["tensors"]
+    edit(ts)
+    name = {i: e["name"] for i, e in enumerate(ts)}
+    for e in ts:
+        if isinstance(e.get("src"), list):
+            e["src_names"] = [name.get(s) if isinstance(s, int) else None for s in e["src"]]
+        e["view_src_name"] = name.get(e.get("view_src"))
     return read_graph_file(d)
 
 
@@ -52,7 +60,7 @@ def test_round_trip(doc, tmp_path):
     (lambda ts: ts[3].update(nb=[4, 64, 512, 512]), errors.RecordMismatchError, "nb"),
     (lambda ts: ts[7].update(name="node_9"), errors.RecordMismatchError, "node_4"),
     (lambda ts: ts[4].update(src=[0]), errors.ReshapeError, "tensor #4"),
-    (lambda ts: ts[0].pop("ne"), errors.GraphFileError, "'ne'"),
+    (lambda ts: ts[0].pop("ne"), errors.GraphFileError, "graph.tensors[0].ne: missing"),
     (lambda ts: ts[1].update(id=7), errors.GraphFileError, "position 1"),
 ])
 def test_bad_files_raise_specific_errors(doc, edit, exc, needle):
@@ -72,7 +80,7 @@ def test_cycle_message_lists_the_cycle(doc):
 def test_schema_and_steps(doc):
     with pytest.raises(errors.GraphFileError, match="schema"):
         read_graph_file({**doc, "schema": "something"})
-    seq = {"schema": doc["schema"], "steps": [{"step": 0, "graph": doc["graph"]}, {"step": 1}]}
+    seq = {"schema": doc["schema"], "schema_version": 1, "steps": [{"step": 0, "graph": doc["graph"]}, {"step": 1}]}
     with pytest.raises(errors.GraphFileError, match=r"step= one of \[0\]"):
         read_graph_file(seq)
     with pytest.raises(errors.GraphFileError, match="step 1 has no graph"):
@@ -85,3 +93,151 @@ def test_graph_without_expand_roots_uses_recorded_lists(doc):
     del d["graph"]["expand_roots"]
     gf = read_graph_file(d)
     assert [gf.id_of(t) for t in gf.graph.nodes] == doc["graph"]["nodes"]
+
+
+# -- untrusted input (issue 22): each class of bad field is refused, naming its JSON path ----------------
+
+def _toy_text(doc, old: str, new: str) -> str:
+    """The document as JSON text with one piece of text replaced (for literals json.dumps cannot write)."""
+    text = json.dumps(doc)
+    assert text.count(old) >= 1, old
+    return text.replace(old, new, 1)
+
+
+@pytest.mark.parametrize("edit, path, exc", [
+    (lambda ts: ts[1].update(name=17), "graph.tensors[1].name", errors.GraphFileError),
+    (lambda ts: ts[0].update(ne=[16.0, 4, 1, 1]), "graph.tensors[0].ne[0]", errors.GraphFileError),
+    (lambda ts: ts[0].update(ne=[16, True, 1, 1]), "graph.tensors[0].ne[1]", errors.GraphFileError),
+    (lambda ts: ts[0].update(ne=[2**70, 1, 1, 1]), "graph.tensors[0].ne[0]", errors.InvalidSizeError),
+    (lambda ts: ts[0].update(ne=[2**31, 2**31, 2**2, 1]), "graph.tensors[0].ne", errors.InvalidSizeError),
+    (lambda ts: ts[0].update(nb=[4, 64, 2**70, 256]), "graph.tensors[0].nb[2]", errors.InvalidSizeError),
+    (lambda ts: ts[0].update(id=0.0), "graph.tensors[0].id", errors.GraphFileError),
+    (lambda ts: ts[0].update(flags_value=True), "graph.tensors[0].flags_value", errors.GraphFileError),
+    (lambda ts: ts[0].update(flags_value=2), "graph.tensors[0].flags_value", errors.GraphFileError),
+    (lambda ts: ts[0].update(flags=["INPUT", "LOSS"], flags_value=1), "graph.tensors[0].flags[1]", errors.GraphFileError),
+    (lambda ts: ts[5].update(op_params=[2**40]), "graph.tensors[5].op_params[0]", errors.GraphFileError),
+    (lambda ts: ts[5].update(op_params=[1.5]), "graph.tensors[5].op_params[0]", errors.GraphFileError),
+    (lambda ts: ts[5].update(op_params=[0] * 17), "graph.tensors[5].op_params", errors.GraphFileError),
+    (lambda ts: ts[0].update(nbytes=2**70), "graph.tensors[0].nbytes", errors.InvalidSizeError),
+    (lambda ts: ts[0].update(alloc_size="256"), "graph.tensors[0].alloc_size", errors.GraphFileError),
+    (lambda ts: ts[3].update(view_offs=0.5), "graph.tensors[3].view_offs", errors.GraphFileError),
+    (lambda ts: ts[0].update(offset=-3), "graph.tensors[0].offset", errors.InvalidSizeError),
+    (lambda ts: ts[0].update(ext_offset=float("1e300")), "graph.tensors[0].ext_offset", errors.GraphFileError),
+    (lambda ts: ts[3].update(src=[True]), "graph.tensors[3].src[0]", errors.GraphFileError),
+    (lambda ts: ts[3].update(src=[2] * 11), "graph.tensors[3].src", errors.GraphFileError),
+    (lambda ts: ts[1].update(type=None), "graph.tensors[1].type", errors.GraphFileError),
+    (lambda ts: ts[1].update(ne=[30, 16, 1, 1]), "graph.tensors[1].ne[0]", errors.GraphFileError),  # q8_0 blocks
+    (lambda ts: ts[0].update(graph_role="node"), "graph.tensors[0].graph_role", errors.GraphFileError),
+    (lambda ts: ts[0].update(preallocated="no"), "graph.tensors[0].preallocated", errors.GraphFileError),
+    (lambda ts: ts[0].update(preallocated=True), "graph.tensors[0].preallocated", errors.GraphFileError),
+    (lambda ts: ts[0].update(buffer=3), "graph.tensors[0].buffer", errors.GraphFileError),
+    (lambda ts: ts[0].pop("flags"), "graph.tensors[0].flags: missing", errors.GraphFileError),
+])
+def test_each_bad_field_is_refused_by_its_path(doc, edit, path, exc):
+    with pytest.raises(exc) as info:
+        load_edited(doc, edit)
+    assert str(info.value).startswith(path), str(info.value)
+    assert "expected" in str(info.value) or "missing" in str(info.value)
+
+
+def test_names_must_be_unique_and_sources_named_right(doc):
+    """plan --json keys tensors by name: a file with a name twice is refused (the writer appends #id)."""
+    d = copy.deepcopy(doc)
+    d["graph"]["tensors"][3]["name"] = d["graph"]["tensors"][0]["name"]
+    with pytest.raises(errors.GraphFileError, match=r"graph.tensors\[3\].name: 'x' is also the name of tensors\[0\]"):
+        read_graph_file(d)
+    d = copy.deepcopy(doc)
+    d["graph"]["tensors"][3]["src_names"] = ["w", "x"]
+    with pytest.raises(errors.GraphFileError, match=r"graph.tensors\[3\].src_names\[0\]: expected 'w2'"):
+        read_graph_file(d)
+
+
+def test_a_recorded_type_is_compared_not_ignored(doc):
+    """The type of an op's result is the op's; a file saying otherwise is refused."""
+    with pytest.raises(errors.RecordMismatchError, match=r"graph.tensors\[3\].*type = f16, ggml_lite gives f32"):
+        load_edited(doc, lambda ts: ts[3].update(type="f16", nb=[2, 16, 64, 64], nbytes=64, alloc_size=64))
+
+
+@pytest.mark.parametrize("literal, path", [("Infinity", "graph.tensors[0].ne[1]"), ("NaN", "graph.tensors[0].ne[1]"),
+                                           ("-Infinity", "graph.tensors[0].ne[1]")])
+def test_nan_and_infinity_are_refused_where_they_stand(doc, tmp_path, literal, path):
+    p = tmp_path / "g.json"
+    p.write_text(_toy_text(doc, '"ne": [16, 4, 1, 1]', f'"ne": [16, {literal}, 1, 1]'))
+    with pytest.raises(errors.GraphFileError) as info:
+        read_graph_file(p)
+    assert f"{path}: expected a finite number, found {literal}" in str(info.value) and str(p) in str(info.value)
+
+
+def test_deep_nesting_is_refused_not_a_recursion_error(tmp_path):
+    p = tmp_path / "deep.json"
+    p.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(errors.GraphFileError, match="nested too deeply"):
+        read_graph_file(p)
+    p.write_text('{"schema": "ggml-gallocr-fixture", "graph": ' + "{\"a\": " * 50_000 + "1" + "}" * 50_001)
+    with pytest.raises(errors.GraphFileError, match="nested too deeply"):
+        read_graph_file(p)
+
+
+@pytest.mark.parametrize("top, path", [
+    ({"schema_version": 2}, "schema_version: expected 1"),
+    ({"schema_version": True}, "schema_version: expected 1"),
+    ({"steps": []}, "the top level: expected either `graph`"),
+    ({"buffer_type": {"name": "CPU", "alignment": 48, "max_size": None}}, "buffer_type.alignment: expected a power of two"),
+    ({"buffer_type": {"name": "CPU", "alignment": 2**40, "max_size": None}}, "buffer_type.alignment"),
+    ({"buffer_type": {"name": "CPU", "alignment": 32, "max_size": 0}}, "buffer_type.max_size"),
+    ({"buffer_type": {"name": "CPU", "alignment": 32, "max_size": None, "alloc_size": "padded"}}, "buffer_type.alloc_size"),
+    ({"buffer_type": {"name": "CPU", "alignment": 32}}, "buffer_type.max_size: missing"),
+    ({"external_buffers": [{"ctx": "weights", "size": 10}]}, "external_buffers[0].ctx: expected a context of graph"),
+    ({"external_buffers": [{"ctx": "compute", "size": -1}]}, "external_buffers[0].size"),
+])
+def test_the_document_around_the_graph_is_checked(doc, top, path):
+    with pytest.raises(errors.GraphFileError) as info:
+        read_graph_file({**doc, **top})
+    assert str(info.value).startswith(path.split(":")[0]) and path in str(info.value), str(info.value)
+
+
+def test_an_empty_steps_list_is_refused(doc):
+    seq = {"schema": doc["schema"], "schema_version": 1, "steps": []}
+    with pytest.raises(errors.GraphFileError, match="steps: expected at least one step"):
+        read_graph_file(seq, step=0)
+
+
+def test_the_recorded_buffer_type_is_honoured(doc):
+    """A file recording a CPU-like buffer type of alignment 256 is planned on that type: every offset is a
+    multiple of 256 (the CPU type's 32 would pack them tighter)."""
+    from ggml_lite.graphio import RecordedBufferType, plan_of, run_plan
+
+    bt = {"name": "CPU_256", "alignment": 256, "max_size": None, "alloc_size": "ggml_nbytes"}
+    gf, galloc, res = run_plan({**doc, "buffer_type": bt})
+    assert isinstance(galloc.bufts[0], RecordedBufferType) and galloc.bufts[0].get_alignment() == 256
+    offsets = [o for o in plan_of(gf, galloc).offsets.values() if o is not None]
+    assert offsets and all(o % 256 == 0 for o in offsets) and any(o for o in offsets)
+    assert "reallocating CPU_256 buffer" in res["reserve"]["log"][0]
+    gf32, galloc32, _ = run_plan(doc)
+    assert galloc32.get_buffer_size(0) < galloc.get_buffer_size(0)
+
+
+def test_a_graph_of_more_than_2048_nodes_loads_and_plans(tmp_path, capsys):
+    """Chapter 10's builder with 80 layers (2,566 nodes): read with a graph as large as the file."""
+    from ggml_lite.__main__ import main
+    from ggml_lite.models.llama import build_llama
+    from helpers import fixture_path, load_json
+
+    model = {**load_json(fixture_path("ggml-seed-sched", "02_full_offload_llama"))["model"], "n_layer": 80}
+    placement = {"token_embd": "CPU", "output": "CPU", "layers": ["CPU"] * 80, "kv_cache": ["CPU"] * 80}
+    ctxs, graph, roots = build_llama(model, placement, {"n_tokens": 8, "n_kv": 32, "kv_head": 0, "n_outputs": 1})
+    assert graph.n_nodes > 2048
+    p = tmp_path / "llama80.json"
+    p.write_text(dumps(graph_document(graph, ctxs, roots, fixture="llama80")))
+    assert read_graph_file(p).graph.n_nodes == graph.n_nodes
+    assert main(["plan", str(p), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["buffer_size"] > 0 and len(out["tensors"]) == sum(len(c.tensors) for c in ctxs)
+
+
+def test_recorded_lists_without_expand_roots_must_be_a_graph(doc):
+    d = copy.deepcopy(doc)
+    del d["graph"]["expand_roots"]
+    d["graph"]["nodes"] = list(reversed(d["graph"]["nodes"]))
+    with pytest.raises(errors.GraphFileError, match=r"graph.nodes\[0\]: expected a node whose sources"):
+        read_graph_file(d)

@@ -2,6 +2,8 @@
 verification of recorded results, on files built here with the real ggml (ggml-python) computing the
 results."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -153,8 +155,12 @@ def test_check_verifies_results_computed_by_ggml(name, ranges, legacy_seed, tmp_
     ({"data_seed": 7}, {"data_seed": 9}, None),  # the spec's place wins
     ("LCG", {"data_seed": 7}, None),
     ({"kind": "lcg32"}, {}, "expected `data_generator.data_seed`"),
-    ({"data_seed": "7"}, {}, "must be an integer"),
-    ({"data_seed": -1}, {}, "must be an integer in"),
+    ({"data_seed": "7"}, {}, "data_generator.data_seed: expected an integer in"),
+    ({"data_seed": -1}, {}, "data_generator.data_seed: expected an integer in"),
+    ({"data_seed": 2**32}, {}, "data_generator.data_seed: expected an integer in"),
+    ({"data_seed": 7.0}, {}, "data_generator.data_seed: expected an integer in"),
+    ({"data_seed": True}, {}, "data_generator.data_seed: expected an integer in"),
+    ("LCG", {"data_seed": 2**40}, "data_seed: expected an integer in"),
 ])
 def test_the_seed_is_read_where_the_spec_puts_it(generator, top, message):
     from ggml_lite.numerics import data_seed
@@ -165,3 +171,123 @@ def test_the_seed_is_read_where_the_spec_puts_it(generator, top, message):
     else:
         with pytest.raises(gl.GraphFileError, match=message):
             data_seed(doc)
+
+
+# -- a numerics block is validated before anything is computed (issue 22) ---------------------------------
+
+def _shaped_document(name: str = "06_llama_block") -> dict:
+    """Fixture `name` with a well-formed numerics block (every data leaf described, the last node's
+    result of the right length; the values are zeros: these tests stop at validation)."""
+    import copy
+
+    doc = copy.deepcopy(load_json(fixture_path("ggml-seed", name)))
+    ents = doc["graph"]["tensors"]
+    leafs = [{"id": i, "name": e["name"], "type": e["type"], "kind": "int" if e["type"] == "i32" else "float",
+              **({"range": [0, 8]} if e["type"] == "i32" else {})}
+             for i, e in enumerate(ents) if e["graph_role"] == "leaf" and e["view_src"] is None]
+    leafs.sort(key=lambda leaf: leaf["type"] != "i32")  # the integer leaf first (any order is allowed)
+    last = ents[doc["graph"]["nodes"][-1]]
+    n = int(np.prod(last["ne"]))
+    results = [{"id": last["id"], "name": last["name"], "reason": "final", "type": last["type"], "ne": last["ne"],
+                "n_elements": n, "values": [0.0] * n}]
+    doc.update(numeric=True, data_generator={"kind": "lcg32", "data_seed": 5},
+               numerics={"leaf_data": leafs, "results": results})
+    return doc
+
+
+def _edit(doc, path: str, value):
+    """Set (or with value ... delete) the field at a dotted path with [k] indices."""
+    import re
+
+    keys = [int(k) if k.isdigit() else k for k in re.findall(r"[^.\[\]]+", path)]
+    target = doc
+    for k in keys[:-1]:
+        target = target[k]
+    if value is ...:
+        del target[keys[-1]]
+    else:
+        target[keys[-1]] = value
+    return doc
+
+
+def test_a_well_formed_block_passes_validation():
+    from ggml_lite.numerics import validate_numerics
+
+    validate_numerics(_shaped_document())
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("numerics.results", [], "numerics.results: expected at least one result"),
+    ("numerics.leaf_data.0.range", [64, 0], "numerics.leaf_data[0].range: expected [lo, hi) with lo < hi"),
+    ("numerics.leaf_data.0.range", [0, 2**40], "numerics.leaf_data[0].range[1]: expected an integer in"),
+    ("numerics.leaf_data.0.range", [0.0, 8], "numerics.leaf_data[0].range[0]: expected an integer in"),
+    ("numerics.leaf_data.0.range", ..., "numerics.leaf_data[0].range: missing"),
+    ("numerics.leaf_data.1.range", [0, 4], "numerics.leaf_data[1].range: expected no range on a float leaf"),
+    ("numerics.leaf_data.1.id", 40, "numerics.leaf_data[1].id: expected the id of a leaf"),
+    ("numerics.leaf_data.1.id", 4000, "numerics.leaf_data[1].id: expected an integer in [0, 40]"),
+    ("numerics.leaf_data.1.type", "f16", "numerics.leaf_data[1].type: expected 'f32'"),
+    ("numerics.leaf_data.1.name", "x", "numerics.leaf_data[1].name: expected 'blk.0.attn_norm.weight'"),
+    ("numerics.leaf_data.1.kind", "int", "numerics.leaf_data[1].kind: expected 'float'"),
+    ("numerics.leaf_data.0.kind", "float", "numerics.leaf_data[0].kind: expected 'int'"),
+    ("numerics.leaf_data.1", ..., "numerics.leaf_data: no entry for graph.tensors[0]"),
+    ("numerics.results.0.values", [0.0] * 3, "numerics.results[0].values: expected a list of 1280 items"),
+    ("numerics.results.0.values.7", 1e300, "numerics.results[0].values[7]: expected a finite f32 value"),
+    ("numerics.results.0.values.7", "1", "numerics.results[0].values[7]: expected a finite f32 value"),
+    ("numerics.results.0.n_elements", 1281, "numerics.results[0].n_elements: expected 1280"),
+    ("numerics.results.0.ne", [128, 10, 1, 2], "numerics.results[0].ne: expected [128, 10, 1, 1]"),
+    ("numerics.results.0.type", "f16", "numerics.results[0].type: expected 'f32'"),
+    ("numerics.results.0.id", 0, "numerics.results[0].id: expected the id of a node"),
+    ("numerics.results.0.summary", "yes", "numerics.results[0].summary: expected true or false"),
+    ("numerics", [], "numerics: expected an object"),
+    ("numeric", "yes", "numeric: expected true or false"),
+    ("numeric", False, "numeric / numerics"),
+    ("data_generator.data_seed", -5, "data_generator.data_seed: expected an integer in [0, 2^32)"),
+])
+def test_each_bad_numerics_field_is_refused_by_its_path(path, value, message):
+    from ggml_lite.numerics import validate_numerics
+
+    doc = _edit(_shaped_document(), path, value)
+    with pytest.raises(gl.GraphFileError) as info:
+        validate_numerics(doc)
+    assert str(info.value).startswith(message.split(":")[0]) and message in str(info.value), str(info.value)
+
+
+def test_a_summarised_result_is_checked_too():
+    from ggml_lite.numerics import validate_numerics
+
+    doc = _shaped_document()
+    res = doc["numerics"]["results"][0]
+    del res["values"]
+    res.update(summary=True, sum=1.0, sum_sq=-1.0, first=[0.0] * 256)
+    with pytest.raises(gl.GraphFileError, match=r"numerics.results\[0\].sum_sq: expected a finite number >= 0"):
+        validate_numerics(doc)
+    res.update(sum_sq=1.0, first=[0.0] * 300)
+    with pytest.raises(gl.GraphFileError, match=r"numerics.results\[0\].first: expected a list of 256 items"):
+        validate_numerics(doc)
+
+
+def test_a_numerics_check_needing_too_much_memory_is_refused(tmp_path, capsys):
+    """Nothing is allocated before the memory a numerics check needs is known to be within --max-gib."""
+    from ggml_lite.__main__ import main
+    from ggml_lite.numerics import validate_numerics
+
+    doc = _shaped_document()
+    with pytest.raises(gl.AllocationError, match="more than the 0.000977 GiB allowed"):
+        validate_numerics(doc, max_bytes=2**20)
+    doc["buffer_size"] = 2**40  # what a file can claim; the plan check would fail later, memory is refused first
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(doc))
+    assert main(["check", str(path)]) == 2
+    assert "GiB allowed (check --max-gib raises it)" in capsys.readouterr().err
+
+
+def test_the_generator_is_chunked_and_equals_the_recurrence():
+    from ggml_lite import numerics
+
+    n = numerics.CHUNK + 77  # two chunks, the second one short
+    s0 = (3 + 2654435761 * 2) & MASK
+    want = (numerics.lcg_states(s0, n) >> np.uint64(8)).astype(np.float64)
+    got = leaf_values(3, 1, n, "float")
+    assert got.tolist() == ((want - 2**23) / 2**23).astype(np.float32).tolist()
+    ints = leaf_values(3, 1, n, "int", (-5, 1000))
+    assert ints.dtype == np.int32 and ints.tolist() == (-5 + (want.astype(np.uint64) % 1005).astype(np.int64)).astype(np.int32).tolist()
