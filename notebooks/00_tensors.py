@@ -33,7 +33,7 @@
 # %%
 # | default_exp tensor
 
-
+# %% [markdown]
 # ## 1 · Types: elements, blocks and bytes
 #
 # ggml stores each type as a *block* of `blck_size` elements that takes `type_size` bytes.

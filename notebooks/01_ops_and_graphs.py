@@ -39,7 +39,7 @@ import numpy as np
 from ggml_lite.errors import ViewBoundsError
 from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, Context, Op, Tensor, TensorFlag, set_input, set_output
 
-
+# %% [markdown]
 # ## 1 · Ops: shapes, strides, names and parameters
 #
 # A ggml op does not compute: it creates the result tensor, records the op and its sources, and
