@@ -290,22 +290,23 @@ def _llama_params(args):
 
 def cmd_llama(args) -> int:
     from ggml_lite.errors import ModelError
-    from ggml_lite.report import fit, format_report, memory_report
+    from ggml_lite.report import check_vram, fit, format_report, memory_report
 
+    # the flags alone first (memory_report checks the rest, with the model, before it plans)
+    if args.vram is not None:
+        check_vram(args.vram)
     if args.fit and (args.vram is None or args.devices < 1):
         raise ModelError("--fit needs --vram GiB and --devices N (at least one GPU)")
     if args.gguf is not None and args.wtype is not None:
         raise ModelError("--wtype does not apply to --gguf: a file's weights have their own types")
-    params, tensor_types = _llama_params(args)
     split = None
-    if args.tensor_split:
+    if args.tensor_split is not None:
         try:
             split = [float(x) for x in args.tensor_split.split(",")]
         except ValueError:
-            raise ModelError(f"--tensor-split {args.tensor_split!r}: expected numbers separated by commas") from None
-    for name in ("n_ctx", "n_batch", "n_ubatch"):
-        if getattr(args, name) <= 0:
-            raise ModelError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+            raise ModelError(f"tensor_split (--tensor-split): expected numbers separated by commas, found "
+                             f"{args.tensor_split!r}") from None
+    params, tensor_types = _llama_params(args)
     rep = memory_report(params, args.n_ctx, args.n_batch, args.n_ubatch, args.n_gpu_layers, args.devices, split,
                         args.type_k, args.type_v, not args.no_kv_offload, tensor_types)
     doc = rep.to_json()

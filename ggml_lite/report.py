@@ -8,7 +8,10 @@ context, and the lines llama.cpp prints about it."""
 from dataclasses import asdict, dataclass
 
 from ggml_lite.gallocr import PlaceEvent
-from ggml_lite.models.llama import LlamaParams, batch_sizes, padded_n_ctx, plan_memory
+from ggml_lite.errors import ModelError
+from ggml_lite.models.llama import (
+    MAX_DEVICES, MAX_N_CTX, LlamaParams, batch_sizes, check_float, check_int, padded_n_ctx, plan_memory,
+)
 from ggml_lite.tensor import TensorFlag
 from ggml_lite.viz.timeline import lifetimes
 
@@ -37,7 +40,10 @@ def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_
                   type_v: str = None, offload_kqv: bool = True, tensor_types: dict = None,
                   why: bool = True) -> MemoryReport:
     """Plan the model as `llama_new_context_with_model` would (`plan_memory`) and report it; `why=False`
-    skips the trace behind `peaks` (for searches that need only the totals, as `fit`)."""
+    skips the trace behind `peaks` (for searches that need only the totals, as `fit`). Every argument is
+    checked before planning (`check_context`)."""
+    if not callable(getattr(params, "model", None)):  # (duck-typed: a notebook may define its own LlamaParams)
+        raise ModelError(f"memory_report: expected a LlamaParams model, found {type(params).__name__}")
     n_batch, n_ubatch = batch_sizes(padded_n_ctx(n_ctx), n_batch, n_ubatch)
     r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv,
                     trace=why, tensor_types=tensor_types)
@@ -95,6 +101,14 @@ def format_report(rep: MemoryReport, vram_gib: float = None) -> str:
 
 
 # notebooks/10_llama.py
+MAX_VRAM_GIB = 2.0**34  # 2^64 bytes: the whole address space of a size_t
+
+
+def check_vram(vram_gib) -> float:
+    """`vram_gib` if it is a finite number of GiB above 0 and at most 2^34 (2^64 bytes), else a `ModelError`."""
+    return check_float("vram", vram_gib, 0.0, "--vram", most=MAX_VRAM_GIB)
+
+
 def _fits(device: dict, vram_gib: float) -> bool:
     return device["total"] <= vram_gib * 1024 * MiB
 
@@ -106,18 +120,31 @@ def fits(rep: MemoryReport, vram_gib: float) -> bool:
 
 def fit(params: LlamaParams, vram_gib: float, n_ctx: int = 512, devices: int = 1, **kw) -> tuple:
     """(the largest n_gpu_layers that fits at `n_ctx`, then the largest n_ctx that fits with it).
-    The context grows in multiples of 32 up to `n_ctx_train` (a bisection: the totals grow with
-    n_ctx). (0, ...) when not even one layer fits."""
+    Every layer and the output first (full offload also turns on pipeline parallelism, which needs more
+    memory), then a bisection over 0..n_layer layers: a GPU's total grows with its layers. The context
+    grows in multiples of 32 up to `n_ctx_train` (a bisection: the totals grow with n_ctx). (0, ...) when
+    not even one layer fits. About 12 + log2(n_ctx_train / 32) plans, whatever the model. (With an uneven
+    `tensor_split`, a GPU's share can dip by one layer as layers are added; the bisection assumes it does
+    not matter.)"""
+    check_vram(vram_gib)
+    check_int("devices", devices, 1, MAX_DEVICES, "--devices", " (fit needs a GPU)")
+
     def ok(layers, ctx):
         return fits(memory_report(params, ctx, n_gpu_layers=layers, devices=devices, why=False, **kw), vram_gib)
-    layers = next((n for n in range(params.n_layer + 1, 0, -1) if ok(n, n_ctx)), 0)
-    lo, hi = padded_n_ctx(n_ctx) // 32, max(params.n_ctx_train // 32, padded_n_ctx(n_ctx) // 32)
+    layers = params.n_layer + 1 if ok(params.n_layer + 1, n_ctx) else _largest(lambda n: ok(n, n_ctx), 0, params.n_layer)
+    lo, hi = padded_n_ctx(n_ctx) // 32, max(min(params.n_ctx_train, MAX_N_CTX) // 32, padded_n_ctx(n_ctx) // 32)
     if not ok(layers, lo * 32):
         return layers, None
-    while lo < hi:  # the largest multiple of 32 that fits
+    return layers, _largest(lambda k: ok(layers, k * 32), lo, hi) * 32  # the largest multiple of 32 that fits
+
+
+def _largest(ok, lo: int, hi: int) -> int:
+    """The largest n in [lo, hi] with ok(n), by bisection, given that ok(lo) holds (or lo is the answer
+    when nothing fits) and that ok turns false only once as n grows."""
+    while lo < hi:
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if ok(layers, mid * 32) else (lo, mid - 1)
-    return layers, lo * 32
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
 
 
 # notebooks/10_llama.py

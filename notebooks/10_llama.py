@@ -52,6 +52,7 @@ model's hyperparameters, its weights and KV cache as llama.cpp names and creates
 compute graph, exact to llama.cpp's; with `recorded=True`, the variant the ggml_lite fixtures were
 recorded with (an extra RESHAPE of Vcur per layer and other names)."""
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,23 +60,60 @@ import numpy as np
 from ggml_lite.align import GGML_PAD
 from ggml_lite.buffer import BufferUsage, cpu_buffer_type
 from ggml_lite.cpu import cpu_init
-from ggml_lite.errors import ShapeError
+from ggml_lite.errors import ModelError, UnknownTypeError
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
 from ggml_lite.ops import (
     add, cont_2d, cpy, get_rows, mul, mul_mat, permute, reshape_2d, reshape_3d, rms_norm, rope_ext, silu,
     soft_max_ext, transpose, view_1d, view_2d, view_3d,
 )
-from ggml_lite.sched import BackendSched
+from ggml_lite.sched import GGML_SCHED_MAX_BACKENDS, BackendSched
 from ggml_lite.sim import sim_host_buffer_type, sim_init
 from ggml_lite.tallocr import alloc_ctx_tensors_from_buft
 from ggml_lite.tensor import Context, F32, I32, row_size, set_input, set_output, type_by_name
 
 GGML_KQ_MASK_PAD = 32  # the mask's rows are padded to this many (llama.cpp's GGML_KQ_MASK_PAD)
+LLAMA_MAX_LAYERS = 512  # llama.cpp's per-layer hyperparameter arrays hold this many layers
+UINT32_MAX = 2**32 - 1  # llama_hparams' counts are uint32_t
+INT32_MAX = 2**31 - 1  # n_gpu_layers, n_batch, n_ubatch and the graph's n_kv / n_tokens are int32_t
+INT64_MAX = 2**63 - 1  # ggml's ne and nb are int64_t / size_t: no tensor may hold more elements or bytes
+MAX_N_CTX = INT32_MAX // 32 * 32  # n_ctx, padded to 32, stays an int32 (n_kv in llm_build_context)
+MAX_DEVICES = GGML_SCHED_MAX_BACKENDS - 1  # the scheduler takes 16 backends, the CPU being one of them
+INT_TYPES = ("i8", "i16", "i32", "i64", "f64")  # no matrix product in ggml takes weights of these types
 
 
+def check_int(name: str, value, least: int, most: int, flag: str = None, why: str = "") -> int:
+    """`value` if it is an integer in [least, most], else a `ModelError` naming the parameter (and the
+    command line's flag), what was expected and what was found."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not least <= value <= most:
+        where = f"{name} ({flag})" if flag else name
+        raise ModelError(f"{where}: expected an integer from {least} to {most}{why}, found {value!r}")
+    return int(value)
+
+
+def check_float(name: str, value, least: float, flag: str = None, most: float = math.inf, strict: bool = True):
+    """`value` if it is a finite number above `least` (at least `least` when not `strict`), at most `most`."""
+    ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool) and math.isfinite(value) \
+        and (value > least if strict else value >= least) and value <= most
+    if not ok:
+        where = f"{name} ({flag})" if flag else name
+        raise ModelError(f"{where}: expected a finite number {'above' if strict else 'at least'} {least:g}"
+                         f"{f' and at most {most:g}' if most != math.inf else ''}, found {value!r}")
+    return float(value)
+
+
+# %% [markdown]
+# Every field is checked when a `LlamaParams` is made — from a preset, the command line's flags or a
+# GGUF header alike — against the limits llama.cpp and ggml have: at most 512 layers
+# (`LLAMA_MAX_LAYERS`, the size of llama.cpp's per-layer arrays), counts that fit the `uint32_t` of
+# `llama_hparams`, no weight of more than 2^63 − 1 elements (ggml's `int64_t` sizes), heads that divide
+# the embedding and K/V heads that divide the heads, RoPE dimensions even and at most the head size.
+
+# %%
+# | export
 @dataclass(frozen=True)
 class LlamaParams:
-    """A LLaMA's hyperparameters (`llama_hparams`, the LLaMA subset) and the types of its weights."""
+    """A LLaMA's hyperparameters (`llama_hparams`, the LLaMA subset) and the types of its weights. A
+    value no llama.cpp model can have is a `ModelError` naming the field."""
 
     n_vocab: int
     n_embd: int
@@ -90,17 +128,37 @@ class LlamaParams:
     wtype: str = "f16"
 
     def __post_init__(self):
-        for field in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "n_ff"):
-            if not isinstance(getattr(self, field), int) or getattr(self, field) <= 0:
-                raise ShapeError(f"LlamaParams: {field} must be a positive integer, got {getattr(self, field)!r}")
-        if self.n_embd % self.n_head or self.n_head % self.n_head_kv:
-            raise ShapeError(f"LlamaParams: n_head {self.n_head} must divide n_embd {self.n_embd}, and "
-                             f"n_head_kv {self.n_head_kv} must divide n_head")
+        for field in ("n_vocab", "n_embd", "n_head", "n_head_kv", "n_ff", "n_ctx_train"):
+            flag = "--" + field.replace("_", "-") if field != "n_ctx_train" else None
+            check_int(f"LlamaParams: {field}", getattr(self, field), 1, UINT32_MAX, flag, " (a uint32_t)")
+        check_int("LlamaParams: n_layer", self.n_layer, 1, LLAMA_MAX_LAYERS, "--n-layer", " (LLAMA_MAX_LAYERS)")
+        if self.n_embd % self.n_head:
+            raise ModelError(f"LlamaParams: n_head (--n-head): expected a divisor of n_embd {self.n_embd}, "
+                             f"found {self.n_head}")
+        if self.n_head % self.n_head_kv:
+            raise ModelError(f"LlamaParams: n_head_kv (--n-head-kv): expected a divisor of n_head {self.n_head}, "
+                             f"found {self.n_head_kv}")
+        for name, n in (("n_embd * n_vocab (token_embd)", self.n_embd * self.n_vocab),
+                        ("n_embd * n_ff (ffn_up)", self.n_embd * self.n_ff), ("n_embd^2 (attn_q)", self.n_embd ** 2)):
+            if n > INT64_MAX:
+                raise ModelError(f"LlamaParams: {name} = {n} elements, more than a ggml tensor holds (2^63 - 1)")
+        head = self.n_embd // self.n_head
         if self.n_rot is None:
-            object.__setattr__(self, "n_rot", self.n_embd // self.n_head)
-        wt = type_by_name(self.wtype)  # an unknown type is an UnknownTypeError now, not later
-        if wt.name in ("i8", "i16", "i32", "i64", "f64"):
-            raise ShapeError(f"LlamaParams: weights cannot be of type {wt.name} (a float or a quantized type)")
+            object.__setattr__(self, "n_rot", head)
+        check_int("LlamaParams: n_rot", self.n_rot, 1, head, None, f" (the head size n_embd / n_head = {head})")
+        if self.n_rot % 2:
+            raise ModelError(f"LlamaParams: n_rot {self.n_rot} must be even (RoPE rotates pairs of dimensions)")
+        object.__setattr__(self, "rms_norm_eps", check_float("LlamaParams: rms_norm_eps", self.rms_norm_eps, 0, strict=False))
+        object.__setattr__(self, "rope_freq_base", check_float("LlamaParams: rope_freq_base", self.rope_freq_base, 0))
+        try:
+            wt = type_by_name(self.wtype) if isinstance(self.wtype, str) else None
+        except UnknownTypeError:
+            wt = None
+        if wt is None:
+            raise ModelError(f"LlamaParams: wtype (--wtype): expected a ggml type (f16, q8_0, q4_K, ...), found {self.wtype!r}")
+        if wt.name in INT_TYPES:
+            raise ModelError(f"LlamaParams: wtype (--wtype): weights cannot be of type {wt.name} (a float or a quantized type)")
+        object.__setattr__(self, "wtype", wt.name)
 
     def model(self, n_ctx: int, type_k: str = "f16", type_v: str = None) -> dict:
         """The builder's model dictionary for a context of `n_ctx` cells (the KV cache's size) and the
@@ -137,30 +195,429 @@ PRESETS = {
 #
 # A real model comes as a GGUF file: a header of key/value metadata (`llama.embedding_length`,
 # `llama.block_count`, …) and one record per tensor (its name, ggml type code and shape), then the
-# data. Planning needs only the header: `from_gguf` reads it with the `gguf` package and stops before
-# the data, so a file whose data is missing (header only) or sparse plans as well as the real one.
-# Each weight keeps its own type — a "Q4_K_M" file mixes q4_K and q6_K.
+# data. Planning needs only the header, so a file whose data is missing (header only) or sparse plans
+# as well as the real one. Each weight keeps its own type — a "Q4_K_M" file mixes q4_K and q6_K.
+#
+# The header is untrusted input: a 1.7 KB file can claim 2^40 array items. So the course reads it
+# with a reader of its own, after ggml's `gguf_init_from_file`, that checks every count and length
+# against the bytes left in the file *before* reading or allocating anything (N items of at least k
+# bytes each need N·k bytes), and against a few caps far above any real file. All numbers are
+# little-endian; a string is a `uint64` length and that many UTF-8 bytes.
+#
+# | part | layout | checked |
+# |---|---|---|
+# | magic, version | `"GGUF"`, `uint32` | version 2 or 3 (1 is refused, as llama.cpp does) |
+# | counts | `uint64` tensor count, `uint64` key/value count | at most 65,536 each; room for them in the file |
+# | key/value pairs | key (string), `uint32` value type, value | 13 value types: 8 integer/float widths, bool, string, array (`uint32` item type, `uint64` length, items; no arrays of arrays, as in ggml) |
+# | tensor infos | name (string), `uint32` n_dims, n_dims × `int64` ne, `uint32` ggml type, `uint64` offset | n_dims ≤ 4 (`GGML_MAX_DIMS`), ne ≥ 1, a known type whose block divides ne[0], offset aligned |
+# | padding, data | to `general.alignment` (default 32) | not read |
 
 # %%
 # | export models.gguf
-"""Models from GGUF files (chapter 10): a LLaMA's hyperparameters and every weight's name, type and
-shape, from the file's header (the `gguf` package's reader, stopped before the tensor data)."""
+"""Models from GGUF files (chapter 10): a bounded reader of a GGUF header (after ggml's `gguf_init_from_file`:
+every count and length checked against the bytes left in the file before anything is read or allocated),
+then llama.cpp's checks of a LLaMA's metadata (`llm_load_hparams`) and tensors (`llm_load_tensors`)."""
 
+import json
+import math
+import mmap
+import os
+import stat
+import struct
 from dataclasses import dataclass
 
-import gguf
+import numpy as np
 
-from ggml_lite.errors import ModelError, UnknownTypeError
-from ggml_lite.models.llama import LlamaParams
-from ggml_lite.tensor import type_by_code
+from ggml_lite.align import GGML_PAD
+from ggml_lite.errors import ModelError
+from ggml_lite.models.llama import INT64_MAX, INT_TYPES, LLAMA_MAX_LAYERS, LlamaParams
+from ggml_lite.tensor import TYPES_BY_CODE
+
+GGUF_MAGIC = b"GGUF"
+GGML_MAX_DIMS = 4  # ggml.h: a tensor has at most 4 dimensions
+GGML_MAX_NAME = 64  # ggml.h: a tensor's name and its terminating NUL
+GGUF_DEFAULT_ALIGNMENT = 32  # the data's alignment when the file does not set general.alignment
+MAX_KEY_BYTES = 2**16 - 1  # the GGUF specification: a key is at most 65,535 bytes
+# This reader's own caps (ggml has none): far above any real file, low enough to bound time and memory.
+MAX_COUNT = 2**16  # key/value pairs, and tensors (a 512-layer LLaMA has 4,611 tensors)
+MAX_ITEMS = 2**23  # array items in the whole header: about 2 s to walk (a tokenizer has ~10^5 per array)
+MAX_KEPT = 2**26  # bytes of strings and numeric arrays kept in memory (64 MiB)
+# `enum gguf_type`: code -> (name, struct format of one item); STRING and ARRAY start with a uint64 length
+GGUF_TYPES = {0: ("uint8", "B"), 1: ("int8", "b"), 2: ("uint16", "H"), 3: ("int16", "h"), 4: ("uint32", "I"),
+              5: ("int32", "i"), 6: ("float32", "f"), 7: ("bool", "B"), 8: ("string", "Q"), 9: ("array", None),
+              10: ("uint64", "Q"), 11: ("int64", "q"), 12: ("float64", "d")}
 
 
-class _HeaderReader(gguf.GGUFReader):
-    """gguf's reader, stopping after the tensor infos: (name, ggml type code, ne) per tensor, no data."""
+@dataclass
+class GGUFValue:
+    """A metadata value: its GGUF type name, and the value (int, float, bool or str; for an array, the item
+    type, the length and the items as a numpy array -- None for strings, which are checked and skipped)."""
 
-    def _build_tensors(self, start_offs, fields) -> None:
-        self.infos = [(bytes(name).decode(), int(raw_type[0]), [int(d) for d in dims])
-                      for _, name, _, dims, raw_type, _ in (f.parts for f in fields)]
+    type: str
+    value: object
+    item_type: str = None
+    count: int = None
+
+    def describe(self) -> str:
+        return f"an array of {self.count} {self.item_type}" if self.type == "array" else f"a {self.type} ({self.value!r})"
+
+
+@dataclass
+class GGUFTensorInfo:
+    """`gguf_tensor_info`: a tensor's name, ggml type code, ne (n_dims of them) and data offset."""
+
+    name: str
+    type_code: int
+    ne: list
+    offset: int
+
+
+@dataclass
+class GGUFHeader:
+    """What `gguf_init_from_file` reads with `no_alloc`: the version, the key/value pairs in file order,
+    the tensor infos, the alignment and where the data starts (it is never read)."""
+
+    path: str
+    version: int
+    kv: dict
+    tensors: list
+    alignment: int
+    data_offset: int
+
+
+# %% [markdown]
+# The reader walks the file's bytes through a cursor whose every read first checks that the bytes are
+# there, and names the field it was reading — as a path (`kv["llama.block_count"].value`,
+# `tensors[7].ne[1]`) — when they are not.
+
+# %%
+# | export models.gguf
+class _Cursor:
+    """The file's bytes and a position; reads little-endian fields, each checked against the bytes left."""
+
+    def __init__(self, data, path: str):
+        self.data, self.pos, self.path, self.items, self.kept = data, 0, path, 0, 0
+
+    def fail(self, field: str, message: str):
+        raise ModelError(f"{self.path}: {field}: {message}")
+
+    def need(self, n: int, field: str, what: str) -> None:
+        left = len(self.data) - self.pos
+        if n > left:
+            self.fail(field, f"{what} needs {n} bytes at offset {self.pos}, the file has {left} left")
+
+    def scalar(self, fmt: str, field: str, what: str):
+        size = struct.calcsize("<" + fmt)
+        self.need(size, field, what)
+        value = struct.unpack_from("<" + fmt, self.data, self.pos)[0]
+        self.pos += size
+        return value
+
+    def keep(self, n: int, field: str) -> None:
+        """Count `n` more bytes kept in memory against `MAX_KEPT`."""
+        self.kept += n
+        if self.kept > MAX_KEPT:
+            self.fail(field, f"the header's values would take more than {MAX_KEPT} bytes of memory (this reader's cap)")
+
+    def text(self, field: str, most: int, strict: bool = True) -> str:
+        """A GGUF string of at most `most` bytes, decoded as UTF-8 (`strict`: a name or a key)."""
+        n = self.scalar("Q", field, "a string's length")
+        if n > most:
+            self.fail(field, f"a string of {n} bytes, expected at most {most}")
+        self.need(n, field, f"a string of {n} bytes")
+        self.keep(n, field)
+        raw, self.pos = bytes(self.data[self.pos:self.pos + n]), self.pos + n
+        try:
+            return raw.decode("utf-8", "strict" if strict else "replace")
+        except UnicodeDecodeError:
+            self.fail(field, f"expected UTF-8 text, found {raw[:40]!r}")
+
+
+# %% [markdown]
+# A value is read by its type. An array's length is checked against the bytes left before any item is
+# read — `n` items of `size` bytes need `n · size` bytes (a string item at least its 8-byte length) — and
+# against the header's budget of items; numeric items are kept as one numpy array, strings (a
+# tokenizer's vocabulary) are walked, every length checked, and skipped: planning never reads them.
+
+# %%
+# | export models.gguf
+def _read_value(cur: _Cursor, vtype: int, field: str) -> GGUFValue:
+    """One value of GGUF type `vtype` (the switch over `enum gguf_type` in `gguf_init_from_file`)."""
+    name, fmt = GGUF_TYPES[vtype]
+    if name == "string":
+        return GGUFValue("string", cur.text(field, MAX_KEPT, strict=False))
+    if name == "array":
+        return _read_array(cur, field)
+    value = cur.scalar(fmt, field, f"a {name}")
+    if name == "bool" and value > 1:
+        cur.fail(field, f"expected a bool (0 or 1), found {value}")
+    return GGUFValue(name, bool(value) if name == "bool" else value)
+
+
+def _read_array(cur: _Cursor, field: str) -> GGUFValue:
+    """An array: its item type (ggml reads no arrays of arrays), its length, checked before its items."""
+    itype = cur.scalar("I", f"{field}.item_type", "an array's item type")
+    if itype not in GGUF_TYPES or GGUF_TYPES[itype][0] == "array":
+        cur.fail(f"{field}.item_type", f"expected an item type from 0 to 12 other than 9 (ggml reads no arrays of "
+                                       f"arrays), found {itype}")
+    name, fmt = GGUF_TYPES[itype]
+    n = cur.scalar("Q", f"{field}.count", "an array's length")
+    size = struct.calcsize("<" + fmt)
+    cur.need(n * size, field, f"an array of {n} {name} items ({size} bytes each at least)")
+    cur.items += n
+    if cur.items > MAX_ITEMS:
+        cur.fail(field, f"the header's arrays hold more than {MAX_ITEMS} items (this reader's cap)")
+    if name == "string":
+        _skip_strings(cur, n, field)
+        return GGUFValue("array", None, "string", n)
+    cur.keep(n * size, field)
+    items = np.frombuffer(cur.data, dtype="<" + fmt, count=n, offset=cur.pos).copy()
+    cur.pos += n * size
+    if name == "bool" and (items > 1).any():
+        cur.fail(field, f"expected bools (0 or 1), found {int(items.max())}")
+    return GGUFValue("array", items.astype(bool) if name == "bool" else items, name, n)
+
+
+def _skip_strings(cur: _Cursor, n: int, field: str) -> None:
+    """Walk `n` strings: each length checked against the bytes left, the texts skipped."""
+    data, pos, end, length = cur.data, cur.pos, len(cur.data), struct.Struct("<Q").unpack_from
+    for i in range(n):
+        if end - pos < 8:
+            cur.pos = pos
+            cur.need(8, f"{field}[{i}]", "a string's length")
+        (k,) = length(data, pos)
+        pos += 8
+        if k > end - pos:
+            cur.pos = pos
+            cur.need(k, f"{field}[{i}]", f"a string of {k} bytes")
+        pos += k
+    cur.pos = pos
+
+
+# %% [markdown]
+# A tensor info is checked as `gguf_init_from_file` and `gguf_tensor_info_sanitize` check it: a name of
+# at most 63 bytes (`GGML_MAX_NAME`) that no other tensor has, at most four dimensions, each at least 1
+# and all together fewer than 2^63 elements, a type ggml knows whose block divides a row, and a data
+# offset on the alignment.
+
+# %%
+# | export models.gguf
+def _read_tensor_info(cur: _Cursor, i: int, alignment: int, seen: dict) -> GGUFTensorInfo:
+    """One `gguf_tensor_info`, checked (`gguf_tensor_info_sanitize`); `seen` maps names read to their index."""
+    field = f"tensors[{i}]"
+    name = cur.text(f"{field}.name", GGML_MAX_NAME - 1)
+    if name in seen:
+        cur.fail(f"{field}.name", f"duplicated tensor name {name!r} (also tensors[{seen[name]}])")
+    seen[name] = i
+    n_dims = cur.scalar("I", f"{field}.n_dims", "a dimension count")
+    if n_dims > GGML_MAX_DIMS:
+        cur.fail(f"{field}.n_dims", f"{name}: expected at most {GGML_MAX_DIMS} dimensions (GGML_MAX_DIMS), found {n_dims}")
+    ne = [cur.scalar("q", f"{field}.ne[{j}]", "a dimension") for j in range(n_dims)]
+    for j, d in enumerate(ne):
+        if d < 1:
+            cur.fail(f"{field}.ne[{j}]", f"{name}: expected a dimension of at least 1, found {d}")
+    if math.prod(ne) > INT64_MAX:
+        cur.fail(f"{field}.ne", f"{name}: {ne} holds {math.prod(ne)} elements, more than ggml's int64 (2^63 - 1)")
+    code = cur.scalar("I", f"{field}.type", "a ggml type")
+    t = TYPES_BY_CODE.get(code)
+    if t is None:
+        cur.fail(f"{field}.type", f"{name}: expected a ggml type code (one of {sorted(TYPES_BY_CODE)}), found {code}")
+    if (ne[0] if ne else 1) % t.blck_size:
+        cur.fail(f"{field}.ne[0]", f"{name}: a row of {ne[0] if ne else 1} elements is not a whole number of {t.name} "
+                                   f"blocks ({t.blck_size} elements each)")
+    offset = cur.scalar("Q", f"{field}.offset", "a data offset")
+    if offset % alignment:
+        cur.fail(f"{field}.offset", f"{name}: expected a multiple of the alignment {alignment}, found {offset}")
+    return GGUFTensorInfo(name, code, ne, offset)
+
+
+# %% [markdown]
+# The header: the magic and the version, the two counts — checked against the bytes left at once (a
+# pair takes 13 bytes at least, a tensor info 24) — the pairs, the alignment, the tensor infos. The
+# file is memory-mapped and only the header's pages are touched, so a sparse 13 GB file costs nothing.
+
+# %%
+# | export models.gguf
+def read_gguf_header(path) -> GGUFHeader:
+    """`gguf_init_from_file` (ggml.c) with `no_alloc`: the header of the GGUF file at `path`, every field
+    checked before it is used; a `ModelError` naming the file, the field, what was expected and found."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ModelError(f"{path}: not a regular file (a GGUF model file expected)")
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            try:
+                return _read_header(_Cursor(data, str(path)))
+            finally:
+                if size:
+                    data.close()
+    except OSError as e:
+        raise ModelError(f"{path}: cannot read the file ({e.strerror or e})") from None
+
+
+def _read_header(cur: _Cursor) -> GGUFHeader:
+    cur.need(4, "header.magic", "the magic 'GGUF'")
+    magic = bytes(cur.data[:4])
+    if magic != GGUF_MAGIC:
+        cur.fail("header.magic", f"expected b'GGUF' (a GGUF file), found {magic!r}: not a GGUF file")
+    cur.pos = 4
+    version = cur.scalar("I", "header.version", "the version")
+    if version not in (2, 3):
+        swapped = " (a big-endian file, which ggml does not read)" if version in (2 << 24, 3 << 24) else \
+            " (version 1 is no longer supported, as in llama.cpp)" if version == 1 else ""
+        cur.fail("header.version", f"expected 2 or 3, found {version}{swapped}")
+    n_tensors = cur.scalar("Q", "header.tensor_count", "the tensor count")
+    n_kv = cur.scalar("Q", "header.kv_count", "the key/value count")
+    for n, field in ((n_tensors, "header.tensor_count"), (n_kv, "header.kv_count")):
+        if n > MAX_COUNT:
+            cur.fail(field, f"expected at most {MAX_COUNT} (this reader's cap), found {n}")
+    cur.need(13 * n_kv + 24 * n_tensors, "header", f"{n_kv} key/value pairs (13 bytes each at least) and "
+                                                   f"{n_tensors} tensor infos (24 bytes each at least)")
+    kv = {}
+    for i in range(n_kv):
+        key = cur.text(f"kv[{i}].key", MAX_KEY_BYTES)
+        field = f"kv[{json.dumps(key)}]"
+        if key in kv:
+            cur.fail(field, "the key appears twice")
+        vtype = cur.scalar("I", f"{field}.type", "a value type")
+        if vtype not in GGUF_TYPES:
+            cur.fail(f"{field}.type", f"expected a value type from 0 to 12 (enum gguf_type), found {vtype}")
+        kv[key] = _read_value(cur, vtype, f"{field}.value")
+    align = kv.get("general.alignment", GGUFValue("uint32", GGUF_DEFAULT_ALIGNMENT))
+    if align.type != "uint32" or not align.value or align.value & (align.value - 1):
+        cur.fail('kv["general.alignment"]', f"expected a uint32 power of two, found {align.describe()}")
+    seen = {}
+    tensors = [_read_tensor_info(cur, i, align.value, seen) for i in range(n_tensors)]
+    return GGUFHeader(cur.path, version, kv, tensors, align.value, GGML_PAD(cur.pos, align.value))
+
+
+# %% [markdown]
+# ### llama.cpp's checks of a LLaMA
+#
+# `llm_load_hparams` reads each hyperparameter with `get_key`, which refuses a value whose GGUF type is
+# not exactly the field's (`key … has wrong type … but expected type …`): `llama.block_count` is a
+# `uint32` — not a string, a float or an `int32`. The head counts and the feed-forward width go through
+# `get_key_or_arr`: one `uint32`, or an `int32` array of one value per layer, after checking that there
+# are at most `LLAMA_MAX_LAYERS` layers. This port's LLaMA has alike layers, so per-layer values must be
+# equal. llama.cpp requires `n_rot` to be the head size for a LLaMA; the RMS epsilon and the training
+# context are required; the vocabulary is `llama.vocab_size` or the length of the tokenizer's list.
+
+# %%
+# | export models.gguf
+def _key(h: GGUFHeader, key: str, want: str, required: bool = True, default=None):
+    """`llama_model_loader::get_key` (`GGUFMeta::GKV::get_kv`): the value of `key`, of GGUF type `want` exactly."""
+    v = h.kv.get(key)
+    if v is None:
+        if required:
+            raise ModelError(f"{h.path}: kv[{json.dumps(key)}]: missing (llama.cpp requires it: key not found in model)")
+        return default
+    if v.type != want:
+        raise ModelError(f"{h.path}: kv[{json.dumps(key)}]: expected a {want}, found {v.describe()}")
+    return v if want == "array" else v.value
+
+
+def _key_or_arr(h: GGUFHeader, key: str, n_layer: int, required: bool = True, default=None):
+    """`llama_model_loader::get_key_or_arr`: a uint32, or an int32 array of one value per layer (equal here)."""
+    v = h.kv.get(key)
+    if v is None or v.type != "array":
+        return _key(h, key, "uint32", required, default)
+    field = f"{h.path}: kv[{json.dumps(key)}]"
+    if v.item_type != "int32":
+        raise ModelError(f"{field}: expected a uint32 or an int32 array, found {v.describe()}")
+    if v.count != n_layer:
+        raise ModelError(f"{field}: expected {n_layer} values (one per layer), found {v.count}")
+    values = sorted(set(v.value.tolist()))
+    if len(values) != 1:
+        raise ModelError(f"{field}: the layers' values differ ({values[:6]}); this port plans LLaMAs whose layers are alike")
+    return values[0]
+
+
+def llama_hparams(h: GGUFHeader, wtype: str = "f16") -> LlamaParams:
+    """`llm_load_hparams` for `LLM_ARCH_LLAMA`: the hyperparameters, each of its exact GGUF type; a
+    mixture of experts, or a head size or `n_rot` this port's LLaMA does not have, is refused."""
+    arch = _key(h, "general.architecture", "string")
+    if arch != "llama":
+        raise ModelError(f"{h.path}: a {arch!r} model; this report plans llama models only")
+    n_layer = _key(h, "llama.block_count", "uint32")
+    if not 1 <= n_layer <= LLAMA_MAX_LAYERS:
+        raise ModelError(f'{h.path}: kv["llama.block_count"]: expected 1 to {LLAMA_MAX_LAYERS} layers '
+                         f"(LLAMA_MAX_LAYERS), found {n_layer}")
+    if _key(h, "llama.expert_count", "uint32", False, 0) or _key(h, "llama.expert_used_count", "uint32", False, 0):
+        raise ModelError(f"{h.path}: a mixture-of-experts llama (llama.expert_count); this report plans dense llama models only")
+    n_head = _key_or_arr(h, "llama.attention.head_count", n_layer)
+    n_vocab = _key(h, "llama.vocab_size", "uint32", False)
+    if n_vocab is None and "tokenizer.ggml.tokens" not in h.kv:
+        raise ModelError(f'{h.path}: kv["llama.vocab_size"]: missing, and no tokenizer.ggml.tokens to count')
+    try:
+        p = LlamaParams(
+            n_vocab=n_vocab if n_vocab is not None else _key(h, "tokenizer.ggml.tokens", "array").count,
+            n_embd=_key(h, "llama.embedding_length", "uint32"), n_layer=n_layer, n_head=n_head,
+            n_head_kv=_key_or_arr(h, "llama.attention.head_count_kv", n_layer, False, n_head),
+            n_ff=_key_or_arr(h, "llama.feed_forward_length", n_layer),
+            rms_norm_eps=_key(h, "llama.attention.layer_norm_rms_epsilon", "float32"),
+            rope_freq_base=_key(h, "llama.rope.freq_base", "float32", False, 10000.0),
+            n_ctx_train=_key(h, "llama.context_length", "uint32"), wtype=wtype)
+    except ModelError as e:
+        if str(e).startswith(h.path):
+            raise
+        raise ModelError(f"{h.path}: the header's hyperparameters make no model: {e}") from None
+    for key in ("llama.attention.key_length", "llama.attention.value_length", "llama.rope.dimension_count"):
+        got = _key(h, key, "uint32", False, p.n_rot)
+        if got != p.n_rot:  # llama.cpp: "invalid n_rot: %u, expected %u"
+            raise ModelError(f"{h.path}: kv[{json.dumps(key)}]: expected the head size n_embd / n_head = {p.n_rot}, found {got}")
+    return p
+
+
+# %% [markdown]
+# `llm_load_tensors` then creates every tensor a LLaMA has and checks each against the file: present
+# (`tensor '…' not found`), of the shape the hyperparameters give (`check_tensor_dims`: trailing
+# dimensions of 1 allowed), and no tensor left over (`done_getting_tensors`: `wrong number of
+# tensors`). `output.weight` may be absent: the output then reuses `token_embd` (tied embeddings).
+# Weights of an integer type are refused: no ggml matrix product takes them.
+
+# %%
+# | export models.gguf
+def llama_tensor_shapes(p: LlamaParams) -> dict:
+    """{name: ne} of the tensors `llm_load_tensors` creates for a dense `LLM_ARCH_LLAMA` without biases."""
+    gqa = p.n_embd // p.n_head * p.n_head_kv
+    layer = {"attn_norm": [p.n_embd], "attn_q": [p.n_embd, p.n_embd], "attn_k": [p.n_embd, gqa],
+             "attn_v": [p.n_embd, gqa], "attn_output": [p.n_embd, p.n_embd], "ffn_norm": [p.n_embd],
+             "ffn_gate": [p.n_embd, p.n_ff], "ffn_down": [p.n_ff, p.n_embd], "ffn_up": [p.n_embd, p.n_ff]}
+    shapes = {"token_embd.weight": [p.n_embd, p.n_vocab], "output_norm.weight": [p.n_embd],
+              "output.weight": [p.n_embd, p.n_vocab]}
+    shapes.update({f"blk.{il}.{name}.weight": ne for il in range(p.n_layer) for name, ne in layer.items()})
+    return shapes
+
+
+def check_llama_tensors(h: GGUFHeader, p: LlamaParams) -> dict:
+    """`llm_load_tensors`' checks for `LLM_ARCH_LLAMA` (`create_tensor`, `check_tensor_dims`,
+    `done_getting_tensors`): {name: GGMLType} of every weight, or a `ModelError` naming the tensor."""
+    index = {t.name: i for i, t in enumerate(h.tensors)}
+    want = llama_tensor_shapes(p)
+    if "output.weight" not in index:  # TENSOR_NOT_REQUIRED, then token_embd again (TENSOR_DUPLICATED)
+        del want["output.weight"]
+    types = {}
+    for name, ne in want.items():
+        if name not in index:
+            raise ModelError(f"{h.path}: missing {name} (llama.cpp: tensor '{name}' not found; the header's "
+                             f"{p.n_layer} layers need {len(want)} tensors)")
+        info = h.tensors[index[name]]
+        pad = [1] * GGML_MAX_DIMS
+        if (info.ne + pad)[:GGML_MAX_DIMS] != (ne + pad)[:GGML_MAX_DIMS]:
+            raise ModelError(f"{h.path}: tensors[{index[name]}] {name}: expected ne {ne}, found {info.ne}")
+        types[name] = TYPES_BY_CODE[info.type_code]
+        if types[name].name in INT_TYPES:
+            raise ModelError(f"{h.path}: tensors[{index[name]}] {name}: expected a float or quantized type, "
+                             f"found {types[name].name}")
+    extra = [t.name for t in h.tensors if t.name not in want]
+    if extra:
+        why = " (RoPE frequency factors, which this port does not model)" if "rope_freqs.weight" in extra else ""
+        raise ModelError(f"{h.path}: tensors[{index[extra[0]]}] {extra[0]}: a tensor a dense LLaMA of {p.n_layer} layers "
+                         f"does not have{why} (llama.cpp: wrong number of tensors; expected {len(want)}, got "
+                         f"{len(h.tensors)}; {len(extra)} unexpected)")
+    types.setdefault("output.weight", types["token_embd.weight"])
+    return types
 
 
 @dataclass
@@ -173,43 +630,57 @@ class GGUFModel:
     shapes: dict
 
 
-# %%
-# | export models.gguf
 def from_gguf(path) -> GGUFModel:
-    """The LLaMA in the GGUF file at `path` (its header only). A file that is not GGUF, or whose
-    architecture is not llama, is a `ModelError` saying so."""
-    try:
-        r = _HeaderReader(str(path), "r")
-    except (OSError, ValueError, IndexError) as e:
-        raise ModelError(f"{path}: not a readable GGUF file ({e})") from None
+    """The LLaMA in the GGUF file at `path`, from its header alone (`read_gguf_header`, `llama_hparams`,
+    `check_llama_tensors`). Anything llama.cpp would refuse, and anything this port cannot plan, is a
+    `ModelError` naming the file and the key or tensor."""
+    h = read_gguf_header(path)
+    params = llama_hparams(h)
+    types = check_llama_tensors(h, params)
+    params = LlamaParams(**{**params.__dict__, "wtype": types["blk.0.attn_q.weight"].name})
+    return GGUFModel(str(path), params, types, {t.name: t.ne for t in h.tensors})
 
-    def get(key, default=None):
-        f = r.fields.get(key)
-        return f.contents() if f is not None else default
-    arch = get("general.architecture")
-    if arch != "llama":
-        raise ModelError(f"{path}: a {arch!r} model; this report plans llama models only")
-    shapes = {name: ne for name, _, ne in r.infos}
-    try:
-        types = {name: type_by_code(code) for name, code, _ in r.infos}
-    except UnknownTypeError as e:
-        raise ModelError(f"{path}: {e}") from None
-    if "token_embd.weight" not in shapes:
-        raise ModelError(f"{path}: no token_embd.weight tensor")
-    if (get("llama.expert_count") or 0) > 0 or "blk.0.ffn_gate.weight" not in shapes:
-        raise ModelError(f"{path}: a mixture-of-experts llama (or one without blk.0.ffn_gate.weight); this report "
-                         f"plans dense llama models only")
-    if "output.weight" not in shapes:  # tied embeddings: llama.cpp uses token_embd as the output matrix
-        types["output.weight"] = types["token_embd.weight"]
-    n_head = get("llama.attention.head_count")
-    params = LlamaParams(
-        n_vocab=get("llama.vocab_size") or shapes["token_embd.weight"][1], n_embd=get("llama.embedding_length"),
-        n_layer=get("llama.block_count"), n_head=n_head, n_head_kv=get("llama.attention.head_count_kv", n_head),
-        n_ff=get("llama.feed_forward_length"), n_rot=get("llama.rope.dimension_count"),
-        rms_norm_eps=get("llama.attention.layer_norm_rms_epsilon", 1e-5),
-        rope_freq_base=get("llama.rope.freq_base", 10000.0), n_ctx_train=get("llama.context_length", 4096),
-        wtype=types.get("blk.0.attn_q.weight", types["token_embd.weight"]).name)
-    return GGUFModel(str(path), params, types, shapes)
+
+# %% [markdown]
+# A tiny LLaMA's header, written with the `gguf` package's writer: one layer, 12 tensors, a few keys and a
+# tokenizer list of 64 strings, and no data at all. Then the same bytes with the list's length
+# overwritten by 2^40: refused at once, by the field and the sizes.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+import struct  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import gguf  # noqa: E402
+
+from ggml_lite.errors import ModelError  # noqa: E402
+from ggml_lite.models.gguf import from_gguf, llama_tensor_shapes  # noqa: E402
+
+tiny = LlamaParams(n_vocab=64, n_embd=64, n_layer=1, n_head=4, n_head_kv=2, n_ff=96, n_ctx_train=256, wtype="f32")
+path = Path(tempfile.mkdtemp()) / "tiny.gguf"
+w = gguf.GGUFWriter(str(path), "llama")
+for key, value in (("block_count", 1), ("embedding_length", 64), ("feed_forward_length", 96), ("context_length", 256),
+                   ("attention.head_count", 4), ("attention.head_count_kv", 2)):
+    w.add_uint32(f"llama.{key}", value)
+w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+w.add_token_list([f"t{i}" for i in range(64)])
+for name, ne in llama_tensor_shapes(tiny).items():
+    w.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32), 4 * int(np.prod(ne)))
+w.write_header_to_file()
+w.write_kv_data_to_file()
+w.write_ti_data_to_file()
+w.close()
+print(f"{path.stat().st_size} bytes:", from_gguf(path).params == LlamaParams(**{**tiny.__dict__, "rms_norm_eps": float(np.float32(1e-5))}))
+data = bytearray(path.read_bytes())
+at = data.index(b"tokenizer.ggml.tokens") + len("tokenizer.ggml.tokens") + 8  # past the value type and item type
+data[at:at + 8] = struct.pack("<Q", 2**40)
+path.write_bytes(data)
+try:
+    from_gguf(path)
+except ModelError as e:
+    refusal = str(e).replace(str(path), "tiny.gguf")
+print(refusal)
 
 
 # %% [markdown]
@@ -496,16 +967,17 @@ KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_
 def padded_n_ctx(n_ctx: int, flash_attn: bool = False) -> int:
     """`llama_new_context_with_model`'s `n_ctx`: padded to `llama_kv_cache_get_padding` (256 with flash
     attention, else 32)."""
-    if n_ctx <= 0:
-        raise ShapeError(f"n_ctx must be positive, got {n_ctx}")
+    check_int("n_ctx", n_ctx, 1, MAX_N_CTX, "--n-ctx", " (padded to 32, an int32 in llama.cpp's graph)")
     return GGML_PAD(n_ctx, 256 if flash_attn else 32)
 
 
 def batch_sizes(n_ctx: int, n_batch: int = 2048, n_ubatch: int = 512) -> tuple:
     """`llama_new_context_with_model`'s (n_batch, n_ubatch) for a padded `n_ctx`: n_batch at most n_ctx
     (causal attention) and at least 32 (the mask's padding); n_ubatch at most n_batch (0: n_batch)."""
-    if n_batch <= 0 and n_ubatch <= 0:
-        raise ShapeError("n_batch and n_ubatch cannot both be zero")
+    check_int("n_batch", n_batch, 0, INT32_MAX, "--n-batch")
+    check_int("n_ubatch", n_ubatch, 0, INT32_MAX, "--n-ubatch")
+    if n_batch == 0 and n_ubatch == 0:
+        raise ModelError("n_batch (--n-batch) and n_ubatch (--n-ubatch) cannot both be zero")
     n_batch = max(min(n_ctx, n_batch), GGML_KQ_MASK_PAD)
     return n_batch, min(n_batch, n_ubatch if n_ubatch > 0 else n_batch)
 
@@ -514,6 +986,44 @@ def worst_case_batch(n_ctx: int, n_ubatch: int = 512) -> dict:
     """The batch of llama.cpp's reserve: `min(n_ctx, n_ubatch)` tokens, all outputs, the whole cache."""
     n_tokens = min(n_ctx, n_ubatch)
     return dict(n_tokens=n_tokens, n_kv=n_ctx, kv_head=n_ctx - n_tokens, n_outputs=n_tokens)
+
+
+# %% [markdown]
+# A context is checked before anything is built, against what llama.cpp's types and limits allow:
+# `n_ctx` up to 2^31 − 32 (padded to 32 it stays an `int32_t`, the graph's `n_kv`), batch sizes and
+# `n_gpu_layers` that are `int32_t`, at most 15 GPUs (the scheduler takes `GGML_SCHED_MAX_BACKENDS` = 16
+# backends and the CPU is one of them; CUDA's `GGML_CUDA_MAX_DEVICES` is 16 too), one finite,
+# non-negative `tensor_split` weight per GPU, the cache types llama.cpp offers, and a head size that is
+# a whole number of the K type's blocks (`GGML_ASSERT(n_embd_head_k % ggml_blck_size(type_k) == 0)`).
+
+# %%
+# | export
+def check_context(params: LlamaParams, n_ctx: int, n_ubatch: int, n_gpu_layers: int = 0, devices: int = 0,
+                  tensor_split=None, type_k: str = "f16", type_v: str = None) -> None:
+    """The checks of `llama_new_context_with_model` and `llm_load_tensors` on a context's parameters, made
+    before any planning: a `ModelError` naming the parameter and its flag, what was expected and found."""
+    padded_n_ctx(n_ctx)
+    check_int("n_ubatch", n_ubatch, 1, INT32_MAX, "--n-ubatch")
+    check_int("n_gpu_layers", n_gpu_layers, 0, INT32_MAX, "--n-gpu-layers")
+    check_int("devices", devices, 0, MAX_DEVICES, "--devices",
+              f" (GGML_SCHED_MAX_BACKENDS = {GGML_SCHED_MAX_BACKENDS} backends, the CPU being one)")
+    if tensor_split is not None:
+        if isinstance(tensor_split, (str, bytes)) or not hasattr(tensor_split, "__len__"):
+            raise ModelError(f"tensor_split (--tensor-split): expected a list of numbers, found {tensor_split!r}")
+        if len(tensor_split) != devices:
+            raise ModelError(f"tensor_split (--tensor-split): expected {devices} weight(s), one per GPU (--devices "
+                             f"{devices}), found {len(tensor_split)}: {list(tensor_split)}")
+        for i, x in enumerate(tensor_split):
+            check_float(f"tensor_split[{i}]", x, 0.0, "--tensor-split", strict=False)
+    if type_k not in KV_TYPES:
+        raise ModelError(f"type_k (--type-k): expected one of {', '.join(KV_TYPES)}, found {type_k!r}")
+    if (type_v or "f16") != "f16":
+        raise ModelError(f"type_v (--type-v): expected f16, found {type_v!r}: V cache quantization requires flash "
+                         f"attention, which llama.cpp's graph here leaves off")
+    head, blck = params.n_embd // params.n_head, type_by_name(type_k).blck_size
+    if head % blck:
+        raise ModelError(f"type_k (--type-k) {type_k}: the head size {head} is not a whole number of its blocks "
+                         f"({blck} elements each)")
 
 
 # %% [markdown]
@@ -592,14 +1102,14 @@ def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, ten
     """`llm_load_tensors`' placement (split mode layer) and `llama_kv_cache_init`'s: a backend name
     ("CPU", "GPU0", "GPU1", ...) for `token_embd`, `output`, each layer and each layer's KV cache."""
     if n_gpu_layers < 0 or n_devices < 0:
-        raise ShapeError(f"n_gpu_layers ({n_gpu_layers}) and devices ({n_devices}) cannot be negative")
+        raise ModelError(f"n_gpu_layers ({n_gpu_layers}) and devices ({n_devices}) cannot be negative")
     n_gpu_layers = n_gpu_layers if n_devices else 0
     i_gpu_start = max(n_layer - n_gpu_layers, 0)
     given = list(tensor_split or [])[:max(n_devices, 1)]
     given += [0.0] * (max(n_devices, 1) - len(given))  # a short list: the other devices get nothing
     weights = np.asarray(given, dtype=np.float32)
     if not np.isfinite(weights).all() or (weights < 0).any():
-        raise ShapeError(f"tensor_split {list(tensor_split)}: the weights must be finite and non-negative")
+        raise ModelError(f"tensor_split {list(tensor_split)}: the weights must be finite and non-negative")
     if not weights.any():  # all zero (or none given): the default split, by free memory -- here equal
         weights = np.ones(max(n_devices, 1), dtype=np.float32)
     cumulative = np.cumsum(weights, dtype=np.float32)  # summed in order, as the C loop does
@@ -633,17 +1143,13 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
     compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
     split counts and the scheduler's n_copies. Sizes in bytes. With `trace`, also the graph allocator's
     trace of the reserve (`events`: chapter 05's events, for `report.peaks`)."""
-    n_ctx = padded_n_ctx(n_ctx)
-    type_v = type_v or "f16"
-    if type_k not in KV_TYPES:
-        raise ShapeError(f"type_k {type_k!r}: the K cache can be {', '.join(KV_TYPES)}")
-    if type_v != "f16":
-        raise ShapeError(f"type_v {type_v!r}: V cache quantization requires flash attention, which llama.cpp's "
-                         f"graph here leaves off: the V cache is f16")
+    check_context(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v)
+    n_ctx, type_v = padded_n_ctx(n_ctx), type_v or "f16"
     placement = layer_placement(params.n_layer, n_gpu_layers, devices, tensor_split, offload_kqv)
     batch = worst_case_batch(n_ctx, n_ubatch)
     model = {**params.model(n_ctx, type_k, type_v), "tensor_types": tensor_types}
     ctxs, graph, _ = build_llama(model, placement, batch)
+    _check_sizes(ctxs, n_ctx, batch["n_tokens"])
     gpus = [sim_init(f"GPU{i}", alignment=128, offload="cuda") for i in range(devices)]
     backends = {b.get_name(): b for b in (*gpus, cpu_init())}
     host_buft = sim_host_buffer_type() if devices else cpu_buffer_type()  # llama_default_buffer_type_cpu(true)
@@ -672,6 +1178,19 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
         report[name]["compute"] = sched.get_buffer_size(b)
     return dict(devices=report, nodes=len(graph.nodes), splits=sched.n_splits, n_copies=sched.n_copies,
                 placement=placement, graph=graph, sched=sched, events=events)
+
+
+def _check_sizes(ctxs: list, n_ctx: int, n_tokens: int) -> None:
+    """The model, its cache and its worst-case graph must fit ggml's sizes: no tensor of more than 2^63 - 1
+    elements, and all of them together at most SIZE_MAX / 2 bytes (the dynamic allocator's largest block),
+    so that no buffer can fail to plan; a `ModelError` naming the largest tensor otherwise."""
+    tensors = [t for c in ctxs for t in c.tensors]
+    big = max(tensors, key=lambda t: t.nbytes)
+    total = sum(t.nbytes for t in tensors if t.view_src is None)
+    if max(t.nelements for t in tensors) > INT64_MAX or total > INT64_MAX:
+        raise ModelError(f"n_ctx {n_ctx} with {n_tokens} tokens per micro-batch (--n-ctx, --n-ubatch): the model, "
+                         f"its KV cache and its graph need {total} bytes ({big.name}: {big.nbytes}), more than ggml's "
+                         f"allocator can hand out (SIZE_MAX / 2 = 2^63 - 1)")
 
 
 def _pin_like_llama_cpp(sched, graph, placement, backends, pin_norm: bool, offload_kqv: bool) -> None:
@@ -721,7 +1240,10 @@ context, and the lines llama.cpp prints about it."""
 from dataclasses import asdict, dataclass
 
 from ggml_lite.gallocr import PlaceEvent
-from ggml_lite.models.llama import LlamaParams, batch_sizes, padded_n_ctx, plan_memory
+from ggml_lite.errors import ModelError
+from ggml_lite.models.llama import (
+    MAX_DEVICES, MAX_N_CTX, LlamaParams, batch_sizes, check_float, check_int, padded_n_ctx, plan_memory,
+)
 from ggml_lite.tensor import TensorFlag
 from ggml_lite.viz.timeline import lifetimes
 
@@ -750,7 +1272,10 @@ def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_
                   type_v: str = None, offload_kqv: bool = True, tensor_types: dict = None,
                   why: bool = True) -> MemoryReport:
     """Plan the model as `llama_new_context_with_model` would (`plan_memory`) and report it; `why=False`
-    skips the trace behind `peaks` (for searches that need only the totals, as `fit`)."""
+    skips the trace behind `peaks` (for searches that need only the totals, as `fit`). Every argument is
+    checked before planning (`check_context`)."""
+    if not callable(getattr(params, "model", None)):  # (duck-typed: a notebook may define its own LlamaParams)
+        raise ModelError(f"memory_report: expected a LlamaParams model, found {type(params).__name__}")
     n_batch, n_ubatch = batch_sizes(padded_n_ctx(n_ctx), n_batch, n_ubatch)
     r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv,
                     trace=why, tensor_types=tensor_types)
@@ -812,10 +1337,21 @@ def format_report(rep: MemoryReport, vram_gib: float = None) -> str:
 # "Does it fit?" has a follow-up: *what is the most I can offload, and then the longest context?*
 # `fit` answers it the only exact way — by planning: the largest `n_gpu_layers` whose every GPU total
 # fits in `vram_gib`, then, with it, the largest `n_ctx` (a multiple of 32, at most the training
-# context) that still fits. Each plan of a 7B takes about 20 ms, so the search takes a second or so.
+# context) that still fits. Both are bisections (the totals grow with layers and with the context), so
+# the search makes about 12 + log2(n_ctx_train / 32) plans whatever the model: a second or so for a 7B,
+# about 8 s for the largest model llama.cpp accepts (512 layers on 15 GPUs). `--vram` is a finite
+# number of GiB, above 0 and at most 2^34 (2^64 bytes).
 
 # %%
 # | export report
+MAX_VRAM_GIB = 2.0**34  # 2^64 bytes: the whole address space of a size_t
+
+
+def check_vram(vram_gib) -> float:
+    """`vram_gib` if it is a finite number of GiB above 0 and at most 2^34 (2^64 bytes), else a `ModelError`."""
+    return check_float("vram", vram_gib, 0.0, "--vram", most=MAX_VRAM_GIB)
+
+
 def _fits(device: dict, vram_gib: float) -> bool:
     return device["total"] <= vram_gib * 1024 * MiB
 
@@ -827,18 +1363,31 @@ def fits(rep: MemoryReport, vram_gib: float) -> bool:
 
 def fit(params: LlamaParams, vram_gib: float, n_ctx: int = 512, devices: int = 1, **kw) -> tuple:
     """(the largest n_gpu_layers that fits at `n_ctx`, then the largest n_ctx that fits with it).
-    The context grows in multiples of 32 up to `n_ctx_train` (a bisection: the totals grow with
-    n_ctx). (0, ...) when not even one layer fits."""
+    Every layer and the output first (full offload also turns on pipeline parallelism, which needs more
+    memory), then a bisection over 0..n_layer layers: a GPU's total grows with its layers. The context
+    grows in multiples of 32 up to `n_ctx_train` (a bisection: the totals grow with n_ctx). (0, ...) when
+    not even one layer fits. About 12 + log2(n_ctx_train / 32) plans, whatever the model. (With an uneven
+    `tensor_split`, a GPU's share can dip by one layer as layers are added; the bisection assumes it does
+    not matter.)"""
+    check_vram(vram_gib)
+    check_int("devices", devices, 1, MAX_DEVICES, "--devices", " (fit needs a GPU)")
+
     def ok(layers, ctx):
         return fits(memory_report(params, ctx, n_gpu_layers=layers, devices=devices, why=False, **kw), vram_gib)
-    layers = next((n for n in range(params.n_layer + 1, 0, -1) if ok(n, n_ctx)), 0)
-    lo, hi = padded_n_ctx(n_ctx) // 32, max(params.n_ctx_train // 32, padded_n_ctx(n_ctx) // 32)
+    layers = params.n_layer + 1 if ok(params.n_layer + 1, n_ctx) else _largest(lambda n: ok(n, n_ctx), 0, params.n_layer)
+    lo, hi = padded_n_ctx(n_ctx) // 32, max(min(params.n_ctx_train, MAX_N_CTX) // 32, padded_n_ctx(n_ctx) // 32)
     if not ok(layers, lo * 32):
         return layers, None
-    while lo < hi:  # the largest multiple of 32 that fits
+    return layers, _largest(lambda k: ok(layers, k * 32), lo, hi) * 32  # the largest multiple of 32 that fits
+
+
+def _largest(ok, lo: int, hi: int) -> int:
+    """The largest n in [lo, hi] with ok(n), by bisection, given that ok(lo) holds (or lo is the answer
+    when nothing fits) and that ok turns false only once as n grows."""
+    while lo < hi:
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if ok(layers, mid * 32) else (lo, mid - 1)
-    return layers, lo * 32
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
 
 
 # %% [markdown]
@@ -998,6 +1547,7 @@ assert len(graph.nodes) == 32 * p7.n_layer + 6 and kv_bytes == 1024 * MiB
 assert round(galloc.get_buffer_size(0) / MiB, 2) == 164.01
 assert same and sizes[True][0] == 1062 and sizes[False][0] == 1030
 assert sizes[True][1] == sizes[False][1] == fx["buffer_size"]
+assert "an array of 1099511627776 string items (8 bytes each at least) needs 8796093022208 bytes" in refusal
 got = {label: (r["nodes"], r["splits"], *(round(d[k] / MiB, 2) for d in r["devices"].values() for k in ("compute", "kv")))
        for label, r in cases.items()}
 assert list(got.values()) == [(1030, 2, 70.50, 256.0, 9.01, 0.0), (1030, 2, 560.0, 1024.0, 24.01, 0.0),

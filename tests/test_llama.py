@@ -9,6 +9,7 @@ import pytest
 
 import ggml_lite as gl
 from ggml_lite.models.llama import PRESETS, LlamaParams, build_llama, padded_n_ctx, worst_case_batch
+from gguf_writer import write_llama_gguf
 from helpers import FIXTURES
 
 MiB = 1024 * 1024
@@ -48,13 +49,28 @@ def test_fixture_13_is_rebuilt_tensor_for_tensor_by_the_recorded_variant():
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(n_embd=4096, n_head=30), "n_head 30 must divide n_embd 4096"),
-    (dict(n_head_kv=5), "n_head_kv 5 must divide n_head"),
-    (dict(n_layer=-1), "n_layer must be a positive integer"),
+    (dict(n_embd=4096, n_head=30), r"n_head \(--n-head\): expected a divisor of n_embd 4096, found 30"),
+    (dict(n_head_kv=5), r"n_head_kv \(--n-head-kv\): expected a divisor of n_head 32, found 5"),
+    (dict(n_layer=-1), r"n_layer \(--n-layer\): expected an integer from 1 to 512 \(LLAMA_MAX_LAYERS\), found -1"),
+    (dict(n_layer=513), "expected an integer from 1 to 512"),
+    (dict(n_head=0), r"n_head \(--n-head\): expected an integer from 1 to 4294967295"),
+    (dict(n_head_kv=0), "n_head_kv"),
+    (dict(n_vocab=2**32), "n_vocab"),
+    (dict(n_layer=True), "found True"),
+    (dict(n_embd=4096.0), "found 4096.0"),
+    (dict(n_rot=130), r"n_rot: expected an integer from 1 to 128 \(the head size"),
+    (dict(n_embd=96, n_head=32, n_head_kv=1), "n_rot 3 must be even"),
+    (dict(n_rot=63), "n_rot 63 must be even"),
+    (dict(rms_norm_eps=float("nan")), "rms_norm_eps: expected a finite number"),
+    (dict(rope_freq_base=0.0), "rope_freq_base: expected a finite number above 0"),
+    (dict(wtype="i32"), "weights cannot be of type i32"),
+    (dict(n_embd=2**32 - 1, n_head=2**32 - 1, n_head_kv=1, n_ff=2**32 - 1), "more than a ggml tensor holds"),
 ])
 def test_bad_hyperparameters_are_refused(kwargs, field):
+    """Whatever makes them (a preset, flags, a GGUF header), hyperparameters no llama.cpp model can have are
+    refused with the field, its flag, what was expected and what was found."""
     base = dict(n_vocab=32000, n_embd=4096, n_layer=32, n_head=32, n_head_kv=32, n_ff=11008)
-    with pytest.raises(gl.errors.ShapeError, match=field):
+    with pytest.raises(gl.errors.ModelError, match=field):
         LlamaParams(**{**base, **kwargs})
 
 
@@ -80,7 +96,7 @@ def test_layer_placement_follows_llm_load_tensors():
     full = layer_placement(32, 33, 2, tensor_split=[3, 1])
     assert full["layers"].count("GPU0") == 25 and full["output"] == "GPU1" and full["token_embd"] == "CPU"
     assert layer_placement(32, 33, 1, offload_kqv=False)["kv_cache"] == ["CPU"] * 32
-    with pytest.raises(gl.errors.ShapeError, match="tensor_split"):
+    with pytest.raises(gl.errors.ModelError, match="tensor_split"):
         layer_placement(32, 33, 2, tensor_split=[float("nan"), 1])
     assert layer_placement(32, 33, 2, tensor_split=[0, 0]) == layer_placement(32, 33, 2)  # all zero: the default
     assert layer_placement(32, 33, 3, tensor_split=[1])["layers"] == ["GPU0"] * 32  # the others get nothing
@@ -89,7 +105,8 @@ def test_layer_placement_follows_llm_load_tensors():
 def _numpy_llama(p: dict, W: dict, tokens: np.ndarray) -> np.ndarray:
     """An independent LLaMA forward pass over the whole sequence `tokens`, in float32 numpy: RMS norm,
     rotary embeddings (normal mode: pairs (2i, 2i+1)), grouped-query causal attention with K and V
-    rounded to f16 as the cache stores them, SwiGLU; returns the logits of every position."""
+    rounded to f16 as the cache stores them (and Q and the attention probabilities rounded to f16, as
+    ggml converts a product's f32 operand to the f16 weights' type), SwiGLU; the logits of every position."""
     n_embd, n_head, n_head_kv = p["n_embd"], p["n_head"], p["n_head_kv"]
     head, eps, base = n_embd // n_head, p["rms_norm_eps"], p["rope"]["freq_base"]
     n = len(tokens)
@@ -114,9 +131,9 @@ def _numpy_llama(p: dict, W: dict, tokens: np.ndarray) -> np.ndarray:
         k = f16(rope((h @ L["wk"].T).reshape(n, n_head_kv, head)))
         v = f16((h @ L["wv"].T).reshape(n, n_head_kv, head))
         k, v = (np.repeat(a, n_head // n_head_kv, axis=1) for a in (k, v))
-        att = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(head) + causal
+        att = np.einsum("qhd,khd->hqk", f16(q), k) / np.sqrt(head) + causal  # Q meets f16 K as f16 (from_float)
         att = np.exp(att - att.max(-1, keepdims=True))
-        att /= att.sum(-1, keepdims=True)
+        att = f16(att / att.sum(-1, keepdims=True))  # and the probabilities meet f16 V as f16
         x = x + np.einsum("hqk,khd->qhd", att, v).reshape(n, n_embd) @ L["wo"].T
         h = rms(x, L["ffn_norm"])
         g = h @ L["gate"].T
@@ -194,50 +211,9 @@ def test_the_peaks_are_explained_by_the_tensors_live_there():
 
 
 def _write_gguf(path, params: LlamaParams, matrix_type=None, sparse: bool = True):
-    """A GGUF file of a LLaMA with `gguf`'s writer: the header and every tensor's info; the data region
-    extended sparsely to its full length (`sparse`), or left out (a header-only file)."""
-    import os
-
-    import gguf
-
-    qt = gguf.GGMLQuantizationType
-    mtype = matrix_type or qt.F16
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_vocab_size(params.n_vocab)
-    w.add_embedding_length(params.n_embd)
-    w.add_block_count(params.n_layer)
-    w.add_head_count(params.n_head)
-    w.add_head_count_kv(params.n_head_kv)
-    w.add_feed_forward_length(params.n_ff)
-    w.add_rope_dimension_count(params.n_rot)
-    w.add_layer_norm_rms_eps(params.rms_norm_eps)
-    w.add_rope_freq_base(params.rope_freq_base)
-    w.add_context_length(params.n_ctx_train)
-    gqa = params.n_embd // params.n_head * params.n_head_kv
-    shapes = {"token_embd.weight": (params.n_embd, params.n_vocab), "output_norm.weight": (params.n_embd,),
-              "output.weight": (params.n_embd, params.n_vocab)}
-    for il in range(params.n_layer):
-        for name, ne in (("attn_norm", (params.n_embd,)), ("attn_q", (params.n_embd, params.n_embd)),
-                         ("attn_k", (params.n_embd, gqa)), ("attn_v", (params.n_embd, gqa)),
-                         ("attn_output", (params.n_embd, params.n_embd)), ("ffn_norm", (params.n_embd,)),
-                         ("ffn_gate", (params.n_embd, params.n_ff)), ("ffn_down", (params.n_ff, params.n_embd)),
-                         ("ffn_up", (params.n_embd, params.n_ff))):
-            shapes[f"blk.{il}.{name}.weight"] = ne
-    total = 0
-    for name, ne in shapes.items():
-        t = qt.F32 if len(ne) == 1 else (qt.Q6_K if name == "output.weight" and mtype != qt.F16 else mtype)
-        block, size = gguf.GGML_QUANT_SIZES[t]
-        nbytes = int(np.prod(ne)) // block * size
-        shape = tuple(reversed(ne)) if block == 1 else (*reversed(ne[1:]), ne[0] // block * size)  # quantized: bytes
-        w.add_tensor_info(name, shape, np.dtype(np.uint8 if block > 1 else np.float32), nbytes, raw_dtype=t)
-        total += -(-nbytes // 32) * 32
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    w.close()
-    if sparse:
-        os.truncate(path, os.path.getsize(path) + total)
-    return path
+    """A GGUF file of a LLaMA with `gguf`'s writer (tests/gguf_writer.py): the header and every tensor's
+    info; the data region extended sparsely to its full length (`sparse`), or left out (header only)."""
+    return write_llama_gguf(path, params, matrix_type, sparse=sparse)
 
 
 def test_a_sparse_gguf_of_a_7b_plans_like_the_preset(tmp_path):
@@ -279,7 +255,8 @@ def test_a_quantized_70b_gguf_sizes_every_weight_by_its_own_type(tmp_path, capsy
     assert doc["graph"]["nodes"] == 32 * 80 + 6
 
 
-@pytest.mark.parametrize("content, message", [(b"not a gguf file at all", "not a readable GGUF file")])
+@pytest.mark.parametrize("content, message", [(b"not a gguf file at all", "header.magic: expected b'GGUF' (a GGUF file), found b'not '"),
+                                              (b"", "header.magic: the magic 'GGUF' needs 4 bytes at offset 0, the file has 0 left")])
 def test_a_file_that_is_not_gguf_is_refused(tmp_path, content, message, capsys):
     from ggml_lite.__main__ import main
 

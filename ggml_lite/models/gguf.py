@@ -2,24 +2,364 @@
 # Edit the notebook, then run `make export`.
 
 # notebooks/10_llama.py
-"""Models from GGUF files (chapter 10): a LLaMA's hyperparameters and every weight's name, type and
-shape, from the file's header (the `gguf` package's reader, stopped before the tensor data)."""
+"""Models from GGUF files (chapter 10): a bounded reader of a GGUF header (after ggml's `gguf_init_from_file`:
+every count and length checked against the bytes left in the file before anything is read or allocated),
+then llama.cpp's checks of a LLaMA's metadata (`llm_load_hparams`) and tensors (`llm_load_tensors`)."""
 
+import json
+import math
+import mmap
+import os
+import stat
+import struct
 from dataclasses import dataclass
 
-import gguf
+import numpy as np
 
-from ggml_lite.errors import ModelError, UnknownTypeError
-from ggml_lite.models.llama import LlamaParams
-from ggml_lite.tensor import type_by_code
+from ggml_lite.align import GGML_PAD
+from ggml_lite.errors import ModelError
+from ggml_lite.models.llama import INT64_MAX, INT_TYPES, LLAMA_MAX_LAYERS, LlamaParams
+from ggml_lite.tensor import TYPES_BY_CODE
+
+GGUF_MAGIC = b"GGUF"
+GGML_MAX_DIMS = 4  # ggml.h: a tensor has at most 4 dimensions
+GGML_MAX_NAME = 64  # ggml.h: a tensor's name and its terminating NUL
+GGUF_DEFAULT_ALIGNMENT = 32  # the data's alignment when the file does not set general.alignment
+MAX_KEY_BYTES = 2**16 - 1  # the GGUF specification: a key is at most 65,535 bytes
+# This reader's own caps (ggml has none): far above any real file, low enough to bound time and memory.
+MAX_COUNT = 2**16  # key/value pairs, and tensors (a 512-layer LLaMA has 4,611 tensors)
+MAX_ITEMS = 2**23  # array items in the whole header: about 2 s to walk (a tokenizer has ~10^5 per array)
+MAX_KEPT = 2**26  # bytes of strings and numeric arrays kept in memory (64 MiB)
+# `enum gguf_type`: code -> (name, struct format of one item); STRING and ARRAY start with a uint64 length
+GGUF_TYPES = {0: ("uint8", "B"), 1: ("int8", "b"), 2: ("uint16", "H"), 3: ("int16", "h"), 4: ("uint32", "I"),
+              5: ("int32", "i"), 6: ("float32", "f"), 7: ("bool", "B"), 8: ("string", "Q"), 9: ("array", None),
+              10: ("uint64", "Q"), 11: ("int64", "q"), 12: ("float64", "d")}
 
 
-class _HeaderReader(gguf.GGUFReader):
-    """gguf's reader, stopping after the tensor infos: (name, ggml type code, ne) per tensor, no data."""
+@dataclass
+class GGUFValue:
+    """A metadata value: its GGUF type name, and the value (int, float, bool or str; for an array, the item
+    type, the length and the items as a numpy array -- None for strings, which are checked and skipped)."""
 
-    def _build_tensors(self, start_offs, fields) -> None:
-        self.infos = [(bytes(name).decode(), int(raw_type[0]), [int(d) for d in dims])
-                      for _, name, _, dims, raw_type, _ in (f.parts for f in fields)]
+    type: str
+    value: object
+    item_type: str = None
+    count: int = None
+
+    def describe(self) -> str:
+        return f"an array of {self.count} {self.item_type}" if self.type == "array" else f"a {self.type} ({self.value!r})"
+
+
+@dataclass
+class GGUFTensorInfo:
+    """`gguf_tensor_info`: a tensor's name, ggml type code, ne (n_dims of them) and data offset."""
+
+    name: str
+    type_code: int
+    ne: list
+    offset: int
+
+
+@dataclass
+class GGUFHeader:
+    """What `gguf_init_from_file` reads with `no_alloc`: the version, the key/value pairs in file order,
+    the tensor infos, the alignment and where the data starts (it is never read)."""
+
+    path: str
+    version: int
+    kv: dict
+    tensors: list
+    alignment: int
+    data_offset: int
+
+
+# notebooks/10_llama.py
+class _Cursor:
+    """The file's bytes and a position; reads little-endian fields, each checked against the bytes left."""
+
+    def __init__(self, data, path: str):
+        self.data, self.pos, self.path, self.items, self.kept = data, 0, path, 0, 0
+
+    def fail(self, field: str, message: str):
+        raise ModelError(f"{self.path}: {field}: {message}")
+
+    def need(self, n: int, field: str, what: str) -> None:
+        left = len(self.data) - self.pos
+        if n > left:
+            self.fail(field, f"{what} needs {n} bytes at offset {self.pos}, the file has {left} left")
+
+    def scalar(self, fmt: str, field: str, what: str):
+        size = struct.calcsize("<" + fmt)
+        self.need(size, field, what)
+        value = struct.unpack_from("<" + fmt, self.data, self.pos)[0]
+        self.pos += size
+        return value
+
+    def keep(self, n: int, field: str) -> None:
+        """Count `n` more bytes kept in memory against `MAX_KEPT`."""
+        self.kept += n
+        if self.kept > MAX_KEPT:
+            self.fail(field, f"the header's values would take more than {MAX_KEPT} bytes of memory (this reader's cap)")
+
+    def text(self, field: str, most: int, strict: bool = True) -> str:
+        """A GGUF string of at most `most` bytes, decoded as UTF-8 (`strict`: a name or a key)."""
+        n = self.scalar("Q", field, "a string's length")
+        if n > most:
+            self.fail(field, f"a string of {n} bytes, expected at most {most}")
+        self.need(n, field, f"a string of {n} bytes")
+        self.keep(n, field)
+        raw, self.pos = bytes(self.data[self.pos:self.pos + n]), self.pos + n
+        try:
+            return raw.decode("utf-8", "strict" if strict else "replace")
+        except UnicodeDecodeError:
+            self.fail(field, f"expected UTF-8 text, found {raw[:40]!r}")
+
+
+# notebooks/10_llama.py
+def _read_value(cur: _Cursor, vtype: int, field: str) -> GGUFValue:
+    """One value of GGUF type `vtype` (the switch over `enum gguf_type` in `gguf_init_from_file`)."""
+    name, fmt = GGUF_TYPES[vtype]
+    if name == "string":
+        return GGUFValue("string", cur.text(field, MAX_KEPT, strict=False))
+    if name == "array":
+        return _read_array(cur, field)
+    value = cur.scalar(fmt, field, f"a {name}")
+    if name == "bool" and value > 1:
+        cur.fail(field, f"expected a bool (0 or 1), found {value}")
+    return GGUFValue(name, bool(value) if name == "bool" else value)
+
+
+def _read_array(cur: _Cursor, field: str) -> GGUFValue:
+    """An array: its item type (ggml reads no arrays of arrays), its length, checked before its items."""
+    itype = cur.scalar("I", f"{field}.item_type", "an array's item type")
+    if itype not in GGUF_TYPES or GGUF_TYPES[itype][0] == "array":
+        cur.fail(f"{field}.item_type", f"expected an item type from 0 to 12 other than 9 (ggml reads no arrays of "
+                                       f"arrays), found {itype}")
+    name, fmt = GGUF_TYPES[itype]
+    n = cur.scalar("Q", f"{field}.count", "an array's length")
+    size = struct.calcsize("<" + fmt)
+    cur.need(n * size, field, f"an array of {n} {name} items ({size} bytes each at least)")
+    cur.items += n
+    if cur.items > MAX_ITEMS:
+        cur.fail(field, f"the header's arrays hold more than {MAX_ITEMS} items (this reader's cap)")
+    if name == "string":
+        _skip_strings(cur, n, field)
+        return GGUFValue("array", None, "string", n)
+    cur.keep(n * size, field)
+    items = np.frombuffer(cur.data, dtype="<" + fmt, count=n, offset=cur.pos).copy()
+    cur.pos += n * size
+    if name == "bool" and (items > 1).any():
+        cur.fail(field, f"expected bools (0 or 1), found {int(items.max())}")
+    return GGUFValue("array", items.astype(bool) if name == "bool" else items, name, n)
+
+
+def _skip_strings(cur: _Cursor, n: int, field: str) -> None:
+    """Walk `n` strings: each length checked against the bytes left, the texts skipped."""
+    data, pos, end, length = cur.data, cur.pos, len(cur.data), struct.Struct("<Q").unpack_from
+    for i in range(n):
+        if end - pos < 8:
+            cur.pos = pos
+            cur.need(8, f"{field}[{i}]", "a string's length")
+        (k,) = length(data, pos)
+        pos += 8
+        if k > end - pos:
+            cur.pos = pos
+            cur.need(k, f"{field}[{i}]", f"a string of {k} bytes")
+        pos += k
+    cur.pos = pos
+
+
+# notebooks/10_llama.py
+def _read_tensor_info(cur: _Cursor, i: int, alignment: int, seen: dict) -> GGUFTensorInfo:
+    """One `gguf_tensor_info`, checked (`gguf_tensor_info_sanitize`); `seen` maps names read to their index."""
+    field = f"tensors[{i}]"
+    name = cur.text(f"{field}.name", GGML_MAX_NAME - 1)
+    if name in seen:
+        cur.fail(f"{field}.name", f"duplicated tensor name {name!r} (also tensors[{seen[name]}])")
+    seen[name] = i
+    n_dims = cur.scalar("I", f"{field}.n_dims", "a dimension count")
+    if n_dims > GGML_MAX_DIMS:
+        cur.fail(f"{field}.n_dims", f"{name}: expected at most {GGML_MAX_DIMS} dimensions (GGML_MAX_DIMS), found {n_dims}")
+    ne = [cur.scalar("q", f"{field}.ne[{j}]", "a dimension") for j in range(n_dims)]
+    for j, d in enumerate(ne):
+        if d < 1:
+            cur.fail(f"{field}.ne[{j}]", f"{name}: expected a dimension of at least 1, found {d}")
+    if math.prod(ne) > INT64_MAX:
+        cur.fail(f"{field}.ne", f"{name}: {ne} holds {math.prod(ne)} elements, more than ggml's int64 (2^63 - 1)")
+    code = cur.scalar("I", f"{field}.type", "a ggml type")
+    t = TYPES_BY_CODE.get(code)
+    if t is None:
+        cur.fail(f"{field}.type", f"{name}: expected a ggml type code (one of {sorted(TYPES_BY_CODE)}), found {code}")
+    if (ne[0] if ne else 1) % t.blck_size:
+        cur.fail(f"{field}.ne[0]", f"{name}: a row of {ne[0] if ne else 1} elements is not a whole number of {t.name} "
+                                   f"blocks ({t.blck_size} elements each)")
+    offset = cur.scalar("Q", f"{field}.offset", "a data offset")
+    if offset % alignment:
+        cur.fail(f"{field}.offset", f"{name}: expected a multiple of the alignment {alignment}, found {offset}")
+    return GGUFTensorInfo(name, code, ne, offset)
+
+
+# notebooks/10_llama.py
+def read_gguf_header(path) -> GGUFHeader:
+    """`gguf_init_from_file` (ggml.c) with `no_alloc`: the header of the GGUF file at `path`, every field
+    checked before it is used; a `ModelError` naming the file, the field, what was expected and found."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ModelError(f"{path}: not a regular file (a GGUF model file expected)")
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            try:
+                return _read_header(_Cursor(data, str(path)))
+            finally:
+                if size:
+                    data.close()
+    except OSError as e:
+        raise ModelError(f"{path}: cannot read the file ({e.strerror or e})") from None
+
+
+def _read_header(cur: _Cursor) -> GGUFHeader:
+    cur.need(4, "header.magic", "the magic 'GGUF'")
+    magic = bytes(cur.data[:4])
+    if magic != GGUF_MAGIC:
+        cur.fail("header.magic", f"expected b'GGUF' (a GGUF file), found {magic!r}: not a GGUF file")
+    cur.pos = 4
+    version = cur.scalar("I", "header.version", "the version")
+    if version not in (2, 3):
+        swapped = " (a big-endian file, which ggml does not read)" if version in (2 << 24, 3 << 24) else \
+            " (version 1 is no longer supported, as in llama.cpp)" if version == 1 else ""
+        cur.fail("header.version", f"expected 2 or 3, found {version}{swapped}")
+    n_tensors = cur.scalar("Q", "header.tensor_count", "the tensor count")
+    n_kv = cur.scalar("Q", "header.kv_count", "the key/value count")
+    for n, field in ((n_tensors, "header.tensor_count"), (n_kv, "header.kv_count")):
+        if n > MAX_COUNT:
+            cur.fail(field, f"expected at most {MAX_COUNT} (this reader's cap), found {n}")
+    cur.need(13 * n_kv + 24 * n_tensors, "header", f"{n_kv} key/value pairs (13 bytes each at least) and "
+                                                   f"{n_tensors} tensor infos (24 bytes each at least)")
+    kv = {}
+    for i in range(n_kv):
+        key = cur.text(f"kv[{i}].key", MAX_KEY_BYTES)
+        field = f"kv[{json.dumps(key)}]"
+        if key in kv:
+            cur.fail(field, "the key appears twice")
+        vtype = cur.scalar("I", f"{field}.type", "a value type")
+        if vtype not in GGUF_TYPES:
+            cur.fail(f"{field}.type", f"expected a value type from 0 to 12 (enum gguf_type), found {vtype}")
+        kv[key] = _read_value(cur, vtype, f"{field}.value")
+    align = kv.get("general.alignment", GGUFValue("uint32", GGUF_DEFAULT_ALIGNMENT))
+    if align.type != "uint32" or not align.value or align.value & (align.value - 1):
+        cur.fail('kv["general.alignment"]', f"expected a uint32 power of two, found {align.describe()}")
+    seen = {}
+    tensors = [_read_tensor_info(cur, i, align.value, seen) for i in range(n_tensors)]
+    return GGUFHeader(cur.path, version, kv, tensors, align.value, GGML_PAD(cur.pos, align.value))
+
+
+# notebooks/10_llama.py
+def _key(h: GGUFHeader, key: str, want: str, required: bool = True, default=None):
+    """`llama_model_loader::get_key` (`GGUFMeta::GKV::get_kv`): the value of `key`, of GGUF type `want` exactly."""
+    v = h.kv.get(key)
+    if v is None:
+        if required:
+            raise ModelError(f"{h.path}: kv[{json.dumps(key)}]: missing (llama.cpp requires it: key not found in model)")
+        return default
+    if v.type != want:
+        raise ModelError(f"{h.path}: kv[{json.dumps(key)}]: expected a {want}, found {v.describe()}")
+    return v if want == "array" else v.value
+
+
+def _key_or_arr(h: GGUFHeader, key: str, n_layer: int, required: bool = True, default=None):
+    """`llama_model_loader::get_key_or_arr`: a uint32, or an int32 array of one value per layer (equal here)."""
+    v = h.kv.get(key)
+    if v is None or v.type != "array":
+        return _key(h, key, "uint32", required, default)
+    field = f"{h.path}: kv[{json.dumps(key)}]"
+    if v.item_type != "int32":
+        raise ModelError(f"{field}: expected a uint32 or an int32 array, found {v.describe()}")
+    if v.count != n_layer:
+        raise ModelError(f"{field}: expected {n_layer} values (one per layer), found {v.count}")
+    values = sorted(set(v.value.tolist()))
+    if len(values) != 1:
+        raise ModelError(f"{field}: the layers' values differ ({values[:6]}); this port plans LLaMAs whose layers are alike")
+    return values[0]
+
+
+def llama_hparams(h: GGUFHeader, wtype: str = "f16") -> LlamaParams:
+    """`llm_load_hparams` for `LLM_ARCH_LLAMA`: the hyperparameters, each of its exact GGUF type; a
+    mixture of experts, or a head size or `n_rot` this port's LLaMA does not have, is refused."""
+    arch = _key(h, "general.architecture", "string")
+    if arch != "llama":
+        raise ModelError(f"{h.path}: a {arch!r} model; this report plans llama models only")
+    n_layer = _key(h, "llama.block_count", "uint32")
+    if not 1 <= n_layer <= LLAMA_MAX_LAYERS:
+        raise ModelError(f'{h.path}: kv["llama.block_count"]: expected 1 to {LLAMA_MAX_LAYERS} layers '
+                         f"(LLAMA_MAX_LAYERS), found {n_layer}")
+    if _key(h, "llama.expert_count", "uint32", False, 0) or _key(h, "llama.expert_used_count", "uint32", False, 0):
+        raise ModelError(f"{h.path}: a mixture-of-experts llama (llama.expert_count); this report plans dense llama models only")
+    n_head = _key_or_arr(h, "llama.attention.head_count", n_layer)
+    n_vocab = _key(h, "llama.vocab_size", "uint32", False)
+    if n_vocab is None and "tokenizer.ggml.tokens" not in h.kv:
+        raise ModelError(f'{h.path}: kv["llama.vocab_size"]: missing, and no tokenizer.ggml.tokens to count')
+    try:
+        p = LlamaParams(
+            n_vocab=n_vocab if n_vocab is not None else _key(h, "tokenizer.ggml.tokens", "array").count,
+            n_embd=_key(h, "llama.embedding_length", "uint32"), n_layer=n_layer, n_head=n_head,
+            n_head_kv=_key_or_arr(h, "llama.attention.head_count_kv", n_layer, False, n_head),
+            n_ff=_key_or_arr(h, "llama.feed_forward_length", n_layer),
+            rms_norm_eps=_key(h, "llama.attention.layer_norm_rms_epsilon", "float32"),
+            rope_freq_base=_key(h, "llama.rope.freq_base", "float32", False, 10000.0),
+            n_ctx_train=_key(h, "llama.context_length", "uint32"), wtype=wtype)
+    except ModelError as e:
+        if str(e).startswith(h.path):
+            raise
+        raise ModelError(f"{h.path}: the header's hyperparameters make no model: {e}") from None
+    for key in ("llama.attention.key_length", "llama.attention.value_length", "llama.rope.dimension_count"):
+        got = _key(h, key, "uint32", False, p.n_rot)
+        if got != p.n_rot:  # llama.cpp: "invalid n_rot: %u, expected %u"
+            raise ModelError(f"{h.path}: kv[{json.dumps(key)}]: expected the head size n_embd / n_head = {p.n_rot}, found {got}")
+    return p
+
+
+# notebooks/10_llama.py
+def llama_tensor_shapes(p: LlamaParams) -> dict:
+    """{name: ne} of the tensors `llm_load_tensors` creates for a dense `LLM_ARCH_LLAMA` without biases."""
+    gqa = p.n_embd // p.n_head * p.n_head_kv
+    layer = {"attn_norm": [p.n_embd], "attn_q": [p.n_embd, p.n_embd], "attn_k": [p.n_embd, gqa],
+             "attn_v": [p.n_embd, gqa], "attn_output": [p.n_embd, p.n_embd], "ffn_norm": [p.n_embd],
+             "ffn_gate": [p.n_embd, p.n_ff], "ffn_down": [p.n_ff, p.n_embd], "ffn_up": [p.n_embd, p.n_ff]}
+    shapes = {"token_embd.weight": [p.n_embd, p.n_vocab], "output_norm.weight": [p.n_embd],
+              "output.weight": [p.n_embd, p.n_vocab]}
+    shapes.update({f"blk.{il}.{name}.weight": ne for il in range(p.n_layer) for name, ne in layer.items()})
+    return shapes
+
+
+def check_llama_tensors(h: GGUFHeader, p: LlamaParams) -> dict:
+    """`llm_load_tensors`' checks for `LLM_ARCH_LLAMA` (`create_tensor`, `check_tensor_dims`,
+    `done_getting_tensors`): {name: GGMLType} of every weight, or a `ModelError` naming the tensor."""
+    index = {t.name: i for i, t in enumerate(h.tensors)}
+    want = llama_tensor_shapes(p)
+    if "output.weight" not in index:  # TENSOR_NOT_REQUIRED, then token_embd again (TENSOR_DUPLICATED)
+        del want["output.weight"]
+    types = {}
+    for name, ne in want.items():
+        if name not in index:
+            raise ModelError(f"{h.path}: missing {name} (llama.cpp: tensor '{name}' not found; the header's "
+                             f"{p.n_layer} layers need {len(want)} tensors)")
+        info = h.tensors[index[name]]
+        pad = [1] * GGML_MAX_DIMS
+        if (info.ne + pad)[:GGML_MAX_DIMS] != (ne + pad)[:GGML_MAX_DIMS]:
+            raise ModelError(f"{h.path}: tensors[{index[name]}] {name}: expected ne {ne}, found {info.ne}")
+        types[name] = TYPES_BY_CODE[info.type_code]
+        if types[name].name in INT_TYPES:
+            raise ModelError(f"{h.path}: tensors[{index[name]}] {name}: expected a float or quantized type, "
+                             f"found {types[name].name}")
+    extra = [t.name for t in h.tensors if t.name not in want]
+    if extra:
+        why = " (RoPE frequency factors, which this port does not model)" if "rope_freqs.weight" in extra else ""
+        raise ModelError(f"{h.path}: tensors[{index[extra[0]]}] {extra[0]}: a tensor a dense LLaMA of {p.n_layer} layers "
+                         f"does not have{why} (llama.cpp: wrong number of tensors; expected {len(want)}, got "
+                         f"{len(h.tensors)}; {len(extra)} unexpected)")
+    types.setdefault("output.weight", types["token_embd.weight"])
+    return types
 
 
 @dataclass
@@ -32,39 +372,12 @@ class GGUFModel:
     shapes: dict
 
 
-# notebooks/10_llama.py
 def from_gguf(path) -> GGUFModel:
-    """The LLaMA in the GGUF file at `path` (its header only). A file that is not GGUF, or whose
-    architecture is not llama, is a `ModelError` saying so."""
-    try:
-        r = _HeaderReader(str(path), "r")
-    except (OSError, ValueError, IndexError) as e:
-        raise ModelError(f"{path}: not a readable GGUF file ({e})") from None
-
-    def get(key, default=None):
-        f = r.fields.get(key)
-        return f.contents() if f is not None else default
-    arch = get("general.architecture")
-    if arch != "llama":
-        raise ModelError(f"{path}: a {arch!r} model; this report plans llama models only")
-    shapes = {name: ne for name, _, ne in r.infos}
-    try:
-        types = {name: type_by_code(code) for name, code, _ in r.infos}
-    except UnknownTypeError as e:
-        raise ModelError(f"{path}: {e}") from None
-    if "token_embd.weight" not in shapes:
-        raise ModelError(f"{path}: no token_embd.weight tensor")
-    if (get("llama.expert_count") or 0) > 0 or "blk.0.ffn_gate.weight" not in shapes:
-        raise ModelError(f"{path}: a mixture-of-experts llama (or one without blk.0.ffn_gate.weight); this report "
-                         f"plans dense llama models only")
-    if "output.weight" not in shapes:  # tied embeddings: llama.cpp uses token_embd as the output matrix
-        types["output.weight"] = types["token_embd.weight"]
-    n_head = get("llama.attention.head_count")
-    params = LlamaParams(
-        n_vocab=get("llama.vocab_size") or shapes["token_embd.weight"][1], n_embd=get("llama.embedding_length"),
-        n_layer=get("llama.block_count"), n_head=n_head, n_head_kv=get("llama.attention.head_count_kv", n_head),
-        n_ff=get("llama.feed_forward_length"), n_rot=get("llama.rope.dimension_count"),
-        rms_norm_eps=get("llama.attention.layer_norm_rms_epsilon", 1e-5),
-        rope_freq_base=get("llama.rope.freq_base", 10000.0), n_ctx_train=get("llama.context_length", 4096),
-        wtype=types.get("blk.0.attn_q.weight", types["token_embd.weight"]).name)
-    return GGUFModel(str(path), params, types, shapes)
+    """The LLaMA in the GGUF file at `path`, from its header alone (`read_gguf_header`, `llama_hparams`,
+    `check_llama_tensors`). Anything llama.cpp would refuse, and anything this port cannot plan, is a
+    `ModelError` naming the file and the key or tensor."""
+    h = read_gguf_header(path)
+    params = llama_hparams(h)
+    types = check_llama_tensors(h, params)
+    params = LlamaParams(**{**params.__dict__, "wtype": types["blk.0.attn_q.weight"].name})
+    return GGUFModel(str(path), params, types, {t.name: t.ne for t in h.tensors})

@@ -7,6 +7,7 @@ model's hyperparameters, its weights and KV cache as llama.cpp names and creates
 compute graph, exact to llama.cpp's; with `recorded=True`, the variant the ggml_lite fixtures were
 recorded with (an extra RESHAPE of Vcur per layer and other names)."""
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,23 +15,52 @@ import numpy as np
 from ggml_lite.align import GGML_PAD
 from ggml_lite.buffer import BufferUsage, cpu_buffer_type
 from ggml_lite.cpu import cpu_init
-from ggml_lite.errors import ShapeError
+from ggml_lite.errors import ModelError, UnknownTypeError
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
 from ggml_lite.ops import (
     add, cont_2d, cpy, get_rows, mul, mul_mat, permute, reshape_2d, reshape_3d, rms_norm, rope_ext, silu,
     soft_max_ext, transpose, view_1d, view_2d, view_3d,
 )
-from ggml_lite.sched import BackendSched
+from ggml_lite.sched import GGML_SCHED_MAX_BACKENDS, BackendSched
 from ggml_lite.sim import sim_host_buffer_type, sim_init
 from ggml_lite.tallocr import alloc_ctx_tensors_from_buft
 from ggml_lite.tensor import Context, F32, I32, row_size, set_input, set_output, type_by_name
 
 GGML_KQ_MASK_PAD = 32  # the mask's rows are padded to this many (llama.cpp's GGML_KQ_MASK_PAD)
+LLAMA_MAX_LAYERS = 512  # llama.cpp's per-layer hyperparameter arrays hold this many layers
+UINT32_MAX = 2**32 - 1  # llama_hparams' counts are uint32_t
+INT32_MAX = 2**31 - 1  # n_gpu_layers, n_batch, n_ubatch and the graph's n_kv / n_tokens are int32_t
+INT64_MAX = 2**63 - 1  # ggml's ne and nb are int64_t / size_t: no tensor may hold more elements or bytes
+MAX_N_CTX = INT32_MAX // 32 * 32  # n_ctx, padded to 32, stays an int32 (n_kv in llm_build_context)
+MAX_DEVICES = GGML_SCHED_MAX_BACKENDS - 1  # the scheduler takes 16 backends, the CPU being one of them
+INT_TYPES = ("i8", "i16", "i32", "i64", "f64")  # no matrix product in ggml takes weights of these types
 
 
+def check_int(name: str, value, least: int, most: int, flag: str = None, why: str = "") -> int:
+    """`value` if it is an integer in [least, most], else a `ModelError` naming the parameter (and the
+    command line's flag), what was expected and what was found."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not least <= value <= most:
+        where = f"{name} ({flag})" if flag else name
+        raise ModelError(f"{where}: expected an integer from {least} to {most}{why}, found {value!r}")
+    return int(value)
+
+
+def check_float(name: str, value, least: float, flag: str = None, most: float = math.inf, strict: bool = True):
+    """`value` if it is a finite number above `least` (at least `least` when not `strict`), at most `most`."""
+    ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool) and math.isfinite(value) \
+        and (value > least if strict else value >= least) and value <= most
+    if not ok:
+        where = f"{name} ({flag})" if flag else name
+        raise ModelError(f"{where}: expected a finite number {'above' if strict else 'at least'} {least:g}"
+                         f"{f' and at most {most:g}' if most != math.inf else ''}, found {value!r}")
+    return float(value)
+
+
+# notebooks/10_llama.py
 @dataclass(frozen=True)
 class LlamaParams:
-    """A LLaMA's hyperparameters (`llama_hparams`, the LLaMA subset) and the types of its weights."""
+    """A LLaMA's hyperparameters (`llama_hparams`, the LLaMA subset) and the types of its weights. A
+    value no llama.cpp model can have is a `ModelError` naming the field."""
 
     n_vocab: int
     n_embd: int
@@ -45,17 +75,37 @@ class LlamaParams:
     wtype: str = "f16"
 
     def __post_init__(self):
-        for field in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "n_ff"):
-            if not isinstance(getattr(self, field), int) or getattr(self, field) <= 0:
-                raise ShapeError(f"LlamaParams: {field} must be a positive integer, got {getattr(self, field)!r}")
-        if self.n_embd % self.n_head or self.n_head % self.n_head_kv:
-            raise ShapeError(f"LlamaParams: n_head {self.n_head} must divide n_embd {self.n_embd}, and "
-                             f"n_head_kv {self.n_head_kv} must divide n_head")
+        for field in ("n_vocab", "n_embd", "n_head", "n_head_kv", "n_ff", "n_ctx_train"):
+            flag = "--" + field.replace("_", "-") if field != "n_ctx_train" else None
+            check_int(f"LlamaParams: {field}", getattr(self, field), 1, UINT32_MAX, flag, " (a uint32_t)")
+        check_int("LlamaParams: n_layer", self.n_layer, 1, LLAMA_MAX_LAYERS, "--n-layer", " (LLAMA_MAX_LAYERS)")
+        if self.n_embd % self.n_head:
+            raise ModelError(f"LlamaParams: n_head (--n-head): expected a divisor of n_embd {self.n_embd}, "
+                             f"found {self.n_head}")
+        if self.n_head % self.n_head_kv:
+            raise ModelError(f"LlamaParams: n_head_kv (--n-head-kv): expected a divisor of n_head {self.n_head}, "
+                             f"found {self.n_head_kv}")
+        for name, n in (("n_embd * n_vocab (token_embd)", self.n_embd * self.n_vocab),
+                        ("n_embd * n_ff (ffn_up)", self.n_embd * self.n_ff), ("n_embd^2 (attn_q)", self.n_embd ** 2)):
+            if n > INT64_MAX:
+                raise ModelError(f"LlamaParams: {name} = {n} elements, more than a ggml tensor holds (2^63 - 1)")
+        head = self.n_embd // self.n_head
         if self.n_rot is None:
-            object.__setattr__(self, "n_rot", self.n_embd // self.n_head)
-        wt = type_by_name(self.wtype)  # an unknown type is an UnknownTypeError now, not later
-        if wt.name in ("i8", "i16", "i32", "i64", "f64"):
-            raise ShapeError(f"LlamaParams: weights cannot be of type {wt.name} (a float or a quantized type)")
+            object.__setattr__(self, "n_rot", head)
+        check_int("LlamaParams: n_rot", self.n_rot, 1, head, None, f" (the head size n_embd / n_head = {head})")
+        if self.n_rot % 2:
+            raise ModelError(f"LlamaParams: n_rot {self.n_rot} must be even (RoPE rotates pairs of dimensions)")
+        object.__setattr__(self, "rms_norm_eps", check_float("LlamaParams: rms_norm_eps", self.rms_norm_eps, 0, strict=False))
+        object.__setattr__(self, "rope_freq_base", check_float("LlamaParams: rope_freq_base", self.rope_freq_base, 0))
+        try:
+            wt = type_by_name(self.wtype) if isinstance(self.wtype, str) else None
+        except UnknownTypeError:
+            wt = None
+        if wt is None:
+            raise ModelError(f"LlamaParams: wtype (--wtype): expected a ggml type (f16, q8_0, q4_K, ...), found {self.wtype!r}")
+        if wt.name in INT_TYPES:
+            raise ModelError(f"LlamaParams: wtype (--wtype): weights cannot be of type {wt.name} (a float or a quantized type)")
+        object.__setattr__(self, "wtype", wt.name)
 
     def model(self, n_ctx: int, type_k: str = "f16", type_v: str = None) -> dict:
         """The builder's model dictionary for a context of `n_ctx` cells (the KV cache's size) and the
@@ -307,16 +357,17 @@ KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_
 def padded_n_ctx(n_ctx: int, flash_attn: bool = False) -> int:
     """`llama_new_context_with_model`'s `n_ctx`: padded to `llama_kv_cache_get_padding` (256 with flash
     attention, else 32)."""
-    if n_ctx <= 0:
-        raise ShapeError(f"n_ctx must be positive, got {n_ctx}")
+    check_int("n_ctx", n_ctx, 1, MAX_N_CTX, "--n-ctx", " (padded to 32, an int32 in llama.cpp's graph)")
     return GGML_PAD(n_ctx, 256 if flash_attn else 32)
 
 
 def batch_sizes(n_ctx: int, n_batch: int = 2048, n_ubatch: int = 512) -> tuple:
     """`llama_new_context_with_model`'s (n_batch, n_ubatch) for a padded `n_ctx`: n_batch at most n_ctx
     (causal attention) and at least 32 (the mask's padding); n_ubatch at most n_batch (0: n_batch)."""
-    if n_batch <= 0 and n_ubatch <= 0:
-        raise ShapeError("n_batch and n_ubatch cannot both be zero")
+    check_int("n_batch", n_batch, 0, INT32_MAX, "--n-batch")
+    check_int("n_ubatch", n_ubatch, 0, INT32_MAX, "--n-ubatch")
+    if n_batch == 0 and n_ubatch == 0:
+        raise ModelError("n_batch (--n-batch) and n_ubatch (--n-ubatch) cannot both be zero")
     n_batch = max(min(n_ctx, n_batch), GGML_KQ_MASK_PAD)
     return n_batch, min(n_batch, n_ubatch if n_ubatch > 0 else n_batch)
 
@@ -328,19 +379,48 @@ def worst_case_batch(n_ctx: int, n_ubatch: int = 512) -> dict:
 
 
 # notebooks/10_llama.py
+def check_context(params: LlamaParams, n_ctx: int, n_ubatch: int, n_gpu_layers: int = 0, devices: int = 0,
+                  tensor_split=None, type_k: str = "f16", type_v: str = None) -> None:
+    """The checks of `llama_new_context_with_model` and `llm_load_tensors` on a context's parameters, made
+    before any planning: a `ModelError` naming the parameter and its flag, what was expected and found."""
+    padded_n_ctx(n_ctx)
+    check_int("n_ubatch", n_ubatch, 1, INT32_MAX, "--n-ubatch")
+    check_int("n_gpu_layers", n_gpu_layers, 0, INT32_MAX, "--n-gpu-layers")
+    check_int("devices", devices, 0, MAX_DEVICES, "--devices",
+              f" (GGML_SCHED_MAX_BACKENDS = {GGML_SCHED_MAX_BACKENDS} backends, the CPU being one)")
+    if tensor_split is not None:
+        if isinstance(tensor_split, (str, bytes)) or not hasattr(tensor_split, "__len__"):
+            raise ModelError(f"tensor_split (--tensor-split): expected a list of numbers, found {tensor_split!r}")
+        if len(tensor_split) != devices:
+            raise ModelError(f"tensor_split (--tensor-split): expected {devices} weight(s), one per GPU (--devices "
+                             f"{devices}), found {len(tensor_split)}: {list(tensor_split)}")
+        for i, x in enumerate(tensor_split):
+            check_float(f"tensor_split[{i}]", x, 0.0, "--tensor-split", strict=False)
+    if type_k not in KV_TYPES:
+        raise ModelError(f"type_k (--type-k): expected one of {', '.join(KV_TYPES)}, found {type_k!r}")
+    if (type_v or "f16") != "f16":
+        raise ModelError(f"type_v (--type-v): expected f16, found {type_v!r}: V cache quantization requires flash "
+                         f"attention, which llama.cpp's graph here leaves off")
+    head, blck = params.n_embd // params.n_head, type_by_name(type_k).blck_size
+    if head % blck:
+        raise ModelError(f"type_k (--type-k) {type_k}: the head size {head} is not a whole number of its blocks "
+                         f"({blck} elements each)")
+
+
+# notebooks/10_llama.py
 def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, tensor_split=None,
                     offload_kqv: bool = True) -> dict:
     """`llm_load_tensors`' placement (split mode layer) and `llama_kv_cache_init`'s: a backend name
     ("CPU", "GPU0", "GPU1", ...) for `token_embd`, `output`, each layer and each layer's KV cache."""
     if n_gpu_layers < 0 or n_devices < 0:
-        raise ShapeError(f"n_gpu_layers ({n_gpu_layers}) and devices ({n_devices}) cannot be negative")
+        raise ModelError(f"n_gpu_layers ({n_gpu_layers}) and devices ({n_devices}) cannot be negative")
     n_gpu_layers = n_gpu_layers if n_devices else 0
     i_gpu_start = max(n_layer - n_gpu_layers, 0)
     given = list(tensor_split or [])[:max(n_devices, 1)]
     given += [0.0] * (max(n_devices, 1) - len(given))  # a short list: the other devices get nothing
     weights = np.asarray(given, dtype=np.float32)
     if not np.isfinite(weights).all() or (weights < 0).any():
-        raise ShapeError(f"tensor_split {list(tensor_split)}: the weights must be finite and non-negative")
+        raise ModelError(f"tensor_split {list(tensor_split)}: the weights must be finite and non-negative")
     if not weights.any():  # all zero (or none given): the default split, by free memory -- here equal
         weights = np.ones(max(n_devices, 1), dtype=np.float32)
     cumulative = np.cumsum(weights, dtype=np.float32)  # summed in order, as the C loop does
@@ -363,17 +443,13 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
     compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
     split counts and the scheduler's n_copies. Sizes in bytes. With `trace`, also the graph allocator's
     trace of the reserve (`events`: chapter 05's events, for `report.peaks`)."""
-    n_ctx = padded_n_ctx(n_ctx)
-    type_v = type_v or "f16"
-    if type_k not in KV_TYPES:
-        raise ShapeError(f"type_k {type_k!r}: the K cache can be {', '.join(KV_TYPES)}")
-    if type_v != "f16":
-        raise ShapeError(f"type_v {type_v!r}: V cache quantization requires flash attention, which llama.cpp's "
-                         f"graph here leaves off: the V cache is f16")
+    check_context(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v)
+    n_ctx, type_v = padded_n_ctx(n_ctx), type_v or "f16"
     placement = layer_placement(params.n_layer, n_gpu_layers, devices, tensor_split, offload_kqv)
     batch = worst_case_batch(n_ctx, n_ubatch)
     model = {**params.model(n_ctx, type_k, type_v), "tensor_types": tensor_types}
     ctxs, graph, _ = build_llama(model, placement, batch)
+    _check_sizes(ctxs, n_ctx, batch["n_tokens"])
     gpus = [sim_init(f"GPU{i}", alignment=128, offload="cuda") for i in range(devices)]
     backends = {b.get_name(): b for b in (*gpus, cpu_init())}
     host_buft = sim_host_buffer_type() if devices else cpu_buffer_type()  # llama_default_buffer_type_cpu(true)
@@ -402,6 +478,19 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
         report[name]["compute"] = sched.get_buffer_size(b)
     return dict(devices=report, nodes=len(graph.nodes), splits=sched.n_splits, n_copies=sched.n_copies,
                 placement=placement, graph=graph, sched=sched, events=events)
+
+
+def _check_sizes(ctxs: list, n_ctx: int, n_tokens: int) -> None:
+    """The model, its cache and its worst-case graph must fit ggml's sizes: no tensor of more than 2^63 - 1
+    elements, and all of them together at most SIZE_MAX / 2 bytes (the dynamic allocator's largest block),
+    so that no buffer can fail to plan; a `ModelError` naming the largest tensor otherwise."""
+    tensors = [t for c in ctxs for t in c.tensors]
+    big = max(tensors, key=lambda t: t.nbytes)
+    total = sum(t.nbytes for t in tensors if t.view_src is None)
+    if max(t.nelements for t in tensors) > INT64_MAX or total > INT64_MAX:
+        raise ModelError(f"n_ctx {n_ctx} with {n_tokens} tokens per micro-batch (--n-ctx, --n-ubatch): the model, "
+                         f"its KV cache and its graph need {total} bytes ({big.name}: {big.nbytes}), more than ggml's "
+                         f"allocator can hand out (SIZE_MAX / 2 = 2^63 - 1)")
 
 
 def _pin_like_llama_cpp(sched, graph, placement, backends, pin_norm: bool, offload_kqv: bool) -> None:

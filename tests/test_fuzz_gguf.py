@@ -1,0 +1,241 @@
+"""Fuzz tests of the `llama` command (issue 22): GGUF headers written with the `gguf` package's writer, then
+truncated, corrupted byte by byte, with their numbers (counts, lengths, types, dims, offsets) overwritten by
+huge or out-of-range values, or mutated structurally (tensors missing, reshaped, retyped or added, metadata
+dropped or retyped); and hypothesis over the command's flags. Each case runs through `llama` in-process
+(tests/fuzzing.py) and must end with exit 2 and a specific message naming the file, or exit 0 with the
+right report: the one planned from the header as the `gguf` package's own reader reads it (GGUF cases), or
+from the flags' model through the API (flag cases). Never a traceback, never unbounded time or memory.
+
+Quick run (default): a few hundred cases in all. `--long` (make test-long): every prefix, every number slot
+with every hostile value, and thousands of random and hypothesis cases; each test prints its count."""
+
+import json
+import random
+import struct
+import time
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from fuzzing import assert_sound, run_cli
+from ggml_lite.models.llama import KV_TYPES, PRESETS
+from ggml_lite.report import memory_report
+from ggml_lite.tensor import TYPES, type_by_code
+from gguf_writer import QT, TINY, VT, llama_shapes, number_slots, oracle_params, write_llama_gguf
+
+HOSTILE = (0, 1, 3, 13, 255, 2**31 - 1, 2**31, 2**32 - 1, 2**40, 2**62, 2**63, 2**64 - 1)
+
+
+class Tally:
+    """Counts a fuzz test's cases by outcome and prints them (visible in pytest's output)."""
+
+    def __init__(self, kind: str):
+        self.kind, self.counts, self.t0 = kind, Counter(), time.perf_counter()
+
+    def add(self, outcome: str) -> None:
+        self.counts[outcome] += 1
+
+    def report(self, capsys) -> None:
+        n = sum(self.counts.values())
+        with capsys.disabled():
+            print(f"\nfuzz {self.kind}: {n} cases, {self.counts['refused']} refused with exit 2, "
+                  f"{self.counts['correct']} correct results, {time.perf_counter() - self.t0:.1f} s")
+
+
+def oracle_report(path) -> dict:
+    """The report of the model in `path` as the `gguf` package's reader reads its header."""
+    params, codes, _ = oracle_params(path)
+    types = {name: type_by_code(code) for name, code in codes.items()}
+    types.setdefault("output.weight", types["token_embd.weight"])
+    return memory_report(params, tensor_types=types, why=False).to_json()
+
+
+def check_gguf_case(path, tally: Tally) -> None:
+    """`llama --gguf path --json`: exit 2 naming the file, or exit 0 with the oracle's report."""
+    o = assert_sound(run_cli(["llama", "--gguf", path, "--json"]))
+    if o.code == 2:
+        assert str(path) in o.err and "ModelError" in o.err, o.describe()
+        tally.add("refused")
+        return
+    doc, want = json.loads(o.out), oracle_report(path)
+    assert (doc["model"], doc["graph"], doc["devices"]) == (want["model"], want["graph"], want["devices"]), o.describe()
+    tally.add("correct")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A valid header-only GGUF of a 2-layer LLaMA with a 16-token tokenizer list (about 1.9 KB)."""
+    return write_llama_gguf(tmp_path_factory.mktemp("base") / "tiny.gguf", tokens=16).read_bytes()
+
+
+def test_truncated_headers(base, tmp_path, long_run, capsys):
+    """Every prefix (--long) or a seeded sample of prefixes of a valid header."""
+    cuts = range(len(base) + 1) if long_run else sorted(set(random.Random(1).sample(range(len(base)), 60)) | {0, 3, 24, len(base)})
+    tally = Tally("gguf truncation")
+    for cut in cuts:
+        path = tmp_path / f"cut{cut}.gguf"
+        path.write_bytes(base[:cut])
+        check_gguf_case(path, tally)
+    assert tally.counts["correct"] >= 1 and tally.counts["refused"] >= len(cuts) - 40
+    tally.report(capsys)
+
+
+def test_numbers_overwritten_with_hostile_values(base, tmp_path, long_run, capsys):
+    """Every number of the header (as gguf's reader locates them: counts, lengths, types, values, dims,
+    offsets) overwritten with 0, 2^31, 2^40, 2^63, 2^64 - 1, ... (all of them --long, a sample otherwise)."""
+    src = tmp_path / "base.gguf"
+    src.write_bytes(base)
+    cases = [(at, size, v) for at, size, _ in number_slots(src) for v in HOSTILE if v < 2 ** (8 * size)]
+    if not long_run:
+        cases = random.Random(2).sample(cases, 150)
+    tally = Tally("gguf numbers")
+    for i, (at, size, value) in enumerate(cases):
+        data = bytearray(base)
+        data[at:at + size] = struct.pack("<I" if size == 4 else "<Q", value)
+        path = tmp_path / f"n{i % 8}.gguf"
+        path.write_bytes(data)
+        check_gguf_case(path, tally)
+    tally.report(capsys)
+
+
+def test_random_byte_corruption(base, tmp_path, long_run, capsys):
+    """1 to 8 random bytes of the header replaced by random values (seeded)."""
+    rng = random.Random(3)
+    tally = Tally("gguf random bytes")
+    for i in range(3000 if long_run else 100):
+        data = bytearray(base)
+        for _ in range(rng.randint(1, 8)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        path = tmp_path / f"r{i % 8}.gguf"
+        path.write_bytes(data)
+        check_gguf_case(path, tally)
+    tally.report(capsys)
+
+
+NAMES = list(llama_shapes(TINY))
+KEYS = ["llama.block_count", "llama.embedding_length", "llama.feed_forward_length", "llama.attention.head_count",
+        "llama.attention.head_count_kv", "llama.context_length", "llama.vocab_size", "llama.rope.dimension_count",
+        "llama.attention.layer_norm_rms_epsilon", "llama.rope.freq_base", "llama.expert_count", "general.alignment"]
+SMALL_INTS = st.one_of(st.integers(0, 130), st.sampled_from([256, 513, 2**31, 2**32 - 1]))
+
+
+def _value(vt: VT):
+    """A strategy for a value of GGUF type `vt` (with the array's item type, for arrays)."""
+    if vt == VT.STRING:
+        return st.text(max_size=8).map(lambda s: (s, vt))
+    if vt in (VT.FLOAT32, VT.FLOAT64):
+        return st.floats(width=32, allow_nan=True, allow_infinity=True).map(lambda f: (f, vt))
+    if vt == VT.BOOL:
+        return st.booleans().map(lambda b: (b, vt))
+    if vt == VT.ARRAY:
+        return st.lists(st.integers(-3, 130), min_size=0, max_size=4).filter(bool).map(lambda xs: (xs, vt, VT.INT32))
+    lo, hi = {VT.UINT8: (0, 255), VT.INT8: (-128, 127), VT.UINT16: (0, 65535), VT.INT16: (-32768, 32767),
+              VT.INT32: (-2**31, 2**31 - 1), VT.INT64: (-2**63, 2**63 - 1), VT.UINT64: (0, 2**64 - 1)}.get(vt, (0, 2**32 - 1))
+    return st.one_of(st.integers(lo, min(hi, 130)), st.integers(lo, hi)).map(lambda x: (x, vt))
+
+
+KV_CHANGE = st.sampled_from(KEYS).flatmap(
+    lambda key: st.one_of(st.just({key: None}), st.sampled_from(list(VT)).flatmap(_value).map(lambda v: {key: v}),
+                          SMALL_INTS.map(lambda n: {key: (n, VT.UINT32)})))
+SHAPE = st.lists(st.sampled_from([1, 2, 16, 32, 64, 96, 128]), min_size=1, max_size=4)
+MUTATION = st.one_of(
+    st.builds(lambda n: dict(drop=(n,)), st.sampled_from(NAMES)),
+    st.builds(lambda n, ne: dict(shapes={n: ne}), st.sampled_from(NAMES), SHAPE),
+    st.builds(lambda n, t: dict(types={n: t}), st.sampled_from(NAMES), st.sampled_from([QT.F32, QT.F16, QT.Q8_0, QT.Q4_0,
+                                                                                       QT.BF16, QT.I32, QT.Q4_1])),
+    st.builds(lambda n, ne: dict(extra={n: ne}), st.sampled_from(["blk.2.attn_q.weight", "rope_freqs.weight", "x"]), SHAPE),
+    KV_CHANGE.map(lambda kv: dict(kv=kv)),
+    st.builds(lambda kv1, kv2: dict(kv={**kv1, **kv2}), KV_CHANGE, KV_CHANGE),
+)
+
+
+def test_structure_aware_headers(tmp_path, long_run, capsys):
+    """hypothesis over the writer's hooks: a tensor dropped, reshaped, retyped or added, metadata dropped or
+    of another type or value (one or two changes)."""
+    tally = Tally("gguf structure")
+
+    @settings(max_examples=1500 if long_run else 80, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(change=MUTATION)
+    def case(change):
+        try:
+            path = write_llama_gguf(tmp_path / "s.gguf", **change)
+        except (ValueError, OverflowError, struct.error, TypeError):  # gguf's writer refused to write it
+            return
+        check_gguf_case(path, tally)
+
+    case()
+    assert tally.counts["refused"] > 0 and tally.counts["correct"] > 0
+    tally.report(capsys)
+
+
+# ---- the flags ---------------------------------------------------------------------------------------------
+
+INT_FLAG = st.one_of(st.integers(-3, 70), st.sampled_from([0, 512, 513, 2**31 - 1, 2**31, 2**32, 10**6, 10**12, -2**31]))
+FLOAT_TEXT = st.one_of(st.sampled_from(["nan", "inf", "-inf", "-1", "0", "1e400", "0.5", "24", "x"]),
+                       st.floats(0.01, 100).map(lambda f: f"{f:.2f}"))
+FLAGS = st.fixed_dictionaries({}, optional={
+    "--n-ctx": st.one_of(st.integers(1, 4096), INT_FLAG), "--n-batch": INT_FLAG, "--n-ubatch": INT_FLAG,
+    "--n-gpu-layers": INT_FLAG, "--devices": st.one_of(st.integers(0, 3), INT_FLAG),
+    "--type-k": st.sampled_from([*KV_TYPES, "F16", "q9", "q4_K", ""]), "--type-v": st.sampled_from(["f16", "q8_0", "x"]),
+    "--vram": FLOAT_TEXT, "--tensor-split": st.lists(FLOAT_TEXT, min_size=0, max_size=4).map(",".join),
+    "--no-kv-offload": st.just(None),
+})
+MODEL = st.one_of(
+    st.sampled_from(list(PRESETS) + ["LLAMA-2-7B", "Mistral-7B", "llama-9-1b", " llama-2-7b"]).map(lambda p: ["--preset", p]),
+    st.fixed_dictionaries({"--n-vocab": INT_FLAG, "--n-embd": st.sampled_from([64, 96, 128, 100, 0, 2**32]),
+                           "--n-layer": st.one_of(st.integers(1, 4), INT_FLAG), "--n-head": st.sampled_from([1, 2, 4, 3, 0]),
+                           "--n-ff": st.one_of(st.integers(1, 300), INT_FLAG)},
+                          optional={"--n-head-kv": st.sampled_from([1, 2, 3, 0, -1]),
+                                    "--wtype": st.sampled_from(["f16", "q4_0", "Q8_0", "i32", "q9", "f32"])}
+                          ).map(lambda d: [x for k, v in d.items() for x in (k, str(v))]),
+)
+
+
+def _api_report(model_argv: list, flags: dict) -> dict:
+    """The report the API gives for the same request (what exit 0 must print)."""
+    from ggml_lite.models.llama import LlamaParams
+
+    args = dict(zip(model_argv[::2], model_argv[1::2]))
+    if "--preset" in args:
+        params = PRESETS[args["--preset"].lower()]
+    else:
+        dims = {k[2:].replace("-", "_"): int(v) for k, v in args.items() if k != "--wtype"}
+        dims.setdefault("n_head_kv", dims["n_head"])
+        params = LlamaParams(**dims, wtype=args.get("--wtype", "f16"))
+    split = flags.get("--tensor-split")
+    return memory_report(params, int(flags.get("--n-ctx", 512)), int(flags.get("--n-batch", 2048)),
+                         int(flags.get("--n-ubatch", 512)), int(flags.get("--n-gpu-layers", 0)), int(flags.get("--devices", 0)),
+                         [float(x) for x in split.split(",")] if split is not None else None, flags.get("--type-k", "f16"),
+                         flags.get("--type-v", "f16"), "--no-kv-offload" not in flags, why=False).to_json()
+
+
+def test_llama_flags(long_run, capsys):
+    """hypothesis over the model (presets in odd case, hyperparameters) and every context flag: huge,
+    negative, non-finite, of the wrong length or name. Exit 2 naming the flag, or exit 0 with the API's report."""
+    tally = Tally("llama flags")
+
+    @settings(max_examples=2000 if long_run else 120, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(model=MODEL, flags=FLAGS)
+    def case(model, flags):
+        argv = ["llama", *model, "--json"]
+        for k, v in flags.items():
+            argv += [k] if v is None else [f"{k}={v}"]
+        o = assert_sound(run_cli(argv))
+        if o.code == 2:
+            assert "--" in o.err or "preset" in o.err or "usage:" in o.err, o.describe()  # it names the flag
+            tally.add("refused")
+            return
+        doc, want = json.loads(o.out), _api_report(model, flags)
+        assert (doc["graph"], doc["devices"]) == (want["graph"], want["devices"]), o.describe()
+        tally.add("correct")
+
+    case()
+    assert tally.counts["refused"] > 0 and tally.counts["correct"] > 0
+    tally.report(capsys)
+
+
+def test_every_type_name_the_flags_accept_is_a_ggml_type():
+    assert set(KV_TYPES) <= set(TYPES)
