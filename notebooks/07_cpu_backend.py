@@ -353,11 +353,6 @@ _DEQUANT = {Q8_0.name: dequantize_row_q8_0, Q4_0.name: dequantize_row_q4_0}
 
 # %%
 # | export
-# the C library's float functions and their double-precision counterparts
-C_MATH = {"expf": math.exp, "expm1f": math.expm1, "logf": math.log, "tanhf": math.tanh, "cosf": math.cos,
-          "sinf": math.sin, "powf": math.pow}
-
-
 class Arithmetic:
     """The default numerics tier: every order- or rounding-dependent step of the kernels, done the plain
     numpy way. Methods named after the C they stand for (`ggml_vec_dot_f16`, `ggml_vec_soft_max_f32`,
@@ -435,12 +430,16 @@ class Arithmetic:
         return np.matmul(yf, np.swapaxes(xf, -1, -2))
 
 
+
+# %%
+# | export
+# the C library's float functions (`Arithmetic.scalar`) and their double-precision counterparts
+C_MATH = {"expf": math.exp, "expm1f": math.expm1, "logf": math.log, "tanhf": math.tanh, "cosf": math.cos,
+          "sinf": math.sin, "powf": math.pow}
 NUMPY = Arithmetic()
 _TIERS = {NUMPY.name: NUMPY}
 
 
-# %%
-# | export
 def declare_tier(arith) -> None:
     """Makes a numerics tier available by its name (appendix A2 declares `"exact"`)."""
     _TIERS[arith.name] = arith
