@@ -11,17 +11,23 @@ computes it as `check` does (GAllocr plan, `cpu_init(exact=...)`), with
 
 * `numpy`     the default tier (`cpu_init()`), which converts mul_mat's f32 src1 to the dot type;
 * `unconv.`   the same tier without that conversion (an f32 src1 multiplied in f32, as before issue 22);
-* `exact`     the bit-exact tier (`cpu_init(exact=True)`, appendix A2).
+* `exact`     the bit-exact tier (`cpu_init(exact=True)`, appendix A2);
+* `order`     the exact tier with BLAS's dot-product order (`OtherOrder`): what a ggml build that adds
+              dot products in another order does (AVX-512, NEON). Its distance from the oracle is the
+              graph's own sensitivity to that order.
 
 For every result (the OUTPUT nodes and the last node: the logits and the softmax) the error is
 normwise, max |ours - ggml| / max |ggml|, as `check` measures it; a graph's figure is its worst
-result. The summary gives the worst per class (f32 only / f16 or quantized tensors involved, the
-classes of `Arithmetic.TOLERANCE_F32` / `TOLERANCE_MIXED`) and per tier, and the tolerance these
-figures support (the worst times `MARGIN`, rounded up to 1, 2 or 5 times a power of ten) beside the
-one `Arithmetic` states. The exact tier is 0 on every graph without an op family that ggml 0.15.3
-computes differently from the reference the kernels follow (normal-mode rope, norm, f32 mul_mat with
-K % 32 != 0; see tests/test_compute_differential.py) when the oracle sums in the reproduced order
-(the AVX2 build `make setup` installs); those graphs are counted apart.
+result. The summary gives, per class (f32 only / f16 or quantized tensors involved, the classes of
+`Arithmetic.TOLERANCE_F32` / `TOLERANCE_MIXED`), the worst and median of each tier, how many graphs
+were beyond the stated tolerance before the conversion and are now, the largest ratio numpy / order,
+and for candidate tolerances T the graphs in scope (`order` <= T/2: two dot-product orders of ggml
+agree within half of T), the worst numpy error among them and the margin. A graph out of scope
+amplifies rounding so much that no build-independent tolerance holds for it; `check --exact` is its
+check. The exact tier is 0 on every graph without an op family that ggml 0.15.3 computes differently
+from the reference the kernels follow (normal-mode rope, norm, f32 mul_mat with K % 32 != 0; see
+tests/test_compute_differential.py) when the oracle sums in the reproduced order (the AVX2 build
+`make setup` installs); those graphs are counted apart.
 """
 
 import argparse
