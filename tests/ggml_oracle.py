@@ -1,6 +1,6 @@
 """The real ggml as an oracle for ggml_lite's graph allocator, through ggml-python (a helper module).
 
-Three things live here:
+Four things live here:
 
 * **The C side.** `mirror(...)` re-creates ggml_lite tensors in a ggml-python `no_alloc` context by
   calling the same ggml op constructors, copies names and flags, and replays
@@ -15,6 +15,11 @@ Three things live here:
 * **Random graphs.** `build_random_graph(choose)` builds a random graph with the public ggml_lite API
   from a `choose(n) -> int in [0, n)` callable; `random_graph(seed)` feeds it from `random.Random`,
   `graphs()` is the hypothesis strategy (same builder, so hypothesis can shrink a failing graph).
+* **Whole numeric graphs.** `mlp_graph` and `attention_graph` build MLPs and attention stacks with
+  softmax heads as the `numerics` files record them; `numeric_corpus` is the seeded corpus the numpy
+  tier's tolerance is measured on (`benchmarks/numerics_tolerance.py`); `ggml_results` computes one
+  with the real ggml, `lite_numeric_results` with ggml_lite's tiers, and `numerics_document` writes
+  it as a fixture-schema file with ggml's plan and results (`tests/test_numerics_graphs.py`).
 
 What ggml-python 0.0.45 needs, and how its ggml differs from the recorded reference
 -------------------------------------------------------------------------------------
