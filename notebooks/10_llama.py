@@ -147,7 +147,8 @@ class LlamaParams:
             object.__setattr__(self, "n_rot", head)
         check_int("LlamaParams: n_rot", self.n_rot, 1, head, None, f" (the head size n_embd / n_head = {head})")
         if self.n_rot % 2:
-            raise ModelError(f"LlamaParams: n_rot {self.n_rot} must be even (RoPE rotates pairs of dimensions)")
+            raise ModelError(f"LlamaParams: n_rot {self.n_rot} must be even (RoPE rotates pairs of dimensions; the "
+                             f"head size is n_embd / n_head, --n-embd {self.n_embd} / --n-head {self.n_head} = {head})")
         object.__setattr__(self, "rms_norm_eps", check_float("LlamaParams: rms_norm_eps", self.rms_norm_eps, 0, strict=False))
         object.__setattr__(self, "rope_freq_base", check_float("LlamaParams: rope_freq_base", self.rope_freq_base, 0))
         try:
@@ -158,6 +159,10 @@ class LlamaParams:
             raise ModelError(f"LlamaParams: wtype (--wtype): expected a ggml type (f16, q8_0, q4_K, ...), found {self.wtype!r}")
         if wt.name in INT_TYPES:
             raise ModelError(f"LlamaParams: wtype (--wtype): weights cannot be of type {wt.name} (a float or a quantized type)")
+        for field in ("n_embd", "n_ff"):  # the rows of the matrices: ne[0] of every weight, ffn_down's too
+            if getattr(self, field) % wt.blck_size:
+                raise ModelError(f"LlamaParams: {field} (--{field.replace('_', '-')}) {getattr(self, field)}: the rows of "
+                                 f"{wt.name} weights must be a whole number of its blocks ({wt.blck_size} elements each)")
         object.__setattr__(self, "wtype", wt.name)
 
     def model(self, n_ctx: int, type_k: str = "f16", type_v: str = None) -> dict:

@@ -64,6 +64,8 @@ def test_fixture_13_is_rebuilt_tensor_for_tensor_by_the_recorded_variant():
     (dict(rms_norm_eps=float("nan")), "rms_norm_eps: expected a finite number"),
     (dict(rope_freq_base=0.0), "rope_freq_base: expected a finite number above 0"),
     (dict(wtype="i32"), "weights cannot be of type i32"),
+    (dict(wtype="q4_0", n_ff=11000), r"n_ff \(--n-ff\) 11000: the rows of q4_0 weights must be a whole number of its blocks"),
+    (dict(wtype="q4_K", n_embd=4000, n_head=40, n_head_kv=40), "n_embd"),
     (dict(n_embd=2**32 - 1, n_head=2**32 - 1, n_head_kv=1, n_ff=2**32 - 1), "more than a ggml tensor holds"),
 ])
 def test_bad_hyperparameters_are_refused(kwargs, field):
