@@ -1,0 +1,533 @@
+"""Fuzz: graph files (the ggml-seed fixture schema) and their `numerics` blocks through `plan`, `plan
+--json`, `check` and `check --no-numerics` (issue 22, DESIGN §3 "Untrusted input").
+
+Every case mutates one thing of a recorded fixture (or of a fixture with a numerics block computed here):
+a field of a tensor entry, of a graph section, of a step, of the top level or of the numerics block is
+replaced by a wrong type, NaN / Infinity (raw JSON text), a float, 2^70, a negative number, a string,
+null, another valid value, or deleted; a list item is duplicated or removed; a value becomes JSON nested
+100,000 deep; or the text is truncated or a byte of it changed. Each command must then (tests/fuzzing.py)
+exit 2 with a specific message, or give a result that is right:
+
+- a mutation that changes nothing (the same document) must give the original's results;
+- a mutation of a field no command reads (a description, a step's label) must too;
+- `check` exiting 0 after a recorded result changed (an offset, a buffer size, a log line, a buffer label,
+  a computed value beyond the tolerance) is wrong; exiting 1 needs a well-formed value that differs;
+- after a mutation of what the plan depends on (shapes, ops, sources, flags ...), `plan --json` must give
+  the plan the real ggml makes of the mutated graph, and `check` exits 0 only if that plan is the recorded
+  one, 1 only if it is not (the oracle: tests/ggml_oracle.py, in a forked process; without ggml-python
+  these cases are counted as unverified).
+
+The quick run (default) tries a few hundred cases; `--long` (make test-long) thousands, and prints the
+counts. Cases are seeded (case k of a run is the same on every machine) and each is bounded in time and
+memory by the harness.
+"""
+
+import copy
+import json
+import math
+import random
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from fuzzing import assert_sound, run_cli
+from helpers import SEED_FILES, fixture_path, load_json
+
+QUICK_CASES, LONG_CASES = 260, 4000
+COMMANDS = (("plan",), ("plan", "--json"), ("check",), ("check", "--no-numerics"))
+SMALL = [n for n in SEED_FILES if not n.startswith(("13_", "14_"))]  # 13 and 14 (7B, 1,421 tensors): --long
+
+# fields of the recorded results: changing one to another well-formed value must make `check` differ
+RECORD_TENSOR = {"offset", "buffer", "ext_offset"}
+RECORD_CALL = {"ok", "buffer_size", "buffer_size_before", "compute_buffer_replaced", "log"}
+# fields no command reads
+INFORMATIONAL = {("fixture",), ("description",), ("ggml_commit",), ("ggml_build",), ("steps", "label"),
+                 ("steps", "params"), ("steps", "step"), ("graph", "extra"), ("reserve", "extra")}
+
+RAW = {"@@NaN@@": "NaN", "@@Inf@@": "Infinity", "@@-Inf@@": "-Infinity",
+       "@@deep@@": "[" * 100_000 + "]" * 100_000}
+
+
+# -- documents --------------------------------------------------------------------------------------
+
+def _numerics_document(name: str, ranges: dict) -> dict:
+    """Fixture `name` with a numerics block whose values ggml_lite computes here (bit-exact tier) from the
+    specified leaf data: a file `check` verifies, to mutate."""
+    from ggml_lite.cpu import cpu_init
+    from ggml_lite.graphio import run_plan
+    from ggml_lite.numerics import fill_leaf
+
+    doc = copy.deepcopy(load_json(fixture_path("ggml-seed", name)))
+    gf, _, _ = run_plan(doc)
+    ents = doc["graph"]["tensors"]
+    leafs = []
+    for i, e in enumerate(ents):
+        if e["graph_role"] == "leaf" and e["view_src"] is None:
+            rng = ranges.get(e["name"])
+            leaf = {"id": i, "name": e["name"], "type": e["type"], "kind": "int" if rng else "float"}
+            leafs.append({**leaf, **({"range": list(rng)} if rng else {})})
+            fill_leaf(gf.tensors[i], 77, i, leaf["kind"], rng)
+    cpu_init(exact=True).graph_compute(gf.graph)
+    wanted = [i for i in doc["graph"]["nodes"] if ents[i]["flags_value"] & 2]
+    wanted += [] if doc["graph"]["nodes"][-1] in wanted else [doc["graph"]["nodes"][-1]]
+    results = []
+    for i in wanted:
+        e, v = ents[i], gf.tensors[i]
+        from ggml_lite.backend import tensor_get
+
+        values = tensor_get(v).astype(np.float32).reshape(-1)
+        results.append({"id": i, "name": e["name"], "reason": "output", "type": e["type"], "ne": e["ne"],
+                        "n_elements": int(values.size), "values": [float(x) for x in values]})
+    doc.update(numeric=True, data_generator={"kind": "lcg32", "data_seed": 77},
+               numerics={"leaf_data": leafs, "results": results})
+    return doc
+
+
+_DOCS = {}
+
+
+def documents(long_run: bool) -> dict:
+    """{label: document}: the recorded fixtures (13 and 14 only with --long) and two numerics files."""
+    key = bool(long_run)
+    if key not in _DOCS:
+        names = SEED_FILES if long_run else SMALL
+        docs = {n: load_json(fixture_path("ggml-seed", n)) for n in names}
+        docs["01_mlp_small+numerics"] = _numerics_document("01_mlp_small", {})
+        docs["06_llama_block+numerics"] = _numerics_document("06_llama_block", {"inp_pos": (0, 64)})
+        _DOCS[key] = docs
+    return _DOCS[key]
+
+
+# -- mutations ---------------------------------------------------------------------------------------
+
+def _wrong_values(v, rng: random.Random, doc: dict) -> list:
+    """Candidate replacements for a value `v`."""
+    out = [None, True, False, "x", "", 1.5, 2**70, -1, -(2**63), 0, [], {}, [1, 2], "@@NaN@@", "@@Inf@@",
+           "@@-Inf@@", "@@deep@@"]
+    if isinstance(v, int) and not isinstance(v, bool):
+        out += [v + 1, v - 1, v * 2, v + 32, float(v), str(v), 2**63 - 1, 2**31, -(2**31) - 1]
+    if isinstance(v, float):
+        out += [v * 1.5 + 0.25, -v, v + 1e-9, 1e39, int(v)]
+    if isinstance(v, str):
+        out += ["NONE", "VIEW", "MUL_MAT", "f16", "q8_0", "i32", "node", "leaf", "none", "compute", "weights",
+                "INPUT", "OUTPUT", "GELU", "SILU", v + "#", v.upper()]
+    if isinstance(v, list):
+        out += [v[:-1], v + v[-1:], list(reversed(v)), [x + 1 if isinstance(x, int) else x for x in v]] if v else [[0]]
+    if isinstance(v, bool):
+        out += [not v, int(v)]
+    return out
+
+
+def _locations(doc: dict, rng: random.Random) -> list:
+    """(path as keys, kind) of the places a case may mutate; kind: 'tensor', 'graph', 'step', 'top',
+    'numerics'. A sample, weighted towards tensor entries."""
+    locs = [((k,), "top") for k in doc] + [(("extra",), "top")]
+    sections = [("graph",)] if "graph" in doc else [("steps", k, "graph") for k, s in enumerate(doc.get("steps", []))]
+    for k, s in enumerate(doc.get("steps", [])):
+        locs += [(("steps", k, f), "step") for f in s]
+    for sec in sections:
+        g = doc
+        for key in sec:
+            g = g[key]
+        locs += [(sec + (f,), "graph") for f in g] + [(sec + ("extra",), "graph")]
+        for _ in range(12):
+            i = rng.randrange(len(g["tensors"]))
+            e = g["tensors"][i]
+            f = rng.choice(list(e) + ["unary_op", "extra"])
+            locs.append((sec + ("tensors", i, f), "tensor"))
+            if isinstance(e.get(f), list) and e[f]:
+                locs.append((sec + ("tensors", i, f, rng.randrange(len(e[f]))), "tensor"))
+        for f in ("nodes", "leafs", "expand_roots"):
+            if g.get(f):
+                locs.append((sec + (f, rng.randrange(len(g[f]))), "graph"))
+    for f in ("buffer_type", "reserve", "alloc_graph"):
+        if isinstance(doc.get(f), dict):
+            locs += [((f, k), "top") for k in doc[f]]
+    for k, ext in enumerate(doc.get("external_buffers", [])):
+        locs += [(("external_buffers", k, f), "top") for f in ext]
+    num = doc.get("numerics")
+    if num:
+        locs += [(("numerics", f), "numerics") for f in num] + [(("data_generator", "data_seed"), "numerics"),
+                                                                (("numeric",), "numerics")]
+        for k, leaf in enumerate(num["leaf_data"]):
+            locs += [(("numerics", "leaf_data", k, f), "numerics") for f in list(leaf) + ["range"]]
+        for k, res in enumerate(num["results"]):
+            locs += [(("numerics", "results", k, f), "numerics") for f in res]
+            for _ in range(4):
+                locs.append((("numerics", "results", k, "values", rng.randrange(len(res["values"]))), "numerics"))
+    return locs
+
+
+def _get(doc, path):
+    for key in path:
+        if isinstance(doc, dict):
+            if key not in doc:
+                return KeyError
+            doc = doc[key]
+        elif isinstance(doc, list) and isinstance(key, int) and key < len(doc):
+            doc = doc[key]
+        else:
+            return KeyError
+    return doc
+
+
+class Case:
+    """One mutated document: its JSON text and what changed (for the judge)."""
+
+    def __init__(self, label: str, doc: dict, k: int, seed: int):
+        rng = random.Random(f"{seed}:{k}")
+        self.label, self.original = label, doc
+        self.path, self.kind, self.old, self.new, self.op = (), "text", None, None, None
+        d = copy.deepcopy(doc)
+        r = rng.random()
+        if r > 0.85:  # a recorded result changed to another well-formed value
+            self._record(d, rng)
+            return
+        if r < 0.04:  # the text itself, truncated or with a byte changed
+            text = json.dumps(d)
+            cut = rng.randrange(len(text))
+            self.op = "truncate" if r < 0.02 else "byte"
+            self.text = text[:cut] if self.op == "truncate" else text[:cut] + rng.choice('{}[]",:0a-') + text[cut + 1:]
+            return
+        self.path, self.kind = rng.choice(_locations(d, rng))
+        parent, key = _get(d, self.path[:-1]), self.path[-1]
+        self.old = _get(d, self.path)
+        if r < 0.14 and self.old is not KeyError:  # delete the field / remove the item
+            self.op = "delete"
+            del parent[key]
+        elif r < 0.2 and isinstance(self.old, list) and self.old:  # duplicate an item of a list
+            self.op = "duplicate"
+            j = rng.randrange(len(self.old))
+            self.old.insert(j, copy.deepcopy(self.old[j]))
+            self.new = self.old
+        else:
+            self.op = "replace"
+            self.new = rng.choice(_wrong_values(None if self.old is KeyError else self.old, rng, d))
+            if isinstance(parent, dict) or (isinstance(parent, list) and isinstance(key, int) and key < len(parent)):
+                parent[key] = self.new
+        self.doc = d
+        text = json.dumps(d)
+        for mark, raw in RAW.items():
+            text = text.replace(json.dumps(mark), raw)
+        self.text = text
+
+    def _record(self, d: dict, rng: random.Random) -> None:
+        secs = [("graph",)] if "graph" in d else [("steps", k, "graph") for k in range(len(d["steps"]))]
+        sec = rng.choice(secs)
+        i = rng.randrange(len(_get(d, sec + ("tensors",))))
+        locs = [(sec + ("tensors", i, f), "tensor") for f in RECORD_TENSOR] * 3
+        locs += [(("steps", k, f), "step") for k in range(len(d.get("steps", []))) for f in RECORD_CALL]
+        locs += [((c, f), "top") for c in ("reserve", "alloc_graph") if c in d for f in ("ok", "buffer_size", "log")]
+        locs += [(("buffer_size",), "top")] if "buffer_size" in d else []
+        self.path, self.kind = rng.choice(locs)
+        self.old, self.op = _get(d, self.path), "replace"
+        old = self.old
+        if isinstance(old, bool):
+            self.new = not old
+        elif isinstance(old, int):
+            self.new = old + rng.choice((32, 64, 1)) if old < 64 or rng.random() < 0.5 else old - 32
+        elif isinstance(old, str):
+            self.new = rng.choice([None, "compute", "weights", "kv_cache", old + "x"])
+        elif isinstance(old, list):
+            self.new = old[:-1] if old and rng.random() < 0.5 else old + ["ggml_gallocr_reserve_n: a line"]
+        else:  # null: an offset or a buffer label where there was none
+            self.new = rng.choice([0, 32, "compute"] if self.path[-1] != "compute_buffer_replaced" else [True, False])
+        _get(d, self.path[:-1])[self.path[-1]] = self.new
+        self.doc, self.text = d, json.dumps(d)
+
+    def same_document(self) -> bool:
+        """Whether the mutated text holds the very same document (a mutation that changed nothing)."""
+        if self.op in ("truncate", "byte") or any(m in self.text for m in ("NaN", "Infinity")):
+            return False
+        try:
+            return json.loads(self.text) == self.original and _types_equal(json.loads(self.text), self.original)
+        except (json.JSONDecodeError, RecursionError):
+            return False
+
+    def field(self) -> str:
+        return next((str(k) for k in reversed(self.path) if isinstance(k, str)), "")
+
+    def informational(self) -> bool:
+        names = tuple(k for k in self.path if isinstance(k, str) and k not in ("tensors",))
+        return names in INFORMATIONAL or (self.kind == "top" and self.path == ("extra",))
+
+    def record_change(self) -> bool:
+        """A recorded result was changed to a well-formed, different value."""
+        if self.op != "replace" or (self.new == self.old and type(self.new) is type(self.old)):
+            return False
+        f, v = self.field(), self.new
+        size = isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
+        if self.kind == "tensor" and f in RECORD_TENSOR and not isinstance(self.path[-1], int):
+            return v is None or (isinstance(v, str) if f == "buffer" else size)
+        if f in RECORD_CALL and self.kind in ("step", "top") and not isinstance(self.path[-1], int):
+            if f == "log":
+                return isinstance(v, list) and all(isinstance(x, str) for x in v)
+            if f in ("ok", "compute_buffer_replaced"):
+                return isinstance(v, bool) or (v is None and f == "compute_buffer_replaced")
+            return size
+        return False
+
+
+def _types_equal(a, b) -> bool:
+    """Equal documents whose scalars also have the same types (1 == 1.0 == True for Python)."""
+    stack = [(a, b)]
+    while stack:
+        x, y = stack.pop()
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, dict):
+            stack += [(x[k], y[k]) for k in x]
+        elif isinstance(x, list):
+            stack += list(zip(x, y))
+    return True
+
+
+# -- the oracle: the real ggml's plan of a mutated graph ------------------------------------------------
+
+def _ggml_plan_ids(doc: dict) -> dict:
+    """(in a forked child) ggml's plan of the document's graph: buffer size, ok flags, offsets by id."""
+    import ggml_oracle as O
+    from ggml_lite.graphio import allocate_external, read_graph_file
+
+    gf = read_graph_file(doc)
+    allocate_external(gf)
+    pre = list({id(t.ctx): t.ctx for i, t in gf.tensors.items() if gf.records[i]["preallocated"]
+                and t.view_src is None}.values())
+    roots = [gf.tensors[i] for i in gf.expand_roots] or None
+    plan = O.ggml_plan(gf.graph, roots, pre)
+    ids = {t: i for i, t in gf.tensors.items()}
+    return {"buffer_size": plan["reference_buffer_size"], "ok": (plan["reserve_ok"], plan["alloc_ok"]),
+            "offsets": {ids[t]: off for t, off in plan["offsets"].items() if t in ids}}
+
+
+def ggml_plan_of(doc: dict):
+    """ggml's plan of `doc`'s graph (None when it cannot say: no ggml-python, a sequence, another buffer
+    type, a graph the mirror refuses)."""
+    import ggml_oracle as O
+
+    bt = doc.get("buffer_type")
+    if not O.available() or "graph" not in doc or (bt and (bt.get("alignment"), bt.get("max_size")) != (32, None)):
+        return None
+    try:
+        return O.run_isolated(_ggml_plan_ids, doc, timeout=60)
+    except Exception:  # noqa: BLE001 -- the oracle could not plan it (a GGML_ASSERT, a mirror mismatch)
+        return None
+
+
+# -- the judge ------------------------------------------------------------------------------------------
+
+class Tally:
+    def __init__(self, kind: str):
+        self.kind, self.cases, self.runs, self.refused, self.correct, self.unverified = kind, 0, 0, 0, 0, 0
+        self.t0 = time.perf_counter()
+
+    def line(self) -> str:
+        return (f"fuzz {self.kind}: {self.cases} cases ({self.runs} runs), {self.refused} refused with exit 2, "
+                f"{self.correct} correct results, {self.unverified} results unverified (no oracle), "
+                f"{time.perf_counter() - self.t0:.1f} s")
+
+
+_BASELINE = {}
+
+
+def baseline(label: str, doc: dict, tmp_path) -> dict:
+    """The outputs of every command on the unmutated document (all exit 0)."""
+    if label not in _BASELINE:
+        p = tmp_path / f"{label}.json"
+        p.write_text(json.dumps(doc))
+        out = {}
+        for cmd in COMMANDS:
+            argv = [cmd[0], str(p), *cmd[1:]] + (["--step", "0"] if cmd[0] == "plan" and "steps" in doc else [])
+            o = assert_sound(run_cli(argv))
+            assert o.code == 0, o.describe()
+            out[cmd] = o.out.replace(str(p), "FILE")
+        _BASELINE[label] = out
+    return _BASELINE[label]
+
+
+def judge(case: Case, tmp_path, tally: Tally) -> None:
+    p = tmp_path / "case.json"
+    p.write_text(case.text)
+    base = baseline(case.label, case.original, tmp_path)
+    outcomes = {}
+    for cmd in COMMANDS:
+        argv = [cmd[0], str(p), *cmd[1:]] + (["--step", "0"] if cmd[0] == "plan" and "steps" in case.original else [])
+        o = assert_sound(run_cli(argv), allow=(0, 1, 2) if cmd[0] == "check" else (0, 2))
+        outcomes[cmd] = o
+        tally.runs += 1
+        tally.refused += o.code == 2
+    what = f"case {case.label} {case.op} {case.path} {case.old!r:.80} -> {case.new!r:.80}"
+    same = case.same_document() or case.informational()
+    for cmd, o in outcomes.items():
+        if same and case.op == "replace" and case.informational():
+            # a field nothing reads: only its type may be refused (e.g. a description that is a list)
+            assert o.code in (0, 2) and (o.code == 2 or o.out.replace(str(p), "FILE") == base[cmd]), what + o.describe()
+        elif case.same_document():
+            assert o.code == 0 and o.out.replace(str(p), "FILE") == base[cmd], what + o.describe()
+    check = outcomes[("check",)]
+    if case.record_change():
+        assert check.code in (1, 2), "a recorded result changed, check says identical: " + what + check.describe()
+    if check.code == 1 and not case.record_change() and case.kind != "numerics":
+        _judge_difference(case, check, what, tally)
+    elif check.code == 0 and case.kind == "numerics" and case.op == "replace":
+        _judge_numerics(case, what)
+    plan = outcomes[("plan", "--json")]
+    if plan.code == 0 and not case.same_document():
+        _judge_loaded(case, what)
+    if plan.code == 0 and case.kind in ("tensor", "graph", "top", "step") and not case.same_document():
+        _judge_plan(case, plan, check, what, tally)
+    tally.correct += sum(o.code in (0, 1) for o in outcomes.values())
+
+
+def _judge_loaded(case: Case, what: str) -> None:
+    """A file that plans is a file ggml_lite reproduces: every tensor field derived again from the loaded
+    tensors (graphio.to_document) is the file's (so no recorded field was ignored)."""
+    from ggml_lite.graphio import read_graph_file, to_document
+
+    doc = case.doc
+    for k in ([None] if "graph" in doc else [0]):
+        gf = read_graph_file(doc, k)
+        again = to_document(gf)
+        sec = (lambda d: d["graph"]) if k is None else (lambda d: d["steps"][k]["graph"])
+        assert json.dumps(sec(again)) == json.dumps(sec(doc)), "loaded, but not as the file says: " + what
+
+
+def _judge_difference(case: Case, check, what: str, tally: Tally) -> None:
+    """check said "differs" after a mutation of what the plan depends on: the real ggml's plan of the
+    mutated graph must differ from the record too (or a fact the oracle does not give must differ)."""
+    ref = ggml_plan_of(case.doc)
+    if ref is None:
+        tally.unverified += 1
+        return
+    doc = case.doc
+    recorded = {i: e["offset"] for i, e in enumerate(doc["graph"]["tensors"])}
+    same_plan = (ref["offsets"] == recorded and ref["buffer_size"] == doc["buffer_size"]
+                 and ref["ok"] == (doc["reserve"]["ok"], doc["alloc_graph"]["ok"]))
+    if same_plan:  # then what differs must be a log line, a buffer label or an external offset
+        assert all(("log" in line or "buffer" in line or "ext_offset" in line) for line in check.out.splitlines()[1:]), \
+            "check says the plan differs, ggml plans it as recorded: " + what + check.describe()
+
+
+def _judge_plan(case: Case, plan, check, what: str, tally: Tally) -> None:
+    """plan --json of a mutated (still valid) graph must be the real ggml's plan of it; and check exits 0
+    only when that plan is the recorded one."""
+    ref = ggml_plan_of(case.doc)
+    if ref is None:
+        tally.unverified += 1
+        return
+    out = json.loads(plan.out)
+    names = [e["name"] for e in case.doc["graph"]["tensors"]]
+    got = {i: out["tensors"][n]["offset"] for i, n in enumerate(names)}
+    if ref["ok"] == (True, True):
+        assert out["buffer_size"] == ref["buffer_size"] and got == ref["offsets"], \
+            "plan --json differs from ggml's plan of the mutated graph: " + what + plan.describe()
+    if check.code == 0:
+        recorded = {i: e["offset"] for i, e in enumerate(case.doc["graph"]["tensors"])}
+        assert ref["offsets"] == recorded and ref["buffer_size"] == case.doc["buffer_size"], \
+            "check says identical, ggml plans the mutated graph otherwise: " + what + check.describe()
+
+
+def _judge_numerics(case: Case, what: str) -> None:
+    """check exited 0 after a recorded value changed: the change must be within the tolerance."""
+    if case.path[:2] != ("numerics", "results") or "values" not in case.path or not isinstance(case.new, (int, float)):
+        return
+    k = case.path[2]
+    want = np.array(case.original["numerics"]["results"][k]["values"], dtype=np.float64)
+    got = np.array(case.doc["numerics"]["results"][k]["values"], dtype=np.float64)
+    rel = float(np.max(np.abs(got - want)) / max(np.max(np.abs(got)), 1e-30))
+    assert rel <= 1e-2, f"check passed a recorded value changed by {rel:.3g} of the largest: " + what
+
+
+# -- the tests ----------------------------------------------------------------------------------------
+
+def test_fuzz_graph_files(tmp_path, long_run, capsys):
+    """Seeded mutations of every fixture (and two numerics files) through plan / plan --json / check /
+    check --no-numerics."""
+    docs = documents(long_run)
+    labels = sorted(docs)
+    n = LONG_CASES if long_run else QUICK_CASES
+    tally = Tally("graph files")
+    for k in range(n):
+        label = labels[k % len(labels)]
+        case = Case(label, docs[label], k, seed=22)
+        judge(case, tmp_path, tally)
+        tally.cases += 1
+    with capsys.disabled():
+        print("\n" + tally.line())
+    assert tally.refused > 0 and tally.correct > 0
+
+
+JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+                         st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8))
+JSON_VALUES = st.recursive(JSON_SCALARS, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=4), kids, max_size=3),
+                           max_leaves=8)
+TENSOR_FIELDS = ("id", "name", "ctx", "graph_role", "type", "ne", "nb", "nbytes", "alloc_size", "op", "op_params",
+                 "src", "src_names", "view_src", "view_src_name", "view_offs", "flags", "flags_value", "preallocated",
+                 "buffer", "offset", "ext_offset")
+
+
+def test_fuzz_tensor_fields_with_hypothesis(tmp_path, long_run, capsys):
+    """Hypothesis: any JSON value in any field of any tensor of fixture 06 (weights pre-allocated) and
+    fixture 03 (views); `plan --json` and `check` stay sound, and a changed recorded result is never
+    reported identical."""
+    docs = {n: load_json(fixture_path("ggml-seed", n)) for n in ("03_views_layout", "06_llama_block")}
+    tally = Tally("tensor fields (hypothesis)")
+
+    @settings(max_examples=1500 if long_run else 120, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(name=st.sampled_from(sorted(docs)), i=st.integers(0, 40), field_=st.sampled_from(TENSOR_FIELDS),
+           value=JSON_VALUES)
+    def one(name, i, field_, value):
+        doc = copy.deepcopy(docs[name])
+        e = doc["graph"]["tensors"][i % len(doc["graph"]["tensors"])]
+        old = e[field_]
+        e[field_] = value
+        p = tmp_path / "h.json"
+        p.write_text(json.dumps(doc))
+        for cmd in (("plan", "--json"), ("check",)):
+            o = assert_sound(run_cli([cmd[0], str(p), *cmd[1:]]), allow=(0, 1, 2) if cmd[0] == "check" else (0, 2))
+            tally.runs += 1
+            tally.refused += o.code == 2
+            tally.correct += o.code != 2
+            changed = value != old or type(value) is not type(old)
+            if cmd == ("check",) and field_ in RECORD_TENSOR and changed:
+                assert o.code != 0, f"{name} tensor {i} {field_}: {old!r} -> {value!r}: " + o.describe()
+            if cmd == ("check",) and not changed:
+                assert o.code == 0, o.describe()
+        tally.cases += 1
+
+    one()
+    with capsys.disabled():
+        print("\n" + tally.line())
+
+
+@pytest.mark.parametrize("mutation", ["truncate", "nest"])
+def test_every_prefix_class_of_a_fixture_is_refused(tmp_path, mutation, long_run):
+    """Truncated texts of a fixture (at 50 evenly spread places, 400 with --long) and the fixture with a
+    value nested 100,000 deep at each of its top-level fields: exit 2 with a message, every time."""
+    text = fixture_path("ggml-seed", "06_llama_block").read_text()
+    p = tmp_path / "t.json"
+    if mutation == "truncate":
+        n = 400 if long_run else 50
+        variants = [text[: len(text) * k // n] for k in range(n)]
+    else:
+        doc = json.loads(text)
+        variants = [json.dumps({**doc, key: "@@deep@@"}).replace('"@@deep@@"', RAW["@@deep@@"]) for key in doc]
+    for v in variants:
+        p.write_text(v)
+        for cmd in ("plan", "check"):
+            o = assert_sound(run_cli([cmd, str(p)]))
+            assert o.code == 2, o.describe()
+
+
+def test_the_numerics_documents_pass_check(tmp_path):
+    """The fuzzer's numerics files are sound starting points: check verifies them (default tier)."""
+    for label, doc in documents(False).items():
+        if "numerics" in doc:
+            p = tmp_path / "n.json"
+            p.write_text(json.dumps(doc))
+            o = assert_sound(run_cli(["check", str(p)]))
+            assert o.code == 0 and "numerics:" in o.out and "FAIL" not in o.out, o.describe()
+            assert math.isfinite(doc["numerics"]["results"][0]["values"][0])
