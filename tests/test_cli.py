@@ -380,3 +380,16 @@ def test_planners_refuse_a_buffer_type_they_do_not_plan_on(tmp_path, capsys):
     assert main(["plan", path, "--planner", "greedy-size"]) == 2
     assert "buffer_type" in capsys.readouterr().err
     assert main(["check", path]) == 1  # honoured: planned at alignment 512, which is not what ggml recorded
+
+
+def test_llama_short_flags_are_llama_cpp_s(capsys):
+    """llama.cpp's short flags (-c, -b, -ub, -ctk, -ctv, -ngl, -ts, -nkvo) are aliases of the long ones."""
+    long = ["--n-ctx", "1024", "--n-batch", "256", "--n-ubatch", "128", "--type-k", "q8_0", "--type-v", "f16",
+            "--n-gpu-layers", "20", "--devices", "2", "--tensor-split", "3,1", "--no-kv-offload"]
+    short = ["-c", "1024", "-b", "256", "-ub", "128", "-ctk", "q8_0", "-ctv", "f16", "-ngl", "20", "--devices", "2",
+             "-ts", "3,1", "-nkvo"]
+    docs = []
+    for flags in (long, short):
+        assert main(["llama", "--preset", "llama-2-7b", *flags, "--json"]) == 0
+        docs.append(json.loads(capsys.readouterr().out))
+    assert docs[0] == docs[1] and docs[0]["context"]["n_ubatch"] == 128 and docs[0]["context"]["tensor_split"] == [3.0, 1.0]

@@ -11,6 +11,7 @@ with every hostile value, and thousands of random and hypothesis cases; each tes
 
 import json
 import random
+import re
 import struct
 import time
 from collections import Counter
@@ -24,6 +25,7 @@ from ggml_lite.report import memory_report
 from ggml_lite.tensor import TYPES, type_by_code
 from gguf_writer import QT, TINY, VT, llama_shapes, number_slots, oracle_params, write_llama_gguf
 
+NAMED = re.compile(r"header[.:]|kv\[|tensors\[|missing \S+\.weight|a '.*' model")  # the field or the tensor it names
 HOSTILE = (0, 1, 3, 13, 255, 2**31 - 1, 2**31, 2**32 - 1, 2**40, 2**62, 2**63, 2**64 - 1)
 
 
@@ -56,6 +58,7 @@ def check_gguf_case(path, tally: Tally) -> None:
     o = assert_sound(run_cli(["llama", "--gguf", path, "--json"]))
     if o.code == 2:
         assert str(path) in o.err and "ModelError" in o.err, o.describe()
+        assert NAMED.search(o.err), "the message names no field nor tensor: " + o.describe()
         tally.add("refused")
         return
     doc, want = json.loads(o.out), oracle_report(path)

@@ -127,6 +127,7 @@ def test_a_file_claiming_2_to_the_40_array_items_is_refused_at_once(tmp_path):
     (raw_gguf([], [tensor_info("a", [48, 2], type_code=QT.Q4_0)]), "tensors[0].ne[0]",
      "a row of 48 elements is not a whole number of q4_0 blocks (32 elements each)"),
     (raw_gguf([], [tensor_info("a", [4], offset=7)]), "tensors[0].offset", "expected a multiple of the alignment 32, found 7"),
+    (raw_gguf([], [tensor_info("", [4], offset=7)]), "tensors[0].offset", "(empty name): expected a multiple"),
     (raw_gguf([], [tensor_info("a", [4])], n_tensors=3), "header", "0 key/value pairs (13 bytes each at least) and 3 tensor infos"),
 ])
 def test_a_malformed_header_names_the_field(tmp_path, data, field, message):
@@ -191,7 +192,8 @@ def test_caps_bound_time_and_memory(tmp_path):
     ({"llama.attention.head_count": ([4, 4], VT.ARRAY, VT.FLOAT32)}, "expected a uint32 or an int32 array, found an array of 2 float32"),
     ({"llama.attention.head_count": ([4, 4, 4], VT.ARRAY, VT.INT32)}, "expected 2 values (one per layer), found 3"),
     ({"llama.attention.head_count": ([4, 8], VT.ARRAY, VT.INT32)}, "the layers' values differ ([4, 8])"),
-    ({"llama.attention.head_count": (0, VT.UINT32)}, "n_head (--n-head): expected an integer from 1"),
+    ({"llama.attention.head_count": (0, VT.UINT32)}, 'kv["llama.attention.head_count"]: the header\'s hyperparameters make '
+                                                       "no model: LlamaParams: n_head (--n-head): expected an integer from 1"),
     ({"llama.attention.head_count": (5, VT.UINT32)}, "n_head (--n-head): expected a divisor of n_embd 64, found 5"),
     ({"llama.attention.head_count_kv": (3, VT.UINT32)}, "n_head_kv (--n-head-kv): expected a divisor of n_head 4, found 3"),
     ({"llama.attention.head_count_kv": ([-2, -2], VT.ARRAY, VT.INT32)}, "n_head_kv (--n-head-kv): expected an integer from 1"),
@@ -204,7 +206,8 @@ def test_caps_bound_time_and_memory(tmp_path):
     ({"llama.attention.layer_norm_rms_epsilon": (1e-5, VT.FLOAT64)}, "expected a float32, found a float64"),
     ({"llama.attention.layer_norm_rms_epsilon": (float("nan"), VT.FLOAT32)}, "rms_norm_eps: expected a finite number"),
     ({"llama.rope.freq_base": (float("inf"), VT.FLOAT32)}, "rope_freq_base: expected a finite number above 0"),
-    ({"llama.context_length": (0, VT.UINT32)}, "n_ctx_train: expected an integer from 1"),
+    ({"llama.context_length": (0, VT.UINT32)}, 'kv["llama.context_length"]: the header\'s hyperparameters make no model: '
+                                                "LlamaParams: n_ctx_train: expected an integer from 1"),
     ({"llama.expert_count": (8, VT.UINT32), "llama.expert_used_count": (2, VT.UINT32)}, "a mixture-of-experts llama"),
     ({"general.architecture": (7, VT.UINT32)}, 'kv["general.architecture"]: expected a string, found a uint32 (7)'),
 ])

@@ -173,10 +173,11 @@ def _skip_strings(cur: _Cursor, n: int, field: str) -> None:
 def _read_tensor_info(cur: _Cursor, i: int, alignment: int, seen: dict) -> GGUFTensorInfo:
     """One `gguf_tensor_info`, checked (`gguf_tensor_info_sanitize`); `seen` maps names read to their index."""
     field = f"tensors[{i}]"
-    name = cur.text(f"{field}.name", GGML_MAX_NAME - 1)
-    if name in seen:
-        cur.fail(f"{field}.name", f"duplicated tensor name {name!r} (also tensors[{seen[name]}])")
-    seen[name] = i
+    text = cur.text(f"{field}.name", GGML_MAX_NAME - 1)
+    name = text or "(empty name)"
+    if text in seen:
+        cur.fail(f"{field}.name", f"duplicated tensor name {text!r} (also tensors[{seen[text]}])")
+    seen[text] = i
     n_dims = cur.scalar("I", f"{field}.n_dims", "a dimension count")
     if n_dims > GGML_MAX_DIMS:
         cur.fail(f"{field}.n_dims", f"{name}: expected at most {GGML_MAX_DIMS} dimensions (GGML_MAX_DIMS), found {n_dims}")
@@ -196,7 +197,7 @@ def _read_tensor_info(cur: _Cursor, i: int, alignment: int, seen: dict) -> GGUFT
     offset = cur.scalar("Q", f"{field}.offset", "a data offset")
     if offset % alignment:
         cur.fail(f"{field}.offset", f"{name}: expected a multiple of the alignment {alignment}, found {offset}")
-    return GGUFTensorInfo(name, code, ne, offset)
+    return GGUFTensorInfo(text, code, ne, offset)
 
 
 # notebooks/10_llama.py
@@ -283,6 +284,13 @@ def _key_or_arr(h: GGUFHeader, key: str, n_layer: int, required: bool = True, de
     return values[0]
 
 
+HPARAM_KEYS = {"n_vocab": "llama.vocab_size", "n_embd": "llama.embedding_length", "n_layer": "llama.block_count",
+               "n_head": "llama.attention.head_count", "n_head_kv": "llama.attention.head_count_kv",
+               "n_ff": "llama.feed_forward_length", "rms_norm_eps": "llama.attention.layer_norm_rms_epsilon",
+               "rope_freq_base": "llama.rope.freq_base", "n_ctx_train": "llama.context_length",
+               "n_rot": "llama.rope.dimension_count"}  # LlamaParams' fields and the GGUF keys they come from
+
+
 def llama_hparams(h: GGUFHeader, wtype: str = "f16") -> LlamaParams:
     """`llm_load_hparams` for `LLM_ARCH_LLAMA`: the hyperparameters, each of its exact GGUF type; a
     mixture of experts, or a head size or `n_rot` this port's LLaMA does not have, is refused."""
@@ -311,7 +319,9 @@ def llama_hparams(h: GGUFHeader, wtype: str = "f16") -> LlamaParams:
     except ModelError as e:
         if str(e).startswith(h.path):
             raise
-        raise ModelError(f"{h.path}: the header's hyperparameters make no model: {e}") from None
+        field = str(e).removeprefix("LlamaParams: ").split(" ")[0].rstrip(":")
+        key = f"kv[{json.dumps(HPARAM_KEYS[field])}]: " if field in HPARAM_KEYS else ""
+        raise ModelError(f"{h.path}: {key}the header's hyperparameters make no model: {e}") from None
     for key in ("llama.attention.key_length", "llama.attention.value_length", "llama.rope.dimension_count"):
         got = _key(h, key, "uint32", False, p.n_rot)
         if got != p.n_rot:  # llama.cpp: "invalid n_rot: %u, expected %u"
