@@ -246,7 +246,7 @@ MAX_KEY_BYTES = 2**16 - 1  # the GGUF specification: a key is at most 65,535 byt
 # This reader's own caps (ggml has none): far above any real file, low enough to bound time and memory.
 MAX_COUNT = 2**16  # key/value pairs, and tensors (a 512-layer LLaMA has 4,611 tensors)
 MAX_ITEMS = 2**23  # array items in the whole header: about 2 s to walk (a tokenizer has ~10^5 per array)
-MAX_KEPT = 2**26  # bytes of strings and numeric arrays kept in memory (64 MiB)
+MAX_KEPT = 2**24  # bytes of strings and numeric arrays kept in memory (16 MiB; a tokenizer's scores take 1 MiB)
 # `enum gguf_type`: code -> (name, struct format of one item); STRING and ARRAY start with a uint64 length
 GGUF_TYPES = {0: ("uint8", "B"), 1: ("int8", "b"), 2: ("uint16", "H"), 3: ("int16", "h"), 4: ("uint32", "I"),
               5: ("int32", "i"), 6: ("float32", "f"), 7: ("bool", "B"), 8: ("string", "Q"), 9: ("array", None),
@@ -556,8 +556,10 @@ def llama_hparams(h: GGUFHeader, wtype: str = "f16") -> LlamaParams:
     if not 1 <= n_layer <= LLAMA_MAX_LAYERS:
         raise ModelError(f'{h.path}: kv["llama.block_count"]: expected 1 to {LLAMA_MAX_LAYERS} layers '
                          f"(LLAMA_MAX_LAYERS), found {n_layer}")
-    if _key(h, "llama.expert_count", "uint32", False, 0) or _key(h, "llama.expert_used_count", "uint32", False, 0):
-        raise ModelError(f"{h.path}: a mixture-of-experts llama (llama.expert_count); this report plans dense llama models only")
+    for key in ("llama.expert_count", "llama.expert_used_count"):
+        if _key(h, key, "uint32", False, 0):
+            raise ModelError(f"{h.path}: kv[{json.dumps(key)}]: {h.kv[key].value}, a mixture-of-experts llama; this "
+                             f"report plans dense llama models only")
     n_head = _key_or_arr(h, "llama.attention.head_count", n_layer)
     n_vocab = _key(h, "llama.vocab_size", "uint32", False)
     if n_vocab is None and "tokenizer.ggml.tokens" not in h.kv:

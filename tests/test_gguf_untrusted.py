@@ -13,7 +13,7 @@ import pytest
 
 from fuzzing import assert_sound, run_cli
 from ggml_lite.errors import ModelError
-from ggml_lite.models.gguf import MAX_COUNT, MAX_ITEMS, from_gguf, read_gguf_header
+from ggml_lite.models.gguf import MAX_COUNT, MAX_ITEMS, MAX_KEPT, from_gguf, read_gguf_header
 from ggml_lite.models.llama import PRESETS, LlamaParams
 from gguf_writer import QT, TINY, VT, gstr, header_reader, kv_str, kv_u32, oracle_params, raw_gguf, tensor_info, write_llama_gguf
 
@@ -175,6 +175,23 @@ def test_caps_bound_time_and_memory(tmp_path):
     n = MAX_ITEMS + 1
     path = raw_file(tmp_path, raw_gguf([gstr("k") + struct.pack("<IIQ", 9, 0, n) + b"\0" * n]))
     with pytest.raises(ModelError, match=f"more than {MAX_ITEMS} items"):
+        read_gguf_header(path)
+
+
+def test_values_kept_in_memory_are_capped(tmp_path):
+    """Two string values of MAX_KEPT / 2 + 1 bytes each (a sparse file): the second one is refused, before
+    it is read; one of MAX_KEPT + 1 bytes is refused by its length alone."""
+    big = MAX_KEPT // 2 + 1
+    path = tmp_path / "big.gguf"
+    with open(path, "wb") as f:
+        f.write(raw_gguf([gstr("a") + struct.pack("<IQ", VT.STRING, big)], n_kv=2))
+        f.seek(big, os.SEEK_CUR)
+        f.write(gstr("b") + struct.pack("<IQ", VT.STRING, big))
+        f.truncate(f.tell() + big)
+    with pytest.raises(ModelError, match=rf'kv\["b"\].value: the header\'s values would take more than {MAX_KEPT} bytes'):
+        read_gguf_header(path)
+    path.write_bytes(raw_gguf([gstr("a") + struct.pack("<IQ", VT.STRING, MAX_KEPT + 1)]))
+    with pytest.raises(ModelError, match=f"a string of {MAX_KEPT + 1} bytes, expected at most {MAX_KEPT}"):
         read_gguf_header(path)
 
 
