@@ -2,7 +2,7 @@
 
     python -m ggml_lite plan GRAPH.json [--json] [--step K] [--planner ggml|greedy-size|greedy-breadth|exact|best]
                              [--budget SECONDS] [--verify [--max-gib GiB]]
-    python -m ggml_lite check FIXTURE.json [--no-numerics] [--exact]
+    python -m ggml_lite check FIXTURE.json [--no-numerics] [--exact] [--limit N] [--max-gib GiB]
     python -m ggml_lite sched SCENARIO.json [--check]
     python -m ggml_lite llama (--gguf FILE | --preset NAME | --n-vocab N --n-embd N --n-layer N --n-head N --n-head-kv N
                                --n-ff N) [--n-ctx 512] [--n-batch 2048] [--n-ubatch 512] [--type-k f16]
@@ -10,8 +10,10 @@
                                [--no-kv-offload] [--vram GiB [--fit]] [--json]
 
 `plan` runs the graph allocator (`GAllocr.reserve`, then `alloc_graph`) on a fixture-schema graph on
-the CPU buffer type and prints where every tensor goes. With `--planner`, an offline planner of chapter
-11 chooses the offsets instead (greedy by size or by breadth, the exact search within `--budget`
+the buffer type the file records (ggml's CPU type for every fixture) and prints where every tensor goes.
+Both `plan` and `check` validate the file field by field before anything is built
+(tests/fixtures/ggml-seed/README.md): a bad field exits 2 naming its JSON path. With `--planner`, an
+offline planner of chapter 11 chooses the offsets instead (greedy by size or by breadth, the exact search within `--budget`
 seconds, or `best`, the smallest plan of all and ggml's), and the graph allocator places the tensors
 there. `--json` prints `buffer_size` (the planner's peak + 32, as the CPU buffer reports it), every
 tensor's offset, and `planner`, `lower_bound` (the peak of bytes alive at once) and `optimal` (true:
@@ -22,11 +24,12 @@ and the nodes nothing reads), bit for bit, with the graph computed with every te
 own; a difference or an invalid placement exits 1. A graph the CPU kernels refuse, or one that needs
 more than `--max-gib` (default 2) to verify, exits 2: a 7B graph needs about 13.2 GiB.
 
-`check` runs the graph allocator and compares with the plan recorded in the file (offsets, buffer
-sizes, and the allocator's messages; every step of a sequence file); when the file records computed
-results (tests/fixtures/README.md) it also fills the leafs, computes the graph on the CPU backend and
-compares every result within the tolerance it prints. It exits 0 only when everything is equal
-(results: within tolerance). `sched` prints the
+`check` runs the graph allocator and compares with the plan recorded in the file (offsets, buffers,
+external offsets, buffer sizes, and the allocator's messages; every step of a sequence file; the first
+`--limit` differences are printed); when the file records computed results (tests/fixtures/README.md)
+it also fills the leafs, computes the graph on the CPU backend and compares every result within the
+tolerance it prints (a file needing more than `--max-gib`, default 1, to compute is refused). It exits
+0 only when everything is equal (results: within tolerance). `sched` prints the
 scheduler's assignments of a recorded scenario's round-0 graph in GGML_SCHED_DEBUG format; with
 `--check` it replays the whole scenario (appendix A3) and exits 0 only when everything recorded matches.
 `llama` plans a LLaMA as llama.cpp (mid-2024) would (chapter 10) and prints the memory of every device,
@@ -130,7 +133,7 @@ def _ggml_result(doc: dict, args):
 
     gf = read_graph_file(doc, args.step)
     allocate_external(gf)
-    return run_planner(blocks_of(gf.graph), "ggml")
+    return run_planner(blocks_of(gf.graph, buffer_type_of(doc)), "ggml")  # (on the file's buffer type)
 
 
 def cmd_plan(args) -> int:

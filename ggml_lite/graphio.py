@@ -7,13 +7,14 @@ into ggml_lite tensors by replaying ggml's op constructors, check it against the
 back. Also writes a fixture-schema file for a graph built with the ggml_lite API."""
 
 import json
+import math
 import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggml_lite import ops
-from ggml_lite.buffer import TENSOR_ALIGNMENT, BufferType, CPUBufferType, cpu_buffer_type
+from ggml_lite.buffer import HEAP, TENSOR_ALIGNMENT, Buffer, BufferType, CPUBufferType, cpu_buffer_type
 from ggml_lite.errors import (
     DanglingSourceError, GGMLLiteError, GraphCycleError, GraphFileError, InvalidSizeError, RecordMismatchError,
     UnknownOpError,
@@ -48,11 +49,12 @@ def found(v) -> str:
     if isinstance(v, bool):
         return f"the boolean {str(v).lower()}"
     if isinstance(v, int):
-        return str(v) if abs(v) < 2**53 else f"{v} (about 2^{abs(v).bit_length() - 1})"
+        bits = f"about {'-' if v < 0 else ''}2^{abs(v).bit_length() - 1}"
+        return str(v) if abs(v) < 2**53 else f"{v} ({bits})" if abs(v) < 2**128 else f"an integer of {bits}"
     if isinstance(v, float):
         return f"the number {v!r}, not an integer" if v == int(v) else f"the number {v!r}"
     if isinstance(v, str):
-        return f"the string {v[:40]!r}" + ("..." if len(v) > 40 else "")
+        return f"the string {v[:40]!r}" + ("..." if len(v) > 40 else "") + ("" if _is_text(v) else " (not Unicode text)")
     if isinstance(v, list):
         return f"a list of {len(v)} item(s)"
     return "an object" if isinstance(v, dict) else type(v).__name__
@@ -77,9 +79,21 @@ def check_size(v, path: str, nullable: bool = False):
     return None if v is None and nullable else check_int(v, path, 0, INT64_MAX, InvalidSizeError)
 
 
+def _is_text(s: str) -> bool:
+    """Whether a JSON string is Unicode text (JSON's `\\ud800` escapes can make lone surrogates, which
+    cannot be printed or written)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_type(v, path: str, kind, what: str, nullable: bool = False):
-    """`v` must be of JSON kind `kind` (str, bool, list, dict), or null when `nullable`."""
-    if (v is None and nullable) or (isinstance(v, kind) and not (kind is int and isinstance(v, bool))):
+    """`v` must be of JSON kind `kind` (str, bool, list, dict), or null when `nullable`; a string must be
+    Unicode text."""
+    if (v is None and nullable) or (isinstance(v, kind) and not (kind is int and isinstance(v, bool))
+                                    and not (kind is str and not _is_text(v))):
         return v
     fail(path, what + (" or null" if nullable else ""), v)
 
@@ -131,16 +145,22 @@ def parse_json(text: str, where: str = "the document"):
         seen.append(name)
         return _NonFinite(name)
 
+    def number(text):
+        x = float(text)
+        return x if math.isfinite(x) else constant(text)
+
     try:
-        doc = json.loads(text, parse_constant=constant)
+        doc = json.loads(text, parse_constant=constant, parse_float=number)
     except json.JSONDecodeError as e:
         raise GraphFileError(f"{where}: not JSON ({e})") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise GraphFileError(f"{where}: not JSON that can be read ({e})") from None
     except RecursionError:
         raise GraphFileError(f"{where}: JSON nested too deeply to read (more than about "
                              f"{sys.getrecursionlimit()} levels)") from None
     if seen:
         path, literal = _find_non_finite(doc)
-        raise GraphFileError(f"{where}: {path}: expected a finite number, found {literal} "
+        raise GraphFileError(f"{where}: {path}: expected a finite number, found {literal[:40]} "
                              "(JSON has no NaN or Infinity)")
     return doc
 
@@ -369,11 +389,17 @@ def validate_graph_doc(g: dict, where: str = "graph") -> list:
 
 # notebooks/A1_graph_files.py
 class RecordedBufferType(CPUBufferType):
-    """The CPU buffer type (`ggml_backend_cpu_buffer_type`: base padded by 32 bytes, host memory) with the
-    name, alignment and maximum size a graph file records in `buffer_type`."""
+    """A buffer type like ggml's CPU type (`ggml_backend_cpu_buffer_type`: host memory, a buffer padded by
+    its alignment so that its base can be aligned) with the name, alignment and maximum size a graph file
+    records in `buffer_type`."""
 
     def __init__(self, name: str, alignment: int, max_size: int = None):
         BufferType.__init__(self, name, alignment, max_size, True)
+
+    def alloc_buffer(self, size: int) -> Buffer:
+        """`ggml_backend_cpu_buffer_type_alloc_buffer` with this type's alignment for the CPU's 32."""
+        size += self.alignment
+        return Buffer(self, size, HEAP.malloc(size), base_alignment=self.alignment, name=self.name)
 
 
 def _check_buffer_type(bt) -> None:
@@ -983,7 +1009,7 @@ def check_plan_file(source, limit: int = 10) -> list:
             if call == "alloc_graph":
                 seen = got["handle"]
             out += _compare_call(f"step {k} ({call})", st, got)
-            if call == "alloc_graph" and st["ok"]:
+            if st["ok"]:  # (after a reserve nothing is placed yet: every recorded offset must be null)
                 out += [f"step {k}: {d}" for d in plan_differences(recorded_plan(gf), plan_of(gf, galloc), gf, limit)]
     else:
         gf, galloc, res = run_plan(doc)

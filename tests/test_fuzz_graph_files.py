@@ -178,7 +178,7 @@ class Case:
 
     def __init__(self, label: str, doc: dict, k: int, seed: int):
         rng = random.Random(f"{seed}:{k}")
-        self.label, self.original = label, doc
+        self.label, self.original, self.k = label, doc, k
         self.path, self.kind, self.old, self.new, self.op = (), "text", None, None, None
         d = copy.deepcopy(doc)
         r = rng.random()
@@ -190,6 +190,10 @@ class Case:
             cut = rng.randrange(len(text))
             self.op = "truncate" if r < 0.02 else "byte"
             self.text = text[:cut] if self.op == "truncate" else text[:cut] + rng.choice('{}[]",:0a-') + text[cut + 1:]
+            try:  # a changed byte may leave a document (a digit changed): judged like any other
+                self.doc = json.loads(self.text)
+            except (json.JSONDecodeError, RecursionError):
+                self.doc = None
             return
         self.path, self.kind = rng.choice(_locations(d, rng))
         parent, key = _get(d, self.path[:-1]), self.path[-1]
@@ -352,13 +356,16 @@ def judge(case: Case, tmp_path, tally: Tally) -> None:
     p.write_text(case.text)
     base = baseline(case.label, case.original, tmp_path)
     outcomes = {}
+    what = f"case {case.label} #{case.k} {case.op} {case.path} {case.old!r:.80} -> {case.new!r:.80}: "
     for cmd in COMMANDS:
         argv = [cmd[0], str(p), *cmd[1:]] + (["--step", "0"] if cmd[0] == "plan" and "steps" in case.original else [])
-        o = assert_sound(run_cli(argv), allow=(0, 1, 2) if cmd[0] == "check" else (0, 2))
+        try:
+            o = assert_sound(run_cli(argv), allow=(0, 1, 2) if cmd[0] == "check" else (0, 2))
+        except AssertionError as e:
+            raise AssertionError(what + str(e)) from None
         outcomes[cmd] = o
         tally.runs += 1
         tally.refused += o.code == 2
-    what = f"case {case.label} {case.op} {case.path} {case.old!r:.80} -> {case.new!r:.80}"
     same = case.same_document() or case.informational()
     for cmd, o in outcomes.items():
         if same and case.op == "replace" and case.informational():
@@ -367,6 +374,9 @@ def judge(case: Case, tmp_path, tally: Tally) -> None:
         elif case.same_document():
             assert o.code == 0 and o.out.replace(str(p), "FILE") == base[cmd], what + o.describe()
     check = outcomes[("check",)]
+    if not isinstance(case.doc, dict):  # (a text that is no JSON object: refused, as assert_sound saw)
+        assert all(o.code == 2 for o in outcomes.values()), what
+        return
     if case.record_change():
         assert check.code in (1, 2), "a recorded result changed, check says identical: " + what + check.describe()
     if check.code == 1 and not case.record_change() and case.kind != "numerics":
