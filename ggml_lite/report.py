@@ -82,6 +82,8 @@ def llama_cpp_lines(rep: MemoryReport) -> list:
 
 def format_report(rep: MemoryReport, vram_gib: float = None) -> str:
     """The report as a table (MiB), then llama.cpp's lines; with `vram_gib`, whether each GPU fits."""
+    if vram_gib is not None:
+        check_vram(vram_gib)
     head = f"{'device':8s} {'weights':>10s} {'KV':>10s} {'output':>10s} {'compute':>10s} {'total':>10s}"
     rows = [f"{d['name']:8s} " + " ".join(f"{d[k] / MiB:10.2f}" for k in ("weights", "kv", "output", "compute", "total"))
             for d in rep.devices]

@@ -213,7 +213,7 @@ PRESETS = {
 # |---|---|---|
 # | magic, version | `"GGUF"`, `uint32` | version 2 or 3 (1 is refused, as llama.cpp does) |
 # | counts | `uint64` tensor count, `uint64` key/value count | at most 65,536 each; room for them in the file |
-# | key/value pairs | key (string), `uint32` value type, value | 13 value types: 8 integer/float widths, bool, string, array (`uint32` item type, `uint64` length, items; no arrays of arrays, as in ggml) |
+# | key/value pairs | key (string), `uint32` value type, value | 13 value types: 10 integer and float types, bool, string, array (`uint32` item type, `uint64` length, items; no arrays of arrays, as in ggml) |
 # | tensor infos | name (string), `uint32` n_dims, n_dims × `int64` ne, `uint32` ggml type, `uint64` offset | n_dims ≤ 4 (`GGML_MAX_DIMS`), ne ≥ 1, a known type whose block divides ne[0], offset aligned |
 # | padding, data | to `general.alignment` (default 32) | not read |
 
@@ -1030,8 +1030,12 @@ def check_context(params: LlamaParams, n_ctx: int, n_ubatch: int, n_gpu_layers: 
         if len(tensor_split) != devices:
             raise ModelError(f"tensor_split (--tensor-split): expected {devices} weight(s), one per GPU (--devices "
                              f"{devices}), found {len(tensor_split)}: {list(tensor_split)}")
+        flt_max = float(np.finfo(np.float32).max)  # llama.cpp's tensor_split is a float array, summed in float
         for i, x in enumerate(tensor_split):
-            check_float(f"tensor_split[{i}]", x, 0.0, "--tensor-split", strict=False)
+            check_float(f"tensor_split[{i}]", x, 0.0, "--tensor-split", strict=False, most=flt_max)
+        if sum(tensor_split) > flt_max:
+            raise ModelError(f"tensor_split (--tensor-split): the weights add up to {sum(tensor_split):g}, more than a "
+                             f"float holds ({flt_max:g})")
     if type_k not in KV_TYPES:
         raise ModelError(f"type_k (--type-k): expected one of {', '.join(KV_TYPES)}, found {type_k!r}")
     if (type_v or "f16") != "f16":
@@ -1332,6 +1336,8 @@ def llama_cpp_lines(rep: MemoryReport) -> list:
 
 def format_report(rep: MemoryReport, vram_gib: float = None) -> str:
     """The report as a table (MiB), then llama.cpp's lines; with `vram_gib`, whether each GPU fits."""
+    if vram_gib is not None:
+        check_vram(vram_gib)
     head = f"{'device':8s} {'weights':>10s} {'KV':>10s} {'output':>10s} {'compute':>10s} {'total':>10s}"
     rows = [f"{d['name']:8s} " + " ".join(f"{d[k] / MiB:10.2f}" for k in ("weights", "kv", "output", "compute", "total"))
             for d in rep.devices]

@@ -237,9 +237,12 @@ def test_llama_text_report_prints_llama_cpp_lines(capsys):
     (["llama", "--preset", "llama-2-7b", "--devices", "1", "--tensor-split", "1,1"], "expected 1 weight(s)"),
     (["llama", "--preset", "llama-2-7b", "--tensor-split", "1"], "expected 0 weight(s), one per GPU (--devices 0)"),
     (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", "nan,1"],
-     "tensor_split[0] (--tensor-split): expected a finite number at least 0, found nan"),
+     "tensor_split[0] (--tensor-split): expected a finite number at least 0 and at most 3.40282e+38, found nan"),
     (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", "1,-1"], "tensor_split[1] (--tensor-split)"),
     (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", "inf,1"], "found inf"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", "1e39,1"], "and at most 3.40282e+38, found 1e+39"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "2", "-ngl", "33", "--tensor-split", "3e38,3e38"],
+     "the weights add up to 6e+38, more than a float holds"),
     (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", ""], "expected numbers separated by commas"),
     (["llama", "--preset", "Llama-2-7B ", "--devices", "1"], "unknown preset 'Llama-2-7B '"),
     (["llama", "--preset", "llama-2-7b", "--type-k", "q4_0", "--n-ctx", "64"], None),  # head 128: 4 blocks of q4_0, fine

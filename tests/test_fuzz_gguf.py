@@ -176,7 +176,7 @@ def test_structure_aware_headers(tmp_path, long_run, capsys):
 # ---- the flags ---------------------------------------------------------------------------------------------
 
 INT_FLAG = st.one_of(st.integers(-3, 70), st.sampled_from([0, 512, 513, 2**31 - 1, 2**31, 2**32, 10**6, 10**12, -2**31]))
-FLOAT_TEXT = st.one_of(st.sampled_from(["nan", "inf", "-inf", "-1", "0", "1e400", "0.5", "24", "x"]),
+FLOAT_TEXT = st.one_of(st.sampled_from(["nan", "inf", "-inf", "-1", "0", "1e400", "1e39", "3e38", "1e-45", "0.5", "24", "x"]),
                        st.floats(0.01, 100).map(lambda f: f"{f:.2f}"))
 FLAGS = st.fixed_dictionaries({}, optional={
     "--n-ctx": st.one_of(st.integers(1, 4096), INT_FLAG), "--n-batch": INT_FLAG, "--n-ubatch": INT_FLAG,

@@ -399,8 +399,12 @@ def check_context(params: LlamaParams, n_ctx: int, n_ubatch: int, n_gpu_layers: 
         if len(tensor_split) != devices:
             raise ModelError(f"tensor_split (--tensor-split): expected {devices} weight(s), one per GPU (--devices "
                              f"{devices}), found {len(tensor_split)}: {list(tensor_split)}")
+        flt_max = float(np.finfo(np.float32).max)  # llama.cpp's tensor_split is a float array, summed in float
         for i, x in enumerate(tensor_split):
-            check_float(f"tensor_split[{i}]", x, 0.0, "--tensor-split", strict=False)
+            check_float(f"tensor_split[{i}]", x, 0.0, "--tensor-split", strict=False, most=flt_max)
+        if sum(tensor_split) > flt_max:
+            raise ModelError(f"tensor_split (--tensor-split): the weights add up to {sum(tensor_split):g}, more than a "
+                             f"float holds ({flt_max:g})")
     if type_k not in KV_TYPES:
         raise ModelError(f"type_k (--type-k): expected one of {', '.join(KV_TYPES)}, found {type_k!r}")
     if (type_v or "f16") != "f16":
