@@ -39,10 +39,11 @@ class Tally:
         self.counts[outcome] += 1
 
     def report(self, capsys) -> None:
-        n = sum(self.counts.values())
+        c = self.counts
+        fitted = f" ({c['fitted']} with --fit)" if c["fitted"] else ""
         with capsys.disabled():
-            print(f"\nfuzz {self.kind}: {n} cases, {self.counts['refused']} refused with exit 2, "
-                  f"{self.counts['correct']} correct results, {time.perf_counter() - self.t0:.1f} s")
+            print(f"\nfuzz {self.kind}: {c['refused'] + c['correct']} cases, {c['refused']} refused with exit 2, "
+                  f"{c['correct']} correct results{fitted}, {time.perf_counter() - self.t0:.1f} s")
 
 
 def oracle_report(path) -> dict:
@@ -183,7 +184,7 @@ FLAGS = st.fixed_dictionaries({}, optional={
     "--n-gpu-layers": INT_FLAG, "--devices": st.one_of(st.integers(0, 3), INT_FLAG),
     "--type-k": st.sampled_from([*KV_TYPES, "F16", "q9", "q4_K", ""]), "--type-v": st.sampled_from(["f16", "q8_0", "x"]),
     "--vram": FLOAT_TEXT, "--tensor-split": st.lists(FLOAT_TEXT, min_size=0, max_size=4).map(",".join),
-    "--no-kv-offload": st.just(None),
+    "--no-kv-offload": st.just(None), "--fit": st.just(None),
 })
 MODEL = st.one_of(
     st.sampled_from(list(PRESETS) + ["LLAMA-2-7B", "Mistral-7B", "llama-9-1b", " llama-2-7b"]).map(lambda p: ["--preset", p]),
@@ -196,8 +197,8 @@ MODEL = st.one_of(
 )
 
 
-def _api_report(model_argv: list, flags: dict) -> dict:
-    """The report the API gives for the same request (what exit 0 must print)."""
+def _api_request(model_argv: list, flags: dict) -> tuple:
+    """(LlamaParams, memory_report's keyword arguments) of the same request through the API."""
     from ggml_lite.models.llama import LlamaParams
 
     args = dict(zip(model_argv[::2], model_argv[1::2]))
@@ -208,10 +209,25 @@ def _api_report(model_argv: list, flags: dict) -> dict:
         dims.setdefault("n_head_kv", dims["n_head"])
         params = LlamaParams(**dims, wtype=args.get("--wtype", "f16"))
     split = flags.get("--tensor-split")
-    return memory_report(params, int(flags.get("--n-ctx", 512)), int(flags.get("--n-batch", 2048)),
-                         int(flags.get("--n-ubatch", 512)), int(flags.get("--n-gpu-layers", 0)), int(flags.get("--devices", 0)),
-                         [float(x) for x in split.split(",")] if split is not None else None, flags.get("--type-k", "f16"),
-                         flags.get("--type-v", "f16"), "--no-kv-offload" not in flags, why=False).to_json()
+    return params, dict(n_ctx=int(flags.get("--n-ctx", 512)), n_batch=int(flags.get("--n-batch", 2048)),
+                        n_ubatch=int(flags.get("--n-ubatch", 512)), devices=int(flags.get("--devices", 0)),
+                        tensor_split=[float(x) for x in split.split(",")] if split is not None else None,
+                        type_k=flags.get("--type-k", "f16"), type_v=flags.get("--type-v", "f16"),
+                        offload_kqv="--no-kv-offload" not in flags)
+
+
+def _api_report(model_argv: list, flags: dict) -> dict:
+    """The report the API gives for the same request (what exit 0 must print)."""
+    params, kw = _api_request(model_argv, flags)
+    return memory_report(params, n_gpu_layers=int(flags.get("--n-gpu-layers", 0)), why=False, **kw).to_json()
+
+
+def _api_fit(model_argv: list, flags: dict) -> tuple:
+    """What `fit` gives for the same request (what --fit must print)."""
+    from ggml_lite.report import fit
+
+    params, kw = _api_request(model_argv, flags)
+    return fit(params, float(flags["--vram"]), kw.pop("n_ctx"), kw.pop("devices"), **kw)
 
 
 def test_llama_flags(long_run, capsys):
@@ -233,6 +249,9 @@ def test_llama_flags(long_run, capsys):
             return
         doc, want = json.loads(o.out), _api_report(model, flags)
         assert (doc["graph"], doc["devices"]) == (want["graph"], want["devices"]), o.describe()
+        if "--fit" in flags:
+            assert tuple(doc["fit"].values()) == _api_fit(model, flags), o.describe()
+            tally.add("fitted")
         tally.add("correct")
 
     case()
@@ -242,3 +261,47 @@ def test_llama_flags(long_run, capsys):
 
 def test_every_type_name_the_flags_accept_is_a_ggml_type():
     assert set(KV_TYPES) <= set(TYPES)
+
+
+def _check_fit_by_scanning(params, vram: float, n_ctx: int, devices: int, split, got: tuple) -> None:
+    """`fit`'s answer checked the slow way: n_gpu_layers is the first that fits scanning down from the top,
+    and the context fits while 32 more (within n_ctx_train) does not."""
+    from ggml_lite.report import fits
+
+    def ok(layers, ctx):
+        return fits(memory_report(params, ctx, n_gpu_layers=layers, devices=devices, tensor_split=split, why=False), vram)
+    layers = next((n for n in range(params.n_layer + 1, 0, -1) if ok(n, n_ctx)), 0)
+    assert got[0] == layers
+    if got[1] is None:
+        assert not ok(layers, n_ctx)
+    else:
+        assert ok(layers, got[1]) and (got[1] + 32 > max(params.n_ctx_train, n_ctx) or not ok(layers, got[1] + 32))
+
+
+def test_fit_is_what_scanning_finds(long_run, capsys):
+    """`llama --fit` (two bisections) against a linear scan of every layer count, and its context against
+    the next multiple of 32, on small models whose totals straddle the given VRAM (even and uneven splits)."""
+    from ggml_lite.models.llama import LlamaParams
+
+    tally = Tally("llama --fit")
+
+    @settings(max_examples=150 if long_run else 12, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(n_layer=st.integers(1, 6), n_embd=st.sampled_from([64, 128, 256]), n_ff=st.sampled_from([64, 256, 1024]),
+           n_vocab=st.sampled_from([64, 1000, 32000]), devices=st.integers(1, 3), n_ctx=st.sampled_from([32, 100, 256]),
+           vram_kib=st.integers(64, 60000), split=st.booleans())
+    def case(n_layer, n_embd, n_ff, n_vocab, devices, n_ctx, vram_kib, split):
+        params = LlamaParams(n_vocab, n_embd, n_layer, 4, 2, n_ff)  # (n_ctx_train 4096, as the flags make it)
+        ts = [float(i + 1) for i in range(devices)] if split else None
+        vram = vram_kib / 2**20
+        argv = ["llama", "--n-vocab", n_vocab, "--n-embd", n_embd, "--n-layer", n_layer, "--n-head", 4, "--n-head-kv", 2,
+                "--n-ff", n_ff, "--n-ctx", n_ctx, "--devices", devices, "--vram", repr(vram), "--fit", "--json"]
+        if ts:
+            argv += ["--tensor-split", ",".join(map(str, ts))]
+        o = assert_sound(run_cli(argv), allow=(0,))
+        got = json.loads(o.out)["fit"]
+        _check_fit_by_scanning(params, vram, n_ctx, devices, ts, (got["n_gpu_layers"], got["n_ctx"]))
+        tally.add("correct")
+
+    case()
+    tally.report(capsys)
