@@ -123,29 +123,50 @@ def fits(rep: MemoryReport, vram_gib: float) -> bool:
 def fit(params: LlamaParams, vram_gib: float, n_ctx: int = 512, devices: int = 1, **kw) -> tuple:
     """(the largest n_gpu_layers that fits at `n_ctx`, then the largest n_ctx that fits with it).
     Every layer and the output first (full offload also turns on pipeline parallelism, which needs more
-    memory), then a bisection over 0..n_layer layers: a GPU's total grows with its layers. The context
-    grows in multiples of 32 up to `n_ctx_train` (a bisection: the totals grow with n_ctx). (0, ...) when
-    not even one layer fits. About 12 + log2(n_ctx_train / 32) plans, whatever the model. (With an uneven
-    `tensor_split`, a GPU's share can dip by one layer as layers are added; the bisection assumes it does
-    not matter.)"""
+    memory), then a search over 1..n_layer layers: a GPU's total grows with its layers. The context grows
+    in multiples of 32 up to `n_ctx_train` (the totals grow with n_ctx). (0, ...) when not even one layer
+    fits. Both searches are `_largest`: a handful of plans for most models, at most about 2 log2 of the
+    range. (With an uneven `tensor_split`, a GPU's share can dip by one layer as layers are added; the
+    search assumes it does not matter, and tests check it against a scan of every layer count.)"""
     check_vram(vram_gib)
     check_int("devices", devices, 1, MAX_DEVICES, "--devices", " (fit needs a GPU)")
+    budget = vram_gib * 1024 * MiB
 
-    def ok(layers, ctx):
-        return fits(memory_report(params, ctx, n_gpu_layers=layers, devices=devices, why=False, **kw), vram_gib)
-    layers = params.n_layer + 1 if ok(params.n_layer + 1, n_ctx) else _largest(lambda n: ok(n, n_ctx), 0, params.n_layer)
+    def probe(layers, ctx):  # (does it fit, the spare bytes of the fullest GPU)
+        rep = memory_report(params, ctx, n_gpu_layers=layers, devices=devices, why=False, **kw)
+        return fits(rep, vram_gib), min(budget - d["total"] for d in rep.devices if d["name"] != "CPU")
+    if probe(params.n_layer + 1, n_ctx)[0]:
+        layers = params.n_layer + 1
+    else:  # (0 layers is not planned: the GPUs then compute what the scheduler offloads, not a layer's share)
+        layers = _largest(lambda n: probe(n, n_ctx), 0, params.n_layer, at_lo=(True, budget))
     lo, hi = padded_n_ctx(n_ctx) // 32, max(min(params.n_ctx_train, MAX_N_CTX) // 32, padded_n_ctx(n_ctx) // 32)
-    if not ok(layers, lo * 32):
+    first = probe(layers, lo * 32)
+    if not first[0]:
         return layers, None
-    return layers, _largest(lambda k: ok(layers, k * 32), lo, hi) * 32  # the largest multiple of 32 that fits
+    return layers, _largest(lambda k: probe(layers, k * 32), lo, hi, at_lo=first) * 32  # the largest multiple of 32
 
 
-def _largest(ok, lo: int, hi: int) -> int:
-    """The largest n in [lo, hi] with ok(n), by bisection, given that ok(lo) holds (or lo is the answer
-    when nothing fits) and that ok turns false only once as n grows."""
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+def _largest(probe, lo: int, hi: int, at_lo: tuple) -> int:
+    """The largest n in [lo, hi] whose `probe(n)` = (fits, spare bytes) fits, given that it fits at lo
+    (`at_lo`) and turns false only once as n grows. Keeps a bracket (fits, does not fit) and plans next
+    where the spare bytes, interpolated linearly, reach zero (the totals grow about linearly); an end kept
+    twice in a row has its spare bytes halved (the Illinois rule), and after log2 of the range such steps
+    the rest is bisected: at most about 2 log2(hi - lo) + 2 plans."""
+    at_hi = probe(hi)
+    if at_hi[0]:
+        return hi
+    spare_lo, spare_hi, kept, steps = at_lo[1], at_hi[1], 0, (hi - lo).bit_length() + 1
+    while hi - lo > 1:
+        drop = spare_lo - spare_hi
+        guess = lo + round((hi - lo) * spare_lo / drop) if steps > 0 and drop > 0 else (lo + hi) // 2
+        mid, steps = min(max(guess, lo + 1), hi - 1), steps - 1
+        fits_mid, spare = probe(mid)
+        if fits_mid:
+            lo, spare_lo = mid, spare
+            spare_hi, kept = (spare_hi / 2 if kept == 1 else spare_hi), 1
+        else:
+            hi, spare_hi = mid, spare
+            spare_lo, kept = (spare_lo / 2 if kept == -1 else spare_lo), -1
     return lo
 
 
