@@ -267,7 +267,7 @@ def _causes_legend() -> str:
 def _llama_params(args):
     """The model of `llama`: a preset, or the hyperparameters given one by one."""
     from ggml_lite.errors import ModelError
-    from ggml_lite.models.llama import PRESETS, LlamaParams
+    from ggml_lite.models.llama import LlamaParams, preset
 
     dims = {k: getattr(args, k) for k in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "n_ff")}
     if args.gguf is not None:
@@ -280,9 +280,7 @@ def _llama_params(args):
     if args.preset is not None:
         if any(v is not None for v in dims.values()):
             raise ModelError("give either --preset or the hyperparameters (--n-vocab ...), not both")
-        if args.preset.lower() not in PRESETS:
-            raise ModelError(f"unknown preset {args.preset!r}; known presets: {', '.join(PRESETS)}")
-        params = PRESETS[args.preset.lower()]
+        params = preset(args.preset)
         return LlamaParams(**{**params.__dict__, "wtype": args.wtype or params.wtype}), None
     missing = [f"--{k.replace('_', '-')}" for k, v in dims.items() if v is None and k != "n_head_kv"]
     if missing:

@@ -195,6 +195,13 @@ PRESETS = {
 }
 
 
+def preset(name: str) -> LlamaParams:
+    """The preset called `name`, in any case; a `ModelError` listing the presets otherwise."""
+    if not isinstance(name, str) or name.lower() not in PRESETS:
+        raise ModelError(f"preset (--preset): expected one of {', '.join(PRESETS)} (any case), found {name!r}")
+    return PRESETS[name.lower()]
+
+
 # %% [markdown]
 # ### Models from GGUF files
 #
@@ -1292,9 +1299,12 @@ def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_
                   n_gpu_layers: int = 0, devices: int = 0, tensor_split=None, type_k: str = "f16",
                   type_v: str = None, offload_kqv: bool = True, tensor_types: dict = None,
                   why: bool = True) -> MemoryReport:
-    """Plan the model as `llama_new_context_with_model` would (`plan_memory`) and report it; `why=False`
+    """Plan the model (a `LlamaParams`, or a `GGUFModel` with its tensors' types) as
+    `llama_new_context_with_model` would (`plan_memory`) and report it; `why=False`
     skips the trace behind `peaks` (for searches that need only the totals, as `fit`). Every argument is
     checked before planning (`check_context`)."""
+    if hasattr(params, "params") and hasattr(params, "tensor_types"):  # a GGUFModel: its hyperparameters and types
+        params, tensor_types = params.params, params.tensor_types if tensor_types is None else tensor_types
     if not callable(getattr(params, "model", None)):  # (duck-typed: a notebook may define its own LlamaParams)
         raise ModelError(f"memory_report: expected a LlamaParams model, found {type(params).__name__}")
     n_batch, n_ubatch = batch_sizes(padded_n_ctx(n_ctx), n_batch, n_ubatch)

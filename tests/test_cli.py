@@ -198,7 +198,7 @@ def test_llama_text_report_prints_llama_cpp_lines(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["llama", "--preset", "llama-9-1b"], "unknown preset 'llama-9-1b'"),
+    (["llama", "--preset", "llama-9-1b"], "preset (--preset): expected one of llama-2-7b, llama-2-13b"),
     (["llama", "--n-vocab", "100"], "missing --n-embd"),
     (["llama", "--n-vocab", "100", "--n-embd", "100", "--n-layer", "2", "--n-head", "3", "--n-ff", "8"],
      "n_head (--n-head): expected a divisor of n_embd 100, found 3"),
@@ -244,7 +244,8 @@ def test_llama_text_report_prints_llama_cpp_lines(capsys):
     (["llama", "--preset", "llama-2-7b", "--devices", "2", "-ngl", "33", "--tensor-split", "3e38,3e38"],
      "the weights add up to 6e+38, more than a float holds"),
     (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", ""], "expected numbers separated by commas"),
-    (["llama", "--preset", "Llama-2-7B ", "--devices", "1"], "unknown preset 'Llama-2-7B '"),
+    (["llama", "--preset", "Llama-2-7B ", "--devices", "1"], "(any case), found 'Llama-2-7B '"),
+    (["llama", "--preset", "LLAMA-2-7B", "--devices", "1"], None),  # any case
     (["llama", "--preset", "llama-2-7b", "--type-k", "q4_0", "--n-ctx", "64"], None),  # head 128: 4 blocks of q4_0, fine
     (["llama", "--n-vocab", "100", "--n-embd", "96", "--n-layer", "1", "--n-head", "2", "--n-ff", "8", "--type-k", "q8_0"],
      "type_k (--type-k) q8_0: the head size 48 is not a whole number of its blocks (32 elements each)"),

@@ -59,6 +59,20 @@ def test_valid_files_read_as_the_gguf_package_reads_them(tmp_path, params, mtype
     assert h.data_offset == r.data_offset and [t.offset for t in h.tensors] == [info[3] for info in r.infos]
 
 
+def test_version_2_reads_as_version_3_and_the_api_takes_the_file_s_model(tmp_path):
+    """GGUF v2 has the same layout as v3 (v3 added big-endian files, which ggml does not read); memory_report
+    takes a GGUFModel (its hyperparameters and its tensors' own types) as DESIGN §4 shows."""
+    from ggml_lite.report import memory_report
+
+    data = bytearray(write_llama_gguf(tmp_path / "v3.gguf", TINY, QT.Q8_0).read_bytes())
+    data[4:8] = struct.pack("<I", 2)
+    m = from_gguf(raw_file(tmp_path, bytes(data), "v2.gguf"))
+    assert read_gguf_header(tmp_path / "v2.gguf").version == 2 and m.params == from_gguf(tmp_path / "v3.gguf").params
+    rep = memory_report(m, 256, n_gpu_layers=3, devices=1)
+    assert rep.devices == memory_report(m.params, 256, n_gpu_layers=3, devices=1, tensor_types=m.tensor_types).devices
+    assert m.params.wtype == "q8_0" and m.tensor_types["output_norm.weight"].name == "f32"
+
+
 def test_a_tokenizer_list_gives_the_vocabulary_when_vocab_size_is_absent(tmp_path):
     path = write_llama_gguf(tmp_path / "m.gguf", kv={"llama.vocab_size": None}, tokens=TINY.n_vocab)
     assert from_gguf(path).params == from_gguf(write_llama_gguf(tmp_path / "n.gguf")).params

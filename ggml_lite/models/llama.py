@@ -137,6 +137,13 @@ PRESETS = {
 }
 
 
+def preset(name: str) -> LlamaParams:
+    """The preset called `name`, in any case; a `ModelError` listing the presets otherwise."""
+    if not isinstance(name, str) or name.lower() not in PRESETS:
+        raise ModelError(f"preset (--preset): expected one of {', '.join(PRESETS)} (any case), found {name!r}")
+    return PRESETS[name.lower()]
+
+
 # notebooks/10_llama.py
 # the per-layer weights: their role in `build_graph` -> their name `blk.<il>.<name>.weight`, in the recorder's
 # creation order (llama.cpp creates ffn_down before ffn_up: offsets differ, buffer sizes do not)
