@@ -122,7 +122,7 @@ def _check_leaf(leaf: dict, p: str, ents: list) -> int:
     if e["type"] not in FILLABLE:
         fail(f"{p}.type", f"a type the generator fills {FILLABLE}", e["type"])
     kind = leaf.get("kind", "float")
-    if kind not in KINDS or KINDS[kind] != (e["type"] == "i32"):
+    if not isinstance(kind, str) or kind not in KINDS or KINDS[kind] != (e["type"] == "i32"):
         fail(f"{p}.kind", "'int' for an i32 leaf" if e["type"] == "i32" else "'float' for a leaf of type " + e["type"], kind)
     if KINDS[kind] or "range" in leaf:
         r = check_list(need(leaf, "range", f"{p}.range"), f"{p}.range", length=2)

@@ -345,7 +345,7 @@ def _check_entry(e: dict, i: int, n: int, p: str) -> None:
     check_list(e["src_names"], f"{p}.src_names", length=len(e["src"]))
     bits = 0
     for k, flag in enumerate(check_list(e["flags"], f"{p}.flags", most=len(_FLAG_BITS))):
-        if flag not in _FLAG_BITS or bits & _FLAG_BITS[flag]:
+        if not isinstance(flag, str) or flag not in _FLAG_BITS or bits & _FLAG_BITS[flag]:
             fail(f"{p}.flags[{k}]", f"one of {tuple(_FLAG_BITS)}, each once", flag)
         bits |= _FLAG_BITS[flag]
     if check_int(e["flags_value"], f"{p}.flags_value", 0, sum(_FLAG_BITS.values())) != bits:
@@ -623,7 +623,7 @@ def _check_record(doc: dict) -> None:
         return
     for k, st in enumerate(doc["steps"]):
         p = f"steps[{k}]"
-        if need(st, "call", f"{p}.call") not in _CALLS:
+        if check_type(need(st, "call", f"{p}.call"), f"{p}.call", str, "a call name") not in _CALLS:
             fail(f"{p}.call", f"one of {tuple(_CALLS)}", st["call"])
         need(st, "graph", f"{p}.graph")
         _check_call(st, p, ("ok", "buffer_size_before", "buffer_size", "compute_buffer_replaced", "log"))
@@ -1467,7 +1467,7 @@ def _check_leaf(leaf: dict, p: str, ents: list) -> int:
     if e["type"] not in FILLABLE:
         fail(f"{p}.type", f"a type the generator fills {FILLABLE}", e["type"])
     kind = leaf.get("kind", "float")
-    if kind not in KINDS or KINDS[kind] != (e["type"] == "i32"):
+    if not isinstance(kind, str) or kind not in KINDS or KINDS[kind] != (e["type"] == "i32"):
         fail(f"{p}.kind", "'int' for an i32 leaf" if e["type"] == "i32" else "'float' for a leaf of type " + e["type"], kind)
     if KINDS[kind] or "range" in leaf:
         r = check_list(need(leaf, "range", f"{p}.range"), f"{p}.range", length=2)
