@@ -1345,10 +1345,10 @@ import math
 import numpy as np
 
 from ggml_lite.backend import tensor_get, tensor_set
-from ggml_lite.cpu import Arithmetic, cpu_init, quantize_q8_0
+from ggml_lite.cpu import Arithmetic, cpu_init, quantize_q8_0, quantize_row_q4_0_ref
 from ggml_lite.errors import AllocationError, GraphFileError
 from ggml_lite.graphio import INT64_MAX, check_int, check_list, check_type, fail, need
-from ggml_lite.tensor import F16, F32, I32, Q8_0, type_by_name
+from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0
 
 MASK = 0xFFFFFFFF
 LCG_A, LCG_C = 1664525, 1013904223
@@ -1398,8 +1398,8 @@ def leaf_values(data_seed: int, leaf_id: int, n: int, kind: str, value_range=Non
 
 
 def fill_leaf(tensor, data_seed: int, leaf_id: int, kind: str = "float", value_range=None) -> None:
-    """Write the generated data of one leaf: f32 as is, f16 rounded to nearest even, q8_0 quantized by
-    ggml's reference quantizer, i32 integers."""
+    """Write the generated data of one leaf: f32 as is, f16 rounded to nearest even, q8_0 (and q4_0)
+    quantized by ggml's reference quantizer, i32 integers."""
     n = tensor.ne[0] * tensor.ne[1] * tensor.ne[2] * tensor.ne[3]
     values = leaf_values(data_seed, leaf_id, n, kind, value_range)
     if tensor.type is F32 or tensor.type is I32:
@@ -1408,6 +1408,8 @@ def fill_leaf(tensor, data_seed: int, leaf_id: int, kind: str = "float", value_r
         tensor_set(tensor, values.astype(np.float16))
     elif tensor.type is Q8_0:
         tensor_set(tensor, quantize_q8_0(values).view(np.uint8))
+    elif tensor.type is Q4_0:  # (beyond the spec, as the oracle's numeric graphs fill it)
+        tensor_set(tensor, np.frombuffer(quantize_row_q4_0_ref(values.reshape(-1, tensor.ne[0])).tobytes(), np.uint8))
     else:
         raise GraphFileError(f"leaf {leaf_id} ({tensor.name}): no generator for type {tensor.type.name}")
 
@@ -1446,7 +1448,7 @@ def data_seed(doc: dict) -> int:
 NUMERICS_MAX_BYTES = 2**30
 F32_MAX = float(np.finfo(np.float32).max)
 KINDS = {"float": False, "int": True, "i32": True}  # kind -> integer data
-FILLABLE = ("f32", "f16", "q8_0", "i32")
+FILLABLE = ("f32", "f16", "q8_0", "q4_0", "i32")
 
 
 def _check_values(vals, path: str, n: int) -> None:

@@ -53,6 +53,19 @@ def test_fill_rounds_f16_to_nearest_even_and_quantizes_q8_0():
     assert blocks["qs"].reshape(2, 32).tolist() == want_q.astype(np.int8).tolist()
 
 
+def test_fill_quantizes_q4_0_by_its_reference_quantizer():
+    """q4_0 leafs (beyond the spec; the oracle's numeric graphs have q4_0 weights) are filled the way
+    tests/ggml_oracle.py's `numerics_data` fills them: q4_0's reference quantizer, row by row."""
+    from ggml_lite.cpu import quantize_row_q4_0_ref
+
+    ctx = gl.Context("leafs")
+    q = ctx.new_tensor_2d(gl.Q4_0, 64, 3, name="q")
+    gl.alloc_ctx_tensors(ctx, gl.cpu_buffer_type())
+    fill_leaf(q, 7, 1)
+    want = quantize_row_q4_0_ref(leaf_values(7, 1, 192, "float").reshape(-1, 64)).tobytes()
+    assert np.asarray(gl.tensor_get(q)).tobytes() == want
+
+
 def test_integer_leaf_without_range_is_refused():
     with pytest.raises(gl.GraphFileError, match="needs a range"):
         leaf_values(1, 2, 4, "int")
