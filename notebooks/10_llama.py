@@ -598,6 +598,7 @@ def llama_hparams(h: GGUFHeader, wtype: str = "f16") -> LlamaParams:
 # (`tensor '…' not found`), of the shape the hyperparameters give (`check_tensor_dims`: trailing
 # dimensions of 1 allowed), and no tensor left over (`done_getting_tensors`: `wrong number of
 # tensors`). `output.weight` may be absent: the output then reuses `token_embd` (tied embeddings).
+# `rope_freqs.weight` may be present (Llama 3.1): `n_rot / 2` f32 frequency factors for RoPE.
 # Weights of an integer type are refused: no ggml matrix product takes them.
 
 # %%
@@ -621,6 +622,11 @@ def check_llama_tensors(h: GGUFHeader, p: LlamaParams) -> dict:
     want = llama_tensor_shapes(p)
     if "output.weight" not in index:  # TENSOR_NOT_REQUIRED, then token_embd again (TENSOR_DUPLICATED)
         del want["output.weight"]
+    if "rope_freqs.weight" in index:  # TENSOR_NOT_REQUIRED: RoPE's frequency factors (Llama 3.1), f32 for ggml_rope
+        want["rope_freqs.weight"] = [p.n_rot // 2]
+        if h.tensors[index["rope_freqs.weight"]].type_code != 0:
+            raise ModelError(f"{h.path}: tensors[{index['rope_freqs.weight']}] rope_freqs.weight: expected f32 (ggml_rope's "
+                             f"frequency factors), found {TYPES_BY_CODE[h.tensors[index['rope_freqs.weight']].type_code].name}")
     types = {}
     for name, ne in want.items():
         if name not in index:
@@ -636,9 +642,8 @@ def check_llama_tensors(h: GGUFHeader, p: LlamaParams) -> dict:
                              f"found {types[name].name}")
     extra = [t.name for t in h.tensors if t.name not in want]
     if extra:
-        why = " (RoPE frequency factors, which this port does not model)" if "rope_freqs.weight" in extra else ""
         raise ModelError(f"{h.path}: tensors[{index[extra[0]]}] {extra[0]}: a tensor a dense LLaMA of {p.n_layer} layers "
-                         f"does not have{why} (llama.cpp: wrong number of tensors; expected {len(want)}, got "
+                         f"does not have (llama.cpp: wrong number of tensors; expected {len(want)}, got "
                          f"{len(h.tensors)}; {len(extra)} unexpected)")
     types.setdefault("output.weight", types["token_embd.weight"])
     return types
@@ -715,6 +720,11 @@ print(refusal)
 # per layer, `cache_k_l<i>` and `cache_v_l<i>`, of `n_embd_k_gqa · n_ctx` elements each (the cache
 # for all heads of a layer in one row per cell). `build_llama` below does both, by a placement that
 # says which backend holds each part, then builds the graph.
+#
+# A Llama 3.1 file has one more tensor, `rope_freqs.weight`: RoPE's frequency factors, `n_rot / 2` floats
+# that both RoPEs of every layer read. `llm_load_tensors` creates it in each layer's context
+# (`TENSOR_DUPLICATED` after the first), so a GPU holding layers holds a copy of its own, while the
+# host's layers read the one copy in the file, which llama.cpp maps by default.
 
 # %%
 # | export
@@ -755,14 +765,22 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
     shapes = {"attn_norm": (F32, n_embd), "attn_q": (wtype, n_embd, n_embd), "attn_k": (wtype, n_embd, n_gqa),
               "attn_v": (wtype, n_embd, n_gqa), "attn_output": (wtype, n_embd, n_embd), "ffn_norm": (F32, n_embd),
               "ffn_gate": (wtype, n_embd, n_ff), "ffn_up": (wtype, n_embd, n_ff), "ffn_down": (wtype, n_ff, n_embd)}
+    rope, mapped = {}, []  # a Llama 3.1 file's RoPE frequency factors, per layer; the host's one copy
     for il, be in enumerate(placement["layers"]):
         for name in LAYER_WEIGHTS.values():
             weight(be, f"blk.{il}.{name}.weight", *shapes[name])
+            if name == "ffn_norm" and "rope_freqs.weight" in types:  # (created after ffn_norm, as llama.cpp does)
+                if be != "CPU" or not mapped:
+                    t = weight(be, "rope_freqs.weight", F32, model["rope"]["n_dims"] // 2)
+                    mapped += [t] if be == "CPU" else []
+                rope[il] = mapped[0] if be == "CPU" else t
     for il, be in enumerate(placement["kv_cache"]):
         c = ctx_of("kv_cache", be)
         c.new_tensor_1d(type_k, n_gqa * n_ctx, name=f"cache_k_l{il}")
         c.new_tensor_1d(type_v, n_gqa * n_ctx, name=f"cache_v_l{il}")
     w, layers = model_tensors({t.name: t for c in ctxs.values() for t in c.tensors}, len(placement["layers"]))
+    for il, t in rope.items():
+        layers[il]["rope_freqs"] = t
     ctx, graph, roots = build_graph(model, w, layers, batch, recorded)
 
     def rank(label):  # CPU, FAKE, FAKE1 as the recorder ordered them; other backends after, as created
@@ -899,9 +917,10 @@ def llm_build_layer(b: _Build, inp_l, inp_pos, kq_mask, L: dict, il: int):
     q = b.name(mul_mat(ctx, L["wq"], cur), "Qcur", il)
     k = b.name(mul_mat(ctx, L["wk"], cur), "Kcur", il)
     v = b.name(mul_mat(ctx, L["wv"], cur), "Vcur", il)
-    q = b.name(rope_ext(ctx, reshape_3d(ctx, q, head, m["n_head"], n_tokens), inp_pos, None, *rope_args),
+    factors = L.get("rope_freqs")  # (build_rope_factors: a Llama 3.1 file's, else none)
+    q = b.name(rope_ext(ctx, reshape_3d(ctx, q, head, m["n_head"], n_tokens), inp_pos, factors, *rope_args),
                "Qcur_rope" if b.recorded else "Qcur", il)
-    k = b.name(rope_ext(ctx, reshape_3d(ctx, k, head, m["n_head_kv"], n_tokens), inp_pos, None, *rope_args),
+    k = b.name(rope_ext(ctx, reshape_3d(ctx, k, head, m["n_head_kv"], n_tokens), inp_pos, factors, *rope_args),
                "Kcur_rope" if b.recorded else "Kcur", il)
     b.roots += [q, k, v]  # llm_build_kv expands Q, K and V first
     qp = b.name(permute(ctx, q, 0, 2, 1, 3), "q", il) if b.recorded else None  # (the recorder's order)

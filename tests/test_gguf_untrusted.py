@@ -262,13 +262,39 @@ def test_another_architecture_is_refused(tmp_path):
     (dict(shapes={"token_embd.weight": [64, 65]}), "token_embd.weight: expected ne [64, 64], found [64, 65]"),
     (dict(extra={"blk.2.attn_q.weight": [64, 64]}), "blk.2.attn_q.weight: a tensor a dense LLaMA of 2 layers does not have",
      ),
-    (dict(extra={"rope_freqs.weight": [8]}), "RoPE frequency factors, which this port does not model"),
+    (dict(extra={"rope_freqs.weight": [16]}), "rope_freqs.weight: expected ne [8], found [16]"),
+    (dict(extra={"rope_freqs.weight": [8]}, types={"rope_freqs.weight": QT.F16}), "rope_freqs.weight: expected f32"),
     (dict(kv={"llama.block_count": (1, VT.UINT32)}), "wrong number of tensors; expected 12, got 21"),
     (dict(kv={"llama.block_count": (3, VT.UINT32)}), "missing blk.2.attn_norm.weight"),
     (dict(types={"blk.0.ffn_up.weight": QT.I32}), "blk.0.ffn_up.weight: expected a float or quantized type, found i32"),
 ])
 def test_tensors_are_checked_against_the_hyperparameters(tmp_path, change, message):
     refused(write_llama_gguf(tmp_path / "m.gguf", **change), message)
+
+
+def test_a_llama_3_1_file_with_rope_freqs_plans_as_llama_cpp_printed(tmp_path):
+    """A Llama 3.1 8B file has rope_freqs.weight (64 f32 frequency factors). All 33 layers on one GPU at n_ctx
+    8192: llama.cpp printed 560.00 MiB of GPU compute buffer and 24.01 MiB on the host for such a file; each
+    layer's copy adds 256 bytes (padded to 128) to the GPU's weights, and the host's layers share the mapped
+    file's one copy (which the scheduler copies to a GPU when it offloads a host layer's RoPE there, as the
+    CUDA offload rule asks for an op of 32 rows or more reading a host weight)."""
+    from ggml_lite.report import memory_report
+
+    p = PRESETS["llama-3.1-8b"]
+    m = from_gguf(write_llama_gguf(tmp_path / "l31.gguf", p, sparse=True, extra={"rope_freqs.weight": [64]}))
+    plain = from_gguf(write_llama_gguf(tmp_path / "l3.gguf", p, sparse=True))
+    full = memory_report(m, 8192, n_gpu_layers=33, devices=1)
+    gpu, host = full.devices
+    assert (f"{gpu['compute'] / 2**20:.2f}", f"{host['compute'] / 2**20:.2f}") == ("560.00", "24.01")
+    assert gpu["weights"] - memory_report(plain, 8192, n_gpu_layers=33, devices=1).devices[0]["weights"] == 32 * 256
+    cpu_only = memory_report(m, 512).devices[0]["weights"] - memory_report(plain, 512).devices[0]["weights"]
+    assert cpu_only == 256  # one copy, as the mapped file has it (padded to 32)
+    from ggml_lite.models.llama import plan_memory
+
+    r = plan_memory(m.params, 512, n_gpu_layers=10, devices=2, tensor_types=m.tensor_types)
+    factors = [n.src[2] for n in r["graph"].nodes if n.op.name == "ROPE"]
+    own = {id(f) for f in factors if f.view_src is None and "#" not in f.name}  # (the scheduler's copies have '#')
+    assert len(factors) == 64 and len(own) == 1 + 10  # the host's 22 layers share the file's one copy
 
 
 def test_trailing_dimensions_of_one_are_accepted_as_llama_cpp_accepts_them(tmp_path):

@@ -351,6 +351,11 @@ def check_llama_tensors(h: GGUFHeader, p: LlamaParams) -> dict:
     want = llama_tensor_shapes(p)
     if "output.weight" not in index:  # TENSOR_NOT_REQUIRED, then token_embd again (TENSOR_DUPLICATED)
         del want["output.weight"]
+    if "rope_freqs.weight" in index:  # TENSOR_NOT_REQUIRED: RoPE's frequency factors (Llama 3.1), f32 for ggml_rope
+        want["rope_freqs.weight"] = [p.n_rot // 2]
+        if h.tensors[index["rope_freqs.weight"]].type_code != 0:
+            raise ModelError(f"{h.path}: tensors[{index['rope_freqs.weight']}] rope_freqs.weight: expected f32 (ggml_rope's "
+                             f"frequency factors), found {TYPES_BY_CODE[h.tensors[index['rope_freqs.weight']].type_code].name}")
     types = {}
     for name, ne in want.items():
         if name not in index:
@@ -366,9 +371,8 @@ def check_llama_tensors(h: GGUFHeader, p: LlamaParams) -> dict:
                              f"found {types[name].name}")
     extra = [t.name for t in h.tensors if t.name not in want]
     if extra:
-        why = " (RoPE frequency factors, which this port does not model)" if "rope_freqs.weight" in extra else ""
         raise ModelError(f"{h.path}: tensors[{index[extra[0]]}] {extra[0]}: a tensor a dense LLaMA of {p.n_layer} layers "
-                         f"does not have{why} (llama.cpp: wrong number of tensors; expected {len(want)}, got "
+                         f"does not have (llama.cpp: wrong number of tensors; expected {len(want)}, got "
                          f"{len(h.tensors)}; {len(extra)} unexpected)")
     types.setdefault("output.weight", types["token_embd.weight"])
     return types

@@ -182,14 +182,22 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
     shapes = {"attn_norm": (F32, n_embd), "attn_q": (wtype, n_embd, n_embd), "attn_k": (wtype, n_embd, n_gqa),
               "attn_v": (wtype, n_embd, n_gqa), "attn_output": (wtype, n_embd, n_embd), "ffn_norm": (F32, n_embd),
               "ffn_gate": (wtype, n_embd, n_ff), "ffn_up": (wtype, n_embd, n_ff), "ffn_down": (wtype, n_ff, n_embd)}
+    rope, mapped = {}, []  # a Llama 3.1 file's RoPE frequency factors, per layer; the host's one copy
     for il, be in enumerate(placement["layers"]):
         for name in LAYER_WEIGHTS.values():
             weight(be, f"blk.{il}.{name}.weight", *shapes[name])
+            if name == "ffn_norm" and "rope_freqs.weight" in types:  # (created after ffn_norm, as llama.cpp does)
+                if be != "CPU" or not mapped:
+                    t = weight(be, "rope_freqs.weight", F32, model["rope"]["n_dims"] // 2)
+                    mapped += [t] if be == "CPU" else []
+                rope[il] = mapped[0] if be == "CPU" else t
     for il, be in enumerate(placement["kv_cache"]):
         c = ctx_of("kv_cache", be)
         c.new_tensor_1d(type_k, n_gqa * n_ctx, name=f"cache_k_l{il}")
         c.new_tensor_1d(type_v, n_gqa * n_ctx, name=f"cache_v_l{il}")
     w, layers = model_tensors({t.name: t for c in ctxs.values() for t in c.tensors}, len(placement["layers"]))
+    for il, t in rope.items():
+        layers[il]["rope_freqs"] = t
     ctx, graph, roots = build_graph(model, w, layers, batch, recorded)
 
     def rank(label):  # CPU, FAKE, FAKE1 as the recorder ordered them; other backends after, as created
@@ -298,9 +306,10 @@ def llm_build_layer(b: _Build, inp_l, inp_pos, kq_mask, L: dict, il: int):
     q = b.name(mul_mat(ctx, L["wq"], cur), "Qcur", il)
     k = b.name(mul_mat(ctx, L["wk"], cur), "Kcur", il)
     v = b.name(mul_mat(ctx, L["wv"], cur), "Vcur", il)
-    q = b.name(rope_ext(ctx, reshape_3d(ctx, q, head, m["n_head"], n_tokens), inp_pos, None, *rope_args),
+    factors = L.get("rope_freqs")  # (build_rope_factors: a Llama 3.1 file's, else none)
+    q = b.name(rope_ext(ctx, reshape_3d(ctx, q, head, m["n_head"], n_tokens), inp_pos, factors, *rope_args),
                "Qcur_rope" if b.recorded else "Qcur", il)
-    k = b.name(rope_ext(ctx, reshape_3d(ctx, k, head, m["n_head_kv"], n_tokens), inp_pos, None, *rope_args),
+    k = b.name(rope_ext(ctx, reshape_3d(ctx, k, head, m["n_head_kv"], n_tokens), inp_pos, factors, *rope_args),
                "Kcur_rope" if b.recorded else "Kcur", il)
     b.roots += [q, k, v]  # llm_build_kv expands Q, K and V first
     qp = b.name(permute(ctx, q, 0, 2, 1, 3), "q", il) if b.recorded else None  # (the recorder's order)
