@@ -617,7 +617,8 @@ def llama_tensor_shapes(p: LlamaParams) -> dict:
 
 def check_llama_tensors(h: GGUFHeader, p: LlamaParams) -> dict:
     """`llm_load_tensors`' checks for `LLM_ARCH_LLAMA` (`create_tensor`, `check_tensor_dims`,
-    `done_getting_tensors`): {name: GGMLType} of every weight, or a `ModelError` naming the tensor."""
+    `done_getting_tensors`): {name: GGMLType} of every weight in the file (no output.weight: tied), or a
+    `ModelError` naming the tensor."""
     index = {t.name: i for i, t in enumerate(h.tensors)}
     want = llama_tensor_shapes(p)
     if "output.weight" not in index:  # TENSOR_NOT_REQUIRED, then token_embd again (TENSOR_DUPLICATED)
@@ -645,8 +646,7 @@ def check_llama_tensors(h: GGUFHeader, p: LlamaParams) -> dict:
         raise ModelError(f"{h.path}: tensors[{index[extra[0]]}] {extra[0]}: a tensor a dense LLaMA of {p.n_layer} layers "
                          f"does not have (llama.cpp: wrong number of tensors; expected {len(want)}, got "
                          f"{len(h.tensors)}; {len(extra)} unexpected)")
-    types.setdefault("output.weight", types["token_embd.weight"])
-    return types
+    return types  # (no output.weight: tied, see build_llama)
 
 
 @dataclass
@@ -724,7 +724,9 @@ print(refusal)
 # A Llama 3.1 file has one more tensor, `rope_freqs.weight`: RoPE's frequency factors, `n_rot / 2` floats
 # that both RoPEs of every layer read. `llm_load_tensors` creates it in each layer's context
 # (`TENSOR_DUPLICATED` after the first), so a GPU holding layers holds a copy of its own, while the
-# host's layers read the one copy in the file, which llama.cpp maps by default.
+# host's layers read the one copy in the file, which llama.cpp maps by default. A file without
+# `output.weight` ties the output to `token_embd` the same way (`TENSOR_DUPLICATED`): a copy on a GPU,
+# the embeddings' own mapped bytes on the host.
 
 # %%
 # | export
@@ -761,7 +763,9 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
     out_be = placement["output"]  # created in llama.cpp's order: embeddings, head, then layer by layer
     weight(placement["token_embd"], "token_embd.weight", wtype, n_embd, n_vocab)
     weight(out_be, "output_norm.weight", F32, n_embd)
-    weight(out_be, "output.weight", wtype, n_embd, n_vocab)
+    tied = bool(types) and "output.weight" not in types  # a file without output.weight: token_embd's matrix
+    if not (tied and out_be == "CPU"):  # (tied on the host: the mapped token_embd itself, no copy)
+        weight(out_be, "output.weight", types.get("token_embd.weight", wtype) if tied else wtype, n_embd, n_vocab)
     shapes = {"attn_norm": (F32, n_embd), "attn_q": (wtype, n_embd, n_embd), "attn_k": (wtype, n_embd, n_gqa),
               "attn_v": (wtype, n_embd, n_gqa), "attn_output": (wtype, n_embd, n_embd), "ffn_norm": (F32, n_embd),
               "ffn_gate": (wtype, n_embd, n_ff), "ffn_up": (wtype, n_embd, n_ff), "ffn_down": (wtype, n_ff, n_embd)}
@@ -794,9 +798,11 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
 # %%
 # | export
 def model_tensors(tensors_by_name: dict, n_layer: int) -> tuple:
-    """`(w, layers)` of `build_graph` from existing tensors (a loaded model's weights and cache)."""
+    """`(w, layers)` of `build_graph` from existing tensors (a loaded model's weights and cache); without
+    `output.weight`, the output is `token_embd.weight` (tied embeddings)."""
     t = tensors_by_name
-    w = {"token_embd": t["token_embd.weight"], "output_norm": t["output_norm.weight"], "output": t["output.weight"]}
+    w = {"token_embd": t["token_embd.weight"], "output_norm": t["output_norm.weight"],
+         "output": t.get("output.weight", t["token_embd.weight"])}
     layers = [{**{r: t[f"blk.{il}.{n}.weight"] for r, n in LAYER_WEIGHTS.items()},
                "k_l": t[f"cache_k_l{il}"], "v_l": t[f"cache_v_l{il}"]} for il in range(n_layer)]
     return w, layers

@@ -49,8 +49,7 @@ class Tally:
 def oracle_report(path) -> dict:
     """The report of the model in `path` as the `gguf` package's reader reads its header."""
     params, codes, _ = oracle_params(path)
-    types = {name: type_by_code(code) for name, code in codes.items()}
-    types.setdefault("output.weight", types["token_embd.weight"])
+    types = {name: type_by_code(code) for name, code in codes.items()}  # (no output.weight: tied)
     return memory_report(params, tensor_types=types, why=False).to_json()
 
 

@@ -85,7 +85,7 @@ def test_per_layer_arrays_and_a_tied_output_are_accepted(tmp_path):
     arr = {"llama.attention.head_count": ([4, 4], VT.ARRAY, VT.INT32), "llama.feed_forward_length": ([96, 96], VT.ARRAY, VT.INT32)}
     assert from_gguf(write_llama_gguf(tmp_path / "a.gguf", kv=arr)).params.n_head == 4
     m = from_gguf(write_llama_gguf(tmp_path / "t.gguf", drop=("output.weight",)))
-    assert m.tensor_types["output.weight"] == m.tensor_types["token_embd.weight"]
+    assert "output.weight" not in m.tensor_types
 
 
 # ---- the header's structure --------------------------------------------------------------------------
@@ -295,6 +295,24 @@ def test_a_llama_3_1_file_with_rope_freqs_plans_as_llama_cpp_printed(tmp_path):
     factors = [n.src[2] for n in r["graph"].nodes if n.op.name == "ROPE"]
     own = {id(f) for f in factors if f.view_src is None and "#" not in f.name}  # (the scheduler's copies have '#')
     assert len(factors) == 64 and len(own) == 1 + 10  # the host's 22 layers share the file's one copy
+
+
+def test_a_tied_output_is_a_copy_on_a_gpu_and_the_embeddings_themselves_on_the_host(tmp_path):
+    """Without output.weight, llama.cpp creates the output from token_embd (TENSOR_DUPLICATED): on a GPU a
+    copy of its own (in q8_0 here, token_embd's type, not the matrices' q4_0); on the host the mapped file's
+    token_embd, so the host's weights do not count it twice."""
+    from ggml_lite.report import memory_report
+
+    types = {"token_embd.weight": QT.Q8_0}
+    tied = from_gguf(write_llama_gguf(tmp_path / "t.gguf", TINY, QT.Q4_0, drop=("output.weight",), types=types))
+    untied = from_gguf(write_llama_gguf(tmp_path / "u.gguf", TINY, QT.Q4_0, types={**types, "output.weight": QT.Q8_0}))
+    embd = 64 * 64 // 32 * 34  # token_embd, q8_0
+    host = [memory_report(m, 256).devices[0]["weights"] for m in (tied, untied)]
+    assert host[1] - host[0] == embd
+    gpu = [memory_report(m, 256, n_gpu_layers=3, devices=1).devices[0]["weights"] for m in (tied, untied)]
+    assert gpu[0] == gpu[1]  # the same q8_0 matrix, a copy on the GPU
+    assert memory_report(tied, 256, n_gpu_layers=3, devices=1).graph == memory_report(untied, 256, n_gpu_layers=3,
+                                                                                      devices=1).graph
 
 
 def test_trailing_dimensions_of_one_are_accepted_as_llama_cpp_accepts_them(tmp_path):

@@ -346,7 +346,8 @@ def llama_tensor_shapes(p: LlamaParams) -> dict:
 
 def check_llama_tensors(h: GGUFHeader, p: LlamaParams) -> dict:
     """`llm_load_tensors`' checks for `LLM_ARCH_LLAMA` (`create_tensor`, `check_tensor_dims`,
-    `done_getting_tensors`): {name: GGMLType} of every weight, or a `ModelError` naming the tensor."""
+    `done_getting_tensors`): {name: GGMLType} of every weight in the file (no output.weight: tied), or a
+    `ModelError` naming the tensor."""
     index = {t.name: i for i, t in enumerate(h.tensors)}
     want = llama_tensor_shapes(p)
     if "output.weight" not in index:  # TENSOR_NOT_REQUIRED, then token_embd again (TENSOR_DUPLICATED)
@@ -374,8 +375,7 @@ def check_llama_tensors(h: GGUFHeader, p: LlamaParams) -> dict:
         raise ModelError(f"{h.path}: tensors[{index[extra[0]]}] {extra[0]}: a tensor a dense LLaMA of {p.n_layer} layers "
                          f"does not have (llama.cpp: wrong number of tensors; expected {len(want)}, got "
                          f"{len(h.tensors)}; {len(extra)} unexpected)")
-    types.setdefault("output.weight", types["token_embd.weight"])
-    return types
+    return types  # (no output.weight: tied, see build_llama)
 
 
 @dataclass

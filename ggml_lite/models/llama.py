@@ -178,7 +178,9 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
     out_be = placement["output"]  # created in llama.cpp's order: embeddings, head, then layer by layer
     weight(placement["token_embd"], "token_embd.weight", wtype, n_embd, n_vocab)
     weight(out_be, "output_norm.weight", F32, n_embd)
-    weight(out_be, "output.weight", wtype, n_embd, n_vocab)
+    tied = bool(types) and "output.weight" not in types  # a file without output.weight: token_embd's matrix
+    if not (tied and out_be == "CPU"):  # (tied on the host: the mapped token_embd itself, no copy)
+        weight(out_be, "output.weight", types.get("token_embd.weight", wtype) if tied else wtype, n_embd, n_vocab)
     shapes = {"attn_norm": (F32, n_embd), "attn_q": (wtype, n_embd, n_embd), "attn_k": (wtype, n_embd, n_gqa),
               "attn_v": (wtype, n_embd, n_gqa), "attn_output": (wtype, n_embd, n_embd), "ffn_norm": (F32, n_embd),
               "ffn_gate": (wtype, n_embd, n_ff), "ffn_up": (wtype, n_embd, n_ff), "ffn_down": (wtype, n_ff, n_embd)}
@@ -210,9 +212,11 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
 
 # notebooks/10_llama.py
 def model_tensors(tensors_by_name: dict, n_layer: int) -> tuple:
-    """`(w, layers)` of `build_graph` from existing tensors (a loaded model's weights and cache)."""
+    """`(w, layers)` of `build_graph` from existing tensors (a loaded model's weights and cache); without
+    `output.weight`, the output is `token_embd.weight` (tied embeddings)."""
     t = tensors_by_name
-    w = {"token_embd": t["token_embd.weight"], "output_norm": t["output_norm.weight"], "output": t["output.weight"]}
+    w = {"token_embd": t["token_embd.weight"], "output_norm": t["output_norm.weight"],
+         "output": t.get("output.weight", t["token_embd.weight"])}
     layers = [{**{r: t[f"blk.{il}.{n}.weight"] for r, n in LAYER_WEIGHTS.items()},
                "k_l": t[f"cache_k_l{il}"], "v_l": t[f"cache_v_l{il}"]} for il in range(n_layer)]
     return w, layers
