@@ -698,11 +698,13 @@ def load_document(source, record: bool = False) -> dict:
 
 
 # notebooks/A1_graph_files.py
-def read_graph_file(source, step: int = None, graph_size: int = GGML_DEFAULT_GRAPH_SIZE) -> GraphFile:
-    """Load a fixture-schema file (a path, or an already parsed dict): validate it (`validate_document`),
-    rebuild every tensor with ggml_lite's ops, check each against the record, and rebuild the graph from
-    `expand_roots`. The graph holds at least as many tensors as the file (`graph_size` or more)."""
-    doc = load_document(source)
+def read_graph_file(source, step: int = None, graph_size: int = GGML_DEFAULT_GRAPH_SIZE,
+                    validate: bool = True) -> GraphFile:
+    """Load a fixture-schema file (a path, or an already parsed dict): validate it (`validate_document`;
+    `validate=False`: a dict the caller has just validated), rebuild every tensor with ggml_lite's ops,
+    check each against the record, and rebuild the graph from `expand_roots`. The graph holds at least as
+    many tensors as the file (`graph_size` or more)."""
+    doc = source if isinstance(source, dict) and not validate else load_document(source)
     where, g = _graph_section(doc, step)
     order = creation_order(g["tensors"])
     entries = g["tensors"]
@@ -951,14 +953,14 @@ def _call(galloc, name: str, graph):
 
 
 # notebooks/A1_graph_files.py
-def run_plan(source, step: int = None, galloc=None, call: str = None) -> tuple:
+def run_plan(source, step: int = None, galloc=None, call: str = None, validate: bool = True) -> tuple:
     """Load `source` (path or document, `step` of a sequence), allocate its external contexts, and
     run `call` ("reserve" or "alloc_graph"; default both, as the single-graph files record) on
     `galloc` (when None, a new `GAllocr` on the file's buffer type: `buffer_type_of`). Returns `(GraphFile, galloc, {call: result})`, where
     a result holds ok, buffer_size_before, buffer_size, the compute buffer's `handle` (the address
-    of its C struct) before and after, and the log lines."""
+    of its C struct) before and after, and the log lines. (`validate=False`: a dict already validated.)"""
 
-    gf = read_graph_file(source, step)
+    gf = read_graph_file(source, step, validate=validate)
     allocate_external(gf)
     galloc = galloc or GAllocr(buffer_type_of(gf.doc))
     results = {}
@@ -1002,7 +1004,7 @@ def check_plan_file(source, limit: int = 10) -> list:
         galloc = seen = None  # seen: the compute buffer's address after the last alloc_graph step
         for k, st in enumerate(doc["steps"]):
             call = _CALLS[st["call"]]
-            gf, galloc, res = run_plan(doc, k, galloc, call)
+            gf, galloc, res = run_plan(doc, k, galloc, call, validate=False)
             got = res[call]
             # the recorder saw the buffer through a tensor's `buffer`, which only alloc_graph sets
             got["replaced"] = None if call != "alloc_graph" or seen is None else got["handle"] != seen
@@ -1012,7 +1014,7 @@ def check_plan_file(source, limit: int = 10) -> list:
             if st["ok"]:  # (after a reserve nothing is placed yet: every recorded offset must be null)
                 out += [f"step {k}: {d}" for d in plan_differences(recorded_plan(gf), plan_of(gf, galloc), gf, limit)]
     else:
-        gf, galloc, res = run_plan(doc)
+        gf, galloc, res = run_plan(doc, validate=False)
         for call in ("reserve", "alloc_graph"):
             res[call]["replaced"] = None
             out += _compare_call(call, doc[call], res[call])

@@ -829,11 +829,13 @@ def load_document(source, record: bool = False) -> dict:
 
 # %%
 # | export
-def read_graph_file(source, step: int = None, graph_size: int = GGML_DEFAULT_GRAPH_SIZE) -> GraphFile:
-    """Load a fixture-schema file (a path, or an already parsed dict): validate it (`validate_document`),
-    rebuild every tensor with ggml_lite's ops, check each against the record, and rebuild the graph from
-    `expand_roots`. The graph holds at least as many tensors as the file (`graph_size` or more)."""
-    doc = load_document(source)
+def read_graph_file(source, step: int = None, graph_size: int = GGML_DEFAULT_GRAPH_SIZE,
+                    validate: bool = True) -> GraphFile:
+    """Load a fixture-schema file (a path, or an already parsed dict): validate it (`validate_document`;
+    `validate=False`: a dict the caller has just validated), rebuild every tensor with ggml_lite's ops,
+    check each against the record, and rebuild the graph from `expand_roots`. The graph holds at least as
+    many tensors as the file (`graph_size` or more)."""
+    doc = source if isinstance(source, dict) and not validate else load_document(source)
     where, g = _graph_section(doc, step)
     order = creation_order(g["tensors"])
     entries = g["tensors"]
@@ -1143,11 +1145,14 @@ print(f"{n_files} fixture files: {n_tensors} tensors rebuilt; shapes, strides, s
 #
 # A `ggml-seed` file records what `ggml_gallocr` did. To do it again the file's pre-allocated
 # contexts (`external_buffers`: weights, KV cache) are first allocated as the recorder did —
-# `ggml_backend_alloc_ctx_tensors` on the CPU buffer type, which also checks their recorded sizes
-# and `ext_offset`s — then a fresh `GAllocr` (chapter 05) runs `reserve` and `alloc_graph`, and
-# the allocator's log lines are collected per call. A sequence file (11, 12) replays its steps on
-# one allocator. `check_plan_file` lists every difference with the record; the CLI's `check` and
-# the tests use it.
+# `ggml_backend_alloc_ctx_tensors` on the file's buffer type (ggml's CPU type in every fixture), which
+# also checks their recorded sizes and `ext_offset`s — then a fresh `GAllocr` (chapter 05) on that type
+# runs `reserve` and `alloc_graph`, and the allocator's log lines are collected per call. A sequence
+# file (11, 12) replays its steps on one allocator. `check_plan_file` lists every difference with the
+# record — each call's `ok`, buffer sizes and messages, and every tensor's `offset`, `buffer` label and
+# `ext_offset` (after a `reserve` nothing is placed yet, so those must be null) — and the CLI's `check`
+# and the tests use it. It validates the whole document first, recorded results included, and prints
+# at most `limit` differences (an integer >= 1; 0 or None: all).
 #
 # One recorded fact needs care: a step's `compute_buffer_replaced` compares the *address* of the
 # compute buffer's C struct, as the recorder saw it through a tensor's `buffer` field — which only
@@ -1246,14 +1251,14 @@ def _call(galloc, name: str, graph):
 
 # %%
 # | export
-def run_plan(source, step: int = None, galloc=None, call: str = None) -> tuple:
+def run_plan(source, step: int = None, galloc=None, call: str = None, validate: bool = True) -> tuple:
     """Load `source` (path or document, `step` of a sequence), allocate its external contexts, and
     run `call` ("reserve" or "alloc_graph"; default both, as the single-graph files record) on
     `galloc` (when None, a new `GAllocr` on the file's buffer type: `buffer_type_of`). Returns `(GraphFile, galloc, {call: result})`, where
     a result holds ok, buffer_size_before, buffer_size, the compute buffer's `handle` (the address
-    of its C struct) before and after, and the log lines."""
+    of its C struct) before and after, and the log lines. (`validate=False`: a dict already validated.)"""
 
-    gf = read_graph_file(source, step)
+    gf = read_graph_file(source, step, validate=validate)
     allocate_external(gf)
     galloc = galloc or GAllocr(buffer_type_of(gf.doc))
     results = {}
@@ -1298,7 +1303,7 @@ def check_plan_file(source, limit: int = 10) -> list:
         galloc = seen = None  # seen: the compute buffer's address after the last alloc_graph step
         for k, st in enumerate(doc["steps"]):
             call = _CALLS[st["call"]]
-            gf, galloc, res = run_plan(doc, k, galloc, call)
+            gf, galloc, res = run_plan(doc, k, galloc, call, validate=False)
             got = res[call]
             # the recorder saw the buffer through a tensor's `buffer`, which only alloc_graph sets
             got["replaced"] = None if call != "alloc_graph" or seen is None else got["handle"] != seen
@@ -1308,7 +1313,7 @@ def check_plan_file(source, limit: int = 10) -> list:
             if st["ok"]:  # (after a reserve nothing is placed yet: every recorded offset must be null)
                 out += [f"step {k}: {d}" for d in plan_differences(recorded_plan(gf), plan_of(gf, galloc), gf, limit)]
     else:
-        gf, galloc, res = run_plan(doc)
+        gf, galloc, res = run_plan(doc, validate=False)
         for call in ("reserve", "alloc_graph"):
             res[call]["replaced"] = None
             out += _compare_call(call, doc[call], res[call])
