@@ -213,6 +213,7 @@ def test_values_kept_in_memory_are_capped(tmp_path):
 
 @pytest.mark.parametrize("kv, message", [
     ({"llama.block_count": ("32", VT.STRING)}, "expected a uint32, found a string ('32')"),
+    ({"llama.block_count": ("x" * 10**5, VT.STRING)}, "expected a uint32, found a string ('xxxxxxxx"),
     ({"llama.block_count": (2.0, VT.FLOAT32)}, "expected a uint32, found a float32 (2.0)"),
     ({"llama.block_count": (2, VT.INT32)}, "expected a uint32, found a int32 (2)"),
     ({"llama.block_count": (2, VT.UINT64)}, "found a uint64"),
@@ -243,7 +244,7 @@ def test_values_kept_in_memory_are_capped(tmp_path):
     ({"general.architecture": (7, VT.UINT32)}, 'kv["general.architecture"]: expected a string, found a uint32 (7)'),
 ])
 def test_metadata_of_the_wrong_type_or_value_is_refused(tmp_path, kv, message):
-    refused(write_llama_gguf(tmp_path / "m.gguf", kv=kv), message)
+    assert len(refused(write_llama_gguf(tmp_path / "m.gguf", kv=kv), message)) < 600  # (a value is cut short)
 
 
 def test_another_architecture_is_refused(tmp_path):

@@ -47,7 +47,10 @@ class GGUFValue:
     count: int = None
 
     def describe(self) -> str:
-        return f"an array of {self.count} {self.item_type}" if self.type == "array" else f"a {self.type} ({self.value!r})"
+        if self.type == "array":
+            return f"an array of {self.count} {self.item_type}"
+        text = repr(self.value)
+        return f"a {self.type} ({text if len(text) <= 80 else text[:77] + '...'})"
 
 
 @dataclass
@@ -240,7 +243,7 @@ def _read_header(cur: _Cursor) -> GGUFHeader:
     kv = {}
     for i in range(n_kv):
         key = cur.text(f"kv[{i}].key", MAX_KEY_BYTES)
-        field = f"kv[{json.dumps(key)}]"
+        field = f"kv[{json.dumps(key if len(key) <= 80 else key[:77] + '...')}]"
         if key in kv:
             cur.fail(field, "the key appears twice")
         vtype = cur.scalar("I", f"{field}.type", "a value type")
@@ -296,7 +299,7 @@ def llama_hparams(h: GGUFHeader, wtype: str = "f16") -> LlamaParams:
     mixture of experts, or a head size or `n_rot` this port's LLaMA does not have, is refused."""
     arch = _key(h, "general.architecture", "string")
     if arch != "llama":
-        raise ModelError(f"{h.path}: a {arch!r} model; this report plans llama models only")
+        raise ModelError(f"{h.path}: a {arch[:80]!r} model; this report plans llama models only")
     n_layer = _key(h, "llama.block_count", "uint32")
     if not 1 <= n_layer <= LLAMA_MAX_LAYERS:
         raise ModelError(f'{h.path}: kv["llama.block_count"]: expected 1 to {LLAMA_MAX_LAYERS} layers '
