@@ -235,10 +235,12 @@ def cmd_sched(args) -> int:
     from ggml_lite.scenario import check_scenario, replay, scenario_printout  # appendix A3, only here
 
     doc = check_scenario(_load(args.file), args.file)
+    if args.limit < 1:
+        raise GraphFileError(f"--limit {args.limit}: expected a positive number of differences to print")
     if not args.check:
-        print(scenario_printout(doc), end="")
+        print(scenario_printout(doc, args.file), end="")
         return 0
-    diffs = replay(doc)
+    diffs = replay(doc, args.file)
     if diffs:
         print(f"{args.file}: {len(diffs)} difference(s) from the recorded scenario; the first:")
         for d in diffs[:args.limit]:

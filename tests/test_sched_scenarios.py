@@ -132,3 +132,157 @@ def test_the_builder_makes_scenario_13s_graph_and_round_1_of_09():
     _, g1, _ = build_llama(doc9["model"], doc9["placement"], batch1, recorded=True)
     k_view = g1.get_tensor("k_cache_view-0")
     assert k_view.view_offs == 16 * 32 * 2 and g1.get_tensor("v_cache_view-0").view_offs == 16 * 2
+
+
+# Issue 22: every field checked before anything is built; the error names the file and the JSON path.
+def _refused(tmp_path, capsys, doc, *paths, check=True, raw=None):
+    """`sched FILE` (and `--check`) exit 2 with a GraphFileError naming the file and each of `paths`."""
+    import json
+
+    from ggml_lite.__main__ import main
+
+    f = tmp_path / "mutated.json"
+    f.write_text(raw if raw is not None else json.dumps(doc))
+    for argv in (["sched", str(f)], ["sched", str(f), "--check"]) if check else (["sched", str(f)],):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: GraphFileError: ") and str(f) in err, err
+        for p in paths:
+            assert p in err, (p, err)
+    return err
+
+
+def _mutated(name="03_partial_offload"):
+    import copy
+
+    return copy.deepcopy(_doc(name))
+
+
+def _mutated_at(path, value, name="03_partial_offload"):
+    """A copy of scenario `name` with the field at `path` (keys and indices) set to `value`."""
+    doc = _mutated(name)
+    parent = doc
+    for k in path[:-1]:
+        parent = parent[k]
+    parent[path[-1]] = value
+    return doc
+
+
+@pytest.mark.parametrize("path, value, says", [
+    (("weights", 3, "name"), "no.such.weight", "weights[3].name"),
+    (("weights", 3, "name"), 17, "weights[3].name"),
+    (("pins",), [{"tensor": "no_such_tensor", "backend": "CPU"}], "pins[0].tensor"),
+    (("pins",), [{"tensor": "norm-0", "backend": "GPU9"}], "pins[0].backend"),
+    (("pins",), [{"tensor": ["norm-0"], "backend": "CPU"}], "pins[0].tensor"),
+    (("backends", 0, "offload_op"), "op == SOFT_MAX", "backends[0].offload_op"),
+    (("backends", 0, "offload_op"), 3, "backends[0].offload_op"),
+    (("backends", 0, "supports_op_denied"), ["NO_SUCH_OP"], "backends[0].supports_op_denied[0]"),
+    (("placement", "layers", 2), "FAKE2", "placement.layers[2]"),
+])
+def test_names_of_nothing_and_wrong_types_are_refused(tmp_path, capsys, path, value, says):
+    _refused(tmp_path, capsys, _mutated_at(path, value), says)
+
+
+@pytest.mark.parametrize("field", ["n_ctx", "n_head"])
+@pytest.mark.parametrize("value", [0, -4, 4.0, True, None, 2**70, "4"])
+def test_model_dimensions_out_of_range_or_of_the_wrong_type(tmp_path, capsys, field, value):
+    doc = _mutated()
+    doc["model"][field] = value
+    _refused(tmp_path, capsys, doc, f"model.{field}", "expected an integer in [1, ")
+
+
+def test_nan_and_infinity_as_raw_json_text(tmp_path, capsys):
+    import json
+
+    text = json.dumps(_mutated()).replace('"n_ctx": 64', '"n_ctx": NaN', 1)
+    _refused(tmp_path, capsys, None, "model.n_ctx", raw=text)
+    text = json.dumps(_mutated()).replace('"rms_norm_eps": 1e-05', '"rms_norm_eps": Infinity', 1)
+    _refused(tmp_path, capsys, None, "model.rms_norm_eps", raw=text)
+
+
+def test_inconsistent_model_dimensions(tmp_path, capsys):
+    doc = _mutated()
+    doc["model"]["n_head"] = 3  # 64 is not divisible by 3
+    _refused(tmp_path, capsys, doc, "model.n_head", "a divisor of model.n_embd = 64")
+    doc = _mutated()
+    doc["model"]["n_ctx"] = 128  # a valid model, but not the one whose graph the file records
+    _refused(tmp_path, capsys, doc, "graph.tensors[", "what the model, placement, steps[0].batch and sched_params.parallel give")
+
+
+def test_an_empty_steps_list_is_not_identical(tmp_path, capsys):
+    doc = _mutated()
+    doc["steps"] = []
+    _refused(tmp_path, capsys, doc, "steps", "nothing to compare")
+    doc = _mutated()
+    doc["steps"] = doc["steps"][:2]  # an alloc_graph without its graph_compute
+    _refused(tmp_path, capsys, doc, "steps", "a graph_compute step per round")
+
+
+@pytest.mark.parametrize("path, value, says", [
+    (("backends", 1, "alignment"), 64, "backends[1].alignment"),  # the CPU buffer type's alignment is 32
+    (("backends", 1, "max_size"), 4096, "backends[1].max_size"),
+    (("backends", 0, "alignment"), 96, "backends[0].alignment"),  # not a power of two
+    (("backends", 0, "max_size"), 0, "backends[0].max_size"),
+    (("schema_version",), 2, "schema_version"),
+    (("sched_params", "GGML_SCHED_MAX_COPIES"), 8, "sched_params.GGML_SCHED_MAX_COPIES"),
+    (("sched_params", "n_copies"), 4, "sched_params.n_copies"),  # 03 is not parallel: ggml has 1 copy
+    (("sched_params", "graph_size"), 2**40, "sched_params.graph_size"),
+    (("model", "tensor_types"), {}, "model.tensor_types"),  # a field the builder would read, unchecked
+    (("steps", 2, "call"), "ggml_backend_sched_reserve", "steps[2]."),
+    (("steps", 2, "call"), "ggml_backend_sched_free", "steps[2].call"),
+])
+def test_recorded_fields_are_honoured_or_refused(tmp_path, capsys, path, value, says):
+    _refused(tmp_path, capsys, _mutated_at(path, value), says)
+
+
+def test_a_fake_max_size_is_honoured(tmp_path, capsys):
+    """A FAKE buffer type's max_size is used: a smaller one splits the weights into other parts, which the
+    replay reports as a difference from the recorded buffers (exit 1), not as identical."""
+    import json
+
+    from ggml_lite.__main__ import main
+
+    doc = _mutated("11_fake_max_size_multibuffer")
+    doc["backends"][0]["max_size"] = 32768
+    f = tmp_path / "smaller.json"
+    f.write_text(json.dumps(doc))
+    assert main(["sched", str(f), "--check"]) == 1
+    assert "external buffer weights:FAKE: size, multi-buffer and parts" in capsys.readouterr().out
+
+
+def test_the_printout_fills_no_weight(monkeypatch, capsys):
+    """`sched FILE` prints the assignments without generating a single weight value."""
+    from ggml_lite import scenario
+    from ggml_lite.__main__ import main
+
+    def no(*a, **k):
+        raise AssertionError("a weight was generated")
+    monkeypatch.setattr(scenario, "weight_values", no)
+    assert main(["sched", str(fixture_path("ggml-seed-sched", "03_partial_offload"))]) == 0
+    assert "## SPLIT #0" in capsys.readouterr().out
+
+
+def test_a_replay_that_asks_for_too_much_is_refused_before_allocating(tmp_path, capsys):
+    """A model the file may describe consistently but whose replay needs more than 2 GiB: the file is
+    refused by `--check` before any buffer exists (and the printout, which fills nothing, still works)."""
+    import json
+
+    from ggml_lite.__main__ import main
+    from ggml_lite.graphio import graph_document
+    from ggml_lite.models.llama import build_llama
+
+    doc = _mutated()
+    doc["model"].update(n_embd=4096, n_ff=11008, n_vocab=65536, n_head=32, n_head_kv=32)
+    doc["model"]["rope"]["n_dims"] = 128
+    ctxs, graph, roots = build_llama(doc["model"], doc["placement"], _round0_batch(doc), recorded=True)
+    doc["graph"] = {**graph_document(graph, ctxs, roots)["graph"], "tensors": [
+        {**t, **{k: doc["graph"]["tensors"][i][k] for k in ("preallocated", "buffer", "offset", "ext_offset",
+                                                           "sched_backend", "sched_cause")}}
+        for i, t in enumerate(graph_document(graph, ctxs, roots)["graph"]["tensors"])]}
+    doc["weights"] = [{**w, "ne": list(next(t for c in ctxs for t in c.tensors if t.name == w["name"]).ne[:2])}
+                      for w in doc["weights"]]
+    f = tmp_path / "big.json"
+    f.write_text(json.dumps(doc))
+    assert main(["sched", str(f), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "the replay would need" in err and "expected at most 2 GiB" in err, err
