@@ -252,7 +252,7 @@ GGUF_DEFAULT_ALIGNMENT = 32  # the data's alignment when the file does not set g
 MAX_KEY_BYTES = 2**16 - 1  # the GGUF specification: a key is at most 65,535 bytes
 # This reader's own caps (ggml has none): far above any real file, low enough to bound time and memory.
 MAX_COUNT = 2**16  # key/value pairs, and tensors (a 512-layer LLaMA has 4,611 tensors)
-MAX_ITEMS = 2**23  # array items in the whole header: about 2 s to walk (a tokenizer has ~10^5 per array)
+MAX_ITEMS = 2**23  # array items in the whole header: about 1 s to walk (a tokenizer has ~10^5 per array)
 MAX_KEPT = 2**24  # bytes of strings and numeric arrays kept in memory (16 MiB; a tokenizer's scores take 1 MiB)
 # `enum gguf_type`: code -> (name, struct format of one item); STRING and ARRAY start with a uint64 length
 GGUF_TYPES = {0: ("uint8", "B"), 1: ("int8", "b"), 2: ("uint16", "H"), 3: ("int16", "h"), 4: ("uint32", "I"),
