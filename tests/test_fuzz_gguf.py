@@ -304,3 +304,45 @@ def test_fit_is_what_scanning_finds(long_run, capsys):
 
     case()
     tally.report(capsys)
+
+
+VALID_MODEL = st.builds(
+    lambda n_layer, n_head, kv_div, head, n_ff, n_vocab: dict(n_layer=n_layer, n_head=n_head, n_head_kv=n_head // kv_div,
+                                                              n_embd=n_head * head, n_ff=n_ff, n_vocab=n_vocab),
+    st.integers(1, 4), st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 4]), st.sampled_from([32, 64]),
+    st.sampled_from([32, 64, 96, 256]), st.integers(1, 300)).filter(lambda d: d["n_head_kv"] >= 1)
+
+
+def test_valid_files_give_the_right_report(tmp_path, long_run, capsys):
+    """hypothesis over valid LLaMA files (sizes, matrix types, tied or not, Llama 3.1's rope_freqs, per-layer
+    arrays, the vocabulary from vocab_size or the tokenizer's list) and a few placements: every one plans
+    (exit 0) and prints the report of the header as gguf's own reader reads it — no valid file refused."""
+    from ggml_lite.models.llama import LlamaParams
+
+    tally = Tally("gguf valid files")
+
+    @settings(max_examples=300 if long_run else 25, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(d=VALID_MODEL, mtype=st.sampled_from([QT.F16, QT.F32, QT.Q8_0, QT.Q4_0, QT.BF16]), tied=st.booleans(),
+           rope=st.booleans(), arrays=st.booleans(), tokens=st.booleans(),
+           place=st.sampled_from([[], ["--devices", "1", "-ngl", "2"], ["--devices", "2", "-ngl", "9", "-ts", "1,3"]]))
+    def case(d, mtype, tied, rope, arrays, tokens, place):
+        p = LlamaParams(**d, n_ctx_train=256)
+        kv = {"llama.vocab_size": None} if tokens else {}
+        if arrays:
+            kv["llama.attention.head_count_kv"] = ([p.n_head_kv] * p.n_layer, VT.ARRAY, VT.INT32)
+        path = write_llama_gguf(tmp_path / "v.gguf", p, mtype, kv=kv, drop=("output.weight",) if tied else (),
+                                extra={"rope_freqs.weight": [p.n_rot // 2]} if rope else None,
+                                tokens=p.n_vocab if tokens else 0)
+        o = assert_sound(run_cli(["llama", "--gguf", path, "--json", "-c", "128", *place]), allow=(0,))
+        params, codes, _ = oracle_params(path)
+        types = {name: type_by_code(code) for name, code in codes.items()}
+        devices = int(place[1]) if place else 0
+        want = memory_report(params, 128, n_gpu_layers=int(place[3]) if place else 0, devices=devices,
+                             tensor_split=[1.0, 3.0] if devices == 2 else None, tensor_types=types, why=False).to_json()
+        doc = json.loads(o.out)
+        assert (doc["model"], doc["graph"], doc["devices"]) == (want["model"], want["graph"], want["devices"]), o.describe()
+        tally.add("correct")
+
+    case()
+    tally.report(capsys)
