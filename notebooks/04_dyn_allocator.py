@@ -554,7 +554,8 @@ def stepper(events, end: int = None):
 # %% [markdown]
 # ## 5 · Worked example: best fit beats first fit
 #
-# Five tensors, then two freed, leave two holes: 64 bytes at offset 0 and 32 bytes at offset 96.
+# Four tensors (a, x, b, y), then a and b freed, leave two holes: 64 bytes at offset 0 and 32 bytes
+# at offset 96.
 # A request for 32 bytes goes to the **exact** hole at 96 (best fit), keeping the 64-byte hole
 # whole for the 64-byte request that follows. First fit would split the 64-byte hole and push the
 # 64-byte request to the end of the buffer.

@@ -30,7 +30,7 @@
 #
 # Exported: `ggml_lite.backend`, `ggml_lite.registry`.
 
-
+# %% [markdown]
 # ## 1 · The interface
 #
 # `ggml-backend-impl.h` declares the table; `ggml-backend.c:168-393` wraps it. Mandatory entries

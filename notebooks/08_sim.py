@@ -37,12 +37,10 @@ import numpy as np
 
 import ggml_lite as gl
 
+# %% [markdown]
 # ## 1 · What a device the host cannot read needs
 #
-# The interesting half of ggml-backend exists for devices the host cannot read: their memory is
-# reached only through `set_tensor` / `get_tensor` / `cpy_tensor`, their work is *queued* and runs
-# later, and the host learns it is done through `synchronize` or events. SIM simulates such a device
-# faithfully enough that a wrong order of operations gives wrong numbers:
+# SIM simulates the device of the introduction in four parts:
 #
 # * **Memory.** Its buffer type (named like the device, alignment 128 by default, `is_host` false,
 #   optional `max_size`) allocates buffers whose size is exactly the request and whose bytes start as

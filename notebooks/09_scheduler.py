@@ -1040,7 +1040,7 @@ g7 = llama_on([sim7, cpu7], PARTIAL)
 sched7 = BackendSched([sim7, cpu7], debug=False)
 split_graph(sched7, g7)
 print([(sched7.backends[s.backend_id].get_name(), s.i_start, s.i_end, [i.name for i in s.inputs]) for s in sched7.splits])
-sched_graph_figure(sched7, g7, title="partial offload: layers 0-1 on the CPU, 2-3 and the head on SIM")
+sched_graph_figure(sched7, g7, title="partial offload: layers 0-1 and the head on the CPU, layers 2-3 on SIM")
 
 
 # %% [markdown]
