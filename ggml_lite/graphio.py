@@ -79,6 +79,7 @@ def check_size(v, path: str, nullable: bool = False):
     return None if v is None and nullable else check_int(v, path, 0, INT64_MAX, InvalidSizeError)
 
 
+# notebooks/A1_graph_files.py
 def _is_text(s: str) -> bool:
     """Whether a JSON string is Unicode text (JSON's `\\ud800` escapes can make lone surrogates, which
     cannot be printed or written)."""
@@ -217,6 +218,7 @@ def _check_layout(e: dict, p: str) -> None:
                                f"ne {ne} (nb {nb}), about 2^{max(span, reach).bit_length() - 1} bytes ({_tname(e)})")
 
 
+# notebooks/A1_graph_files.py
 def _check_entry(e: dict, i: int, n: int, p: str) -> None:
     """Every field of the entry at position `i` of `n` (JSON path `p`): presence, type, range, ids."""
     for f in TENSOR_FIELDS + (("unary_op",) if e.get("op") == "UNARY" else ()):
@@ -889,6 +891,7 @@ def allocate_external(gf: GraphFile, buft=None) -> dict:
     return buffers
 
 
+# notebooks/A1_graph_files.py
 @dataclass
 class Plan:
     """A compute-buffer plan: the buffer size and each tensor's offset in it (None: not in it),

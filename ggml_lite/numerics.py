@@ -63,6 +63,7 @@ def leaf_values(data_seed: int, leaf_id: int, n: int, kind: str, value_range=Non
     return out
 
 
+# notebooks/A1_graph_files.py
 def fill_leaf(tensor, data_seed: int, leaf_id: int, kind: str = "float", value_range=None) -> None:
     """Write the generated data of one leaf: f32 as is, f16 rounded to nearest even, q8_0 (and q4_0)
     quantized by ggml's reference quantizer, i32 integers."""

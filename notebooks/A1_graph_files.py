@@ -159,6 +159,8 @@ def check_size(v, path: str, nullable: bool = False):
     return None if v is None and nullable else check_int(v, path, 0, INT64_MAX, InvalidSizeError)
 
 
+# %%
+# | export
 def _is_text(s: str) -> bool:
     """Whether a JSON string is Unicode text (JSON's `\\ud800` escapes can make lone surrogates, which
     cannot be printed or written)."""
@@ -307,6 +309,8 @@ def _check_layout(e: dict, p: str) -> None:
                                f"ne {ne} (nb {nb}), about 2^{max(span, reach).bit_length() - 1} bytes ({_tname(e)})")
 
 
+# %%
+# | export
 def _check_entry(e: dict, i: int, n: int, p: str) -> None:
     """Every field of the entry at position `i` of `n` (JSON path `p`): presence, type, range, ids."""
     for f in TENSOR_FIELDS + (("unary_op",) if e.get("op") == "UNARY" else ()):
@@ -1186,6 +1190,8 @@ def allocate_external(gf: GraphFile, buft=None) -> dict:
     return buffers
 
 
+# %%
+# | export
 @dataclass
 class Plan:
     """A compute-buffer plan: the buffer size and each tensor's offset in it (None: not in it),
@@ -1402,6 +1408,8 @@ def leaf_values(data_seed: int, leaf_id: int, n: int, kind: str, value_range=Non
     return out
 
 
+# %%
+# | export numerics
 def fill_leaf(tensor, data_seed: int, leaf_id: int, kind: str = "float", value_range=None) -> None:
     """Write the generated data of one leaf: f32 as is, f16 rounded to nearest even, q8_0 (and q4_0)
     quantized by ggml's reference quantizer, i32 integers."""
