@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from helpers import ROOT, SEED_FILES, fixture_path, load_json
+from ggml_lite import errors
 from ggml_lite.__main__ import main
 
 
@@ -292,14 +293,8 @@ def test_check_limit_1_still_reports_a_difference(tmp_path, capsys):
     assert main(["check", _write(tmp_path, doc), "--limit", "1"]) == 1
     assert capsys.readouterr().out.count("ggml offset") == 1
     assert len(check_plan_file(doc, limit=0)) == len(check_plan_file(doc, limit=None)) == 1
-    with pytest.raises(errors_module().GraphFileError, match="limit: expected an integer >= 1"):
+    with pytest.raises(errors.GraphFileError, match="limit: expected an integer >= 1"):
         check_plan_file(doc, limit=-1)
-
-
-def errors_module():
-    from ggml_lite import errors
-
-    return errors
 
 
 @pytest.mark.parametrize("argv, needle", [
