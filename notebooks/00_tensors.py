@@ -245,8 +245,10 @@ class AllocationError(GGMLLiteError, MemoryError):
 
 
 # %% [markdown]
-# Ports `ggml_tallocr_alloc`, `ggml_gallocr_init_tensor`, `ggml_gallocr_get_buffer_size`,
-# `GGML_ALLOCATOR_DEBUG`, `ggml_backend_tensor_alloc`, `ggml_backend_buffer_free`.
+# The errors of allocation and of graph files. Several stand for a C abort: the "not enough space" of
+# `ggml_tallocr_alloc`, the asserts of `ggml_gallocr_init_tensor`, `ggml_gallocr_get_buffer_size` and
+# `ggml_backend_tensor_alloc`, a buffer used after `ggml_backend_buffer_free`, and the checks of
+# `GGML_ALLOCATOR_DEBUG`. Those functions are ported in chapters 03 to 05.
 
 # %%
 # | export errors
@@ -321,7 +323,9 @@ class BackendError(GGMLLiteError, RuntimeError):
 
 
 # %% [markdown]
-# Ports `ggml_backend_reg_init_backend_from_str`, `ggml_backend_tensor_copy`.
+# The errors of backends, models, the scheduler and the planners. Some stand for a C abort: an unknown
+# name in `ggml_backend_reg_init_backend_from_str` and a copy between different layouts in
+# `ggml_backend_tensor_copy` (both ported in chapter 06), and the aborts of the scheduler (chapter 09).
 
 # %%
 # | export errors

@@ -555,10 +555,9 @@ def stepper(events, end: int = None):
 # ## 5 · Worked example: best fit beats first fit
 #
 # Four tensors (a, x, b, y), then a and b freed, leave two holes: 64 bytes at offset 0 and 32 bytes
-# at offset 96.
-# A request for 32 bytes goes to the **exact** hole at 96 (best fit), keeping the 64-byte hole
-# whole for the 64-byte request that follows. First fit would split the 64-byte hole and push the
-# 64-byte request to the end of the buffer.
+# at offset 96. A request for 32 bytes goes to the **exact** hole at 96 (best fit), keeping the
+# 64-byte hole whole for the 64-byte request that follows. First fit would split the 64-byte hole and
+# push the 64-byte request to the end of the buffer.
 
 # %%
 from ggml_lite.viz.memory import memory_bar, step_figure, stepper  # noqa: E402
@@ -656,8 +655,10 @@ step_figure(fevents, len(fevents) - 1)
 # * **One merge branch is dead code.** When the freed range fills the gap between two blocks, the
 #   loop meets the earlier block first ("ends where the range starts"), so the branch "starts where
 #   the range ends, then merge with the previous block" can never run. It is ported anyway.
-# * **Zero-byte requests** get an offset without taking space, and freeing one inserts a zero-byte
-#   free block (ggml never asks for zero bytes in practice; an empty tensor would).
+# * **Zero-byte requests** get an offset, the start of a free block, without taking space. Freeing one
+#   merges with a free block that ends or starts at that offset, and when none does (the bytes there
+#   were handed out again meanwhile) it inserts a zero-byte free block (ggml never asks for zero bytes
+#   in practice; an empty tensor would).
 # * **Debug bookkeeping matches by offset only.** `remove_allocated_tensor` clears the first slot
 #   whose *offset* equals the freed offset, whatever tensor it holds, and never-used slots have
 #   offset 0 (freed slots keep theirs). So the debug build catches a stray free only at an offset

@@ -20,9 +20,8 @@
 # its last child has run. The highest offset ever handed out becomes the compute buffer's size.
 # For Llama-2 7B on one GPU with `n_gpu_layers` 33 (its 32 layers and the output), `n_ctx` 512 and
 # batches of 512 tokens, the GPU's compute buffer is 70.50 MiB, where one buffer per tensor would take
-# gigabytes.
-# This chapter plans a LLaMA block; chapter 10 builds the whole 7B graph in that configuration and
-# shows where the 70.50 MiB come from.
+# gigabytes. This chapter plans a LLaMA block; chapter 10 builds the whole 7B graph in that
+# configuration and shows where the 70.50 MiB come from.
 #
 # **Learning goals**
 #

@@ -42,7 +42,7 @@
 # (`hv_tensor_copies`). Backends are in **priority order**, and the last one must be the CPU:
 #
 # ```c
-# GGML_ASSERT(ggml_backend_is_cpu(backends[n_backends - 1])); // last backend must be CPU      (:1555)
+# GGML_ASSERT(ggml_backend_is_cpu(backends[n_backends - 1])); // last backend must be CPU      (:1877)
 # ```
 #
 # `ggml_backend_sched_split_graph` (:1282-1736) then runs five passes over the graph:
@@ -135,7 +135,7 @@ def fmt_size(size: int) -> str:
 # `ggml_backend_sched_backend_from_buffer` (:1120) answers "who can run `op` where this tensor's memory
 # is": the highest-priority backend that supports the buffer's type and the op. When none does, a
 # debug build warns that "the weight will need to be copied". `ggml_backend_sched_backend_id_from_cur`
-# (:898) is pass 1's decision for one tensor; note the abort when a pre-allocated tensor lives
+# (:1153) is pass 1's decision for one tensor; note the abort when a pre-allocated tensor lives
 # where no backend can run its op (scenario 13 of the fixtures), here a `SchedulerError`.
 
 # %%
@@ -1067,7 +1067,8 @@ for title, state in snaps:
 
 # %% [markdown]
 # Pass 1 decides 63 of the 138 nodes (weights, inputs and what sits in pre-allocated memory), pass 2
-# spreads the GPU to 114, pass 3 adds nothing here, and pass 4 places the last 24; pass 5 only cuts.
+# spreads those assignments to 114, pass 3 adds nothing here, and pass 4 places the last 24; pass 5
+# only cuts.
 
 # %% [markdown]
 # ### 6.3 · Time, and what pipeline parallelism buys
