@@ -102,6 +102,7 @@ def data_seed(doc: dict) -> int:
 
 # notebooks/A1_graph_files.py
 NUMERICS_MAX_BYTES = 2**30
+NUMERICS_MAX_WORK = 2**33  # multiply-adds: seconds with BLAS (the bit-exact tier takes longer)
 F32_MAX = float(np.finfo(np.float32).max)
 KINDS = {"float": False, "int": True, "i32": True}  # kind -> integer data
 FILLABLE = ("f32", "f16", "q8_0", "q4_0", "i32")
@@ -191,6 +192,18 @@ def validate_numerics(doc: dict, max_bytes: int = NUMERICS_MAX_BYTES) -> None:
             fail(f"numerics.results[{k}].id", f"a node not compared before (results[{done[i]}] is)", i)
     data_seed(doc)
     _check_memory(doc, [math.prod(e["ne"]) for i, e in enumerate(ents) if i in seen or i in done], max_bytes)
+    _check_work(ents)
+
+
+def _check_work(ents: list) -> None:
+    """Computing takes time too: a MUL_MAT costs a multiply-add per output element and row element of its
+    `src[0]`, any other node one per element; beyond `NUMERICS_MAX_WORK` the block is refused."""
+    work = sum(math.prod(e["ne"]) * (ents[e["src"][0]]["ne"][0] if e["op"] == "MUL_MAT" and e["src"]
+                                      and e["src"][0] is not None else 1)
+               for e in ents if e["graph_role"] == "node")
+    if work > NUMERICS_MAX_WORK:
+        raise AllocationError(f"numerics: computing this graph takes about {work:.3g} multiply-adds, more than the "
+                              f"{NUMERICS_MAX_WORK:.3g} a check computes (check --no-numerics compares the plan only)")
 
 
 def _check_memory(doc: dict, counts: list, max_bytes: int) -> None:

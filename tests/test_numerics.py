@@ -304,3 +304,14 @@ def test_the_generator_is_chunked_and_equals_the_recurrence():
     assert got.tolist() == ((want - 2**23) / 2**23).astype(np.float32).tolist()
     ints = leaf_values(3, 1, n, "int", (-5, 1000))
     assert ints.dtype == np.int32 and ints.tolist() == (-5 + (want.astype(np.uint64) % 1005).astype(np.int64)).astype(np.int32).tolist()
+
+
+def test_a_numerics_check_taking_too_long_is_refused():
+    """The work a file can ask for is bounded too: a MUL_MAT of 2^40 outputs is refused before computing."""
+    from ggml_lite.numerics import validate_numerics
+
+    doc = _shaped_document()
+    mm = next(e for e in doc["graph"]["tensors"] if e["op"] == "MUL_MAT")
+    mm["ne"] = [2**20, 2**20, 1, 1]
+    with pytest.raises(gl.AllocationError, match="multiply-adds, more than the 8.59e"):
+        validate_numerics(doc)
