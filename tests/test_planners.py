@@ -664,6 +664,23 @@ def test_plan_json_with_a_planner(capsys):
     assert all(v["offset"] + sizes[n] <= out["lower_bound"] for n, v in out["tensors"].items() if v["offset"] is not None)
 
 
+@pytest.mark.parametrize("planner", ["exact", "best", "greedy-size"])
+def test_plan_honours_budget_on_a_large_fan_out(planner, tmp_path, monkeypatch, capsys):
+    """`plan FILE --planner P --budget 0.3` on a 2,000-output fan-out written as a graph file: the
+    command's planners run on a clock that advances 1 ms at every reading (the default clock of
+    `Deadline`, replaced), so they stop after 300 readings whatever the machine, and the command says
+    so and places a valid plan at the lower bound (ggml's, or the rest stacked)."""
+    clock = FakeClock()
+    monkeypatch.setattr(P.Deadline.__init__, "__defaults__", (None, clock))
+    path = tmp_path / "fan_out.json"
+    path.write_text(json.dumps(gl.graphio.graph_document(*fan_out_graph(2000))))
+    assert main(["plan", str(path), "--planner", planner, "--budget", "0.3"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"planner {planner}") and "stopped by its budget" in last, last
+    assert "optimal" in last and "1.0000 x the lower bound" in last
+    assert clock.reads > 300  # (the readings were this clock's: the deadline passed on it)
+
+
 def test_plan_json_of_ggml_keeps_the_recorded_plan(capsys):
     doc = load_json(fixture_path("ggml-seed", "06_llama_block"))
     assert main(["plan", F06, "--json"]) == 0
