@@ -13,9 +13,9 @@
 the buffer type the file records (ggml's CPU type for every fixture) and prints where every tensor goes.
 Both `plan` and `check` validate the file field by field before anything is built
 (tests/fixtures/ggml-seed/README.md): a bad field exits 2 naming its JSON path. With `--planner`, an
-offline planner of chapter 11 chooses the offsets instead (greedy by size or by breadth, the exact search within `--budget`
-seconds, or `best`, the smallest plan of all and ggml's), and the graph allocator places the tensors
-there. `--json` prints `buffer_size` (the planner's peak + 32, as the CPU buffer reports it), every
+offline planner of chapter 11 chooses the offsets instead (greedy by size or by breadth, the exact search,
+or `best`, the smallest plan of all and ggml's; each within `--budget` seconds), and the graph allocator
+places the tensors there. `--json` prints `buffer_size` (the planner's peak + 32, as the CPU buffer reports it), every
 tensor's offset, and `planner`, `lower_bound` (the peak of bytes alive at once) and `optimal` (true:
 proven, false: a smaller plan is known, null: unknown). Optimal means optimal for the blocks ggml's
 allocator needs: its in-place reuse and its lifetimes are kept, only the offsets change. `--verify`
@@ -339,7 +339,8 @@ def main(argv=None) -> int:
     p.add_argument("--planner", choices=PLANNER_NAMES, default="ggml",
                    help="who chooses the offsets: ggml's graph allocator (default) or an offline planner (chapter 11)")
     p.add_argument("--budget", type=_positive("seconds"), default=DEFAULT_BUDGET, metavar="SECONDS",
-                   help=f"time for the exact search (exact, best; default {DEFAULT_BUDGET})")
+                   help=f"seconds the offline planners may take, their starting plans included (default "
+                   f"{DEFAULT_BUDGET}); a planner stopped by it places a valid plan and says 'stopped by its budget'")
     p.add_argument("--verify", action="store_true", help="compute the graph in the plan on the CPU backend and compare it "
                    "bit for bit with the graph computed with every tensor in memory of its own (exit 1 on a difference)")
     p.add_argument("--max-gib", type=_positive("GiB", 2.0**30), default=2.0, metavar="GiB",
