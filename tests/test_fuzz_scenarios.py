@@ -24,6 +24,8 @@ import re
 import time
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from fuzzing import assert_sound, run_cli
 from helpers import SCHED_FILES, fixture_path, load_json
@@ -182,3 +184,58 @@ def test_fuzz_scenarios(tmp_path, long_run, capsys):
         print(f"\nfuzz scenarios: {done} cases ({2 * done} runs), {refused} refused with exit 2, {correct} correct "
               f"results (exit 0 or 1), {seconds:.1f} s")
     assert refused and correct  # both kinds of outcome are exercised
+
+
+# Structure-aware: hypothesis draws, for a field, a value of the field's own kind (an integer near the
+# recorded one, a name another field of the same kind holds, the list with items dropped, repeated or
+# reordered, the object with a key dropped or added), or any JSON value; derandomized, so reproducible.
+HYPOTHESIS_QUICK, HYPOTHESIS_LONG = 150, 1500
+ANY_JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=12),
+                        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
+                        max_leaves=5)
+
+
+def _own_kind(name, path, old):
+    """Values of the same JSON kind as `old`, near it or taken from the fields of its kind."""
+    kind = _kind(path)
+    same_kind = [_value(DOCS[n], p) for n in SCHED_FILES for p in KINDS[n].get(kind, [])[:50]]
+    if isinstance(old, bool):
+        return st.booleans()
+    if isinstance(old, int):
+        return st.integers(old - 2 * abs(old) - 4, old + 2 * abs(old) + 4) | st.sampled_from([0, -1, 2**31, 2**63, 2**70])
+    if isinstance(old, float):
+        return st.floats() | st.floats(old - abs(old) - 1, old + abs(old) + 1)
+    if isinstance(old, str):
+        return st.sampled_from(sorted(set(v for v in same_kind if isinstance(v, str))) or [old]) | st.text(max_size=12)
+    if isinstance(old, list):
+        return st.lists(st.sampled_from(old), max_size=len(old) + 2) if old else st.just([None])
+    if isinstance(old, dict):
+        return st.sampled_from(sorted(old)).map(lambda k: {x: v for x, v in old.items() if x != k}) | st.just(
+            {**old, "unknown_field": 1})
+    return ANY_JSON
+
+
+def test_hypothesis_scenarios(tmp_path, long_run, capsys):
+    n, codes, t0 = HYPOTHESIS_LONG if long_run else HYPOTHESIS_QUICK, [], time.perf_counter()
+
+    @settings(max_examples=n, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def case(data):
+        name = data.draw(st.sampled_from(SCHED_FILES))
+        kind = data.draw(st.sampled_from(sorted(KINDS[name])))
+        path = data.draw(st.sampled_from(KINDS[name][kind]))
+        old = _value(DOCS[name], path)
+        value = data.draw(_own_kind(name, path, old) | ANY_JSON)
+        doc = _mutate(DOCS[name], path, "sibling", value)
+        assume(doc is not None)
+        f = tmp_path / "hypothesis.json"
+        f.write_text(json.dumps(doc))
+        codes.append(_judge(len(codes), name, path, "sibling", str(f), tmp_path))
+
+    case()
+    refused = sum(1 for _, c in codes if c == 2)
+    with capsys.disabled():
+        print(f"\nfuzz scenarios (hypothesis): {len(codes)} cases ({2 * len(codes)} runs), {refused} refused with "
+              f"exit 2, {len(codes) - refused} correct results (exit 0 or 1), {time.perf_counter() - t0:.1f} s")
+    assert refused and len(codes) > refused

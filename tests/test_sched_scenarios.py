@@ -227,6 +227,7 @@ def test_an_empty_steps_list_is_not_identical(tmp_path, capsys):
     (("sched_params", "GGML_SCHED_MAX_COPIES"), 8, "sched_params.GGML_SCHED_MAX_COPIES"),
     (("sched_params", "n_copies"), 4, "sched_params.n_copies"),  # 03 is not parallel: ggml has 1 copy
     (("sched_params", "graph_size"), 2**40, "sched_params.graph_size"),
+    (("sched_params", "graph_size"), 100, "sched_params.graph_size"),  # ggml's hash set would be full
     (("model", "tensor_types"), {}, "model.tensor_types"),  # a field the builder would read, unchecked
     (("steps", 2, "call"), "ggml_backend_sched_reserve", "steps[2]."),
     (("steps", 2, "call"), "ggml_backend_sched_free", "steps[2].call"),
@@ -286,3 +287,16 @@ def test_a_replay_that_asks_for_too_much_is_refused_before_allocating(tmp_path, 
     assert main(["sched", str(f), "--check"]) == 2
     err = capsys.readouterr().err
     assert "the replay would need" in err and "expected at most 2 GiB" in err, err
+
+
+def test_a_set_up_that_makes_ggml_lite_abort_is_a_difference(tmp_path, capsys):
+    """A completed scenario whose (valid) set-up makes the scheduler abort — CPY denied while the KV
+    cache lives in FAKE buffers, scenario 13's case — is a difference from the record (exit 1)."""
+    import json
+
+    from ggml_lite.__main__ import main
+
+    f = tmp_path / "deny_cpy.json"
+    f.write_text(json.dumps(_mutated_at(("backends", 0, "supports_op_denied"), ["CPY"])))
+    assert main(["sched", str(f), "--check"]) == 1
+    assert "reserve: ggml_lite aborts (pre-allocated tensor" in capsys.readouterr().out
