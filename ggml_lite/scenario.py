@@ -159,7 +159,7 @@ def _found(v) -> str:
     if len(text) <= 60:
         return text
     if isinstance(v, list):
-        return f"a list of {len(v)} items"
+        return f"a list of {len(v)} item{'s' if len(v) != 1 else ''}"
     return f"an object with keys {', '.join(map(str, list(v)[:6]))}"
 
 
@@ -755,9 +755,23 @@ def _replay_abort(doc) -> list:
 
 
 # notebooks/A3_scheduler_scenarios.py
+def _short(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 240 else f"{text[:240]}... ({len(text)} characters)"
+
+
 def _compare(what, got, want, out) -> None:
-    if got != want:
-        out.append(f"{what}: ggml_lite {got!r}, ggml {want!r}")
+    """Append a difference to `out` when `got` (ggml_lite's) is not `want` (the record's); long lists and
+    texts are shown from their first differing item or line."""
+    if got == want:
+        return
+    if type(got) is type(want) and isinstance(got, (list, str)) and max(len(repr(got)), len(repr(want))) > 240:
+        unit, g, w = ("line", got.splitlines(), want.splitlines()) if isinstance(got, str) else ("item", got, want)
+        k = next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
+        out.append(f"{what}: first difference at {unit} {k} ({len(g)} in ggml_lite, {len(w)} in ggml): ggml_lite "
+                   f"{_short(g[k]) if k < len(g) else '(none)'}, ggml {_short(w[k]) if k < len(w) else '(none)'}")
+    else:
+        out.append(f"{what}: ggml_lite {_short(got)}, ggml {_short(want)}")
 
 
 
@@ -811,8 +825,8 @@ def _check_alloc(sched, step, out, buffers: dict, order: list) -> None:
     _compare(f"{k}: splits", splits, step["splits"], out)
     _compare(f"{k}: graph inputs", inputs, step["graph_inputs"], out)
     labels = _labels(sched, buffers)
-    _compare(f"{k}: tensors recorded (id, name)", [(r["id"], r["name"]) for r in step["tensors"]],
-             [(i, t.name) for i, t in enumerate(order)], out)
+    _compare(f"{k}: tensors (id, name)", [(i, t.name) for i, t in enumerate(order)],
+             [(r["id"], r["name"]) for r in step["tensors"]], out)
     for rec in step["tensors"]:
         t = order[rec["id"]] if rec["id"] < len(order) and order[rec["id"]].name == rec["name"] else None
         b = sched.get_tensor_backend(t) if t is not None else None
