@@ -589,7 +589,8 @@ def _check_weights(doc, where, ctxs) -> None:
 
 # notebooks/A3_scheduler_scenarios.py
 REPLAY_MAX_BYTES = 2 << 30  # what `sched --check` may allocate: weights, KV cache, compute buffers, generators
-REPLAY_MAX_MACS = 1 << 32  # multiply-adds of all its rounds (the bit-exact tier does about 5e8 a second)
+REPLAY_MAX_WEIGHT_BYTES = 64 << 20  # weights it generates and checksums (about 10 and 12 MB/s: some 10 s)
+REPLAY_MAX_MACS = 1 << 31  # multiply-adds of all its rounds (the bit-exact tier does about 5e8 a second)
 
 
 def _built(doc, where, batch) -> tuple:
@@ -618,8 +619,9 @@ def _check_graph_size(doc, where, graph, n_backends) -> None:
 
 
 def check_replay_work(doc, where: str = "the scenario") -> None:
-    """Refuse, before anything is allocated, a replay that needs more than `REPLAY_MAX_BYTES` of memory
-    or `REPLAY_MAX_MACS` multiply-adds (a file's model dimensions can ask for anything)."""
+    """Refuse, before anything is allocated, a replay that needs more than `REPLAY_MAX_BYTES` of memory,
+    `REPLAY_MAX_WEIGHT_BYTES` of weights to generate and checksum, or `REPLAY_MAX_MACS` multiply-adds (a
+    file's model dimensions can ask for anything)."""
     m, batches = doc["model"], [s["batch"] for s in doc.get("steps", []) if "batch" in s] or [ROUND0]
     ctxs, _, _ = _built(doc, where, batches[0])
     weights = [t for c in ctxs if c.name.startswith("weights:") for t in c.tensors]
@@ -637,9 +639,13 @@ def check_replay_work(doc, where: str = "the scenario") -> None:
         raise GraphFileError(f"{where}: model: the replay would need {need / 2**30:.2f} GiB (weights and KV cache "
                              f"{stored / 2**20:.1f} MiB, compute buffers up to {2 * n_copies * compute / 2**20:.1f} MiB); "
                              f"expected at most {REPLAY_MAX_BYTES / 2**30:g} GiB")
+    weight_bytes = sum(map(nbytes, weights))
+    if weight_bytes > REPLAY_MAX_WEIGHT_BYTES:
+        raise GraphFileError(f"{where}: model: the replay would generate and checksum {weight_bytes / 2**20:.1f} MiB of "
+                             f"weights; expected at most {REPLAY_MAX_WEIGHT_BYTES / 2**20:g} MiB (about 10 s)")
     if macs > REPLAY_MAX_MACS:
         raise GraphFileError(f"{where}: steps: the rounds' replay would need {macs:.3g} multiply-adds; expected at most "
-                             f"{REPLAY_MAX_MACS:.3g} (about 8 s of the bit-exact tier)")
+                             f"{REPLAY_MAX_MACS:.3g} (about 4 s of the bit-exact tier)")
 
 
 def check_scenario(doc, where: str = "the scenario") -> dict:

@@ -214,9 +214,10 @@ def fill_weights(doc: dict, tensors: dict) -> None:
 #    `max_size`); the model is a LLaMA the builder can build (`n_head` divides `n_embd`, ...).
 # 4. **The recorded graph against the model**: the round-0 graph must be the one chapter 10's
 #    builder makes from `model`, `placement` and the first batch, record for record.
-# 5. **The work**: a replay allocates the weights, the KV cache and compute buffers and multiplies
-#    every weight by every token; a file that asks for more than `REPLAY_MAX_BYTES` or
-#    `REPLAY_MAX_MACS` is refused before anything is allocated.
+# 5. **The work**: a replay allocates the weights, the KV cache and compute buffers, generates and
+#    checksums every weight, and multiplies every weight by every token; a file that asks for more than
+#    `REPLAY_MAX_BYTES` (2 GiB), `REPLAY_MAX_WEIGHT_BYTES` (64 MiB) or `REPLAY_MAX_MACS` (2^31) is
+#    refused before anything is allocated.
 #
 # What passes is either replayed or compared: a recorded fact that differs (a cause, an offset, a
 # logit, a checksum, a FAKE allocation) is a *difference* (exit 1), and so is a valid set-up under which
@@ -684,7 +685,8 @@ def _check_weights(doc, where, ctxs) -> None:
 # %%
 # | export
 REPLAY_MAX_BYTES = 2 << 30  # what `sched --check` may allocate: weights, KV cache, compute buffers, generators
-REPLAY_MAX_MACS = 1 << 32  # multiply-adds of all its rounds (the bit-exact tier does about 5e8 a second)
+REPLAY_MAX_WEIGHT_BYTES = 64 << 20  # weights it generates and checksums (about 10 and 12 MB/s: some 10 s)
+REPLAY_MAX_MACS = 1 << 31  # multiply-adds of all its rounds (the bit-exact tier does about 5e8 a second)
 
 
 def _built(doc, where, batch) -> tuple:
@@ -713,8 +715,9 @@ def _check_graph_size(doc, where, graph, n_backends) -> None:
 
 
 def check_replay_work(doc, where: str = "the scenario") -> None:
-    """Refuse, before anything is allocated, a replay that needs more than `REPLAY_MAX_BYTES` of memory
-    or `REPLAY_MAX_MACS` multiply-adds (a file's model dimensions can ask for anything)."""
+    """Refuse, before anything is allocated, a replay that needs more than `REPLAY_MAX_BYTES` of memory,
+    `REPLAY_MAX_WEIGHT_BYTES` of weights to generate and checksum, or `REPLAY_MAX_MACS` multiply-adds (a
+    file's model dimensions can ask for anything)."""
     m, batches = doc["model"], [s["batch"] for s in doc.get("steps", []) if "batch" in s] or [ROUND0]
     ctxs, _, _ = _built(doc, where, batches[0])
     weights = [t for c in ctxs if c.name.startswith("weights:") for t in c.tensors]
@@ -732,9 +735,13 @@ def check_replay_work(doc, where: str = "the scenario") -> None:
         raise GraphFileError(f"{where}: model: the replay would need {need / 2**30:.2f} GiB (weights and KV cache "
                              f"{stored / 2**20:.1f} MiB, compute buffers up to {2 * n_copies * compute / 2**20:.1f} MiB); "
                              f"expected at most {REPLAY_MAX_BYTES / 2**30:g} GiB")
+    weight_bytes = sum(map(nbytes, weights))
+    if weight_bytes > REPLAY_MAX_WEIGHT_BYTES:
+        raise GraphFileError(f"{where}: model: the replay would generate and checksum {weight_bytes / 2**20:.1f} MiB of "
+                             f"weights; expected at most {REPLAY_MAX_WEIGHT_BYTES / 2**20:g} MiB (about 10 s)")
     if macs > REPLAY_MAX_MACS:
         raise GraphFileError(f"{where}: steps: the rounds' replay would need {macs:.3g} multiply-adds; expected at most "
-                             f"{REPLAY_MAX_MACS:.3g} (about 8 s of the bit-exact tier)")
+                             f"{REPLAY_MAX_MACS:.3g} (about 4 s of the bit-exact tier)")
 
 
 def check_scenario(doc, where: str = "the scenario") -> dict:
@@ -776,8 +783,9 @@ def check_scenario(doc, where: str = "the scenario") -> dict:
 # Two refused files: scenario 04 with its first pin naming a tensor the graph does not have, and
 # scenario 03 with a model of `n_head` 0. Each message names the field by its path, says what was
 # expected and what was found; nothing was built. A replay (`sched --check`) also states its cost first:
-# `check_replay_work` refuses a file whose weights, cache and compute buffers would pass 2 GiB, or whose
-# rounds would pass 2^32 multiply-adds; the printout (`sched FILE`) fills no weight at all.
+# `check_replay_work` refuses a file whose weights, cache and compute buffers would pass 2 GiB, whose
+# weights pass 64 MiB, or whose rounds would pass 2^31 multiply-adds; the printout (`sched FILE`) fills
+# no weight at all.
 
 # %%
 # NBVAL_CHECK_OUTPUT

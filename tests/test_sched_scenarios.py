@@ -263,30 +263,64 @@ def test_the_printout_fills_no_weight(monkeypatch, capsys):
     assert "## SPLIT #0" in capsys.readouterr().out
 
 
-def test_a_replay_that_asks_for_too_much_is_refused_before_allocating(tmp_path, capsys):
-    """A model the file may describe consistently but whose replay needs more than 2 GiB: the file is
-    refused by `--check` before any buffer exists (and the printout, which fills nothing, still works)."""
-    import json
-
-    from ggml_lite.__main__ import main
+def _consistent(doc, layers, **dims):
+    """`doc` with another model (`dims`, one layer per backend name in `layers`), every record that depends
+    on it rebuilt to match (graph, weights, buffers), the recorded facts left as they are."""
     from ggml_lite.graphio import graph_document
     from ggml_lite.models.llama import build_llama
 
-    doc = _mutated()
-    doc["model"].update(n_embd=4096, n_ff=11008, n_vocab=65536, n_head=32, n_head_kv=32)
-    doc["model"]["rope"]["n_dims"] = 128
+    doc["model"].update(n_layer=len(layers), **dims)
+    doc["model"]["rope"]["n_dims"] = doc["model"]["n_embd"] // doc["model"]["n_head"]
+    doc["placement"].update(layers=layers, kv_cache=layers)
     ctxs, graph, roots = build_llama(doc["model"], doc["placement"], _round0_batch(doc), recorded=True)
-    doc["graph"] = {**graph_document(graph, ctxs, roots)["graph"], "tensors": [
-        {**t, **{k: doc["graph"]["tensors"][i][k] for k in ("preallocated", "buffer", "offset", "ext_offset",
-                                                           "sched_backend", "sched_cause")}}
-        for i, t in enumerate(graph_document(graph, ctxs, roots)["graph"]["tensors"])]}
-    doc["weights"] = [{**w, "ne": list(next(t for c in ctxs for t in c.tensors if t.name == w["name"]).ne[:2])}
-                      for w in doc["weights"]]
+    g = graph_document(graph, ctxs, roots)["graph"]
+    post = dict.fromkeys(("buffer", "offset", "ext_offset", "sched_backend", "sched_cause"), None)
+    doc["graph"] = {**g, "tensors": [{**t, **post, "preallocated": False} for t in g["tensors"]]}
+    doc["weights"] = [{"name": t.name, "type": t.type.name, "ne": list(t.ne[:2]), "buffer": c.name, "ext_offset": 0,
+                       "gen": dict(zip(("seed", "offset", "scale"), weight_gen(t.name))), "fnv1a32_of_bytes": 0}
+                      for c in ctxs if c.name.startswith("weights:") for t in c.tensors]
+    doc["external_buffers"] = [{"ctx": c.name, "buffer_type": c.name.split(":")[1], "is_multi_buffer": False, "size": 0,
+                                "usage": "WEIGHTS" if c.name.startswith("weights") else "ANY"} for c in ctxs[:-1]]
+    return doc
+
+
+@pytest.mark.parametrize("dims, says", [
+    (dict(n_embd=4096, n_ff=11008, n_vocab=65536, n_head=32, n_head_kv=32), "expected at most 2 GiB"),
+    (dict(n_embd=1024, n_ff=4096, n_vocab=8192, n_head=16, n_head_kv=16), "expected at most 64 MiB"),
+])
+def test_a_replay_that_asks_for_too_much_is_refused_before_allocating(tmp_path, capsys, dims, says):
+    """Models a file may describe consistently but whose replay needs more than 2 GiB, or more than 64 MiB
+    of weights to generate and checksum: `--check` refuses them before any buffer exists, and the
+    printout, which fills nothing, still prints the assignments."""
+    import json
+
+    from ggml_lite.__main__ import main
+
     f = tmp_path / "big.json"
+    f.write_text(json.dumps(_consistent(_mutated(), ["CPU", "CPU", "FAKE", "FAKE"], **dims)))
+    assert main(["sched", str(f), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "model: the replay would" in err and says in err, err
+    assert main(["sched", str(f)]) == 0 and "## SPLIT #0" in capsys.readouterr().out
+
+
+def test_rounds_that_ask_for_too_many_multiply_adds_are_refused(tmp_path, capsys):
+    """Sixteen rounds of 1,024 tokens over the toy model: more than 2^31 multiply-adds."""
+    import copy
+    import json
+
+    from ggml_lite.__main__ import main
+
+    doc = _consistent(_mutated(), ["CPU", "CPU", "FAKE", "FAKE"], n_ctx=1024)
+    reserve, alloc, compute = doc["steps"]
+    big = {"n_tokens": 1024, "n_kv": 1024, "kv_head": 0, "n_outputs": 1}
+    doc["steps"] = [reserve] + [dict(copy.deepcopy(s), step=2 * r + 1 + k, round=r, **({"batch": big} if k == 0 else {}))
+                                for r in range(16) for k, s in enumerate((alloc, compute))]
+    f = tmp_path / "many.json"
     f.write_text(json.dumps(doc))
     assert main(["sched", str(f), "--check"]) == 2
     err = capsys.readouterr().err
-    assert "the replay would need" in err and "expected at most 2 GiB" in err, err
+    assert "steps: the rounds' replay would need" in err and "multiply-adds" in err, err
 
 
 def test_a_set_up_that_makes_ggml_lite_abort_is_a_difference(tmp_path, capsys):
