@@ -224,8 +224,10 @@ def fill_weights(doc: dict, tensors: dict) -> None:
 # ggml_lite's scheduler aborts while the recorded run completed; a field of the wrong form, a name of
 # nothing or a set-up that contradicts the recorded graph is an *error* (exit 2).
 #
-# The form is declared with five small checkers: `Int`, `Num`, `Str`, `Opt`, `List`, `Obj` (unknown
-# keys refused) and `Map` (an object whose keys are names).
+# The form is declared with small checkers: `Int`, `Num`, `Str`, `Bool`, `Opt` (or null), `List`,
+# `Obj` (unknown keys refused), `Map` (an object whose keys are names), `Tagged` (a step's form depends
+# on its `call`) and `Deferred` (the graph, compared with the model's as a whole in step 4). Step 5
+# concerns `sched --check` only (`check_replay_work`): the printout needs no weight bytes.
 
 # %%
 # | export
