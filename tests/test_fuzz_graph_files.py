@@ -35,7 +35,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from fuzzing import assert_sound, run_cli
 from helpers import SEED_FILES, fixture_path, load_json
 
-QUICK_CASES, LONG_CASES = 220, 4000
+QUICK_CASES, LONG_CASES = 220, 2500
 COMMANDS = (("plan",), ("plan", "--json"), ("check",), ("check", "--no-numerics"))
 SMALL = [n for n in SEED_FILES if not n.startswith(("13_", "14_"))]  # 13 and 14 (7B, 1,421 tensors): --long
 
@@ -584,8 +584,8 @@ def _well_formed_record(field_: str, v) -> bool:
 
 
 def test_every_field_of_every_tensor_takes_every_wrong_kind(tmp_path, long_run, capsys):
-    """Exhaustively: each field of a tensor of each op of fixture 03 (with --long: of every tensor of 07
-    and of a step of 12), each top-level, step and graph field, replaced by each pathological value (null,
+    """Exhaustively: each field of a tensor of each op of fixture 03 (with --long: of every tensor of 03, and
+    of a tensor of each op of 07 and of a step of 12), each top-level, step and graph field, replaced by each pathological value (null,
     a boolean, a float, a string, a negative number, 2^70, a nested list, an object, NaN): `check` exits 2
     naming that field; or, for a value of the field's own kind, 1 for a recorded result that differs, or
     0 with a file that re-derives to itself."""
@@ -593,7 +593,7 @@ def test_every_field_of_every_tensor_takes_every_wrong_kind(tmp_path, long_run, 
     p = tmp_path / "w.json"
     plan = {"03_views_layout": "per op", "12_realloc_sequence_reserve_first": "none"}
     if long_run:
-        plan = {"03_views_layout": "all", "07_llama4_kvcache": "all", "12_realloc_sequence_reserve_first": "all"}
+        plan = {"03_views_layout": "all", "07_llama4_kvcache": "per op", "12_realloc_sequence_reserve_first": "per op"}
     for name, which in plan.items():
         doc = load_json(fixture_path("ggml-seed", name))
         sec = ("graph",) if "graph" in doc else ("steps", 1, "graph")
