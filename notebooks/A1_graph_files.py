@@ -1645,5 +1645,7 @@ assert [t.name for t in back.graph.leafs] == ["wq", "x"]
 assert dumps(to_document(back)) == text  # a round trip changes nothing
 assert all(broken(e) != "loaded" for e in cases.values())
 assert "tensor #2" in broken(cases["unknown op"]) and "99" in broken(cases["dangling src"])
+assert broken(cases["float size"]).startswith("GraphFileError: graph.tensors[0].ne[1]: expected an integer")
+assert "graph.tensors[3].op_params[0]" in broken(cases["2^70 param"]) and "type = f16" in broken(cases["wrong type"])
 assert lcg_states(7, 3).tolist()[:2] == [(LCG_A * 7 + LCG_C) & MASK, (LCG_A * ((LCG_A * 7 + LCG_C) & MASK) + LCG_C) & MASK]
 print("appendix A1: all checks passed")
