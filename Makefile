@@ -48,7 +48,7 @@ check-sync: $(STAMP)
 test: $(STAMP)
 	$(PY) tools/run_tests.py
 
-# The same with the random-graph sweeps scaled up, then 100,000 random graphs against the real ggml.
+# The same with the random-graph sweeps and the fuzz tests scaled up, then 100,000 random graphs against the real ggml.
 test-long: $(STAMP)
 	$(PY) tools/run_tests.py --long
 
