@@ -282,6 +282,9 @@ def _llama_params(args):
         from ggml_lite.models.gguf import from_gguf
 
         model = from_gguf(args.gguf)
+        if model.header_only:  # (stderr: the report itself is the full file's)
+            print(f"note: {args.gguf}: header only ({model.file_size} bytes, its tensors' data would start at byte "
+                  f"{model.data_offset}): planned from the header; llama.cpp would refuse to load it", file=sys.stderr)
         return model.params, model.tensor_types
     if args.preset is not None:
         if any(v is not None for v in dims.values()):
@@ -367,7 +370,7 @@ def main(argv=None) -> int:
     d.add_argument("--limit", type=int, default=10, help="how many differences to print (default 10)")
     d.set_defaults(run=cmd_sched)
     m = sub.add_parser("llama", help="the memory of a LLaMA per device, as llama.cpp (mid-2024) allocates it")
-    m.add_argument("--gguf", metavar="FILE", help="a GGUF model file (only its header is read; sparse files work)")
+    m.add_argument("--gguf", metavar="FILE", help="a GGUF model file (only its header is read; sparse and header-only files work)")
     m.add_argument("--preset", help="a model by name: llama-2-7b, llama-3.1-70b, mistral-7b, ... (see the error for all)")
     for dim in ("n-vocab", "n-embd", "n-layer", "n-head", "n-head-kv", "n-ff"):
         m.add_argument(f"--{dim}", type=int, default=None)

@@ -222,7 +222,7 @@ def preset(name: str) -> LlamaParams:
 # | counts | `uint64` tensor count, `uint64` key/value count | at most 65,536 each; room for them in the file |
 # | key/value pairs | key (string), `uint32` value type, value | 13 value types: 10 integer and float types, bool, string, array (`uint32` item type, `uint64` length, items; no arrays of arrays, as in ggml) |
 # | tensor infos | name (string), `uint32` n_dims, n_dims × `int64` ne, `uint32` ggml type, `uint64` offset | n_dims ≤ 4 (`GGML_MAX_DIMS`), ne ≥ 1, a known type whose block divides ne[0], offset aligned |
-# | padding, data | to `general.alignment` (default 32) | not read |
+# | padding, data | to `general.alignment` (a `uint32` power of two, default 32), then each tensor's bytes at its offset | not read; each tensor's bytes lie within the file (header-only files: within 2^63 − 1) |
 
 # %%
 # | export models.gguf
@@ -290,7 +290,7 @@ class GGUFTensorInfo:
 @dataclass
 class GGUFHeader:
     """What `gguf_init_from_file` reads with `no_alloc`: the version, the key/value pairs in file order,
-    the tensor infos, the alignment and where the data starts (it is never read)."""
+    the tensor infos, the alignment, where the data starts (it is never read) and the file's size."""
 
     path: str
     version: int
@@ -298,6 +298,12 @@ class GGUFHeader:
     tensors: list
     alignment: int
     data_offset: int
+    file_size: int
+
+    @property
+    def header_only(self) -> bool:
+        """The file ends at or before the data section's start: only its header was copied."""
+        return self.file_size <= self.data_offset
 
 
 # %% [markdown]
@@ -505,7 +511,61 @@ def _read_header(cur: _Cursor) -> GGUFHeader:
         cur.fail('kv["general.alignment"]', f"expected a uint32 power of two, found {align.describe()}")
     seen = {}
     tensors = [_read_tensor_info(cur, i, align.value, seen) for i in range(n_tensors)]
-    return GGUFHeader(cur.path, version, kv, tensors, align.value, GGML_PAD(cur.pos, align.value))
+    return GGUFHeader(cur.path, version, kv, tensors, align.value, GGML_PAD(cur.pos, align.value), len(cur.data))
+
+
+# %% [markdown]
+# ### Where each tensor's bytes lie
+#
+# The data section starts where the header ends, rounded up to `general.alignment` (`data_offset`
+# above), and a tensor's bytes are `ggml_nbytes` of its shape and type (`ne[0]` / the block size ×
+# the type size × the other dimensions) from `data_offset + offset`. The reader above checks only that
+# each offset is on the alignment, as ggml's later `gguf.cpp` does (mid-2024's `gguf_init_from_file`
+# reads the offsets unchecked). llama.cpp's loader checks where the bytes lie as soon as the header is read, before any
+# hyperparameter: the `llama_model_loader` constructor makes one `llama_tensor_weight` per tensor, in
+# the file's order, and each refuses a tensor whose end, `offs + nbytes` in a `size_t`, wraps around or
+# passes the file's size ("tensor '…' data is not within the file bounds, model is corrupted or
+# incomplete"). `from_gguf` checks in the same place and the same order, with two differences:
+#
+# - Python's integers do not wrap, so the sums here are exact. llama.cpp does not check its first sum,
+#   `data_offset + offset`, for wrapping: an offset of 2^64 − 32 lands 32 bytes before the data section,
+#   and llama.cpp at daa9623 loads the tensor from there, the wrong bytes. Here no tensor may end past
+#   2^63 − 1, the largest size a file can have (llama.cpp's `llama_file` measures it with `ftell`, a
+#   `long`), whatever the file: an offset of 2^63 or 2^64 − 32 is refused by the tensor's name.
+# - A *header-only* file — one that ends at or before the data section's start: only its header was
+#   copied, to plan with, as the tiny file below is — is planned without the end-of-file check, since
+#   every tensor lies past its end by construction. llama.cpp would refuse it (it loads the weights;
+#   a plan needs only the header), so the model says so (`GGUFModel.header_only`) and `llama --gguf`
+#   prints a note on stderr. A full-length file with holes (*sparse*: a 13 GB model in a few kB of
+#   disk) is checked like a real one: one byte short is refused, naming the first tensor, in the
+#   file's order, that would end past it.
+#
+# Tensors whose bytes overlap are accepted, as llama.cpp at daa9623 accepts them: nothing there
+# compares two tensors' ranges (ggml's later `gguf.cpp` requires each offset to be the end of the
+# tensor before it, padded). A plan reads shapes and types, never the bytes.
+
+# %%
+# | export models.gguf
+def check_tensor_data(h: GGUFHeader) -> None:
+    """`llama_model_loader::llama_tensor_weight`'s bounds check, tensor by tensor in the file's order: the
+    `ggml_nbytes` bytes from `data_offset + offset` end by 2^63 - 1 (`INT64_MAX`, the largest file) and,
+    unless the file is header only, by the file's end; a `ModelError` naming the tensor otherwise."""
+    for i, t in enumerate(h.tensors):
+        ty = TYPES_BY_CODE[t.type_code]
+        nbytes = math.prod(t.ne) // ty.blck_size * ty.type_size  # ggml_nbytes (ne[0] is whole blocks)
+        start = h.data_offset + t.offset
+        end = start + nbytes
+        where = f"{h.path}: tensors[{i}].offset: {t.name or '(empty name)'}: {nbytes} bytes at offset {t.offset} of the data"
+        llama = f"(llama.cpp: tensor '{t.name[:63]}' data is not within the file bounds, model is corrupted or incomplete)"
+        if end > INT64_MAX:
+            offs = start % 2**64  # llama.cpp's size_t sum, unchecked: it wraps around
+            if offs + nbytes < 2**64 and offs + nbytes <= h.file_size:
+                llama = f"(llama.cpp at daa9623 wraps the sum around to byte {offs} and loads the wrong bytes)"
+            raise ModelError(f"{where} section (byte {h.data_offset}) would end at byte {end}, past 2^63 - 1, the "
+                             f"largest size a file can have {llama}")
+        if not h.header_only and end > h.file_size:
+            raise ModelError(f"{where} section would lie at bytes {start} to {end}, past the file's end "
+                             f"({h.file_size} bytes) {llama}")
 
 
 # %% [markdown]
@@ -654,23 +714,30 @@ def check_llama_tensors(h: GGUFHeader, p: LlamaParams) -> dict:
 
 @dataclass
 class GGUFModel:
-    """A model file's `params` and `tensor_types` ({name: GGMLType}); `shapes` ({name: ne})."""
+    """A model file's `params` and `tensor_types` ({name: GGMLType}); `shapes` ({name: ne}); `header_only`: the
+    file ends at `file_size`, at or before its data section's start `data_offset` (planned, not loadable)."""
 
     path: str
     params: LlamaParams
     tensor_types: dict
     shapes: dict
+    header_only: bool = False
+    data_offset: int = None
+    file_size: int = None
 
 
 def from_gguf(path) -> GGUFModel:
-    """The LLaMA in the GGUF file at `path`, from its header alone (`read_gguf_header`, `llama_hparams`,
-    `check_llama_tensors`). Anything llama.cpp would refuse, and anything this port cannot plan, is a
-    `ModelError` naming the file and the key or tensor."""
+    """The LLaMA in the GGUF file at `path`, from its header alone (`read_gguf_header`, `check_tensor_data`,
+    `llama_hparams`, `check_llama_tensors`, in llama.cpp's order). Anything llama.cpp would refuse, and
+    anything this port cannot plan, is a `ModelError` naming the file and the key or tensor -- except the
+    missing data of a header-only file, which the model's `header_only` records."""
     h = read_gguf_header(path)
+    check_tensor_data(h)
     params = llama_hparams(h)
     types = check_llama_tensors(h, params)
     params = LlamaParams(**{**params.__dict__, "wtype": types["blk.0.attn_q.weight"].name})
-    return GGUFModel(str(path), params, types, {t.name: t.ne for t in h.tensors})
+    return GGUFModel(str(path), params, types, {t.name: t.ne for t in h.tensors}, h.header_only, h.data_offset,
+                     h.file_size)
 
 
 # %% [markdown]
@@ -704,7 +771,8 @@ w.write_kv_data_to_file()
 w.write_ti_data_to_file()
 w.close()
 print(f"{path.stat().st_size} bytes:", from_gguf(path).params == LlamaParams(**{**tiny.__dict__, "rms_norm_eps": float(np.float32(1e-5))}))
-data = bytearray(path.read_bytes())
+header = path.read_bytes()
+data = bytearray(header)
 at = data.index(b"tokenizer.ggml.tokens") + len("tokenizer.ggml.tokens") + 8  # past the value type and item type
 data[at:at + 8] = struct.pack("<Q", 2**40)
 path.write_bytes(data)
@@ -713,6 +781,30 @@ try:
 except ModelError as e:
     refusal = str(e).replace(str(path), "tiny.gguf")
 print(refusal)
+
+
+# %% [markdown]
+# The tiny header is a header-only file: 1,786 bytes, where the data would start at byte 1,792. It
+# plans, and says so. Extended with a hole to the end of its last tensor's bytes, it is a sparse file of
+# 158,208 bytes that llama.cpp would load; one byte shorter, the last tensor (`blk.0.ffn_up.weight`,
+# 24,576 bytes from byte 133,632) ends past the file and is refused by its name, as llama.cpp refuses it.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+import os  # noqa: E402
+
+from ggml_lite.models.gguf import read_gguf_header  # noqa: E402
+
+path.write_bytes(header)
+h = read_gguf_header(path)
+print(f"{h.file_size} bytes, the data from byte {h.data_offset}: header only", from_gguf(path).header_only)
+end = max(h.data_offset + t.offset + 4 * math.prod(t.ne) for t in h.tensors)  # (all f32)
+for size in (end, end - 1):
+    os.truncate(path, size)  # a hole: nothing is written
+    try:
+        print(f"{size} bytes: header only", from_gguf(path).header_only)
+    except ModelError as e:
+        print(str(e).replace(str(path), "tiny.gguf"))
 
 
 # %% [markdown]

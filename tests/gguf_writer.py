@@ -46,8 +46,9 @@ def llama_kv(p: LlamaParams) -> dict:
 def write_llama_gguf(path, p: LlamaParams = TINY, matrix_type=None, sparse: bool = False, kv: dict = None,
                      drop: tuple = (), shapes: dict = None, types: dict = None, extra: dict = None,
                      arch: str = "llama", tokens: int = 0):
-    """Write a LLaMA's GGUF header (and, with `sparse`, its data region as a hole) to `path`. Matrices are
-    of `matrix_type` (default f16; a k-quant gives a q6_K output as Q4_K_M files have), norms f32.
+    """Write a LLaMA's GGUF header to `path`: a header-only file (it ends before its data section), or with
+    `sparse` the data region as a hole, the file as long as the real one. Matrices are of `matrix_type`
+    (default f16; a k-quant gives a q6_K output as Q4_K_M files have), norms f32.
     `kv` adds or replaces metadata ({key: (value, VT)}, or {key: None} to drop a key); `drop` leaves
     tensors out, `shapes` / `types` / `extra` ({name: ne} / {name: QT} / {name: ne}) change or add tensors;
     `tokens` writes a tokenizer.ggml.tokens list of that many strings."""
@@ -76,8 +77,8 @@ def write_llama_gguf(path, p: LlamaParams = TINY, matrix_type=None, sparse: bool
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     w.close()
-    if sparse:
-        os.truncate(path, os.path.getsize(path) + total)
+    if sparse:  # the data section starts at the header's end padded to 32 (gguf's writer's alignment)
+        os.truncate(path, -(-os.path.getsize(path) // 32) * 32 + total)
     return path
 
 
@@ -110,6 +111,23 @@ def number_slots(path) -> list:
                           for k in range(part.size)]
             at += int(part.nbytes)
     return slots
+
+
+def tensor_layout(path) -> tuple:
+    """(data_offset, file size, [(name, where its offset field is, offset, nbytes)] in file order) of the file at
+    `path`, as gguf's reader finds them and its own table of block sizes gives each tensor's bytes."""
+    r = header_reader(path)
+    rows = []
+    for field, (name, code, ne, offset) in zip(r.tensor_fields, r.infos):
+        at = field.offset + sum(int(part.nbytes) for part in field.parts[:-1])  # the offset is the info's last part
+        block, size = gguf.GGML_QUANT_SIZES[QT(code)]
+        rows.append((name, at, offset, int(np.prod(ne, dtype=object)) // block * size))
+    return r.data_offset, os.path.getsize(path), rows
+
+
+def set_offset(data: bytearray, at: int, offset: int) -> None:
+    """Write a tensor's data offset (a uint64) at `at` in a file's bytes."""
+    struct.pack_into("<Q", data, at, offset)
 
 
 def oracle_params(path):

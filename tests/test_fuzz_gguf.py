@@ -1,7 +1,9 @@
 """Fuzz tests of the `llama` command (issue 22): GGUF headers written with the `gguf` package's writer, then
 truncated, corrupted byte by byte, with their numbers (counts, lengths, types, dims, offsets) overwritten by
 huge or out-of-range values, or mutated structurally (tensors missing, reshaped, retyped or added, metadata
-dropped or retyped); and hypothesis over the command's flags. Each case runs through `llama` in-process
+dropped or retyped); a sparse file's tensor data offsets overwritten and its length cut or extended (each
+case judged independently: the tensor llama.cpp's loader refuses first, or the report); and hypothesis over
+the command's flags. Each case runs through `llama` in-process
 (tests/fuzzing.py) and must end with exit 2 and a specific message naming the file, or exit 0 with the
 right report: the one planned from the header as the `gguf` package's own reader reads it (GGUF cases), or
 from the flags' model through the API (flag cases). Never a traceback, never unbounded time or memory.
@@ -10,6 +12,7 @@ Quick run (default): a few hundred cases in all. `--long` (make test-long): ever
 with every hostile value, and thousands of random and hypothesis cases; each test prints its count."""
 
 import json
+import os
 import random
 import re
 import struct
@@ -23,7 +26,9 @@ from fuzzing import assert_sound, run_cli
 from ggml_lite.models.llama import KV_TYPES, PRESETS
 from ggml_lite.report import memory_report
 from ggml_lite.tensor import TYPES, type_by_code
-from gguf_writer import QT, TINY, VT, llama_shapes, number_slots, oracle_params, write_llama_gguf
+from gguf_writer import (
+    QT, TINY, VT, llama_shapes, number_slots, oracle_params, set_offset, tensor_layout, write_llama_gguf,
+)
 
 NAMED = re.compile(r"header[.:]|kv\[|tensors\[|missing \S+\.weight|a '.*' model")  # the field or the tensor it names
 HOSTILE = (0, 1, 3, 13, 255, 2**31 - 1, 2**31, 2**32 - 1, 2**40, 2**62, 2**63, 2**64 - 1)
@@ -113,6 +118,69 @@ def test_random_byte_corruption(base, tmp_path, long_run, capsys):
         path = tmp_path / f"r{i % 8}.gguf"
         path.write_bytes(data)
         check_gguf_case(path, tally)
+    tally.report(capsys)
+
+
+def expected_offset_refusal(path):
+    """(index, name) of the tensor llama.cpp's checks refuse first in the file at `path`, or None; judged from
+    gguf's reader's layout, independently of ggml_lite: the first offset off the alignment (32) while the infos
+    are read, then the first tensor whose data end past 2^63 - 1 or, unless the file ends at or before its
+    data section (header only), past its end (`llama_model_loader`'s weights, in the file's order)."""
+    data_offset, size, rows = tensor_layout(path)
+    bad = next((i for i, row in enumerate(rows) if row[2] % 32), None)
+    if bad is None:
+        bad = next((i for i, (_, _, offset, nbytes) in enumerate(rows) if data_offset + offset + nbytes > 2**63 - 1
+                    or (size > data_offset and data_offset + offset + nbytes > size)), None)
+    return None if bad is None else (bad, rows[bad][0])
+
+
+def test_tensor_offsets_and_file_lengths(tmp_path, long_run, capsys):
+    """A sparse file's tensor data offsets overwritten -- hostile values, another tensor's offset (overlap), the
+    last offset that fits and the next ones, random ones -- and the file cut or extended around its data
+    section (header only, one byte short, one byte long). Each case is judged by `expected_offset_refusal`:
+    exit 2 naming that tensor's offset, or exit 0 with the oracle's report (overlap and header-only files
+    included). Quick: a seeded sample of 80; --long: every tensor with every value, and 1,000 random cases."""
+    src = write_llama_gguf(tmp_path / "sparse.gguf", tokens=16, sparse=True)
+    base = src.read_bytes()
+    data_offset, size, rows = tensor_layout(src)
+    header_end = rows[-1][1] + 8  # (the last info's offset field ends the header)
+    rng = random.Random(4)
+    cases = []  # ({where: offset}, the file's length)
+    for name, at, offset, nbytes in rows:
+        fits, top = (size - data_offset - nbytes) // 32 * 32, (2**63 - 1 - data_offset - nbytes) // 32 * 32
+        for v in (*HOSTILE, 7, 2**64 - 32, 2**63 - data_offset, rng.choice(rows)[2], fits, fits + 1, fits + 32):
+            cases.append(({at: v}, size))
+        cases += [({at: top}, data_offset), ({at: top + 32}, data_offset), ({at: top}, size)]  # 2^63 in a header-only file
+    for cut in (size - 1, size + 1, size - 32, data_offset, data_offset - 3, header_end, data_offset + 1,
+                rng.randrange(data_offset, size)):
+        cases.append(({}, cut))
+    for _ in range(1000 if long_run else 20):
+        changed = rng.sample(rows, rng.randint(1, 4))
+        cases.append(({at: rng.randrange(2 * size) // (1 if rng.random() < 0.1 else 32) * (1 if rng.random() < 0.1 else 32)
+                       for _, at, _, _ in changed},
+                      rng.choice([size, size, data_offset, rng.randrange(header_end, size + 64)])))
+    if not long_run:
+        cases = rng.sample(cases, 80)
+    tally = Tally("gguf offsets and lengths")
+    for k, (offsets, length) in enumerate(cases):
+        data = bytearray(base[:length])
+        for at, value in offsets.items():
+            set_offset(data, at, value)
+        path = tmp_path / f"o{k % 8}.gguf"
+        path.write_bytes(data)
+        os.truncate(path, length)  # (past the bytes: a hole)
+        want = expected_offset_refusal(path)
+        o = assert_sound(run_cli(["llama", "--gguf", path, "--json"]))
+        if want is None:
+            assert o.code == 0, f"{offsets} {length}: " + o.describe()
+            doc, report = json.loads(o.out), oracle_report(path)
+            assert (doc["model"], doc["graph"], doc["devices"]) == (report["model"], report["graph"], report["devices"])
+            assert ("header only" in o.err) == (length <= data_offset), o.describe()
+            tally.add("correct")
+        else:
+            assert o.code == 2 and f"tensors[{want[0]}].offset: {want[1]}: " in o.err, f"{offsets} {length}: " + o.describe()
+            tally.add("refused")
+    assert tally.counts["refused"] > 0 and tally.counts["correct"] > 0
     tally.report(capsys)
 
 

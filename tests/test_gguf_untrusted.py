@@ -15,7 +15,10 @@ from fuzzing import assert_sound, run_cli
 from ggml_lite.errors import ModelError
 from ggml_lite.models.gguf import MAX_COUNT, MAX_ITEMS, MAX_KEPT, from_gguf, read_gguf_header
 from ggml_lite.models.llama import PRESETS, LlamaParams
-from gguf_writer import QT, TINY, VT, gstr, header_reader, kv_str, kv_u32, oracle_params, raw_gguf, tensor_info, write_llama_gguf
+from gguf_writer import (
+    QT, TINY, VT, gstr, header_reader, kv_str, kv_u32, oracle_params, raw_gguf, set_offset, tensor_info, tensor_layout,
+    write_llama_gguf,
+)
 
 
 def refused(path, *needles):
@@ -207,6 +210,106 @@ def test_values_kept_in_memory_are_capped(tmp_path):
     path.write_bytes(raw_gguf([gstr("a") + struct.pack("<IQ", VT.STRING, MAX_KEPT + 1)]))
     with pytest.raises(ModelError, match=f"a string of {MAX_KEPT + 1} bytes, expected at most {MAX_KEPT}"):
         read_gguf_header(path)
+
+
+# ---- where each tensor's data lie (llama_model_loader::llama_tensor_weight) ------------------------------
+
+def _sparse(tmp_path, name="s.gguf"):
+    """A valid sparse TINY file: its bytes and its layout (data_offset, size, [(name, at, offset, nbytes)])."""
+    path = write_llama_gguf(tmp_path / name, sparse=True)
+    return path, bytearray(path.read_bytes()), tensor_layout(path)
+
+
+def test_a_sparse_file_and_a_header_only_file_plan_the_same_model(tmp_path):
+    """The sparse file is exactly as long as its last tensor's end (the writer pads the header to 32, as
+    llama.cpp's converter does); the header-only file ends before the data section. Both plan; only the
+    second is header only."""
+    path, _, (data_offset, size, rows) = _sparse(tmp_path)
+    name, _, offset, nbytes = rows[-1]
+    assert size == data_offset + offset + nbytes and name == "blk.1.ffn_up.weight"
+    header = write_llama_gguf(tmp_path / "h.gguf")
+    assert os.path.getsize(header) < data_offset
+    full, only = from_gguf(path), from_gguf(header)
+    assert (full.header_only, only.header_only) == (False, True) and full.params == only.params
+    assert (only.data_offset, only.file_size) == (data_offset, os.path.getsize(header))
+    for cut in (os.path.getsize(header) + 1, data_offset):  # the padding, partly or wholly there: still header only
+        with open(header, "ab") as f:
+            f.truncate(cut)
+        assert from_gguf(header).header_only
+    os.truncate(path, size + 1)  # a byte after the data: accepted, as llama.cpp accepts it
+    assert not from_gguf(path).header_only
+
+
+@pytest.mark.parametrize("which, offset, message", [
+    (-1, 2**63, "12288 bytes at offset 9223372036854775808 of the data section (byte 1696) would end at byte "
+                "9223372036854789792, past 2^63 - 1, the largest size a file can have (llama.cpp: tensor "
+                "'blk.1.ffn_up.weight' data is not within the file bounds"),
+    (-1, 2**64 - 32, "past 2^63 - 1, the largest size a file can have (llama.cpp at daa9623 wraps the sum around to "
+                     "byte 1664 and loads the wrong bytes)"),
+    (-1, 2**63 - 1696, "would end at byte 9223372036854788096, past 2^63 - 1"),
+    (0, 2**64 - 1696, "wraps the sum around to byte 0"),
+    (-1, 128288, "12288 bytes at offset 128288 of the data section would lie at bytes 129984 to 142272, past the "
+                 "file's end (142240 bytes) (llama.cpp: tensor 'blk.1.ffn_up.weight' data is not within the file bounds, "
+                 "model is corrupted or incomplete)"),
+    (0, 2**40, "past the file's end (142240 bytes)"),
+])
+def test_a_tensor_whose_data_lie_past_the_file_or_2_to_the_63_is_refused_by_name(tmp_path, which, offset, message):
+    path, data, (_, _, rows) = _sparse(tmp_path)
+    i = which % len(rows)
+    set_offset(data, rows[i][1], offset)
+    msg = refused(raw_file(tmp_path, bytes(data)), f"tensors[{i}].offset: {rows[i][0]}: ", message)
+    assert msg.count("tensors[") == 1
+
+
+def test_offsets_past_2_to_the_63_are_refused_in_a_header_only_file_too(tmp_path):
+    """A header-only file skips the end-of-file check, not the 2^63 one: no file holds such data. An aligned
+    offset past the end of a header-only file is not checked (it has no data to check it against)."""
+    path = write_llama_gguf(tmp_path / "h.gguf")
+    data_offset, _, rows = tensor_layout(path)
+    data = bytearray(path.read_bytes())
+    set_offset(data, rows[3][1], 2**40)
+    assert from_gguf(raw_file(tmp_path, bytes(data), "far.gguf")).header_only
+    set_offset(data, rows[3][1], 2**63)
+    refused(raw_file(tmp_path, bytes(data)), f"tensors[3].offset: {rows[3][0]}: ", "past 2^63 - 1")
+    huge = raw_gguf([], [tensor_info("a", [2**61, 2])], n_tensors=1)  # 2^62 f32: 2^64 bytes, in a header-only file
+    refused(raw_file(tmp_path, huge, "huge.gguf"), "tensors[0].offset: a: 18446744073709551616 bytes at offset 0",
+            "past 2^63 - 1")
+
+
+def test_a_sparse_file_one_byte_short_names_the_first_tensor_past_its_end(tmp_path):
+    """Cut anywhere in the data section, the file is refused naming the first tensor, in the file's order,
+    that ends past the cut -- before the hyperparameters are looked at, as in llama.cpp's loader."""
+    path, data, (data_offset, size, rows) = _sparse(tmp_path)
+    for cut in (size - 1, size - 12288, data_offset + 8192, data_offset + 1):
+        want = next(i for i, (_, _, offset, nbytes) in enumerate(rows) if data_offset + offset + nbytes > cut)
+        os.truncate(path, cut)
+        refused(path, f"tensors[{want}].offset: {rows[want][0]}: ", f"past the file's end ({cut} bytes)")
+    bad = write_llama_gguf(tmp_path / "b.gguf", sparse=True, kv={"llama.block_count": (0, VT.UINT32)})
+    os.truncate(bad, os.path.getsize(bad) - 1)
+    refused(bad, "tensors[20].offset: blk.1.ffn_up.weight: ")  # the data first, then block_count
+
+
+def test_overlapping_tensor_data_are_accepted_as_llama_cpp_accepts_them(tmp_path):
+    """llama.cpp at daa9623 compares no two tensors' ranges: every tensor at offset 0 (all overlapping) or
+    two tensors swapped plans the same model."""
+    path, data, (_, _, rows) = _sparse(tmp_path)
+    want = from_gguf(path)
+    for _, at, _, _ in rows:
+        set_offset(data, at, 0)
+    got = from_gguf(raw_file(tmp_path, bytes(data), "overlap.gguf"))
+    assert (got.params, got.tensor_types, got.header_only) == (want.params, want.tensor_types, False)
+    assert {t.offset for t in read_gguf_header(tmp_path / "overlap.gguf").tensors} == {0}
+
+
+def test_the_command_line_notes_a_header_only_file(tmp_path):
+    """`llama --gguf` on a header-only file prints the full file's report and a note on stderr saying what it is;
+    on a sparse file, no note."""
+    header, (path, _, _) = write_llama_gguf(tmp_path / "h.gguf"), _sparse(tmp_path)
+    o = assert_sound(run_cli(["llama", "--gguf", header, "--json"]), allow=(0,))
+    full = assert_sound(run_cli(["llama", "--gguf", path, "--json"]), allow=(0,))
+    assert json.loads(o.out) == json.loads(full.out) and full.err == ""
+    assert o.err.startswith(f"note: {header}: header only ({os.path.getsize(header)} bytes, its tensors' data would "
+                            f"start at byte 1696): planned from the header; llama.cpp would refuse to load it")
 
 
 # ---- llama.cpp's checks of the metadata ----------------------------------------------------------------

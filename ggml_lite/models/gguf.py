@@ -66,7 +66,7 @@ class GGUFTensorInfo:
 @dataclass
 class GGUFHeader:
     """What `gguf_init_from_file` reads with `no_alloc`: the version, the key/value pairs in file order,
-    the tensor infos, the alignment and where the data starts (it is never read)."""
+    the tensor infos, the alignment, where the data starts (it is never read) and the file's size."""
 
     path: str
     version: int
@@ -74,6 +74,12 @@ class GGUFHeader:
     tensors: list
     alignment: int
     data_offset: int
+    file_size: int
+
+    @property
+    def header_only(self) -> bool:
+        """The file ends at or before the data section's start: only its header was copied."""
+        return self.file_size <= self.data_offset
 
 
 # notebooks/10_llama.py
@@ -255,7 +261,30 @@ def _read_header(cur: _Cursor) -> GGUFHeader:
         cur.fail('kv["general.alignment"]', f"expected a uint32 power of two, found {align.describe()}")
     seen = {}
     tensors = [_read_tensor_info(cur, i, align.value, seen) for i in range(n_tensors)]
-    return GGUFHeader(cur.path, version, kv, tensors, align.value, GGML_PAD(cur.pos, align.value))
+    return GGUFHeader(cur.path, version, kv, tensors, align.value, GGML_PAD(cur.pos, align.value), len(cur.data))
+
+
+# notebooks/10_llama.py
+def check_tensor_data(h: GGUFHeader) -> None:
+    """`llama_model_loader::llama_tensor_weight`'s bounds check, tensor by tensor in the file's order: the
+    `ggml_nbytes` bytes from `data_offset + offset` end by 2^63 - 1 (`INT64_MAX`, the largest file) and,
+    unless the file is header only, by the file's end; a `ModelError` naming the tensor otherwise."""
+    for i, t in enumerate(h.tensors):
+        ty = TYPES_BY_CODE[t.type_code]
+        nbytes = math.prod(t.ne) // ty.blck_size * ty.type_size  # ggml_nbytes (ne[0] is whole blocks)
+        start = h.data_offset + t.offset
+        end = start + nbytes
+        where = f"{h.path}: tensors[{i}].offset: {t.name or '(empty name)'}: {nbytes} bytes at offset {t.offset} of the data"
+        llama = f"(llama.cpp: tensor '{t.name[:63]}' data is not within the file bounds, model is corrupted or incomplete)"
+        if end > INT64_MAX:
+            offs = start % 2**64  # llama.cpp's size_t sum, unchecked: it wraps around
+            if offs + nbytes < 2**64 and offs + nbytes <= h.file_size:
+                llama = f"(llama.cpp at daa9623 wraps the sum around to byte {offs} and loads the wrong bytes)"
+            raise ModelError(f"{where} section (byte {h.data_offset}) would end at byte {end}, past 2^63 - 1, the "
+                             f"largest size a file can have {llama}")
+        if not h.header_only and end > h.file_size:
+            raise ModelError(f"{where} section would lie at bytes {start} to {end}, past the file's end "
+                             f"({h.file_size} bytes) {llama}")
 
 
 # notebooks/10_llama.py
@@ -383,20 +412,27 @@ def check_llama_tensors(h: GGUFHeader, p: LlamaParams) -> dict:
 
 @dataclass
 class GGUFModel:
-    """A model file's `params` and `tensor_types` ({name: GGMLType}); `shapes` ({name: ne})."""
+    """A model file's `params` and `tensor_types` ({name: GGMLType}); `shapes` ({name: ne}); `header_only`: the
+    file ends at `file_size`, at or before its data section's start `data_offset` (planned, not loadable)."""
 
     path: str
     params: LlamaParams
     tensor_types: dict
     shapes: dict
+    header_only: bool = False
+    data_offset: int = None
+    file_size: int = None
 
 
 def from_gguf(path) -> GGUFModel:
-    """The LLaMA in the GGUF file at `path`, from its header alone (`read_gguf_header`, `llama_hparams`,
-    `check_llama_tensors`). Anything llama.cpp would refuse, and anything this port cannot plan, is a
-    `ModelError` naming the file and the key or tensor."""
+    """The LLaMA in the GGUF file at `path`, from its header alone (`read_gguf_header`, `check_tensor_data`,
+    `llama_hparams`, `check_llama_tensors`, in llama.cpp's order). Anything llama.cpp would refuse, and
+    anything this port cannot plan, is a `ModelError` naming the file and the key or tensor -- except the
+    missing data of a header-only file, which the model's `header_only` records."""
     h = read_gguf_header(path)
+    check_tensor_data(h)
     params = llama_hparams(h)
     types = check_llama_tensors(h, params)
     params = LlamaParams(**{**params.__dict__, "wtype": types["blk.0.attn_q.weight"].name})
-    return GGUFModel(str(path), params, types, {t.name: t.ne for t in h.tensors})
+    return GGUFModel(str(path), params, types, {t.name: t.ne for t in h.tensors}, h.header_only, h.data_offset,
+                     h.file_size)
