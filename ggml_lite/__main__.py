@@ -41,6 +41,7 @@ file or the arguments are unusable.
 
 import argparse
 import json
+import os
 import sys
 
 from ggml_lite.errors import AllocationError, GGMLLiteError, GraphFileError, TensorError, UnsupportedOpError
@@ -66,6 +67,24 @@ def _positive(unit: str, most: float = float("inf")):
         return value
 
     return parse
+
+
+def _physical_gib() -> float:
+    """This machine's physical memory in GiB (os.sysconf; 2^30 where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (AttributeError, ValueError, OSError):
+        return 2.0**30
+
+
+def _memory_gib(text: str) -> float:
+    """An argparse type for --max-gib: a positive number of GiB, at most the machine's physical memory (more
+    would end in running out of memory, not in a refusal: `plan --verify --max-gib 100` on a 7B graph)."""
+    value, phys = _positive("GiB", 2.0**30)(text), _physical_gib()
+    if value > phys:
+        raise argparse.ArgumentTypeError(f"expected a positive number of GiB at most {phys:.1f}, this machine's "
+                                         f"physical memory, got {text!r}")
+    return value
 
 
 def _count(what: str, least: int):
@@ -350,7 +369,7 @@ def main(argv=None) -> int:
                    f"{DEFAULT_BUDGET}); a planner stopped by it places a valid plan and says 'stopped by its budget'")
     p.add_argument("--verify", action="store_true", help="compute the graph in the plan on the CPU backend and compare it "
                    "bit for bit with the graph computed with every tensor in memory of its own (exit 1 on a difference)")
-    p.add_argument("--max-gib", type=_positive("GiB", 2.0**30), default=2.0, metavar="GiB",
+    p.add_argument("--max-gib", type=_memory_gib, default=2.0, metavar="GiB",
                    help="memory --verify may use (default 2; a 7B graph needs about 13.2)")
     p.set_defaults(run=cmd_plan)
     c = sub.add_parser("check", help="plan again and compare with the plan recorded in the file")
@@ -360,7 +379,7 @@ def main(argv=None) -> int:
                    "summation order) instead of plain numpy")
     c.add_argument("--limit", type=_count("a number of differences", 1), default=10,
                    help="how many differences to print (default 10)")
-    c.add_argument("--max-gib", type=_positive("GiB", 2.0**30), default=1.0, metavar="GiB",
+    c.add_argument("--max-gib", type=_memory_gib, default=1.0, metavar="GiB",
                    help="memory the numerics check may use (default 1); a file that needs more is refused")
     c.set_defaults(run=cmd_check)
     d = sub.add_parser("sched", help="the scheduler's assignments of a recorded scenario (GGML_SCHED_DEBUG format)",
@@ -402,6 +421,11 @@ def main(argv=None) -> int:
     except (GGMLLiteError, OSError) as e:
         where = "" if str(args.file) in str(e) or args.file == "the llama arguments" else f"{args.file}: "
         print(f"error: {type(e).__name__}: {where}{e}", file=sys.stderr)
+        return 2
+    except MemoryError:  # (what --max-gib and the readers' bounds did not foresee: a message, not "internal")
+        hint = "; a lower --max-gib refuses such a file before trying" if hasattr(args, "max_gib") else ""
+        print(f"error: AllocationError: {args.file}: not enough memory on this machine to process this input "
+              f"(MemoryError){hint}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 -- the last resort: no input may end in a traceback
         # Every reader validates before it builds, so reaching this line is a bug of ggml_lite (the fuzz

@@ -8,7 +8,9 @@ back. Also writes a fixture-schema file for a graph built with the ggml_lite API
 
 import json
 import math
+import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +44,26 @@ def _bound(x: int) -> str:
     return {INT64_MAX: "2^63-1", _INT32[0]: "-2^31", _INT32[1]: "2^31-1"}.get(x, str(x))
 
 
+MAX_QUOTE = 60  # the characters of a name or string a message quotes (a 100,000-character name made 100 KB lines)
+
+
+def quote(s, most: int = MAX_QUOTE) -> str:
+    """A name or string as every message quotes it: in full up to `most` characters, else its first `most`
+    and its length (`'blk.0.…'... (100,000 chars)`)."""
+    if not isinstance(s, str):  # (a number, a list...: its repr, cut the same way)
+        r = repr(s)
+        return r if len(r) <= most else f"{r[:most]}... ({len(r):,} chars)"
+    return repr(s) if len(s) <= most else f"{s[:most]!r}... ({len(s):,} chars)"
+
+
+def json_kind(v) -> str:
+    """The JSON name of a parsed value's kind: object, array, string, number, true/false or null."""
+    if v is None or isinstance(v, bool):
+        return "null" if v is None else "true/false"
+    return ("number" if isinstance(v, (int, float)) else "string" if isinstance(v, str) else
+            "array" if isinstance(v, list) else "object" if isinstance(v, dict) else "value of no JSON kind")
+
+
 def found(v) -> str:
     """A JSON value as an error message names it: its kind and (a prefix of) its value."""
     if v is None:
@@ -54,10 +76,10 @@ def found(v) -> str:
     if isinstance(v, float):
         return f"the number {v!r}, not an integer" if v == int(v) else f"the number {v!r}"
     if isinstance(v, str):
-        return f"the string {v[:40]!r}" + ("..." if len(v) > 40 else "") + ("" if _is_text(v) else " (not Unicode text)")
+        return f"the string {quote(v)}" + ("" if _is_text(v) else " (not Unicode text)")
     if isinstance(v, list):
         return f"a list of {len(v)} item(s)"
-    return "an object" if isinstance(v, dict) else type(v).__name__
+    return "an object" if isinstance(v, dict) else f"a {json_kind(v)}"
 
 
 def fail(path: str, expected: str, v, cls=GraphFileError):
@@ -116,6 +138,9 @@ def check_list(v, path: str, most: int = None, length: int = None) -> list:
 
 
 # notebooks/A1_graph_files.py
+MAX_JSON_BYTES = 32 * 2**20  # 20x the 80-layer LLaMA's 1.5 MB; at most ~0.9 GB to parse, whatever the text
+
+
 class _NonFinite:
     """What the parser puts where the text says NaN or Infinity, to be found and reported."""
 
@@ -123,15 +148,32 @@ class _NonFinite:
         self.text = text
 
 
-def _find_non_finite(doc):
-    """(path, literal) of the first NaN/Infinity in a parsed document (iterative: depth is unbounded)."""
+class _Repeated(dict):
+    """What the parser makes of an object whose text gives a key twice (`repeated`: that key)."""
+
+    repeated = None
+
+
+def _object(pairs: list) -> dict:
+    d = dict(pairs)
+    if len(d) == len(pairs):
+        return d
+    seen = set()
+    out = _Repeated(d)
+    out.repeated = next(k for k, _ in pairs if k in seen or seen.add(k))
+    return out
+
+
+def _find(doc, bad):
+    """(path, value) of the first value of a parsed document for which `bad` holds (iterative: depth is
+    unbounded; keys in the path cut to MAX_QUOTE characters)."""
     stack = [("", doc)]
     while stack:
         path, v = stack.pop()
-        if isinstance(v, _NonFinite):
-            return path or "the top level", v.text
+        if bad(v):
+            return path or "the top level", v
         if isinstance(v, dict):
-            stack.extend((f"{path}.{k}" if path else k, x) for k, x in reversed(list(v.items())))
+            stack.extend((f"{path}.{k[:MAX_QUOTE]}" if path else k[:MAX_QUOTE], x) for k, x in reversed(list(v.items())))
         elif isinstance(v, list):
             stack.extend((f"{path}[{k}]", x) for k, x in reversed(list(enumerate(v))))
     return None
@@ -139,8 +181,9 @@ def _find_non_finite(doc):
 
 def parse_json(text: str, where: str = "the document"):
     """Parse JSON text as untrusted input: `GraphFileError` (naming `where`) for text that is not JSON,
-    a NaN or Infinity literal (with its path) and nesting too deep to parse."""
-    seen = []
+    a NaN or Infinity literal (with its path), a key given twice in one object (with the object's path)
+    and nesting too deep to parse."""
+    seen, repeated = [], []
 
     def constant(name):
         seen.append(name)
@@ -150,8 +193,14 @@ def parse_json(text: str, where: str = "the document"):
         x = float(text)
         return x if math.isfinite(x) else constant(text)
 
+    def pairs(items):
+        d = _object(items)
+        if isinstance(d, _Repeated):
+            repeated.append(d)
+        return d
+
     try:
-        doc = json.loads(text, parse_constant=constant, parse_float=number)
+        doc = json.loads(text, parse_constant=constant, parse_float=number, object_pairs_hook=pairs)
     except json.JSONDecodeError as e:
         raise GraphFileError(f"{where}: not JSON ({e})") from None
     except ValueError as e:  # an integer of more digits than Python converts
@@ -160,28 +209,59 @@ def parse_json(text: str, where: str = "the document"):
         raise GraphFileError(f"{where}: JSON nested too deeply to read (more than about "
                              f"{sys.getrecursionlimit()} levels)") from None
     if seen:
-        path, literal = _find_non_finite(doc)
-        raise GraphFileError(f"{where}: {path}: expected a finite number, found {literal[:40]} "
+        path, v = _find(doc, lambda v: isinstance(v, _NonFinite))
+        raise GraphFileError(f"{where}: {path}: expected a finite number, found {v.text[:40]} "
                              "(JSON has no NaN or Infinity)")
+    if repeated:
+        path, v = _find(doc, lambda v: isinstance(v, _Repeated))
+        raise GraphFileError(f"{where}: {path}: expected each key once in an object, found the key "
+                             f"{quote(v.repeated)} more than once (which value counts would be a guess)")
     return doc
+
+
+# notebooks/A1_graph_files.py
+_NOT_REGULAR = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                (stat.S_ISFIFO, "a FIFO, a named pipe"), (stat.S_ISSOCK, "a socket"))
+
+
+def _regular(st: os.stat_result, path) -> None:
+    """Refuse what `st` says is not a regular file of at most MAX_JSON_BYTES, naming what it is."""
+    if stat.S_ISDIR(st.st_mode):
+        raise GraphFileError(f"{path} is a directory; give one JSON file (e.g. {str(path).rstrip('/')}/NAME.json)")
+    if not stat.S_ISREG(st.st_mode):
+        what = next((name for test, name in _NOT_REGULAR if test(st.st_mode)), "not a file")
+        raise GraphFileError(f"{path}: not a regular file ({what}); give a JSON file")
+    if st.st_size > MAX_JSON_BYTES:
+        raise GraphFileError(f"{path}: expected a JSON file of at most {MAX_JSON_BYTES // 2**20} MiB, found "
+                             f"{st.st_size:,} bytes (the largest graph ggml_lite writes, an 80-layer LLaMA, is "
+                             f"1.5 MB; the limit keeps parsing within about 0.9 GB of memory)")
 
 
 def read_json(path) -> dict:
     """The JSON object in the file at `path`, read as untrusted input (`parse_json`); `GraphFileError`
-    says why it cannot be one."""
-    p = Path(path)
-    if p.is_dir():
-        raise GraphFileError(f"{path} is a directory; give one JSON file (e.g. {str(path).rstrip('/')}/NAME.json)")
-    if not p.is_file():
-        raise GraphFileError(f"{path}: no such file")
+    says why it cannot be one. The file is looked at (`os.stat`) before it is opened, and opened without
+    blocking: a FIFO, a device or a file above MAX_JSON_BYTES is refused before a byte is read."""
     try:
-        text = p.read_text()
+        _regular(os.stat(path), path)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        hint = " (standard input is not read: give a file)" if str(path) == "-" else ""
+        raise GraphFileError(f"{path}: no such file{hint}") from None
+    except OSError as e:
+        raise GraphFileError(f"{path}: cannot be read ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as f:
+        _regular(os.fstat(f.fileno()), path)  # (the file opened is the file looked at)
+        data = f.read(MAX_JSON_BYTES + 1)
+    if len(data) > MAX_JSON_BYTES:  # (it grew since)
+        _regular(os.stat_result((stat.S_IFREG, 0, 0, 0, 0, 0, len(data), 0, 0, 0)), path)
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise GraphFileError(f"{path}: not a text file (JSON expected)") from None
+        raise GraphFileError(f"{path}: not a text file (JSON expected, in UTF-8)") from None
     doc = parse_json(text, str(path))
     if not isinstance(doc, dict):
-        raise GraphFileError(f"{path}: the top level is a JSON {type(doc).__name__.replace('dict', 'object')}, "
-                             "expected an object (a graph file or a scheduler scenario)")
+        raise GraphFileError(f"{path}: the top level is a JSON {json_kind(doc)}, expected an object (a graph file "
+                             "or a scheduler scenario)")
     return doc
 
 
@@ -196,7 +276,7 @@ _FLAG_BITS = {"INPUT": int(TensorFlag.INPUT), "OUTPUT": int(TensorFlag.OUTPUT), 
 
 def _tname(e: dict) -> str:
     name = e.get("name")
-    return f"tensor #{str(e.get('id'))[:20]} " + (repr(name[:60]) if isinstance(name, str) else "(no name)")
+    return f"tensor #{str(e.get('id'))[:20]} " + (quote(name) if isinstance(name, str) else "(no name)")
 
 
 def _check_layout(e: dict, p: str) -> None:
@@ -219,6 +299,11 @@ def _check_layout(e: dict, p: str) -> None:
 
 
 # notebooks/A1_graph_files.py
+# The ops whose first two sources must be tensors; every other op but NONE needs its first (SOFT_MAX's
+# mask and ROPE's frequency factors, src[1] and src[2], may be null).
+_TWO_SOURCES = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.ADD1, Op.CONCAT, Op.MUL_MAT, Op.CPY, Op.GET_ROWS, Op.ROPE})
+
+
 def _check_entry(e: dict, i: int, n: int, p: str) -> None:
     """Every field of the entry at position `i` of `n` (JSON path `p`): presence, type, range, ids."""
     for f in TENSOR_FIELDS + (("unary_op",) if e.get("op") == "UNARY" else ()):
@@ -253,6 +338,11 @@ def _check_entry(e: dict, i: int, n: int, p: str) -> None:
             fail(f"{p}.unary_op", f"{UnaryOp(w).name!r}, the unary op of op_params[0] = {w}", e["unary_op"])
     for k, ref in enumerate(check_list(e["src"], f"{p}.src", most=GGML_MAX_SRC)):
         _check_ref(ref, f"{p}.src[{k}]", n)
+    needed = 0 if op is Op.NONE else 2 if op in _TWO_SOURCES else 1
+    for k in range(needed):  # (an op rebuilt from a missing source ended in "'NoneType' object has no attribute")
+        if k >= len(e["src"]) or e["src"][k] is None:
+            fail(f"{p}.src[{k}]", f"the id of a tensor ({op.name} takes {needed} source(s); {_tname(e)})",
+                 e["src"][k] if k < len(e["src"]) else None)
     _check_ref(e["view_src"], f"{p}.view_src", n)
     check_list(e["src_names"], f"{p}.src_names", length=len(e["src"]))
     bits = 0
@@ -324,14 +414,14 @@ def _check_names(entries: list, where: str) -> None:
     for i, e in enumerate(entries):
         j = first.setdefault(e["name"], i)
         if j != i:
-            raise GraphFileError(f"{where}.tensors[{i}].name: {e['name']!r} is also the name of tensors[{j}]; "
+            raise GraphFileError(f"{where}.tensors[{i}].name: {quote(e['name'])} is also the name of tensors[{j}]; "
                                  "names in a graph file are unique (the writer appends #id to shared names)")
     for i, e in enumerate(entries):
         refs = [(f"src_names[{k}]", r, nm) for k, (r, nm) in enumerate(zip(e["src"], e["src_names"]))]
         for field_, r, nm in refs + [("view_src_name", e["view_src"], e["view_src_name"])]:
             want = None if r is None else entries[r]["name"]
             if nm != want:
-                fail(f"{where}.tensors[{i}].{field_}", "null" if want is None else f"{want!r}, the name of tensor #{r}", nm)
+                fail(f"{where}.tensors[{i}].{field_}", "null" if want is None else f"{quote(want)}, the name of tensor #{r}", nm)
 
 
 def _check_lists(g: dict, where: str, n: int) -> None:
@@ -444,7 +534,7 @@ def _check_external(doc: dict, sections: list) -> None:
             if e["preallocated"] != (roots[i] in labels):
                 ext = roots[i] in labels
                 fail(f"{where}.tensors[{i}].preallocated", f"{str(ext).lower()}: its memory (its view root's) is in "
-                     f"context {roots[i]!r}, {'an' if ext else 'not an'} external buffer", e["preallocated"])
+                     f"context {quote(roots[i])}, {'an' if ext else 'not an'} external buffer", e["preallocated"])
 
 
 def _root_ctxs(ents: list) -> list:
@@ -681,7 +771,7 @@ def _graph_section(doc: dict, step) -> tuple:
             f"this file holds no single graph but {len(with_graph)} steps with graphs; pass step= one of {with_graph}"
             if with_graph else "this file has no 'graph' section")
     if step not in with_graph or isinstance(step, bool):
-        raise GraphFileError(f"step {step!r} has no graph; steps with graphs: {with_graph}")
+        raise GraphFileError(f"step {quote(step)} has no graph; steps with graphs: {with_graph}")
     return f"steps[{step}].graph", doc["steps"][step]["graph"]
 
 
@@ -754,7 +844,7 @@ def _check_graph(gf: GraphFile, g: dict) -> None:
     for i, t in gf.tensors.items():
         want = _recorded_name(gf.records[i], False)
         if t.name != want:
-            raise RecordMismatchError(f"{_tname(gf.records[i])}: the graph named it {t.name!r}")
+            raise RecordMismatchError(f"{_tname(gf.records[i])}: the graph named it {quote(t.name)}")
 
 
 def load_graph(source, step: int = None):
@@ -881,11 +971,11 @@ def allocate_external(gf: GraphFile, buft=None) -> dict:
         buf = alloc_ctx_tensors(ctx, buft)
         size = buf.get_size() if buf is not None else 0
         if size != ext["size"]:
-            raise RecordMismatchError(f"context {label!r}: ggml's buffer held {ext['size']} bytes, ggml_lite's {size}")
+            raise RecordMismatchError(f"context {quote(label)}: ggml's buffer held {ext['size']} bytes, ggml_lite's {size}")
         for t in ctx.tensors:
             want = gf.records[gf.id_of(t)].get("ext_offset")
             if want is not None and t.view_src is None and t.data - buf.get_base() != want:
-                raise RecordMismatchError(f"{t.name!r}: ggml put it at offset {want} of {label!r}, "
+                raise RecordMismatchError(f"{quote(t.name)}: ggml put it at offset {want} of {quote(label)}, "
                                           f"ggml_lite at {t.data - buf.get_base()}")
         buffers[label] = buf
     return buffers
@@ -939,11 +1029,11 @@ def plan_differences(want: Plan, got: Plan, gf: GraphFile, limit: int = 10) -> l
     for i in sorted(want.offsets):
         facts = [("offset", want.offsets, got.offsets), ("buffer", want.buffers, got.buffers),
                  ("ext_offset", want.ext_offsets, got.ext_offsets)]
-        diff = [f"{f} {w[i]!r}, ggml_lite {g.get(i)!r}" for f, w, g in facts
+        diff = [f"{f} {quote(w[i])}, ggml_lite {quote(g.get(i))}" for f, w, g in facts
                 if w is not None and g is not None and w[i] != g.get(i)]
         if diff:
             r = gf.records[i]
-            out.append(f"tensor #{i} {r['name']!r} ({r['op']}, {r.get('nbytes')} B): ggml " + "; ggml ".join(diff))
+            out.append(f"tensor #{i} {quote(r['name'])} ({r['op']}, {r.get('nbytes')} B): ggml " + "; ggml ".join(diff))
             if limit and len(out) >= limit:
                 break
     return out
@@ -985,8 +1075,13 @@ def _compare_call(label: str, want: dict, got: dict) -> list:
     out = []
     for key, gkey in (("ok", "ok"), ("buffer_size", "buffer_size"), ("buffer_size_before", "buffer_size_before"),
                       ("compute_buffer_replaced", "replaced"), ("log", "log")):
-        if key in want and want[key] != got[gkey]:
-            out.append(f"{label}: {key}: ggml {want[key]!r}, ggml_lite {got[gkey]!r}")
+        if key in want and want[key] != got[gkey] and key == "log" and isinstance(want[key], list):
+            w, g = want[key], got[gkey]  # (the first differing line, quoted long enough to show it)
+            k = next((k for k, (a, b) in enumerate(zip(w, g)) if a != b), min(len(w), len(g)))
+            out.append(f"{label}: log[{k}]: ggml {quote(w[k], 200) if k < len(w) else '(no more lines)'}, "
+                       f"ggml_lite {quote(g[k], 200) if k < len(g) else '(no more lines)'}")
+        elif key in want and want[key] != got[gkey]:
+            out.append(f"{label}: {key}: ggml {quote(want[key])}, ggml_lite {quote(got[gkey])}")
     return out
 
 
@@ -997,11 +1092,11 @@ def check_plan_file(source, limit: int = 10) -> list:
     `limit` differences (an integer >= 1; 0 or None: all of them). The document is validated first,
     with every recorded result (`validate_document(record=True)`)."""
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
-        raise GraphFileError(f"limit: expected an integer >= 1 (0 or None: every difference), found {limit!r}")
+        raise GraphFileError(f"limit: expected an integer >= 1 (0 or None: every difference), found {quote(limit)}")
     limit = limit or None
     doc = load_document(source, record=True)
     if doc["schema"] != SCHEMAS[0]:
-        raise GraphFileError(f"not a graph-allocator fixture (schema {doc['schema']!r})")
+        raise GraphFileError(f"not a graph-allocator fixture (schema {quote(doc['schema'])})")
     out = []
     if "steps" in doc:
         galloc = seen = None  # seen: the compute buffer's address after the last alloc_graph step

@@ -13,7 +13,7 @@ import numpy as np
 from ggml_lite.backend import tensor_get, tensor_set
 from ggml_lite.cpu import Arithmetic, cpu_init, quantize_q8_0, quantize_row_q4_0_ref
 from ggml_lite.errors import AllocationError, GraphFileError
-from ggml_lite.graphio import check_int, check_list, check_type, fail, need
+from ggml_lite.graphio import check_int, check_list, check_type, fail, need, quote
 from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0
 
 MASK = 0xFFFFFFFF
@@ -78,7 +78,7 @@ def fill_leaf(tensor, data_seed: int, leaf_id: int, kind: str = "float", value_r
     elif tensor.type is Q4_0:  # (beyond the spec, as the oracle's numeric graphs fill it)
         tensor_set(tensor, np.frombuffer(quantize_row_q4_0_ref(values.reshape(-1, tensor.ne[0])).tobytes(), np.uint8))
     else:
-        raise GraphFileError(f"leaf {leaf_id} ({tensor.name}): no generator for type {tensor.type.name}")
+        raise GraphFileError(f"leaf {leaf_id} ({quote(tensor.name)}): no generator for type {tensor.type.name}")
 
 
 def _values_f32(tensor) -> np.ndarray:
@@ -86,10 +86,19 @@ def _values_f32(tensor) -> np.ndarray:
     return tensor_get(tensor).astype(np.float32).reshape(-1)
 
 
+GENERATOR_KIND = "lcg32"  # `data_generator.kind`: the 32-bit LCG of tests/fixtures/README.md, the only one
+
+
 def data_seed(doc: dict) -> int:
     """The leaf-data seed: `data_generator.data_seed` (the spec's place), else a top-level `data_seed`
     (files written before the spec said so)."""
     gen = doc.get("data_generator")
+    if isinstance(gen, dict) and gen.get("kind", GENERATOR_KIND) != GENERATOR_KIND:
+        fail("data_generator.kind", f"{GENERATOR_KIND!r}, the only generator a file can name (the LCG of "
+             "tests/fixtures/README.md, which fills the leafs)", gen["kind"])
+    if gen is not None and not isinstance(gen, dict) and gen != "LCG":
+        fail("data_generator", f"an object with `data_seed` and `kind` {GENERATOR_KIND!r} (or, in older files, "
+             "'LCG')", gen)
     seed, path = (gen.get("data_seed"), "data_generator.data_seed") if isinstance(gen, dict) else (None, None)
     if seed is None:
         seed, path = doc.get("data_seed"), "data_seed"
@@ -122,7 +131,7 @@ def _check_leaf(leaf: dict, p: str, ents: list) -> int:
         fail(f"{p}.id", "the id of a leaf of the graph (op NONE)", i)
     for f in ("name", "type"):
         if need(leaf, f, f"{p}.{f}") != e[f]:
-            fail(f"{p}.{f}", f"{e[f]!r}, the {f} of tensor #{i}", leaf[f])
+            fail(f"{p}.{f}", f"{quote(e[f])}, the {f} of tensor #{i}", leaf[f])
     if e["type"] not in FILLABLE:
         fail(f"{p}.type", f"a type the generator fills {FILLABLE}", e["type"])
     kind = leaf.get("kind", "float")
@@ -146,7 +155,7 @@ def _check_result(res: dict, p: str, ents: list) -> int:
         fail(f"{p}.id", "the id of a node of the graph", i)
     for f in ("name", "type", "ne"):
         if need(res, f, f"{p}.{f}") != e[f]:
-            fail(f"{p}.{f}", f"{e[f]!r}, the {f} of tensor #{i}", res[f])
+            fail(f"{p}.{f}", f"{quote(e[f])}, the {f} of tensor #{i}", res[f])
     n = math.prod(e["ne"])
     if check_int(need(res, "n_elements", f"{p}.n_elements"), f"{p}.n_elements") != n:
         fail(f"{p}.n_elements", f"{n}, the product of ne {e['ne']}", res["n_elements"])
@@ -167,7 +176,7 @@ def validate_numerics(doc: dict, max_bytes: int = NUMERICS_MAX_BYTES) -> None:
     against its graph, field by field, and the memory computing it needs against `max_bytes`."""
     if check_type(doc.get("numeric", True), "numeric", bool, "true or false") is False or "numerics" not in doc:
         raise GraphFileError("numeric / numerics: a file with computed results has `numeric: true` and a "
-                             f"`numerics` block; this one has numeric = {doc.get('numeric')!r} and "
+                             f"`numerics` block; this one has numeric = {quote(doc.get('numeric'))} and "
                              f"{'a' if 'numerics' in doc else 'no'} `numerics` block")
     if "graph" not in doc:
         raise GraphFileError("numerics: recorded results go with a single graph, not with a sequence of steps")
@@ -180,7 +189,7 @@ def validate_numerics(doc: dict, max_bytes: int = NUMERICS_MAX_BYTES) -> None:
             fail(f"numerics.leaf_data[{k}].id", f"a leaf not described before (leaf_data[{seen[i]}] is)", i)
     for i, e in enumerate(ents):
         if e["graph_role"] != "none" and e["op"] == "NONE" and e["view_src"] is None and i not in seen:
-            raise GraphFileError(f"numerics.leaf_data: no entry for graph.tensors[{i}] {e['name']!r}, a leaf that "
+            raise GraphFileError(f"numerics.leaf_data: no entry for graph.tensors[{i}] {quote(e['name'])}, a leaf that "
                                  "holds data (every leaf's data must be described)")
     results = check_list(need(num, "results", "numerics.results"), "numerics.results")
     if not results:

@@ -70,7 +70,7 @@ from ggml_lite.cpu import cpu_init
 from ggml_lite.errors import GraphFileError, GraphFullError, SchedulerError
 from ggml_lite.dyn_tallocr import captured_log
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE
-from ggml_lite.graphio import graph_document, read_graph_file
+from ggml_lite.graphio import MAX_QUOTE, graph_document, quote, read_graph_file
 from ggml_lite.models.llama import LAYER_WEIGHTS, batch_inputs, build_llama, build_graph, model_tensors
 from ggml_lite.numerics import lcg_states
 from ggml_lite.sched import GGML_SCHED_MAX_BACKENDS, GGML_SCHED_MAX_COPIES, GGML_SCHED_MAX_SPLIT_INPUTS, BackendSched
@@ -245,13 +245,13 @@ def _found(v) -> str:
     if isinstance(v, float):
         return repr(v) + ("" if math.isfinite(v) else " (not a finite number)")
     if isinstance(v, str):
-        return "the string " + json.dumps(v if len(v) <= 60 else v[:57] + "...")
+        return "the string " + quote(v)
     text = json.dumps(v)
     if len(text) <= 60:
         return text
     if isinstance(v, list):
         return f"a list of {len(v)} item{'s' if len(v) != 1 else ''}"
-    return f"an object with keys {', '.join(map(str, list(v)[:6]))}"
+    return f"an object with keys {', '.join(quote(k) for k in list(v)[:6])}"
 
 
 def _fail(where: str, path: str, expected: str, v=_ABSENT):
@@ -259,6 +259,7 @@ def _fail(where: str, path: str, expected: str, v=_ABSENT):
 
 
 def _at(path: str, key) -> str:
+    key = key if isinstance(key, int) else key[:MAX_QUOTE]  # (a key of 100,000 characters is not all quoted)
     return f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else key)
 
 
@@ -751,7 +752,7 @@ def check_scenario(doc, where: str = "the scenario") -> dict:
     naming the file, the field's JSON path, what was expected and what was found."""
     if not isinstance(doc, dict) or doc.get("schema") != "ggml-sched-fixture":
         schema = doc.get("schema") if isinstance(doc, dict) else None
-        raise GraphFileError(f"{where}: not a scheduler scenario (schema {schema!r}, expected 'ggml-sched-fixture')")
+        raise GraphFileError(f"{where}: not a scheduler scenario (schema {quote(schema)}, expected 'ggml-sched-fixture')")
     outcome = doc.get("outcome")
     if not isinstance(outcome, dict):
         raise GraphFileError(f"{where}: no `outcome` object (`{{\"completed\": true}}`, or false with the "
@@ -887,7 +888,7 @@ def _replay_abort(doc) -> list:
             sched.reserve(graph)
         except SchedulerError as e:
             if want not in str(e):
-                out.append(f"reserve: aborted with {e!r}, the reference with {want!r}")
+                out.append(f"reserve: aborted with {quote(str(e), 240)}, the reference with {quote(want, 240)}")
             _compare("reserve: stderr before the abort", list(err), before, out)
             return out
     return out + [f"reserve: completed, the reference aborted ({want})"]
@@ -897,8 +898,7 @@ def _replay_abort(doc) -> list:
 # %%
 # | export
 def _short(v) -> str:
-    text = repr(v)
-    return text if len(text) <= 240 else f"{text[:240]}... ({len(text)} characters)"
+    return quote(v, 240)
 
 
 def _compare(what, got, want, out) -> None:

@@ -99,9 +99,11 @@ def test_the_module_runs_as_a_command():
 
 @pytest.mark.parametrize("command", ["plan", "check", "sched"])
 @pytest.mark.parametrize("content, needle", [
-    ("[1, 2, 3]", "the top level is a JSON list, expected an object"),
-    ('"text"', "the top level is a JSON str, expected an object"),
-    ("42", "the top level is a JSON int, expected an object"),
+    ("[1, 2, 3]", "the top level is a JSON array, expected an object"),
+    ('"text"', "the top level is a JSON string, expected an object"),
+    ("42", "the top level is a JSON number, expected an object"),
+    ("null", "the top level is a JSON null, expected an object"),  # (not "a JSON NoneType")
+    ("true", "the top level is a JSON true/false, expected an object"),
     ("[" * 100_000 + "]" * 100_000, "nested too deeply"),  # json would raise RecursionError
     ('{"schema": NaN}', "schema: expected a finite number, found NaN"),  # json would accept these
     ('{"a": [1, -Infinity]}', "a[1]: expected a finite number, found -Infinity"),
@@ -112,6 +114,110 @@ def test_a_top_level_that_is_not_an_object_exits_2(tmp_path, capsys, command, co
     assert main([command, str(path)]) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err and "internal error" not in err, err
+
+
+@pytest.mark.parametrize("command", ["plan", "check", "sched"])
+@pytest.mark.parametrize("text, path", [
+    ('{"schema_version": 99, "schema_version": 1}', "the top level"),  # (the last value won: check exited 0)
+    ('{"graph": {"tensors": [{"offset": 0, "id": 1, "offset": 64}]}}', "graph.tensors[0]"),
+    ('{"a": [{"b": {"c": 1, "c": 1}}]}', "a[0].b"),  # (even with equal values)
+])
+def test_a_key_given_twice_is_refused_with_its_object_path(tmp_path, capsys, command, text, path):
+    """A repeated key is refused at parse time, naming the object's JSON path and the key."""
+    fixture = load_json(fixture_path("ggml-seed", "01_mlp_small"))
+    p = tmp_path / "dup.json"
+    if text.startswith('{"schema_version"'):  # in a fixture that is valid without the first value
+        assert '"schema_version": 1,' in json.dumps(fixture)
+        text = json.dumps(fixture).replace('"schema_version": 1', text[1:-1], 1)
+    p.write_text(text)
+    assert main([command, str(p)]) == 2
+    err = capsys.readouterr().err
+    key = "schema_version" if "schema_version" in text else "offset" if "offset" in text else "c"
+    assert f"{path}: expected each key once in an object, found the key '{key}' more than once" in err, err
+
+
+@pytest.mark.parametrize("command", ["plan", "check", "sched"])
+@pytest.mark.parametrize("path, what", [("/dev/zero", "a character device"), ("/dev/null", "a character device"),
+                                        ("FIFO", "a FIFO"), ("-", "no such file (standard input is not read")])
+def test_special_files_are_named_for_what_they_are(tmp_path, capsys, command, path, what):
+    """/dev/zero, /dev/null, a FIFO (never opened for a blocking read: this test would hang) and `-`."""
+    import os
+
+    if path == "FIFO":
+        path = str(tmp_path / "pipe.json")
+        os.mkfifo(path)
+    assert main([command, path]) == 2
+    err = capsys.readouterr().err
+    assert what in err and (what.startswith("no such") or "no such file" not in err), err
+
+
+@pytest.mark.parametrize("command", ["plan", "check", "sched"])
+def test_a_file_above_the_size_cap_is_refused_before_it_is_read(tmp_path, capsys, command, monkeypatch):
+    """A sparse file of 1 TiB (os.truncate: no disk, no memory) is refused by its size, before a byte is
+    read (reading it is made to fail)."""
+    import os
+    from ggml_lite import graphio
+
+    p = tmp_path / "huge.json"
+    p.write_text("{}")
+    os.truncate(p, 2**40)
+    monkeypatch.setattr(graphio.os, "open", lambda *a, **k: pytest.fail("opened a file above the cap"))
+    assert main([command, str(p)]) == 2
+    err = capsys.readouterr().err
+    assert f"expected a JSON file of at most 32 MiB, found {2**40:,} bytes" in err, err
+    assert graphio.MAX_JSON_BYTES == 32 * 2**20
+
+
+def test_a_file_at_the_size_cap_is_read(tmp_path, capsys):
+    """The cap refuses only what is above it: a document of exactly MAX_JSON_BYTES parses (and is then
+    judged as a graph file)."""
+    from ggml_lite.graphio import MAX_JSON_BYTES
+
+    p = tmp_path / "padded.json"
+    text = '{"pad": ""}'
+    p.write_text(text[:-2] + " " * (MAX_JSON_BYTES - len(text)) + text[-2:])
+    assert p.stat().st_size == MAX_JSON_BYTES
+    assert main(["plan", str(p)]) == 2
+    assert "no `graph` and no `steps`" in capsys.readouterr().err
+
+
+def test_a_long_name_is_quoted_in_part(tmp_path, capsys):
+    """A 100,000-character tensor name is quoted by its first 60 characters and its length."""
+    doc = load_json(fixture_path("ggml-seed", "01_mlp_small"))
+    doc["graph"]["tensors"][1]["name"] = "n" * 100_000
+    doc["graph"]["tensors"][1]["type"] = "f99"
+    assert main(["check", _write(tmp_path, doc)]) == 2
+    err = capsys.readouterr().err
+    assert f"{'n' * 60!r}... (100,000 chars)" in err and len(err) < 1000, err[:2000]
+
+
+def test_a_memory_error_is_named_and_exits_2(tmp_path, capsys, monkeypatch):
+    """Running out of memory anywhere gets its own message and exit 2, not the last-resort handler."""
+    import ggml_lite.__main__ as cli
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(cli, "validate_document", exhausted)
+    path = str(fixture_path("ggml-seed", "01_mlp_small"))
+    assert main(["check", path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: AllocationError: {path}: not enough memory") and "internal error" not in err, err
+    assert "--max-gib" in err
+
+
+@pytest.mark.parametrize("command", [["plan", "--verify"], ["check"]])
+def test_max_gib_above_the_machines_memory_is_refused(capsys, command):
+    """`plan --verify --max-gib 100` ran out of memory on a small machine: a --max-gib above the physical
+    memory is refused before anything is read."""
+    import os
+
+    phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    path = str(fixture_path("ggml-seed", "14_llama7b_ctx512_one_output"))
+    with pytest.raises(SystemExit) as e:
+        main([command[0], path, *command[1:], "--max-gib", str(phys * 2)])
+    assert e.value.code == 2
+    assert "this machine's physical memory" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["plan", "check", "sched"])

@@ -560,6 +560,93 @@ def test_every_prefix_class_of_a_fixture_is_refused(tmp_path, mutation, long_run
             assert o.code == 2, o.describe()
 
 
+def _objects(doc, path=""):
+    """(JSON path, object) of every object of a parsed document, in document order (the reader's paths)."""
+    out, stack = [], [(path, doc)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, dict):
+            out.append((path or "the top level", v))
+            stack.extend((f"{path}.{k}" if path else k, x) for k, x in reversed(list(v.items())))
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{k}]", x) for k, x in reversed(list(enumerate(v))))
+    return out
+
+
+def test_a_key_given_twice_is_refused_in_any_object(tmp_path, long_run, capsys):
+    """Mutation class "repeated key": in an object of a fixture (or of a numerics file) one of its keys is
+    given a second time, after the first, with the same value or another well-formed one (json would let the
+    last win: `"schema_version": 99, "schema_version": 1` was checked as version 1). Every command refuses it
+    at parse time, naming the object's JSON path and the key. Quick: 60 objects; --long: 600."""
+    rng = random.Random(22)
+    docs = documents(long_run)
+    n = 600 if long_run else 60
+    p = tmp_path / "repeated.json"
+    for k in range(n):
+        label = sorted(docs)[k % len(docs)]
+        doc = copy.deepcopy(docs[label])
+        candidates = [(path, obj) for path, obj in _objects(doc) if obj]
+        path, obj = rng.choice(candidates)
+        key = rng.choice(list(obj))
+        value = obj[key] if rng.random() < 0.5 else rng.choice(_wrong_values(obj[key], rng, doc))
+        obj["@@repeat@@"] = value
+        text = json.dumps(doc).replace('"@@repeat@@"', json.dumps(key), 1)
+        for mark, raw in RAW.items():
+            text = text.replace(json.dumps(mark), raw)
+        p.write_text(text)
+        for cmd in ("plan", "check", "sched"):
+            o = assert_sound(run_cli([cmd, str(p)]))
+            assert o.code == 2, o.describe()
+            if not any(mark in json.dumps(value) for mark in RAW):  # (NaN, nesting: reported first)
+                want = f"{path}: expected each key once in an object, found the key {key!r} more than once"
+                assert want in o.err, f"{label} {path} {key!r}: " + o.describe()
+    with capsys.disabled():
+        print(f"\nrepeated keys: {n} cases x 3 commands, every one refused with the object's path")
+
+
+def test_a_file_above_the_size_cap_is_refused_unread(tmp_path):
+    """Mutation class "oversize": a fixture's text made sparse past MAX_JSON_BYTES with os.truncate (just
+    above the cap, 2.2 GB -- which ran out of memory --, and 1 TiB). The size is checked before reading:
+    each refusal takes no memory to speak of and names the size and the cap."""
+    import os
+    from ggml_lite.graphio import MAX_JSON_BYTES
+
+    text = fixture_path("ggml-seed", "01_mlp_small").read_text()
+    p = tmp_path / "sparse.json"
+    for size in (MAX_JSON_BYTES + 1, 2_200_000_000, 2**40):
+        p.write_text(text)
+        os.truncate(p, size)
+        for cmd in ("plan", "check", "sched"):
+            o = assert_sound(run_cli([cmd, str(p)], time_limit=5))
+            assert o.code == 2 and f"found {size:,} bytes" in o.err and "at most 32 MiB" in o.err, o.describe()
+            assert o.grew_mib < 16, o.describe()
+
+
+def test_special_files_are_refused_for_what_they_are(tmp_path):
+    """Mutation class "not a regular file": a character device (/dev/zero would be read forever, /dev/null
+    as empty), a FIFO (a blocking read would hang: the harness's alarm would say so), a socket, a symbolic
+    link to /dev/zero, a directory and `-` (standard input): each is refused with what it is, unread."""
+    import os
+    import socket
+
+    fifo, sock, link = tmp_path / "pipe.json", tmp_path / "sock.json", tmp_path / "link.json"
+    os.mkfifo(fifo)
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock))
+    os.symlink("/dev/zero", link)
+    cases = [("/dev/zero", "a character device"), ("/dev/null", "a character device"), (fifo, "a FIFO"),
+             (sock, "a socket"), (link, "a character device"), (tmp_path, "is a directory"),
+             ("-", "no such file (standard input is not read")]
+    try:
+        for path, what in cases:
+            for cmd in ("plan", "check", "sched"):
+                o = assert_sound(run_cli([cmd, str(path)], time_limit=5))
+                assert o.code == 2 and what in o.err, o.describe()
+                assert what.startswith("no such") or "no such file" not in o.err, o.describe()
+    finally:
+        s.close()
+
+
 def test_the_numerics_documents_pass_check(tmp_path):
     """The fuzzer's numerics files are sound starting points: check verifies them (default tier)."""
     for label, doc in documents(False).items():

@@ -2,6 +2,7 @@
 
 import copy
 import json
+import re
 
 import pytest
 
@@ -241,3 +242,88 @@ def test_recorded_lists_without_expand_roots_must_be_a_graph(doc):
     d["graph"]["nodes"] = list(reversed(d["graph"]["nodes"]))
     with pytest.raises(errors.GraphFileError, match=r"graph.nodes\[0\]: expected a node whose sources"):
         read_graph_file(d)
+
+
+# -- the reader: repeated keys, quoting, JSON kinds, sources an op needs, the generator -----------------
+
+@pytest.mark.parametrize("text, path, key", [
+    ('{"a": 1, "a": 2}', "the top level", "a"),
+    ('{"a": 1, "b": {"c": [1, {"d": 0, "e": 1, "d": 0}]}}', "b.c[1]", "d"),  # (equal values: refused too)
+    ('[{"x": {"y": 1, "y": 1}}]', "[0].x", "y"),
+])
+def test_parse_json_refuses_a_repeated_key_naming_the_object(text, path, key):
+    from ggml_lite.graphio import parse_json
+
+    with pytest.raises(errors.GraphFileError) as info:
+        parse_json(text, "F")
+    assert str(info.value) == (f"F: {path}: expected each key once in an object, found the key {key!r} more "
+                               f"than once (which value counts would be a guess)")
+    assert parse_json('{"a": {"a": 1}, "b": [{"a": 2}]}') == {"a": {"a": 1}, "b": [{"a": 2}]}  # one per object
+
+
+def test_a_repeated_key_of_a_graph_file_is_refused_not_last_wins(doc, tmp_path):
+    """"schema_version": 99, "schema_version": 1 read as version 1; a repeated "offset" as its last value."""
+    p = tmp_path / "g.json"
+    for old, new, path in [('"schema_version": 1', '"schema_version": 99, "schema_version": 1', "the top level"),
+                           ('"offset": null', '"offset": 0, "offset": null', "graph.tensors[0]")]:
+        text = dumps(doc)
+        assert old in text
+        p.write_text(text.replace(old, new, 1))
+        with pytest.raises(errors.GraphFileError, match=re.escape(f"{path}: expected each key once in an object")):
+            read_graph_file(p)
+
+
+def test_quote_cuts_long_strings_and_says_how_long():
+    from ggml_lite.graphio import found, quote
+
+    assert quote("w2") == "'w2'" and quote("x" * 60) == repr("x" * 60)
+    assert quote("y" * 100_000) == f"{'y' * 60!r}... (100,000 chars)"
+    assert quote(list(range(100))).endswith("... (390 chars)") and quote(7) == "7"
+    assert found("z" * 100_000) == f"the string {'z' * 60!r}... (100,000 chars)"
+
+
+def test_a_long_name_is_quoted_in_part_in_every_message(doc):
+    """A 100,000-character name (and a repeated one) makes messages of a few hundred characters."""
+    long = "n" * 100_000
+    for edit in (lambda ts: ts[0].update(name=long, type="f99"),              # the entry's own check
+                 lambda ts: (ts[0].update(name=long), ts[1].update(name=long))):  # unique names
+        with pytest.raises(errors.GGMLLiteError) as info:
+            load_edited(doc, edit)
+        assert "... (100,000 chars)" in str(info.value) and len(str(info.value)) < 600, str(info.value)[:1000]
+
+
+@pytest.mark.parametrize("value, kind", [(None, "null"), (True, "true/false"), (1, "number"), (1.5, "number"),
+                                         ("s", "string"), ([], "array"), ({}, "object")])
+def test_json_kinds_are_named_as_json_names_them(value, kind, tmp_path):
+    from ggml_lite.graphio import json_kind, read_json
+
+    assert json_kind(value) == kind
+    p = tmp_path / "top.json"
+    p.write_text(json.dumps(value))
+    if kind != "object":
+        with pytest.raises(errors.GraphFileError, match=f"the top level is a JSON {kind}, expected an object"):
+            read_json(p)
+
+
+@pytest.mark.parametrize("op_index, src, k", [(1, [], 0), (1, [0], 1), (1, [None, 0], 0)])
+def test_an_op_missing_a_source_it_needs_is_refused_by_its_path(doc, op_index, src, k):
+    """MUL_MAT with fewer than two sources ended in "'NoneType' object has no attribute 'ne'"."""
+    ts = doc["graph"]["tensors"]
+    i = next(j for j, e in enumerate(ts) if e["op"] == "MUL_MAT")
+    with pytest.raises(errors.GraphFileError) as info:
+        load_edited(doc, lambda ts: ts[i].update(src=src))
+    assert f"graph.tensors[{i}].src[{k}]: expected the id of a tensor (MUL_MAT takes 2 source(s)" in str(info.value)
+    assert "NoneType" not in str(info.value)
+
+
+def test_only_the_lcg_the_format_defines_is_accepted():
+    from ggml_lite.numerics import GENERATOR_KIND, data_seed
+
+    assert GENERATOR_KIND == "lcg32"
+    assert data_seed({"data_generator": {"kind": "lcg32", "data_seed": 7}}) == 7
+    assert data_seed({"data_generator": "LCG", "data_seed": 7}) == 7  # (older files)
+    for gen, path in [({"kind": "mt19937", "data_seed": 7}, "data_generator.kind"),
+                      ({"kind": None, "data_seed": 7}, "data_generator.kind"),
+                      ("mt19937", "data_generator"), (5, "data_generator")]:
+        with pytest.raises(errors.GraphFileError, match=rf"^{path}: expected "):
+            data_seed({"data_generator": gen, "data_seed": 7})
