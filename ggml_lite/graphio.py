@@ -251,7 +251,10 @@ def read_json(path) -> dict:
         raise GraphFileError(f"{path}: cannot be read ({e.strerror or e})") from None
     with os.fdopen(fd, "rb") as f:
         _regular(os.fstat(f.fileno()), path)  # (the file opened is the file looked at)
-        data = f.read(MAX_JSON_BYTES + 1)
+        try:
+            data = f.read(MAX_JSON_BYTES + 1)
+        except OSError as e:  # (/proc/self/mem is a regular file that cannot be read)
+            raise GraphFileError(f"{path}: cannot be read ({e.strerror or e})") from None
     if len(data) > MAX_JSON_BYTES:  # (it grew since)
         _regular(os.stat_result((stat.S_IFREG, 0, 0, 0, 0, 0, len(data), 0, 0, 0)), path)
     try:

@@ -138,7 +138,8 @@ def test_a_key_given_twice_is_refused_with_its_object_path(tmp_path, capsys, com
 
 @pytest.mark.parametrize("command", ["plan", "check", "sched"])
 @pytest.mark.parametrize("path, what", [("/dev/zero", "a character device"), ("/dev/null", "a character device"),
-                                        ("FIFO", "a FIFO"), ("-", "no such file (standard input is not read")])
+                                        ("FIFO", "a FIFO"), ("-", "no such file (standard input is not read"),
+                                        ("/proc/self/mem", "cannot be read (Input/output error)")])
 def test_special_files_are_named_for_what_they_are(tmp_path, capsys, command, path, what):
     """/dev/zero, /dev/null, a FIFO (never opened for a blocking read: this test would hang) and `-`."""
     import os
