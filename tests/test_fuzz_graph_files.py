@@ -5,7 +5,10 @@ Every case mutates one thing of a recorded fixture (or of a fixture with a numer
 a field of a tensor entry, of a graph section, of a step, of the top level or of the numerics block is
 replaced by a wrong type, NaN / Infinity (raw JSON text), a float, 2^70, a negative number, a string,
 null, another valid value, or deleted; a list item is duplicated or removed; a value becomes JSON nested
-100,000 deep; or the text is truncated or a byte of it changed. Each command must then (tests/fuzzing.py)
+100,000 deep; or the text is truncated or a byte of it changed; or a key of an object is given twice (the
+same or another value), the file is made sparse past the 32 MiB cap (os.truncate: refused by its size
+before a byte is read), or it is no regular file at all (a character device, a FIFO, a socket, a link to
+/dev/zero, a directory, `-`). Each command must then (tests/fuzzing.py)
 exit 2 with a specific message, or give a result that is right:
 
 - a mutation that changes nothing (the same document) must give the original's results;
@@ -19,7 +22,8 @@ exit 2 with a specific message, or give a result that is right:
 
 The quick run (default) tries about 2,300 cases in some 25 s (180 random mutations, 120 hypothesis
 examples, 1,962 in the sweep of every field with every wrong kind, 50 truncations); `--long` (make
-test-long) about 16,700 (2,500, 1,500, 12,618, 400) in some 8 minutes, and prints the counts. Cases are seeded (case k of a run is the same on every machine) and each is bounded in time and
+test-long) about 16,700 (2,500, 1,500, 12,618, 400) in some 8 minutes, and prints the counts; the repeated
+keys 60 objects x 3 commands (600 with --long), the sizes 3 x 3 and the special files 7 x 3. Cases are seeded (case k of a run is the same on every machine) and each is bounded in time and
 memory by the harness.
 """
 
