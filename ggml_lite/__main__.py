@@ -129,7 +129,7 @@ def _planned(doc: dict, args):
     from ggml_lite.graphio import allocate_external, read_graph_file
     from ggml_lite.planners import alloc_planned, blocks_of, run_planner, verify_plan
 
-    gf = read_graph_file(doc, args.step)
+    gf = read_graph_file(doc, args.step, validate=False)  # (validated by _load_graph_file)
     allocate_external(gf)
     problem = blocks_of(gf.graph)
     result = run_planner(problem, args.planner, args.budget)
@@ -370,7 +370,7 @@ def main(argv=None) -> int:
     p.add_argument("--verify", action="store_true", help="compute the graph in the plan on the CPU backend and compare it "
                    "bit for bit with the graph computed with every tensor in memory of its own (exit 1 on a difference)")
     p.add_argument("--max-gib", type=_memory_gib, default=2.0, metavar="GiB",
-                   help="memory --verify may use (default 2; a 7B graph needs about 13.2)")
+                   help="memory --verify may use (default 2; a 7B graph needs about 13.2; at most the physical memory)")
     p.set_defaults(run=cmd_plan)
     c = sub.add_parser("check", help="plan again and compare with the plan recorded in the file")
     c.add_argument("file", metavar="FIXTURE.json", help="a ggml-seed fixture file")
@@ -380,7 +380,8 @@ def main(argv=None) -> int:
     c.add_argument("--limit", type=_count("a number of differences", 1), default=10,
                    help="how many differences to print (default 10)")
     c.add_argument("--max-gib", type=_memory_gib, default=1.0, metavar="GiB",
-                   help="memory the numerics check may use (default 1); a file that needs more is refused")
+                   help="memory the numerics check may use (default 1, at most the physical memory); a file that needs more is "
+                   "refused")
     c.set_defaults(run=cmd_check)
     d = sub.add_parser("sched", help="the scheduler's assignments of a recorded scenario (GGML_SCHED_DEBUG format)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_causes_legend())

@@ -850,7 +850,9 @@ def compute_forward_mean(params, node) -> None:
 
 
 def compute_forward_concat(params, node) -> None:
-    """`ggml_compute_forward_concat_f32` (f32, i32): src0 then src1 along dim op_params[0]."""
+    """`ggml_compute_forward_concat_f32` (f32, i32): src0 then src1 along dim op_params[0]. A dim out of
+    0..3, or sources whose shapes do not make the result along it, are refused (ggml would read
+    outside src1)."""
     a, b = node.src[0], node.src[1]
     _need_type(node, a, (F32, I32), "src0")
     for t, what in ((a, "src0"), (b, "src1"), (node, "the result")):
@@ -858,6 +860,11 @@ def compute_forward_concat(params, node) -> None:
     dim = node.op_params[0]
     if not 0 <= dim < 4:
         raise ShapeError(f"CONCAT {describe(node)}: dim {dim} out of range")
+    _need_type(node, b, (a.type,), "src1")
+    want = [a.ne[d] + b.ne[d] if d == dim else a.ne[d] for d in range(4)]
+    if any(b.ne[d] != a.ne[d] for d in range(4) if d != dim) or list(node.ne) != want:
+        raise ShapeError(f"CONCAT {describe(node)}: {describe(a)} then {describe(b)} along dim {dim} do not make "
+                         f"the result (ne {want} expected): ggml would read outside src1")
     x = np.array(params.view(a), copy=True)
     y = np.array(params.view(b), copy=True)
     out = np.concatenate([x, y], axis=3 - dim)
@@ -1102,7 +1109,8 @@ def compute_forward_rope(params, node) -> None:
     pos[i2]; normal mode rotates (x[2k], x[2k+1]), NeoX mode (mode & 2) rotates (x[k], x[k + n_dims/2]),
     by the cached cos/sin of pair k: (x0·cos - x1·sin, x0·sin + x1·cos), each first product through
     the tier's `fma` (gcc fuses it); elements from n_dims on are copied (in pairs, so ne0 - n_dims must be
-    even: an odd tail makes ggml write past the row, which is refused here)."""
+    even: an odd tail makes ggml write past the row, which is refused here). n_dims must be even and in
+    0..ne0 (ggml asserts that it is even and at most ne0; a negative one would copy from before the row)."""
     a, pos = node.src[0], node.src[1]
     ff_t = node.src[2] if len(node.src) > 2 else None
     _need_type(node, a, (F32, F16), "src0")
@@ -1114,8 +1122,8 @@ def compute_forward_rope(params, node) -> None:
     n_dims, mode, n_ctx_orig = p[1], p[2], p[4]
     freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (word_to_float(w) for w in p[5:11])
     ne0 = a.ne[0]
-    if n_dims > ne0 or n_dims % 2:
-        raise ShapeError(f"ROPE {describe(node)}: n_dims {n_dims} must be even and <= ne0 {ne0}")
+    if not 0 <= n_dims <= ne0 or n_dims % 2:  # (a negative one makes ggml copy from before the row)
+        raise ShapeError(f"ROPE {describe(node)}: n_dims {n_dims} must be even and in 0..ne0 = {ne0}")
     if (ne0 - n_dims) % 2:
         raise ShapeError(f"ROPE {describe(node)}: ne0 - n_dims = {ne0 - n_dims} is odd; ggml copies the unrotated "
                          f"tail in pairs and would write one element past every row (past the tensor for the last)")

@@ -17,6 +17,8 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ggml_lite as gl
 from helpers import FIXTURES, OPS_FILES
@@ -25,7 +27,7 @@ from ggml_lite.cpu import compute_forward as cpu_compute_forward
 from ggml_lite.exact import compute_forward_exact as compute_forward  # the fixtures are ggml's bits
 from ggml_lite.exact import gelu_table, libm_exact, quantize_row_q8_0, v_expf
 from ggml_lite.graphio import rebuild_tensor
-from ggml_lite.tensor import Op
+from ggml_lite.tensor import Op, describe
 
 OPS_DIR = FIXTURES / "ggml-seed-ops"
 
@@ -484,6 +486,118 @@ def test_unsupported_combinations_raise():
     gl.tensor_array(node.src[1])[...] = [1, 3]
     with pytest.raises(gl.TensorBoundsError):
         compute_forward(node)
+
+
+# ---------------------------------------------------------------------------------------------
+# op_params from a hostile file: every op the CPU kernels compute, each of its 16 op_params words
+# (GGML_MAX_OP_PARAMS = 64 bytes) set to any int32, computed on both tiers: a result or a
+# ggml_lite error (exit 2 on the command line), never another exception.
+# ---------------------------------------------------------------------------------------------
+def _op_graphs():
+    """{name: build(ctx) -> the node whose op_params are drawn}: one small graph per kernel (and per
+    variant of one: NeoX and YaRN rope, rope with freq_factors, soft_max with a mask)."""
+    def t(c, *ne, type=gl.F32):
+        return c.new_tensor(type, list(ne))
+
+    def rope(c, mode, ff):
+        x, pos = t(c, 8, 2, 3), t(c, 3, type=gl.I32)
+        return gl.rope_ext(c, x, pos, t(c, 4) if ff else None, 8, mode, 64, 10000.0, 1.0, 1.0 if ff else 0.0,
+                           1.0, 32.0, 1.0)
+
+    return {
+        "add": lambda c: gl.add(c, t(c, 8, 3), t(c, 8)),
+        "sub": lambda c: gl.sub(c, t(c, 8, 3), t(c, 8, 3)),
+        "mul": lambda c: gl.mul(c, t(c, 8, 3), t(c, 8, 3)),
+        "div": lambda c: gl.div(c, t(c, 8, 3), t(c, 8, 1)),
+        "add1": lambda c: gl.add1(c, t(c, 8, 3), t(c, 1)),
+        "sqr": lambda c: gl.sqr(c, t(c, 8, 3)),
+        "sqrt": lambda c: gl.sqrt(c, t(c, 8, 3)),
+        "log": lambda c: gl.log(c, t(c, 8, 3)),
+        "dup": lambda c: gl.dup(c, t(c, 8, 3)),
+        "cont": lambda c: gl.cont(c, gl.transpose(c, t(c, 8, 3))),
+        "cpy": lambda c: gl.cpy(c, t(c, 8, 3), t(c, 8, 3, type=gl.F16)),
+        "sum": lambda c: gl.sum(c, t(c, 8, 3)),
+        "sum_rows": lambda c: gl.sum_rows(c, t(c, 8, 3)),
+        "mean": lambda c: gl.mean(c, t(c, 8, 3)),
+        "concat": lambda c: gl.concat(c, t(c, 8, 3), t(c, 8, 2), 1),
+        "norm": lambda c: gl.norm(c, t(c, 8, 3), 1e-5),
+        "rms_norm": lambda c: gl.rms_norm(c, t(c, 8, 3), 1e-5),
+        "mul_mat": lambda c: gl.mul_mat(c, t(c, 32, 3, type=gl.F16), t(c, 32, 2)),
+        "mul_mat_q8_0": lambda c: gl.mul_mat(c, t(c, 32, 3, type=gl.Q8_0), t(c, 32, 2)),
+        "scale": lambda c: gl.scale(c, t(c, 8, 3), 0.5),
+        "get_rows": lambda c: gl.get_rows(c, t(c, 8, 3), t(c, 2, type=gl.I32)),
+        "diag_mask_inf": lambda c: gl.diag_mask_inf(c, t(c, 4, 3, 2), 1),
+        "diag_mask_zero": lambda c: gl.diag_mask_zero(c, t(c, 4, 3, 2), 1),
+        "soft_max": lambda c: gl.soft_max(c, t(c, 8, 3, 2)),
+        "soft_max_ext": lambda c: gl.soft_max_ext(c, t(c, 8, 3, 2), t(c, 8, 3), 0.5, 8.0),
+        "rope": lambda c: rope(c, 0, False),
+        "rope_neox": lambda c: rope(c, 2, False),
+        "rope_yarn_ff": lambda c: rope(c, 2, True),
+        "unary": lambda c: gl.gelu(c, t(c, 8, 3)),
+        "leaky_relu": lambda c: gl.leaky_relu(c, t(c, 8, 3), 0.1),
+    }
+
+
+OP_GRAPHS = _op_graphs()
+INT32_EDGES = [0, 1, -1, 2, -2, 3, 4, 7, 8, 9, 16, 32, -32, 63, 64, 2**31 - 1, -2**31, 2**30, -2**30]
+
+
+def _fill_inputs(node) -> None:
+    """Seeded values for the leafs under `node`: i32 row numbers in range, floats in [-1, 1)."""
+    rng = np.random.default_rng(0)
+    seen, stack = set(), [node]
+    while stack:
+        t = stack.pop()
+        if t is None or t in seen:
+            continue
+        seen.add(t)
+        stack += [*t.src, t.view_src]
+        if t.op is Op.NONE and t.view_src is None:
+            if t.type is gl.I32:
+                gl.tensor_set(t, rng.integers(0, 3, t.nelements).astype(np.int32))
+            elif t.type is gl.F16:
+                gl.tensor_set(t, rng.uniform(-1, 1, t.nelements).astype(np.float16))
+            elif t.type is gl.Q8_0:
+                values = rng.uniform(-1, 1, t.nelements).astype(np.float32)
+                gl.tensor_set(t, quantize_row_q8_0_ref(values).view(np.uint8))
+            else:
+                gl.tensor_set(t, rng.uniform(-1, 1, t.nelements).astype(np.float32))
+
+
+def _compute_with_op_param(name: str, slot: int, value: int) -> None:
+    """OP_GRAPHS[name] with op_params[slot] = value, computed on both tiers: a result or a ggml_lite
+    error naming the node (its op), nothing else."""
+    for exact in (False, True):
+        ctx = gl.Context()
+        node = OP_GRAPHS[name](ctx)
+        _alloc(ctx)
+        _fill_inputs(node)
+        node.op_params[slot] = value
+        try:
+            gl.cpu_init(exact=exact).graph_compute(gl.graph.build_forward(node))
+        except gl.GGMLLiteError as e:
+            assert node.op.name in str(e), (name, slot, value, e)
+
+
+@pytest.mark.parametrize("name", sorted(OP_GRAPHS))
+def test_every_op_param_word_at_its_edges(name):
+    """A graph file can hold any int32 in any op_params word of a node (the reader checks the range):
+    each of the 16 words of each op's node set to each of INT32_EDGES (0, ±1, ±2, ±32, 2^31 - 1,
+    -2^31...). The kernels refuse a size, index or dimension they cannot use (ROPE's n_dims below 0,
+    CONCAT's dim out of 0..3 or one the shapes do not fit, DIAG_MASK's n_past below 0, UNARY's op code)
+    and compute anything else; a word read as a float (eps, scale, slope, rope's frequencies) may be
+    any float, NaN and infinities included."""
+    for slot in range(16):
+        for value in INT32_EDGES:
+            _compute_with_op_param(name, slot, value)
+
+
+@pytest.mark.parametrize("name", sorted(OP_GRAPHS))
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(slot=st.integers(0, 15), value=st.integers(-2**31, 2**31 - 1))
+def test_any_op_param_gives_a_result_or_an_error(name, slot, value):
+    """As above, for int32 values drawn at random (hypothesis) in any word."""
+    _compute_with_op_param(name, slot, value)
 
 
 def summary() -> str:

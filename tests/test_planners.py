@@ -8,11 +8,13 @@ finish on these small problems or are meant to run out."""
 
 import itertools
 import json
+import math
 import random
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ggml_lite as gl
 import ggml_oracle as O
@@ -757,3 +759,100 @@ def test_unusable_inputs_for_a_planner_exit_2(name, args, needle, capsys):
     assert main(["plan", str(fixture_path("ggml-seed", name)), *args]) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Work that grows with the graph, counted (not timed): a 60,000-node chain of adds took 33 s under
+# `plan --verify` when blocks_of copied a block's tuple of tensors at every member and
+# check_placement compared every pair of blocks alive together (benchmarks/budget.py --large).
+# ---------------------------------------------------------------------------------------------
+def add_chain(n: int):
+    """y = x + x + ... (`n` adds): ggml computes every add in place, so all of it is one block.
+    Returns (graph, contexts, expand roots), as `fan_out_graph` does."""
+    ctx = gl.Context("chain")
+    x = ctx.new_tensor_1d(gl.F32, 64, name="x")
+    gl.set_input(x)
+    y = x
+    for _ in range(n):
+        y = gl.add(ctx, y, x)
+    gl.set_output(y)
+    return gl.graph.build_forward(y, n + 1), [ctx], [y]
+
+
+@pytest.mark.parametrize("n", [500, 1000, 2000])
+def test_blocks_of_stores_each_tensor_of_a_chain_once(n, monkeypatch):
+    """A block's tensors are gathered in a list and stored once: the tuples `blocks_of` assigns to
+    `Block.tensors` hold n + 1 tensors in all on an in-place chain of n adds (a tuple grown one tensor
+    at a time held n²/2)."""
+    stored = []
+
+    class Counted(P.Block):
+        def __setattr__(self, name, value):
+            if name == "tensors":
+                stored.append(len(value))
+            super().__setattr__(name, value)
+
+    monkeypatch.setattr(P, "Block", Counted)
+    problem = P.blocks_of(add_chain(n)[0])
+    chain = max(problem.blocks, key=lambda b: len(b.tensors))
+    assert len(chain.tensors) == n and sum(len(b.tensors) for b in problem.blocks) == n + 1  # (and x)
+    assert sum(stored) == n + 1
+
+
+def _pairwise(problem, offsets) -> set:
+    """Every conflicting pair, by comparing all pairs (the definition `check_placement` sweeps for)."""
+    live = [b for b in problem.blocks if b.size]
+    return {(a.index, b.index) if (a.start, a.index) < (b.start, b.index) else (b.index, a.index)
+            for a, b in itertools.combinations(live, 2)
+            if a.overlaps(b) and offsets[a.index] < offsets[b.index] + b.size
+            and offsets[b.index] < offsets[a.index] + a.size}
+
+
+def _named_pairs(conflicts) -> set:
+    return {(int(m.split()[1]), int(m.split(") and ")[1].split()[0])) for m in conflicts if m.startswith("blocks ")}
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 12), st.integers(0, 6), st.integers(0, 6)),
+                min_size=1, max_size=30))
+def test_check_placement_finds_every_overlapping_pair(specs):
+    """The sweep reports exactly the pairs that a comparison of every pair finds: blocks of 0 to 128
+    bytes over 0 to 18 nodes, at offsets 0 to 192 (many of them overlapping), each pair once."""
+    problem = P.problem_from_blocks([(32 * size, start, start + length) for size, start, length, _ in specs])
+    offsets = [32 * at for *_, at in specs]
+    conflicts = P.check_placement(problem, offsets)
+    assert _named_pairs(conflicts) == _pairwise(problem, offsets)
+    assert len(conflicts) == len(_pairwise(problem, offsets))
+
+
+@pytest.mark.parametrize("shape", ["fan-out", "in turn at offset 0", "random, placed by greedy-size"])
+def test_check_placement_does_n_log_n_work(shape):
+    """On valid placements of n and 2n blocks the sweep looks at fewer than 3 n log2 n tree nodes: on
+    the fan-out, where every pair of the n blocks shares a node, a comparison of pairs makes n²/2."""
+    rng = random.Random(5)
+    for n in (2000, 4000):
+        if shape == "fan-out":
+            problem, offsets = P.problem_from_blocks([(64, 0, 1)] * n), [64 * k for k in range(n)]
+        elif shape == "in turn at offset 0":
+            problem, offsets = P.problem_from_blocks([(64, 2 * k, 2 * k + 1) for k in range(n)]), [0] * n
+        else:
+            starts = [rng.randrange(n) for _ in range(n)]
+            problem = P.problem_from_blocks([(32 * rng.randrange(1, 9), s, s + rng.randrange(50)) for s in starts])
+            offsets = P.greedy_by_size(problem).offsets
+        live = P.LiveBytes(sorted(set(offsets)))
+        assert P.check_placement(problem, offsets, live) == []
+        assert live.visits < 3 * n * math.log2(n), (n, live.visits)
+
+
+def test_negative_rope_n_dims_is_refused_under_verify(tmp_path, capsys):
+    """Fixture 06 with its first ROPE's n_dims (op_params[1]) negative and even: the CPU kernel refuses
+    it (ggml would copy from before each row) and the command exits 2 naming it; no internal error."""
+    doc = load_json(fixture_path("ggml-seed", "06_llama_block"))
+    assert doc["graph"]["tensors"][18]["op"] == "ROPE"
+    for n_dims in (-2, -32, -2**31):
+        doc["graph"]["tensors"][18]["op_params"][1] = n_dims
+        path = tmp_path / "rope.json"
+        path.write_text(json.dumps(doc))
+        assert main(["plan", "--verify", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert f"n_dims {n_dims} must be even and in 0..ne0" in err and "internal" not in err, err
