@@ -42,6 +42,7 @@ SETUP_STEP_FIELDS = {"step", "call", "round", "batch"}
 VALID_OTHER_SETUPS = {"pins", "pins[]", "pins[].tensor", "pins[].backend", "backends[].supports_op_denied",
                       "backends[].supports_op_denied[]", "backends[].alignment", "backends[].max_size",
                       "external_buffers[].usage", "sched_params.GGML_SCHED_DEBUG", "backends[].offload_op",
+                      "sched_params.graph_size",  # any size that holds the graph: ggml sizes its hash set by it, nothing else
                       "backends", "backends[]", "steps", "steps[]", "steps[].batch", *(f"steps[].batch.{k}" for k in ("n_tokens", "n_kv", "kv_head",
                                                                                           "n_outputs"))}
 ABORT_UNTOUCHED = ("model.rope", "model.rms_norm_eps", "sched_params")  # what scenario 13's abort in pass 1 never reads
