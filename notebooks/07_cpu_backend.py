@@ -424,10 +424,15 @@ class Arithmetic:
         """The dot products of `ggml_compute_forward_mul_mat`: src0 planes x (.., .., M, K) in `type`, src1
         planes y (.., .., N, K) -> (.., .., N, M) float32. src1 is converted to the dot type first
         (`to_vec_dot`), as ggml does; then both sides are widened to f32 (exactly) and multiplied as one
-        batched matmul, which sums in its own order."""
+        batched matmul, which sums in its own order. That order must not depend on where the operands
+        live: numpy multiplies `A @ A.T` with a symmetric rank-k update (`syrk`) when both sides are
+        one buffer, which rounds otherwise than the `gemm` of two buffers holding the same values, so
+        src1 is copied when it shares memory with src0 (a mul_mat of a tensor by a view of itself)."""
         y = self.to_vec_dot(type, y)
         xf = _DEQUANT[type.name](x) if type.is_quantized else x.astype(F4, copy=False)
         yf = _DEQUANT[Q8_0.name](y) if y.dtype == Q8_0_DTYPE else y.astype(F4, copy=False)
+        if np.may_share_memory(xf, yf):
+            yf = yf.copy()
         return np.matmul(yf, np.swapaxes(xf, -1, -2))
 
 

@@ -619,3 +619,22 @@ def summary() -> str:
 
 if __name__ == "__main__":
     print(summary())
+
+
+def test_mul_mat_by_a_view_of_itself_rounds_as_by_a_copy():
+    """Scheduler sweep seed 5743 (--long): mul_mat(reshape(x), x) read both operands from one buffer,
+    and numpy's matmul then takes its `syrk` path (A @ A.T), which rounds otherwise than the `gemm`
+    of the same values in two buffers -- so the CPU alone and a backend holding two copies disagreed.
+    The numpy tier copies an aliased src1 first: the result does not depend on where operands live."""
+    ctx = gl.Context("compute")
+    x = ctx.new_tensor(gl.F32, [96, 4, 3, 1])
+    gl.set_input(x)
+    same_buffer = gl.mul_mat(ctx, gl.reshape_3d(ctx, x, 96, 4, 3), x)
+    two_buffers = gl.mul_mat(ctx, gl.reshape_3d(ctx, x, 96, 4, 3), gl.cont(ctx, x))
+    gf = gl.Graph()
+    gl.build_forward_expand(gf, same_buffer)
+    gl.build_forward_expand(gf, two_buffers)
+    gl.GAllocr(gl.cpu_buffer_type()).alloc_graph(gf)
+    gl.tensor_set(x, np.random.default_rng(5743).uniform(-1, 1, 96 * 4 * 3).astype(np.float32))
+    gl.cpu_init().graph_compute(gf)
+    assert np.array_equal(gl.tensor_get(same_buffer), gl.tensor_get(two_buffers))
