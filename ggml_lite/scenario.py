@@ -649,6 +649,7 @@ def check_replay_work(doc, where: str = "the scenario") -> None:
                              f"{REPLAY_MAX_MACS:.3g} (about 4 s of the bit-exact tier)")
 
 
+# notebooks/A3_scheduler_scenarios.py
 def check_scenario(doc, where: str = "the scenario") -> dict:
     """`doc` if it is a scheduler scenario a replay can use, every field checked (§3); else `GraphFileError`
     naming the file, the field's JSON path, what was expected and what was found."""
@@ -805,6 +806,7 @@ def _placed(t, labels: dict) -> tuple:
     return (label, off, None) if label.startswith("compute:") else (label, None, off)
 
 
+# notebooks/A3_scheduler_scenarios.py
 def _splits_and_inputs(sched) -> tuple:
     """The splits (with their inputs and copies) and the graph inputs, as the recorder wrote them."""
     names = [b.get_name() for b in sched.backends] + [None]  # id -1: none
@@ -1051,6 +1053,7 @@ def replay(doc: dict, where: str = "the scenario") -> list:
     return out
 
 
+# notebooks/A3_scheduler_scenarios.py
 def _replay_rounds(doc, sc, sched, out) -> None:
     """Every round after the reserve: a fresh graph, the pins, alloc_graph, the inputs, graph_compute."""
     steps = doc["steps"]

@@ -747,6 +747,10 @@ def check_replay_work(doc, where: str = "the scenario") -> None:
                              f"{REPLAY_MAX_MACS:.3g} (about 4 s of the bit-exact tier)")
 
 
+# %%
+# | export
+
+
 def check_scenario(doc, where: str = "the scenario") -> dict:
     """`doc` if it is a scheduler scenario a replay can use, every field checked (§3); else `GraphFileError`
     naming the file, the field's JSON path, what was expected and what was found."""
@@ -938,6 +942,10 @@ def _placed(t, labels: dict) -> tuple:
         return None, None, None
     label, off = labels.get(id(t.buffer), t.buffer.get_name()), t.data - t.buffer.get_base()
     return (label, off, None) if label.startswith("compute:") else (label, None, off)
+
+
+# %%
+# | export
 
 
 def _splits_and_inputs(sched) -> tuple:
@@ -1191,6 +1199,10 @@ def replay(doc: dict, where: str = "the scenario") -> list:
     if "fake_buffer_allocations" in doc:
         _compare("FAKE buffer allocations", allocs.lines, doc["fake_buffer_allocations"], out)
     return out
+
+
+# %%
+# | export
 
 
 def _replay_rounds(doc, sc, sched, out) -> None:
