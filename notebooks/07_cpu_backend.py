@@ -355,14 +355,12 @@ _DEQUANT = {Q8_0.name: dequantize_row_q8_0, Q4_0.name: dequantize_row_q4_0}
 # %%
 # | export
 class Arithmetic:
-    """The default numerics tier: every order- or rounding-dependent step of the kernels, done the plain
-    numpy way. Methods named after the C they stand for (`ggml_vec_dot_f16`, `ggml_vec_soft_max_f32`,
-    ...) compute the same quantity, not the same bits."""
+    """The default numerics tier: every order- or rounding-dependent step of the kernels, the plain numpy
+    way. Methods named after their C (`ggml_vec_dot_f16`, ...) compute the same quantity, not the same bits."""
 
     name = "numpy"
-    # its stated tolerance against ggml: max|ours - ggml's| / max|ggml's| over a result, for graphs of
-    # f32 tensors only, and where f16 or quantized tensors take part (their roundings amplify the
-    # summation order more); measured by benchmarks/numerics_tolerance.py (see the prose above)
+    # stated tolerance, max|ours - ggml's| / max|ggml's| over a result: f32-only graphs, and graphs with f16
+    # or quantized tensors; measured by benchmarks/numerics_tolerance.py (the prose above)
     TOLERANCE_F32, TOLERANCE_MIXED = 1e-4, 5e-3
     _MATH = {"expf": np.exp, "expm1f": np.expm1, "logf": np.log, "tanhf": np.tanh, "cosf": np.cos, "sinf": np.sin}
 
