@@ -1842,20 +1842,23 @@ def numerics_document(ng: NumericGraph, seed: int, results: list, fixture: str =
         rng = ng.ranges.get(t.name)
         leaf_data.append({"id": ids[t], "name": t.name, "type": t.type.name,
                           "kind": "int" if t.type is I32 else "float", **({"range": list(rng)} if rng else {})})
-    entries = []
-    for t, raw in zip(ng.results(), results):
-        v = result_values(t, raw)
-        entry = {"id": ids[t], "name": t.name, "reason": "output" if t.flags & TensorFlag.OUTPUT else "final",
-                 "type": t.type.name, "ne": list(t.ne), "n_elements": int(v.size)}
-        if v.size > 4096:
-            v64 = v.astype(np.float64)
-            entry.update(summary=True, sum=float(v64.sum()), sum_sq=float((v64 * v64).sum()),
-                         first=[float(x) for x in v[:256]])
-        else:
-            entry["values"] = [float(x) for x in v]
-        entries.append(entry)
+    entries = [result_entry(ids[t], t, result_values(t, raw)) for t, raw in zip(ng.results(), results)]
     doc["numerics"] = {"leaf_data": leaf_data, "results": entries}
     return doc
+
+
+def result_entry(i: int, t, v) -> dict:
+    """One `numerics.results` entry (tests/fixtures/README.md) for tensor `t` of fixture id `i` whose
+    f32 values are `v`: the values, or past 4096 of them a summary (sums and the first 256)."""
+    entry = {"id": i, "name": t.name, "reason": "output" if t.flags & TensorFlag.OUTPUT else "final",
+             "type": t.type.name, "ne": list(t.ne), "n_elements": int(v.size)}
+    if v.size > 4096:
+        v64 = v.astype(np.float64)
+        entry.update(summary=True, sum=float(v64.sum()), sum_sq=float((v64 * v64).sum()),
+                     first=[float(x) for x in v[:256]])
+    else:
+        entry["values"] = [float(x) for x in v]
+    return entry
 
 
 class UnconvertedArithmetic(gl.Arithmetic):

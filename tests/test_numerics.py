@@ -113,15 +113,7 @@ def _numerics_document(name: str, seed: int, ranges: dict, legacy_seed: bool = F
     for t, raw in zip(wanted, outs):
         dtype = np.float16 if t.type is gl.F16 else np.float32
         v = np.frombuffer(raw, dtype=dtype)[: gl.nelements(t)].astype(np.float32)  # contiguous results
-        entry = {"id": gf.id_of(t), "name": t.name, "reason": "output" if t.flags & gl.TensorFlag.OUTPUT else "final",
-                 "type": t.type.name, "ne": list(t.ne), "n_elements": int(v.size)}
-        if v.size > 4096:
-            v64 = v.astype(np.float64)
-            entry.update(summary=True, sum=float(v64.sum()), sum_sq=float((v64 * v64).sum()),
-                         first=[float(x) for x in v[:256]])
-        else:
-            entry["values"] = [float(x) for x in v]
-        results.append(entry)
+        results.append(O.result_entry(gf.id_of(t), t, v))
     doc.update(numeric=True, numerics={"leaf_data": leaf_data, "results": results})
     if legacy_seed:
         doc.update(data_generator="LCG", data_seed=seed)
