@@ -22,7 +22,7 @@ HAS_AVX2          := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo yes
 ORACLE_CMAKE_ARGS := $(if $(HAS_AVX2),-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF)
 ORACLE_STAMP      := $(VENV)/.oracle-0.0.45-$(if $(HAS_AVX2),avx2-noavx512,native)
 
-.PHONY: setup lab test test-long check-sync export sync clean
+.PHONY: setup lab test test-long lint check-sync export sync clean
 
 setup: $(STAMP)
 
@@ -33,7 +33,7 @@ $(ORACLE_STAMP):
 	touch $(ORACLE_STAMP)
 
 $(STAMP): pyproject.toml $(ORACLE_STAMP)
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,viz]"
 	touch $(STAMP)
 
 lab: $(STAMP)
@@ -43,6 +43,11 @@ lab: $(STAMP)
 check-sync: $(STAMP)
 	$(PY) tools/nbexport.py --check
 	$(PY) tools/nbsync.py --check
+
+# Static checks: ruff (pyflakes, pycodestyle, bugbear, import order) and mypy, as configured in pyproject.toml.
+lint: $(STAMP)
+	$(PY) -m ruff check ggml_lite tools tests benchmarks
+	$(PY) -m mypy
 
 # Every part runs (sync check, pytest, nbval), then the time of each is printed (tools/run_tests.py).
 test: $(STAMP)

@@ -8,7 +8,9 @@
 import enum
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from ggml_lite.bind import method_of
 from ggml_lite.errors import ShapeError, UnknownOpError, UnknownTypeError, ViewBoundsError
 
 GGML_MAX_DIMS = 4
@@ -250,8 +252,19 @@ class Tensor:
         view = f", view of {self.view_src.name!r}+{self.view_offs}" if self.view_src is not None else ""
         return f"Tensor({self.name!r}, {self.type.name}, ne={list(self.ne)}, op={op}{view})"
 
+    if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
+        def set_src(tensor, i: int, t) -> None: ...
+        def get_src(tensor, i: int): ...
+        def set_name(tensor, name: str) -> Tensor: ...
+        def format_name(tensor, fmt: str, *args) -> Tensor: ...
+        def get_name(tensor) -> str: ...
+        def set_op_params(tensor, *words: int) -> None: ...
+        def op_params_i32(tensor, i: int) -> int: ...
+        def op_params_f32(tensor, i: int) -> float: ...
+
 
 # notebooks/00_tensors.py
+@method_of(Tensor)
 def set_src(tensor, i: int, t) -> None:
     """Set source slot `i` (`tensor->src[i] = t`)."""
     if not 0 <= i < GGML_MAX_SRC:
@@ -264,51 +277,48 @@ def set_src(tensor, i: int, t) -> None:
         src.pop()
 
 
+@method_of(Tensor)
 def get_src(tensor, i: int):
     """Source slot `i`, or None (`tensor->src[i]`)."""
     return tensor.src[i] if i < len(tensor.src) else None
 
 
+@method_of(Tensor)
 def set_name(tensor, name: str) -> Tensor:
     """`ggml_set_name`: at most 63 bytes are kept, as in C."""
     tensor.name = _truncate_name(name)
     return tensor
 
 
+@method_of(Tensor)
 def format_name(tensor, fmt: str, *args) -> Tensor:
     """`ggml_format_name` (printf-style `%s`/`%d` formatting, truncated to 63 bytes)."""
     tensor.name = _truncate_name(fmt % args)
     return tensor
 
 
+@method_of(Tensor)
 def get_name(tensor) -> str:
     """`ggml_get_name`."""
     return tensor.name
 
 
+@method_of(Tensor)
 def set_op_params(tensor, *words: int) -> None:
     """`ggml_set_op_params`: store int32 words from slot 0 on."""
     tensor.op_params[: len(words)] = words
 
 
+@method_of(Tensor)
 def op_params_i32(tensor, i: int) -> int:
     """`ggml_get_op_params_i32`."""
     return tensor.op_params[i]
 
 
+@method_of(Tensor)
 def op_params_f32(tensor, i: int) -> float:
     """`ggml_get_op_params_f32`."""
     return word_to_float(tensor.op_params[i])
-
-
-Tensor.set_src = set_src
-Tensor.get_src = get_src
-Tensor.set_name = set_name
-Tensor.format_name = format_name
-Tensor.get_name = get_name
-Tensor.set_op_params = set_op_params
-Tensor.op_params_i32 = op_params_i32
-Tensor.op_params_f32 = op_params_f32
 
 
 # notebooks/00_tensors.py

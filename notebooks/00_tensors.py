@@ -50,7 +50,9 @@
 import enum
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from ggml_lite.bind import method_of
 from ggml_lite.errors import ShapeError, UnknownOpError, UnknownTypeError, ViewBoundsError
 
 GGML_MAX_DIMS = 4
@@ -571,12 +573,54 @@ class Tensor:
 
 
 # %% [markdown]
+# ### How a C function becomes a method
+#
+# C has structs and functions named `ggml_<object>_<verb>(obj, ...)`; Python has classes and
+# methods. This course keeps the C shape: a struct is a small class holding its fields, and each C
+# function is a plain function in a cell of its own, right after the C it ports, then attached to
+# its class by one decorator, `@method_of(Cls)`. The function is named after the C function minus
+# its object prefix (`ggml_get_name` → `get_name`, `ggml_gallocr_reserve_n` → `reserve_n`), so
+# `t.get_name()` and `get_name(t)` are the same call, and a search for the C name finds the cell.
+# When one module holds two structs whose functions would share a name, the function keeps its
+# object word and the decorator is given the method name: `@method_of(Buffer, "get_size")` on
+# `def buffer_get_size`.
+#
+# A type checker cannot see methods attached at run time, so the exporter (`tools/nbexport.py`)
+# writes, inside the class of the generated module, an `if TYPE_CHECKING:` block with the signature
+# of every method attached to it below; at run time that block does nothing.
+
+# %%
+# | export bind
+"""`method_of`: the one way this package attaches a ported C function to the class of its struct."""
+
+from collections.abc import Callable
+from typing import TypeVar
+
+F = TypeVar("F", bound=Callable)
+
+
+def method_of(cls: type, name: str | None = None) -> Callable[[F], F]:
+    """Attach the decorated function to `cls` as the method `name` (default: the function's own
+    name) and return the function unchanged, so it stays callable as a plain function too.
+    `tools/nbexport.py` writes the method's signature into `cls` for type checkers."""
+    if not isinstance(cls, type):
+        raise TypeError(f"method_of: {cls!r} is not a class")
+
+    def attach(fn: F) -> F:
+        setattr(cls, name or fn.__name__, fn)
+        return fn
+
+    return attach
+
+
+# %% [markdown]
 # Sources, names and op parameters: the small accessors of `ggml.c` that read or write one
-# field of a tensor. Each is a function of the tensor, attached to the class as a method, so
-# `set_name(t, "x")` and `t.set_name("x")` are the same call.
+# field of a tensor, each a function of the tensor attached as a method, so `set_name(t, "x")`
+# and `t.set_name("x")` are the same call.
 
 # %%
 # | export
+@method_of(Tensor)
 def set_src(tensor, i: int, t) -> None:
     """Set source slot `i` (`tensor->src[i] = t`)."""
     if not 0 <= i < GGML_MAX_SRC:
@@ -589,51 +633,50 @@ def set_src(tensor, i: int, t) -> None:
         src.pop()
 
 
+@method_of(Tensor)
 def get_src(tensor, i: int):
     """Source slot `i`, or None (`tensor->src[i]`)."""
     return tensor.src[i] if i < len(tensor.src) else None
 
 
+@method_of(Tensor)
 def set_name(tensor, name: str) -> Tensor:
     """`ggml_set_name`: at most 63 bytes are kept, as in C."""
     tensor.name = _truncate_name(name)
     return tensor
 
 
+@method_of(Tensor)
 def format_name(tensor, fmt: str, *args) -> Tensor:
     """`ggml_format_name` (printf-style `%s`/`%d` formatting, truncated to 63 bytes)."""
     tensor.name = _truncate_name(fmt % args)
     return tensor
 
 
+@method_of(Tensor)
 def get_name(tensor) -> str:
     """`ggml_get_name`."""
     return tensor.name
 
 
+@method_of(Tensor)
 def set_op_params(tensor, *words: int) -> None:
     """`ggml_set_op_params`: store int32 words from slot 0 on."""
     tensor.op_params[: len(words)] = words
 
 
+@method_of(Tensor)
 def op_params_i32(tensor, i: int) -> int:
     """`ggml_get_op_params_i32`."""
     return tensor.op_params[i]
 
 
+@method_of(Tensor)
 def op_params_f32(tensor, i: int) -> float:
     """`ggml_get_op_params_f32`."""
     return word_to_float(tensor.op_params[i])
 
 
-Tensor.set_src = set_src
-Tensor.get_src = get_src
-Tensor.set_name = set_name
-Tensor.format_name = format_name
-Tensor.get_name = get_name
-Tensor.set_op_params = set_op_params
-Tensor.op_params_i32 = op_params_i32
-Tensor.op_params_f32 = op_params_f32
 
 
 # %%

@@ -16,6 +16,12 @@ A module is a fixed header, then its cells in notebook order, each under a `# no
 (directive lines removed, leading and trailing blank lines stripped), separated by two blank lines. Same
 notebooks, same bytes.
 
+Methods for type checkers: a function decorated `@method_of(Cls)` or `@method_of(Cls, "name")` (from
+`ggml_lite.bind`) is attached to `Cls` at run time, which a type checker cannot see. So the exporter
+writes, at the end of `Cls`'s body in the generated module, an `if TYPE_CHECKING:` block with one
+signature per attached method (defaults shown as `...`, in the order the functions come). `Cls` must be
+defined in the same module and the module must import TYPE_CHECKING (exit 2 otherwise).
+
 Checked on every run (exit 2): a notebook source must be valid Python (a markdown line that lost its
 `# ` is not), and a generated module must have its imports at the top (in the module's first cell:
 an import further down is an error). A directive that is not on a cell's first lines is ignored and
@@ -155,6 +161,61 @@ def late_imports(module: str, text: str) -> list:
             if isinstance(n, (ast.Import, ast.ImportFrom)) and first_code is not None and n.lineno > first_code]
 
 
+STUB_COMMENT = "# methods attached below by @method_of (signatures written by tools/nbexport.py)"
+
+
+def attached_methods(tree: ast.Module) -> dict:
+    """{class name: [(method name, FunctionDef), ...]} for the module's `@method_of(Cls[, "name"])` functions."""
+    found: dict = {}
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for dec in node.decorator_list:
+            if (isinstance(dec, ast.Call) and isinstance(dec.func, ast.Name) and dec.func.id == "method_of"
+                    and dec.args and isinstance(dec.args[0], ast.Name)):
+                name = node.name
+                if len(dec.args) > 1 and isinstance(dec.args[1], ast.Constant) and isinstance(dec.args[1].value, str):
+                    name = dec.args[1].value
+                found.setdefault(dec.args[0].id, []).append((name, node))
+    return found
+
+
+def stub(name: str, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    """`def name(<fn's parameters, defaults as ...>) -> <fn's return>: ...` on one line."""
+    args = ast.arguments(
+        posonlyargs=fn.args.posonlyargs, args=fn.args.args, vararg=fn.args.vararg,
+        kwonlyargs=fn.args.kwonlyargs, kw_defaults=[None if d is None else ast.Constant(...) for d in fn.args.kw_defaults],
+        kwarg=fn.args.kwarg, defaults=[ast.Constant(...) for _ in fn.args.defaults])
+    node = ast.FunctionDef(name=name, args=args, body=[ast.Expr(ast.Constant(...))], decorator_list=[],
+                           returns=fn.returns, type_params=[], lineno=0)
+    return ast.unparse(node).replace("\n    ...", " ...")
+
+
+def with_method_stubs(module: str, text: str) -> str:
+    """`text` with an `if TYPE_CHECKING:` block of method signatures at the end of each class that
+    `@method_of` functions of the module are attached to (see the module docstring)."""
+    tree = ast.parse(text)
+    attached = attached_methods(tree)
+    if not attached:
+        return text
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    missing = sorted(set(attached) - set(classes))
+    if missing:
+        raise ExportError(f"{module}: @method_of attaches to {', '.join(missing)}, not defined in this module "
+                          f"(attach a method in the module of its class)")
+    if not any(isinstance(n, ast.ImportFrom) and n.module == "typing" and any(a.name == "TYPE_CHECKING" for a in n.names)
+               for n in tree.body):
+        raise ExportError(f"{module}: uses @method_of but does not import TYPE_CHECKING from typing "
+                          f"(add it to the imports of the module's first cell)")
+    lines = text.split("\n")
+    for cls in sorted((classes[c] for c in attached), key=lambda c: -(c.end_lineno or 0)):
+        indent = " " * (cls.body[0].col_offset if cls.body else cls.col_offset + 4)
+        block = ["", f"{indent}if TYPE_CHECKING:  {STUB_COMMENT}"]
+        block += [f"{indent}    {stub(name, fn)}" for name, fn in attached[cls.name]]
+        lines[cls.end_lineno:cls.end_lineno] = block
+    return "\n".join(lines)
+
+
 def plan(notebooks: list) -> dict:
     """{module path: (notebook, text)} over `notebooks`; a module exported twice is an error."""
     out = {}
@@ -163,7 +224,7 @@ def plan(notebooks: list) -> dict:
             path = module_path(module)
             if path in out:
                 raise ExportError(f"module {module} is exported by both {rel(out[path][0])} and {rel(nb)}")
-            out[path] = (nb, render(nb, cells))
+            out[path] = (nb, with_method_stubs(rel(path), render(nb, cells)))
             late = late_imports(rel(path), out[path][1])
             if late:
                 raise ExportError("; ".join(late))
