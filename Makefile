@@ -44,9 +44,9 @@ check-sync: $(STAMP)
 	$(PY) tools/nbexport.py --check
 	$(PY) tools/nbsync.py --check
 
-# Static checks: ruff (pyflakes, pycodestyle, bugbear, import order) and mypy, as configured in pyproject.toml.
+# Static checks: ruff (pyflakes, pycodestyle, bugbear, import order) and mypy; pyproject.toml sets their files and rules.
 lint: $(STAMP)
-	$(PY) -m ruff check ggml_lite tools tests benchmarks
+	$(PY) -m ruff check
 	$(PY) -m mypy
 
 # Every part runs (sync check, pytest, nbval), then the time of each is printed (tools/run_tests.py).

@@ -81,7 +81,8 @@ def split_directives(source: str, where: str):
         if word not in ("default_exp", "export"):
             raise ExportError(f"{where}: unknown directive '# | {word}'")
         if len(args) > 1 or (word == "default_exp" and not args):
-            raise ExportError(f"{where}: '# | {word}' takes {'one module' if word == 'default_exp' else 'at most one module'}")
+            takes = "one module" if word == "default_exp" else "at most one module"
+            raise ExportError(f"{where}: '# | {word}' takes {takes}")
         if args and not MODULE.fullmatch(args[0]):
             raise ExportError(f"{where}: '{args[0]}' is not a dotted module name")
         found.append((word, args[0] if args else None))
@@ -117,7 +118,8 @@ def late_directives(body: str, where: str) -> list:
 def notebook_modules(nb_path: Path) -> dict:
     """{module: [cell text, ...]} that one notebook exports, in notebook order."""
     check_source(nb_path)
-    default, modules = None, {}
+    default: str | None = None
+    modules: dict[str, list] = {}
     for index, cell in enumerate(jupytext.read(nb_path).cells):
         if cell.cell_type != "code":
             continue
@@ -182,12 +184,12 @@ def attached_methods(tree: ast.Module) -> dict:
 
 def stub(name: str, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     """`def name(<fn's parameters, defaults as ...>) -> <fn's return>: ...` on one line."""
+    kw_defaults: list = [None if d is None else ast.Constant(...) for d in fn.args.kw_defaults]
     args = ast.arguments(
-        posonlyargs=fn.args.posonlyargs, args=fn.args.args, vararg=fn.args.vararg,
-        kwonlyargs=fn.args.kwonlyargs, kw_defaults=[None if d is None else ast.Constant(...) for d in fn.args.kw_defaults],
-        kwarg=fn.args.kwarg, defaults=[ast.Constant(...) for _ in fn.args.defaults])
+        posonlyargs=fn.args.posonlyargs, args=fn.args.args, vararg=fn.args.vararg, kwonlyargs=fn.args.kwonlyargs,
+        kw_defaults=kw_defaults, kwarg=fn.args.kwarg, defaults=[ast.Constant(...) for _ in fn.args.defaults])
     node = ast.FunctionDef(name=name, args=args, body=[ast.Expr(ast.Constant(...))], decorator_list=[],
-                           returns=fn.returns, type_params=[], lineno=0)
+                           returns=fn.returns, lineno=0)
     return ast.unparse(node).replace("\n    ...", " ...")
 
 
@@ -203,8 +205,8 @@ def with_method_stubs(module: str, text: str) -> str:
     if missing:
         raise ExportError(f"{module}: @method_of attaches to {', '.join(missing)}, not defined in this module "
                           f"(attach a method in the module of its class)")
-    if not any(isinstance(n, ast.ImportFrom) and n.module == "typing" and any(a.name == "TYPE_CHECKING" for a in n.names)
-               for n in tree.body):
+    if not any(isinstance(n, ast.ImportFrom) and n.module == "typing"
+               and any(a.name == "TYPE_CHECKING" for a in n.names) for n in tree.body):
         raise ExportError(f"{module}: uses @method_of but does not import TYPE_CHECKING from typing "
                           f"(add it to the imports of the module's first cell)")
     lines = text.split("\n")
@@ -218,7 +220,7 @@ def with_method_stubs(module: str, text: str) -> str:
 
 def plan(notebooks: list) -> dict:
     """{module path: (notebook, text)} over `notebooks`; a module exported twice is an error."""
-    out = {}
+    out: dict[Path, tuple] = {}
     for nb in notebooks:
         for module, cells in notebook_modules(nb).items():
             path = module_path(module)

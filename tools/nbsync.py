@@ -84,7 +84,7 @@ def normalize(nb):
 
 def merge_streams(outputs: list) -> list:
     """`outputs` with consecutive stream outputs of the same name joined into one."""
-    merged = []
+    merged: list = []
     for out in outputs:
         prev = merged[-1] if merged else None
         if out.output_type == "stream" and prev is not None and prev.output_type == "stream" and prev.name == out.name:

@@ -3,12 +3,13 @@
 
     python tools/run_tests.py [--long]
 
-The parts, in order: the notebook/package sync check (the `.ipynb` and `ggml_lite/` are up to date with
-`notebooks/*.py`), `pytest tests/` (without tests/ui), the notebooks executed under nbval, and the browser
-test `tests/ui` (every notebook run in JupyterLab under headless Chromium). The browser test needs a
-Chromium (Debian's `chromium`, or `$CHROMIUM`) and the `playwright` package; without them it is skipped,
-and the summary says so, unless `GGML_LITE_REQUIRE_BROWSER=1` (set by `.ci/run`), which makes it fail. Every part runs even when an
-earlier one fails, so one run shows everything that is wrong; the exit status is 1 when any part failed.
+The parts, in order: the static checks (`make lint`: ruff and mypy, whose files and rules pyproject.toml sets), the
+notebook/package sync check (the `.ipynb` and `ggml_lite/` are up to date with `notebooks/*.py`), `pytest
+tests/` (without tests/ui), the notebooks executed under nbval, and the browser test `tests/ui` (every
+notebook run in JupyterLab under headless Chromium). The browser test needs a Chromium (Debian's
+`chromium`, or `$CHROMIUM`) and the `playwright` package; without them it is skipped, and the summary says
+so, unless `GGML_LITE_REQUIRE_BROWSER=1` (set by `.ci/run`), which makes it fail. Every part runs even when
+an earlier one fails, so one run shows everything that is wrong; the exit status is 1 when any part failed.
 `--long` runs pytest with `--long` (the random-graph sweeps over many more graphs), then
 `benchmarks/differential.py` over 100,000 random graphs against the real ggml, which prints the
 mismatch count and the time.
@@ -31,6 +32,7 @@ BROWSER = "browser test: notebooks in JupyterLab under headless Chromium (tests/
 def browser_missing() -> str:
     """'' when the browser test can run here, else what is missing."""
     spec = importlib.util.spec_from_file_location("ui_lab", ROOT / "tests" / "ui" / "lab.py")
+    assert spec is not None and spec.loader is not None, "tests/ui/lab.py is missing"
     lab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lab)
     if lab.find_chromium() is None:
@@ -43,6 +45,7 @@ def browser_missing() -> str:
 def parts(long: bool) -> list:
     py = sys.executable
     return [
+        ("lint (ruff, mypy)", [[py, "-m", "ruff", "check"], [py, "-m", "mypy"]]),
         ("sync check (notebooks -> package, .py -> .ipynb)",
          [[py, "tools/nbexport.py", "--check"], [py, "tools/nbsync.py", "--check"]]),
         ("pytest tests/" + (" --long" if long else ""),
