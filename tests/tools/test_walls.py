@@ -56,7 +56,8 @@ class NoViz(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, NoViz())
 if len(sys.argv) == 1:
     import ggml_lite
-    print(sorted(m for m in sys.modules if m.split(".")[0] in ("plotly", "ipywidgets") or m.startswith("ggml_lite.viz")))
+    print(sorted(m for m in sys.modules
+                 if m.split(".")[0] in ("plotly", "ipywidgets") or m.startswith("ggml_lite.viz")))
 else:
     sys.argv[0] = "ggml_lite"
     runpy.run_module("ggml_lite", run_name="__main__", alter_sys=True)
@@ -164,5 +165,6 @@ def test_every_chapter_keeps_its_shape():
     assert spec is not None and spec.loader is not None
     stats = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(stats)
-    found = [p for path in sorted((ROOT / "notebooks").glob("*.py")) for p in stats.problems(path.stem, stats.stats(path))]
+    found = [p for path in sorted((ROOT / "notebooks").glob("*.py"))
+             for p in stats.problems(path.stem, stats.stats(path))]
     assert not found, found
