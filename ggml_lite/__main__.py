@@ -52,7 +52,6 @@ from ggml_lite.numerics import validate_numerics, verify_numerics
 from ggml_lite.planners import DEFAULT_BUDGET, PLANNER_NAMES
 
 
-
 def _positive(unit: str, most: float = float("inf")):
     """An argparse type: a positive, finite number of `unit`, below `most` (--budget, --max-gib)."""
 
@@ -159,7 +158,8 @@ def cmd_plan(args) -> int:
     doc = _load_graph_file(args.file)
     if "steps" in doc and args.step is None:
         with_graph = [i for i, s in enumerate(doc["steps"]) if "graph" in s]
-        raise GraphFileError(f"{args.file} is a sequence of {len(with_graph)} graphs: pass --step (one of {with_graph})")
+        raise GraphFileError(f"{args.file} is a sequence of {len(with_graph)} graphs: "
+                             f"pass --step (one of {with_graph})")
     if "graph" in doc and args.step is not None:
         raise GraphFileError(f"{args.file} holds one graph, not a sequence: --step {args.step} does not apply")
     if (args.planner != "ggml" or args.verify) and isinstance(buffer_type_of(doc), RecordedBufferType):
@@ -197,8 +197,8 @@ def cmd_plan(args) -> int:
         print(f"planner {result.describe()}; lower bound {result.lower_bound} bytes")
     if check is not None:
         if check.ok:
-            print(f"verify: {len(check.compared)} result(s) computed in this plan on the CPU backend equal, bit for bit, "
-                  f"those computed with every tensor in memory of its own")
+            print(f"verify: {len(check.compared)} result(s) computed in this plan on the CPU backend equal, "
+                  f"bit for bit, those computed with every tensor in memory of its own")
         else:
             for conflict in check.conflicts[:5]:
                 print(f"verify: FAILED: invalid placement: {conflict}")
@@ -428,7 +428,7 @@ def main(argv=None) -> int:
         print(f"error: AllocationError: {args.file}: not enough memory on this machine to process this input "
               f"(MemoryError){hint}", file=sys.stderr)
         return 2
-    except Exception as e:  # noqa: BLE001 -- the last resort: no input may end in a traceback
+    except Exception as e:  # the last resort: no input may end in a traceback
         # Every reader validates before it builds, so reaching this line is a bug of ggml_lite (the fuzz
         # tests fail on the word "internal"); the user still gets the file and a message, and exit 2.
         print(f"error: {args.file}: internal error while processing this input "
