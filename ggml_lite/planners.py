@@ -28,7 +28,8 @@ from ggml_lite.errors import AllocationError, GGMLLiteError, GraphError, PlanMis
 from ggml_lite.gallocr import NOT_PLACED, GAllocr, PlaceEvent
 from ggml_lite.graph import Graph
 from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, Context, Op, TensorFlag, describe, is_view_op
-from ggml_lite.viz.timeline import lifetimes, memory_timeline, trace_plan
+from ggml_lite.trace import lifetimes, trace_plan
+from ggml_lite.viz.timeline import memory_timeline
 
 PLANNER_NAMES = ("ggml", "greedy-size", "greedy-breadth", "exact", "best")
 DEFAULT_BUDGET = 1.0  # seconds the exact search may take before it returns its best placement

@@ -13,7 +13,7 @@ from ggml_lite.models.llama import (
     MAX_DEVICES, MAX_N_CTX, LlamaParams, batch_sizes, check_float, check_int, padded_n_ctx, plan_memory,
 )
 from ggml_lite.tensor import TensorFlag
-from ggml_lite.viz.timeline import lifetimes
+from ggml_lite.trace import lifetimes
 
 MiB = 1024 * 1024
 

@@ -32,7 +32,8 @@
 #    and for in-place reuse, with the quirks they have.
 # 3. Reading a plan: a memory timeline of a LLaMA block, and a stepper that replays each decision.
 #
-# Exported: `ggml_lite.gallocr`, `ggml_lite.viz.timeline`.
+# Exported: `ggml_lite.gallocr`, `ggml_lite.trace` (the analysis of a plan), `ggml_lite.viz.timeline`
+# (its pictures).
 
 # %% [markdown]
 # ## 1 · The C
@@ -953,26 +954,22 @@ print(f"fixture 06: all {len(want)} compute tensors at ggml's offsets; buffer si
 # counted once. The parent holds it until the node from which the child holds it (`handed_at`).
 
 # %%
-# | export viz.timeline
-"""Pictures of a graph-allocator plan (chapter 05): tensor lifetimes from a trace, the peak-live
-lower bound, a plotly memory timeline, and an ipywidgets stepper through the plan's decisions."""
+# | export trace
+"""The analysis of a graph-allocator plan (chapter 05): the plan's trace recorded, its blocks and their
+lifetimes, the bytes live at each node (the peak-live lower bound), and the trace cut into one step per
+node with its decisions in words. Computation only: `viz.timeline` draws from it."""
 
 from dataclasses import dataclass
-
-import plotly.graph_objects as go
 
 from ggml_lite.buffer import cpu_buffer_type
 from ggml_lite.dyn_tallocr import AllocEvent, FreeEvent
 from ggml_lite.gallocr import ExecEvent, FreeNodeEvent, GAllocr, PhaseEvent, PlaceEvent, RejectEvent
-from ggml_lite.viz.memory import memory_bar, step_widget
-
-COLORS = {"leaf": "#2ca02c", "input": "#17becf", "new": "#636efa", "inplace": "#ff7f0e", "inplace_view": "#ff7f0e"}
 
 
 def trace_plan(graph, bufts=None) -> tuple:
     """Plan `graph` (`GAllocr.reserve`, CPU buffer type by default) while recording every event;
     returns `(galloc, events)`."""
-    events = []
+    events: list = []
     galloc = GAllocr(bufts if bufts is not None else cpu_buffer_type(), trace=events.append)
     galloc.reserve(graph)
     return galloc, events
@@ -995,12 +992,12 @@ class Lifetime:
     how: str
     parent: object = None
     kind: str = "tensor"
-    handed_at: int = None
+    handed_at: int | None = None
     superseded: bool = False
 
 
 # %%
-# | export viz.timeline
+# | export trace
 def lifetimes(graph, events) -> list:
     """The blocks of a plan from its trace: one per placement, ending where it was freed, where an
     in-place child took it over (the child's step), or at the last node (outputs, never-freed). A
@@ -1055,12 +1052,23 @@ def live_bytes(lts, n_nodes: int) -> list:
     return live
 
 
+# %%
+# | export viz.timeline
+"""Pictures of a graph-allocator plan (chapter 05): a plotly memory timeline of its blocks, and an
+ipywidgets stepper through its decisions. The analysis they draw is `ggml_lite.trace`."""
+
+import plotly.graph_objects as go
+
+from ggml_lite.trace import decision_lines, lifetimes, live_bytes, plan_steps
+from ggml_lite.viz.memory import memory_bar, step_widget
+
+COLORS = {"leaf": "#2ca02c", "input": "#17becf", "new": "#636efa", "inplace": "#ff7f0e", "inplace_view": "#ff7f0e"}
+
+
 def _rect(x0, x1, y0, y1):
     return [x0, x1, x1, x0, x0, None], [y0, y0, y1, y1, y0, None]
 
 
-# %%
-# | export viz.timeline
 def memory_timeline(graph, events, buffer_size: int = None, title: str = "memory timeline",
                     height: int = 520) -> go.Figure:
     """x = node index, y = offset: one rectangle per block of the plan over its lifetime (colour by
@@ -1108,79 +1116,9 @@ def memory_timeline(graph, events, buffer_size: int = None, title: str = "memory
                       plot_bgcolor="white")
     return fig
 
-
-def plan_steps(events) -> list:
-    """The trace cut into steps for the stepper: step 0 holds the leaf and counting loops, step i+1
-    node i's visit. Each step: `{"title", "events", "exec", "free_blocks"}` (the free list after it)."""
-    steps, cur = [], {"title": "leafs and INPUT tensors", "events": [], "exec": None, "free_blocks": ()}
-    free_blocks = ()
-    for ev in events:
-        if isinstance(ev, PhaseEvent) and ev.phase == "allocate":
-            cur["free_blocks"] = free_blocks
-            steps.append(cur)
-            cur = {"title": None, "events": [], "exec": None, "free_blocks": ()}
-            continue
-        if isinstance(ev, (AllocEvent, FreeEvent)):
-            free_blocks = ev.free_blocks
-        if isinstance(ev, ExecEvent):
-            cur.update(title=ev.describe(), exec=ev, free_blocks=free_blocks)
-            steps.append(cur)
-            cur = {"title": None, "events": [], "exec": None, "free_blocks": ()}
-            continue
-        if not isinstance(ev, PhaseEvent):
-            cur["events"].append(ev)
-    return steps
-
-
 # %%
-# | export viz.timeline
-def decision_lines(step) -> list:
-    """A step's decisions in words: placements (each followed by the dynamic allocator's block
-    choice), refusals with their reasons, and frees."""
-    lines, choice = [], None
-    for ev in step["events"]:
-        if isinstance(ev, AllocEvent):  # comes just before the PlaceEvent of the same tensor
-            choice = (f"best fit: block {ev.block} of {ev.n_blocks} ({ev.block_size} B)" if ev.how == "best_fit"
-                      else "the last block" + (f", max_size grows to {ev.max_size} B" if ev.max_size > ev.max_size_before else ""))
-        elif isinstance(ev, PlaceEvent):
-            lines.append(ev.describe() + (f" — {choice}" if ev.how == "new" and choice else ""))
-            choice = None
-        elif isinstance(ev, (RejectEvent, FreeNodeEvent)):
-            lines.append(ev.describe())
-    return lines
-
-
-def alloc_stepper(graph, events, end: int = None):
-    """A stepper through a plan: at each node, the node and its parents' remaining children, the
-    decisions with their reasons, the free list, and a memory bar."""
-    from IPython.display import display
-
-    steps = plan_steps(events)
-    lts = lifetimes(graph, events)
-    end = end or int(max([lt.offset + lt.size for lt in lts] + [1]) * 1.1)
-
-    def render(k):
-        st = steps[k]
-        node_i = k - 1  # step 0 is before the first node
-        live = [(lt.tensor.name, lt.offset, lt.size) for lt in lts
-                if lt.kind == "tensor" and not lt.superseded and lt.start <= max(node_i, 0) <= lt.end
-                and not (k == 0 and lt.how not in ("leaf", "input"))]
-        print(f"step {k}/{len(steps) - 1}: {st['title']}")
-        if st["exec"] is not None:
-            for p, c, v, a in st["exec"].parents:
-                print(f"  parent {p.name}: children left {c}, views left {v}, {'held' if a else 'not held'}")
-        for line in decision_lines(st) or ["(nothing to place or free)"]:
-            print(line)
-        print("free list:", ", ".join(f"[{o}, {o + s})" if s < 2**62 else f"[{o}, ...)" for o, s in st["free_blocks"]))
-        display(memory_bar([b for b in st["free_blocks"]], sorted(live, key=lambda a: a[1]), end=end,
-                           title="memory after this step"))
-
-    return step_widget(len(steps), render, interval=900)
-
-
-
-# %%
-from ggml_lite.viz.timeline import alloc_stepper, lifetimes, live_bytes, memory_timeline, trace_plan  # noqa: E402
+from ggml_lite.trace import lifetimes, live_bytes, trace_plan  # noqa: E402
+from ggml_lite.viz.timeline import memory_timeline  # noqa: E402
 
 graph2, wctx2 = llama_block()
 gl.alloc_ctx_tensors(wctx2, gl.cpu_buffer_type())
@@ -1221,6 +1159,76 @@ print("live bytes per node:", live_bytes(lts_tw, len(g_tw.nodes)), "plan:", ga_t
 # block from the best-fit search, a parent reused in place, a refusal and why, a parent freed), the
 # free list, and the memory bar.
 
+# %%
+# | export trace
+def plan_steps(events) -> list:
+    """The trace cut into steps for the stepper: step 0 holds the leaf and counting loops, step i+1
+    node i's visit. Each step: `{"title", "events", "exec", "free_blocks"}` (the free list after it)."""
+    steps, cur = [], {"title": "leafs and INPUT tensors", "events": [], "exec": None, "free_blocks": ()}
+    free_blocks = ()
+    for ev in events:
+        if isinstance(ev, PhaseEvent) and ev.phase == "allocate":
+            cur["free_blocks"] = free_blocks
+            steps.append(cur)
+            cur = {"title": None, "events": [], "exec": None, "free_blocks": ()}
+            continue
+        if isinstance(ev, (AllocEvent, FreeEvent)):
+            free_blocks = ev.free_blocks
+        if isinstance(ev, ExecEvent):
+            cur.update(title=ev.describe(), exec=ev, free_blocks=free_blocks)
+            steps.append(cur)
+            cur = {"title": None, "events": [], "exec": None, "free_blocks": ()}
+            continue
+        if not isinstance(ev, PhaseEvent):
+            cur["events"].append(ev)
+    return steps
+
+
+def decision_lines(step) -> list:
+    """A step's decisions in words: placements (each followed by the dynamic allocator's block
+    choice), refusals with their reasons, and frees."""
+    lines, choice = [], None
+    for ev in step["events"]:
+        if isinstance(ev, AllocEvent):  # comes just before the PlaceEvent of the same tensor
+            grows = f", max_size grows to {ev.max_size} B" if ev.max_size > ev.max_size_before else ""
+            choice = (f"best fit: block {ev.block} of {ev.n_blocks} ({ev.block_size} B)" if ev.how == "best_fit"
+                      else "the last block" + grows)
+        elif isinstance(ev, PlaceEvent):
+            lines.append(ev.describe() + (f" — {choice}" if ev.how == "new" and choice else ""))
+            choice = None
+        elif isinstance(ev, (RejectEvent, FreeNodeEvent)):
+            lines.append(ev.describe())
+    return lines
+
+# %%
+# | export viz.timeline
+def alloc_stepper(graph, events, end: int = None):
+    """A stepper through a plan: at each node, the node and its parents' remaining children, the
+    decisions with their reasons, the free list, and a memory bar."""
+    from IPython.display import display
+
+    steps = plan_steps(events)
+    lts = lifetimes(graph, events)
+    end = end or int(max([lt.offset + lt.size for lt in lts] + [1]) * 1.1)
+
+    def render(k):
+        st = steps[k]
+        node_i = k - 1  # step 0 is before the first node
+        live = [(lt.tensor.name, lt.offset, lt.size) for lt in lts
+                if lt.kind == "tensor" and not lt.superseded and lt.start <= max(node_i, 0) <= lt.end
+                and not (k == 0 and lt.how not in ("leaf", "input"))]
+        print(f"step {k}/{len(steps) - 1}: {st['title']}")
+        if st["exec"] is not None:
+            for p, c, v, a in st["exec"].parents:
+                print(f"  parent {p.name}: children left {c}, views left {v}, {'held' if a else 'not held'}")
+        for line in decision_lines(st) or ["(nothing to place or free)"]:
+            print(line)
+        print("free list:", ", ".join(f"[{o}, {o + s})" if s < 2**62 else f"[{o}, ...)" for o, s in st["free_blocks"]))
+        display(memory_bar([b for b in st["free_blocks"]], sorted(live, key=lambda a: a[1]), end=end,
+                           title="memory after this step"))
+
+    return step_widget(len(steps), render, interval=900)
+
 # %% tags=["nbval-ignore-output"]
 alloc_stepper(graph2, events)
 
@@ -1232,8 +1240,6 @@ alloc_stepper(graph2, events)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from ggml_lite.viz.timeline import decision_lines, plan_steps  # noqa: E402
-
 steps = plan_steps(events)
 for k in (2, 5, 6):
     print(steps[k]["title"])

@@ -104,7 +104,8 @@ from ggml_lite.errors import AllocationError, GGMLLiteError, GraphError, PlanMis
 from ggml_lite.gallocr import NOT_PLACED, GAllocr, PlaceEvent
 from ggml_lite.graph import Graph
 from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, Context, Op, TensorFlag, describe, is_view_op
-from ggml_lite.viz.timeline import lifetimes, memory_timeline, trace_plan
+from ggml_lite.trace import lifetimes, trace_plan
+from ggml_lite.viz.timeline import memory_timeline
 
 PLANNER_NAMES = ("ggml", "greedy-size", "greedy-breadth", "exact", "best")
 DEFAULT_BUDGET = 1.0  # seconds the exact search may take before it returns its best placement
@@ -1671,7 +1672,7 @@ print("random_graph(87), data-flow run:", {name: c.ok for name, c in zip(plans87
 # ## 13 · Check
 
 # %%
-from ggml_lite.viz.timeline import live_bytes  # noqa: E402
+from ggml_lite.trace import live_bytes  # noqa: E402
 
 assert (len(block06.blocks), block06.lower_bound, block06.lb_step, block06.ggml_peak) == (18, 37760, 25, 42880)
 assert check_placement(block06, ggml06) == [] and peak_of(block06, ggml06) == block06.ggml_peak

@@ -2,111 +2,21 @@
 # Edit the notebook, then run `make export`.
 
 # notebooks/05_gallocr.py
-"""Pictures of a graph-allocator plan (chapter 05): tensor lifetimes from a trace, the peak-live
-lower bound, a plotly memory timeline, and an ipywidgets stepper through the plan's decisions."""
-
-from dataclasses import dataclass
+"""Pictures of a graph-allocator plan (chapter 05): a plotly memory timeline of its blocks, and an
+ipywidgets stepper through its decisions. The analysis they draw is `ggml_lite.trace`."""
 
 import plotly.graph_objects as go
 
-from ggml_lite.buffer import cpu_buffer_type
-from ggml_lite.dyn_tallocr import AllocEvent, FreeEvent
-from ggml_lite.gallocr import ExecEvent, FreeNodeEvent, GAllocr, PhaseEvent, PlaceEvent, RejectEvent
+from ggml_lite.trace import decision_lines, lifetimes, live_bytes, plan_steps
 from ggml_lite.viz.memory import memory_bar, step_widget
 
 COLORS = {"leaf": "#2ca02c", "input": "#17becf", "new": "#636efa", "inplace": "#ff7f0e", "inplace_view": "#ff7f0e"}
-
-
-def trace_plan(graph, bufts=None) -> tuple:
-    """Plan `graph` (`GAllocr.reserve`, CPU buffer type by default) while recording every event;
-    returns `(galloc, events)`."""
-    events = []
-    galloc = GAllocr(bufts if bufts is not None else cpu_buffer_type(), trace=events.append)
-    galloc.reserve(graph)
-    return galloc, events
-
-
-@dataclass
-class Lifetime:
-    """A block of the plan: `tensor` held `[offset, offset + size)` from node `start` to node `end`
-    (inclusive). `how`: "leaf", "input", "new" or "inplace" (then `parent` handed it over);
-    `kind` "tensor" or "view" (a view spans part of its root's block, for drawing only).
-    `handed_at`: the node from which an in-place child holds the block (None: never handed over);
-    `superseded`: the tensor was placed again later and lives there, not here (chapter 05, §4)."""
-
-    tensor: object
-    buffer_id: int
-    offset: int
-    size: int
-    start: int
-    end: int
-    how: str
-    parent: object = None
-    kind: str = "tensor"
-    handed_at: int = None
-    superseded: bool = False
-
-
-# notebooks/05_gallocr.py
-def lifetimes(graph, events) -> list:
-    """The blocks of a plan from its trace: one per placement, ending where it was freed, where an
-    in-place child took it over (the child's step), or at the last node (outputs, never-freed). A
-    tensor placed twice lives at its last placement: the earlier one is marked `superseded`. Views
-    of placed tensors are added from the graph: from their node to their last consumer."""
-    n = len(graph.nodes)
-    open_, out, latest = {}, [], {}
-    aligned = {}
-    for ev in events:
-        if isinstance(ev, AllocEvent):
-            aligned[ev.tensor] = ev.size
-        elif isinstance(ev, PlaceEvent):
-            start = max(ev.node_index, 0) if ev.phase in ("parent", "node") else 0
-            how = ev.phase if ev.phase in ("leaf", "input") and ev.how == "new" else ev.how
-            size = aligned.get(ev.tensor, ev.size)
-            if ev.parent is not None and ev.parent in open_:
-                par = open_.pop(ev.parent)
-                par.end, par.handed_at = ev.node_index, start
-                size = par.size
-            if ev.tensor in latest:  # placed again (an INPUT node took it in place while counting)
-                latest[ev.tensor].superseded = True
-            lt = Lifetime(ev.tensor, ev.buffer_id, ev.offset, size, start, max(n - 1, start), how, ev.parent)
-            open_[ev.tensor] = latest[ev.tensor] = lt
-            out.append(lt)
-        elif isinstance(ev, FreeNodeEvent) and not ev.kept_output and ev.tensor in open_:
-            open_.pop(ev.tensor).end = ev.node_index
-    last_use = {}
-    for i, node in enumerate(graph.nodes):
-        for s in node.src:
-            if s is not None:
-                last_use[s] = i
-    placed = {lt.tensor: lt for lt in out}
-    for i, node in enumerate(graph.nodes):
-        root = placed.get(node.view_src) if node.view_src is not None else None
-        if root is not None:
-            out.append(Lifetime(node, root.buffer_id, root.offset + node.view_offs, node.nbytes, i,
-                                last_use.get(node, i), "view", node.view_src, "view"))
-    return out
-
-
-def live_bytes(lts, n_nodes: int) -> list:
-    """Bytes of the plan in use during each node: the sum over blocks alive at that step. Views are
-    not counted (they share their root's block), nor superseded placements (the tensor lives at its
-    last one); a block handed over in place counts once: the parent holds it until its child does."""
-    live = [0] * max(n_nodes, 1)
-    for lt in lts:
-        if lt.kind != "tensor" or lt.superseded:
-            continue
-        end = lt.end if lt.handed_at is None else min(lt.end, lt.handed_at - 1)
-        for i in range(lt.start, end + 1):
-            live[i] += lt.size
-    return live
 
 
 def _rect(x0, x1, y0, y1):
     return [x0, x1, x1, x0, x0, None], [y0, y0, y1, y1, y0, None]
 
 
-# notebooks/05_gallocr.py
 def memory_timeline(graph, events, buffer_size: int = None, title: str = "memory timeline",
                     height: int = 520) -> go.Figure:
     """x = node index, y = offset: one rectangle per block of the plan over its lifetime (colour by
@@ -155,46 +65,7 @@ def memory_timeline(graph, events, buffer_size: int = None, title: str = "memory
     return fig
 
 
-def plan_steps(events) -> list:
-    """The trace cut into steps for the stepper: step 0 holds the leaf and counting loops, step i+1
-    node i's visit. Each step: `{"title", "events", "exec", "free_blocks"}` (the free list after it)."""
-    steps, cur = [], {"title": "leafs and INPUT tensors", "events": [], "exec": None, "free_blocks": ()}
-    free_blocks = ()
-    for ev in events:
-        if isinstance(ev, PhaseEvent) and ev.phase == "allocate":
-            cur["free_blocks"] = free_blocks
-            steps.append(cur)
-            cur = {"title": None, "events": [], "exec": None, "free_blocks": ()}
-            continue
-        if isinstance(ev, (AllocEvent, FreeEvent)):
-            free_blocks = ev.free_blocks
-        if isinstance(ev, ExecEvent):
-            cur.update(title=ev.describe(), exec=ev, free_blocks=free_blocks)
-            steps.append(cur)
-            cur = {"title": None, "events": [], "exec": None, "free_blocks": ()}
-            continue
-        if not isinstance(ev, PhaseEvent):
-            cur["events"].append(ev)
-    return steps
-
-
 # notebooks/05_gallocr.py
-def decision_lines(step) -> list:
-    """A step's decisions in words: placements (each followed by the dynamic allocator's block
-    choice), refusals with their reasons, and frees."""
-    lines, choice = [], None
-    for ev in step["events"]:
-        if isinstance(ev, AllocEvent):  # comes just before the PlaceEvent of the same tensor
-            choice = (f"best fit: block {ev.block} of {ev.n_blocks} ({ev.block_size} B)" if ev.how == "best_fit"
-                      else "the last block" + (f", max_size grows to {ev.max_size} B" if ev.max_size > ev.max_size_before else ""))
-        elif isinstance(ev, PlaceEvent):
-            lines.append(ev.describe() + (f" — {choice}" if ev.how == "new" and choice else ""))
-            choice = None
-        elif isinstance(ev, (RejectEvent, FreeNodeEvent)):
-            lines.append(ev.describe())
-    return lines
-
-
 def alloc_stepper(graph, events, end: int = None):
     """A stepper through a plan: at each node, the node and its parents' remaining children, the
     decisions with their reasons, the free list, and a memory bar."""

@@ -358,7 +358,7 @@ def test_fixture_14_reaches_the_lower_bound():
 
 
 def test_the_lower_bound_is_chapter_05s_peak_live():
-    from ggml_lite.viz.timeline import lifetimes, live_bytes
+    from ggml_lite.trace import lifetimes, live_bytes
 
     problem = P.blocks_of(recorded("06_llama_block").graph)
     assert max(live_bytes(lifetimes(problem.graph, problem.events), len(problem.graph.nodes))) == problem.lower_bound

@@ -1,6 +1,6 @@
 """The stepper scaffold shared by the course's three steppers (viz.memory.step_widget), driven without
 a browser: moving the slider renders that step; every step of a real trace renders. Chapter 05's
-timeline (viz.timeline): its peak of live bytes is chapter 11's lower bound, never above ggml's plan,
+timeline (trace, viz.timeline): its peak of live bytes is chapter 11's lower bound, never above ggml's plan,
 also when ggml places a tensor twice."""
 
 import contextlib
@@ -9,8 +9,9 @@ import io
 import ggml_lite as gl
 import ggml_oracle as O
 from ggml_lite import planners as P
+from ggml_lite.trace import lifetimes, live_bytes, trace_plan
 from ggml_lite.viz.memory import step_widget, stepper
-from ggml_lite.viz.timeline import lifetimes, live_bytes, memory_timeline, trace_plan
+from ggml_lite.viz.timeline import memory_timeline
 from helpers import SEED_FILES, fixture_path, graph_sections, load_json
 
 
