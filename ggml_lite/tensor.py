@@ -5,6 +5,8 @@
 """Tensors, types and contexts — ggml's data model (`ggml.h`: `struct ggml_tensor`, `ggml_type`,
 `ggml_context`), without arithmetic. Shapes, strides, sizes, views and names equal ggml's."""
 
+from __future__ import annotations
+
 import enum
 import struct
 from dataclasses import dataclass
@@ -213,7 +215,7 @@ class Tensor:
         self.op = Op.NONE
         self.op_params = [0] * (GGML_MAX_OP_PARAMS // 4)
         self.flags = 0
-        self.src = []  # slots 0..k; an empty slot is None; trailing empty slots are dropped
+        self.src: list[Tensor | None] = []  # slots 0..k; an empty slot is None; trailing empty slots are dropped
         self.view_src = view_src
         self.view_offs = view_offs
         self.name = ""
@@ -453,67 +455,7 @@ class Context:
 
     def __init__(self, name: str = ""):
         self.name = name
-        self.tensors = []
-
-    def _new_tensor_impl(self, type, ne, view_src=None, view_offs=0) -> Tensor:
-        """`ggml_new_tensor_impl`: resolve the view root, check the view's bounds, set strides."""
-        type = type_by_name(type)
-        ne = [int(x) for x in ne] + [1] * (GGML_MAX_DIMS - len(ne))
-        if len(ne) != GGML_MAX_DIMS or min(ne) < 0:
-            raise ShapeError(f"a tensor needs 1..4 non-negative dimensions, got ne={ne}")
-        if view_src is not None and view_src.view_src is not None:
-            view_offs += view_src.view_offs
-            view_src = view_src.view_src
-        data_size = row_size(type, ne[0]) * ne[1] * ne[2] * ne[3]
-        if view_src is not None and data_size != 0 and data_size + view_offs > nbytes(view_src):
-            raise ViewBoundsError(
-                f"a view of {describe(view_src)} at byte offset {view_offs} with ne={ne} needs "
-                f"{data_size} bytes up to byte {data_size + view_offs}, but the tensor has {nbytes(view_src)} bytes"
-            )
-        if view_offs < 0:
-            raise ViewBoundsError(f"a view of {describe(view_src)} cannot start at a negative offset {view_offs}")
-        t = Tensor(type, ne, contiguous_strides(type, ne), view_src, view_offs, self)
-        self.tensors.append(t)
-        return t
-
-    def new_tensor(self, type, ne, name: str = "") -> Tensor:
-        """`ggml_new_tensor`: a fresh contiguous tensor of shape `ne` (fastest dimension first)."""
-        t = self._new_tensor_impl(type, ne)
-        if name:
-            t.set_name(name)
-        return t
-
-    def new_tensor_1d(self, type, ne0, name: str = "") -> Tensor:
-        """`ggml_new_tensor_1d`."""
-        return self.new_tensor(type, [ne0], name)
-
-    def new_tensor_2d(self, type, ne0, ne1, name: str = "") -> Tensor:
-        """`ggml_new_tensor_2d`."""
-        return self.new_tensor(type, [ne0, ne1], name)
-
-    def new_tensor_3d(self, type, ne0, ne1, ne2, name: str = "") -> Tensor:
-        """`ggml_new_tensor_3d`."""
-        return self.new_tensor(type, [ne0, ne1, ne2], name)
-
-    def new_tensor_4d(self, type, ne0, ne1, ne2, ne3, name: str = "") -> Tensor:
-        """`ggml_new_tensor_4d`."""
-        return self.new_tensor(type, [ne0, ne1, ne2, ne3], name)
-
-    def dup_tensor(self, src: Tensor) -> Tensor:
-        """`ggml_dup_tensor`: a new tensor with the type and shape of `src` (contiguous, unnamed)."""
-        return self._new_tensor_impl(src.type, src.ne)
-
-    def view_tensor(self, src: Tensor) -> Tensor:
-        """`ggml_view_tensor`: a tensor sharing all of `src`'s memory and strides, named
-        "<src> (view)"; its op stays NONE (callers such as `cpy` and the in-place ops set it)."""
-        t = self._new_tensor_impl(src.type, src.ne, src, 0)
-        t.format_name("%s (view)", src.name)
-        t.nb = list(src.nb)
-        return t
-
-    def get_tensor(self, name: str):
-        """`ggml_get_tensor`: the first tensor called `name`, or None."""
-        return next((t for t in self.tensors if t.name == name), None)
+        self.tensors: list[Tensor] = []
 
     def __iter__(self):
         return iter(self.tensors)
@@ -523,6 +465,97 @@ class Context:
 
     def __repr__(self):
         return f"Context({self.name!r}, {len(self.tensors)} tensors)"
+
+    if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
+        def _new_tensor_impl(ctx, type, ne, view_src=..., view_offs=...) -> Tensor: ...
+        def new_tensor(ctx, type, ne, name: str=...) -> Tensor: ...
+        def new_tensor_1d(ctx, type, ne0, name: str=...) -> Tensor: ...
+        def new_tensor_2d(ctx, type, ne0, ne1, name: str=...) -> Tensor: ...
+        def new_tensor_3d(ctx, type, ne0, ne1, ne2, name: str=...) -> Tensor: ...
+        def new_tensor_4d(ctx, type, ne0, ne1, ne2, ne3, name: str=...) -> Tensor: ...
+        def dup_tensor(ctx, src: Tensor) -> Tensor: ...
+        def view_tensor(ctx, src: Tensor) -> Tensor: ...
+        def get_tensor(ctx, name: str) -> Tensor | None: ...
+
+
+# notebooks/00_tensors.py
+@method_of(Context)
+def _new_tensor_impl(ctx, type, ne, view_src=None, view_offs=0) -> Tensor:
+    """`ggml_new_tensor_impl`: resolve the view root, check the view's bounds, set strides."""
+    type = type_by_name(type)
+    ne = [int(x) for x in ne] + [1] * (GGML_MAX_DIMS - len(ne))
+    if len(ne) != GGML_MAX_DIMS or min(ne) < 0:
+        raise ShapeError(f"a tensor needs 1..4 non-negative dimensions, got ne={ne}")
+    if view_src is not None and view_src.view_src is not None:
+        view_offs += view_src.view_offs
+        view_src = view_src.view_src
+    data_size = row_size(type, ne[0]) * ne[1] * ne[2] * ne[3]
+    if view_src is not None and data_size != 0 and data_size + view_offs > nbytes(view_src):
+        raise ViewBoundsError(
+            f"a view of {describe(view_src)} at byte offset {view_offs} with ne={ne} needs "
+            f"{data_size} bytes up to byte {data_size + view_offs}, but the tensor has {nbytes(view_src)} bytes"
+        )
+    if view_offs < 0:
+        raise ViewBoundsError(f"a view of {describe(view_src)} cannot start at a negative offset {view_offs}")
+    t = Tensor(type, ne, contiguous_strides(type, ne), view_src, view_offs, ctx)
+    ctx.tensors.append(t)
+    return t
+
+
+# notebooks/00_tensors.py
+@method_of(Context)
+def new_tensor(ctx, type, ne, name: str = "") -> Tensor:
+    """`ggml_new_tensor`: a fresh contiguous tensor of shape `ne` (fastest dimension first)."""
+    t = ctx._new_tensor_impl(type, ne)
+    if name:
+        t.set_name(name)
+    return t
+
+
+@method_of(Context)
+def new_tensor_1d(ctx, type, ne0, name: str = "") -> Tensor:
+    """`ggml_new_tensor_1d`."""
+    return new_tensor(ctx, type, [ne0], name)
+
+
+@method_of(Context)
+def new_tensor_2d(ctx, type, ne0, ne1, name: str = "") -> Tensor:
+    """`ggml_new_tensor_2d`."""
+    return new_tensor(ctx, type, [ne0, ne1], name)
+
+
+@method_of(Context)
+def new_tensor_3d(ctx, type, ne0, ne1, ne2, name: str = "") -> Tensor:
+    """`ggml_new_tensor_3d`."""
+    return new_tensor(ctx, type, [ne0, ne1, ne2], name)
+
+
+@method_of(Context)
+def new_tensor_4d(ctx, type, ne0, ne1, ne2, ne3, name: str = "") -> Tensor:
+    """`ggml_new_tensor_4d`."""
+    return new_tensor(ctx, type, [ne0, ne1, ne2, ne3], name)
+
+
+@method_of(Context)
+def dup_tensor(ctx, src: Tensor) -> Tensor:
+    """`ggml_dup_tensor`: a new tensor with the type and shape of `src` (contiguous, unnamed)."""
+    return _new_tensor_impl(ctx, src.type, src.ne)
+
+
+@method_of(Context)
+def view_tensor(ctx, src: Tensor) -> Tensor:
+    """`ggml_view_tensor`: a tensor sharing all of `src`'s memory and strides, named
+    "<src> (view)"; its op stays NONE (callers such as `cpy` and the in-place ops set it)."""
+    t = _new_tensor_impl(ctx, src.type, src.ne, src, 0)
+    t.format_name("%s (view)", src.name)
+    t.nb = list(src.nb)
+    return t
+
+
+@method_of(Context)
+def get_tensor(ctx, name: str) -> Tensor | None:
+    """`ggml_get_tensor`: the first tensor called `name`, or None."""
+    return next((t for t in ctx.tensors if t.name == name), None)
 
 
 # notebooks/00_tensors.py

@@ -47,6 +47,8 @@
 """Tensors, types and contexts — ggml's data model (`ggml.h`: `struct ggml_tensor`, `ggml_type`,
 `ggml_context`), without arithmetic. Shapes, strides, sizes, views and names equal ggml's."""
 
+from __future__ import annotations
+
 import enum
 import struct
 from dataclasses import dataclass
@@ -472,7 +474,11 @@ class UnaryOp(enum.IntEnum):
 
 
 # %% [markdown]
-# Ports `ggml_op_name`.
+# Ops are looked up by the name `ggml_op_name` prints (`"MUL_MAT"`), which is how graph files and
+# error messages name them; an unknown name raises `UnknownOpError` listing the known ones. Float op
+# parameters (a scale, an epsilon) travel as the int32 words that hold their f32 bits, so two
+# helpers convert between the two views of one word. Notice that `VIEW_OPS` is the whole of
+# `ggml_is_view_op`: those four ops make no data, only a new way to read existing bytes.
 
 # %%
 # | export
@@ -532,7 +538,7 @@ class Tensor:
         self.op = Op.NONE
         self.op_params = [0] * (GGML_MAX_OP_PARAMS // 4)
         self.flags = 0
-        self.src = []  # slots 0..k; an empty slot is None; trailing empty slots are dropped
+        self.src: list[Tensor | None] = []  # slots 0..k; an empty slot is None; trailing empty slots are dropped
         self.view_src = view_src
         self.view_offs = view_offs
         self.name = ""
@@ -782,8 +788,10 @@ def is_padded_1d(t: Tensor) -> bool:
 
 
 # %% [markdown]
-# Ports `ggml_is_empty`, `ggml_is_scalar`, `ggml_is_vector`, `ggml_is_matrix`,
-# `ggml_are_same_shape`, `ggml_are_same_layout`, `ggml_can_repeat`, `ggml_is_view_op`.
+# The shape predicates every op checks its operands with. They read `ne` only, except
+# `ggml_are_same_layout`, which also compares type and strides (the allocator's test for "these two
+# tensors can share bytes"). What to notice: `ggml_can_repeat(t0, t1)` is ggml's whole broadcasting
+# rule: every dimension of `t1` must be a multiple of `t0`'s, not just 1 or equal as in numpy.
 
 # %%
 # | export
@@ -847,67 +855,7 @@ class Context:
 
     def __init__(self, name: str = ""):
         self.name = name
-        self.tensors = []
-
-    def _new_tensor_impl(self, type, ne, view_src=None, view_offs=0) -> Tensor:
-        """`ggml_new_tensor_impl`: resolve the view root, check the view's bounds, set strides."""
-        type = type_by_name(type)
-        ne = [int(x) for x in ne] + [1] * (GGML_MAX_DIMS - len(ne))
-        if len(ne) != GGML_MAX_DIMS or min(ne) < 0:
-            raise ShapeError(f"a tensor needs 1..4 non-negative dimensions, got ne={ne}")
-        if view_src is not None and view_src.view_src is not None:
-            view_offs += view_src.view_offs
-            view_src = view_src.view_src
-        data_size = row_size(type, ne[0]) * ne[1] * ne[2] * ne[3]
-        if view_src is not None and data_size != 0 and data_size + view_offs > nbytes(view_src):
-            raise ViewBoundsError(
-                f"a view of {describe(view_src)} at byte offset {view_offs} with ne={ne} needs "
-                f"{data_size} bytes up to byte {data_size + view_offs}, but the tensor has {nbytes(view_src)} bytes"
-            )
-        if view_offs < 0:
-            raise ViewBoundsError(f"a view of {describe(view_src)} cannot start at a negative offset {view_offs}")
-        t = Tensor(type, ne, contiguous_strides(type, ne), view_src, view_offs, self)
-        self.tensors.append(t)
-        return t
-
-    def new_tensor(self, type, ne, name: str = "") -> Tensor:
-        """`ggml_new_tensor`: a fresh contiguous tensor of shape `ne` (fastest dimension first)."""
-        t = self._new_tensor_impl(type, ne)
-        if name:
-            t.set_name(name)
-        return t
-
-    def new_tensor_1d(self, type, ne0, name: str = "") -> Tensor:
-        """`ggml_new_tensor_1d`."""
-        return self.new_tensor(type, [ne0], name)
-
-    def new_tensor_2d(self, type, ne0, ne1, name: str = "") -> Tensor:
-        """`ggml_new_tensor_2d`."""
-        return self.new_tensor(type, [ne0, ne1], name)
-
-    def new_tensor_3d(self, type, ne0, ne1, ne2, name: str = "") -> Tensor:
-        """`ggml_new_tensor_3d`."""
-        return self.new_tensor(type, [ne0, ne1, ne2], name)
-
-    def new_tensor_4d(self, type, ne0, ne1, ne2, ne3, name: str = "") -> Tensor:
-        """`ggml_new_tensor_4d`."""
-        return self.new_tensor(type, [ne0, ne1, ne2, ne3], name)
-
-    def dup_tensor(self, src: Tensor) -> Tensor:
-        """`ggml_dup_tensor`: a new tensor with the type and shape of `src` (contiguous, unnamed)."""
-        return self._new_tensor_impl(src.type, src.ne)
-
-    def view_tensor(self, src: Tensor) -> Tensor:
-        """`ggml_view_tensor`: a tensor sharing all of `src`'s memory and strides, named
-        "<src> (view)"; its op stays NONE (callers such as `cpy` and the in-place ops set it)."""
-        t = self._new_tensor_impl(src.type, src.ne, src, 0)
-        t.format_name("%s (view)", src.name)
-        t.nb = list(src.nb)
-        return t
-
-    def get_tensor(self, name: str):
-        """`ggml_get_tensor`: the first tensor called `name`, or None."""
-        return next((t for t in self.tensors if t.name == name), None)
+        self.tensors: list[Tensor] = []
 
     def __iter__(self):
         return iter(self.tensors)
@@ -920,7 +868,107 @@ class Context:
 
 
 # %% [markdown]
-# Ports `ggml_set_input`, `ggml_set_output`, `ggml_set_param`.
+# Every tensor is born in `ggml_new_tensor_impl`. What to notice: a view of a view is re-rooted at
+# the tensor that owns the memory (the offsets added up), so `view_src` is never itself a view; and
+# the bounds check sizes a view as if it were contiguous (`row_size(ne0)·ne1·ne2·ne3` bytes from
+# `view_offs`) against the root's `ggml_nbytes`. The strides a view op sets afterwards are not
+# checked here; each op checks its own.
+
+# %%
+# | export
+@method_of(Context)
+def _new_tensor_impl(ctx, type, ne, view_src=None, view_offs=0) -> Tensor:
+    """`ggml_new_tensor_impl`: resolve the view root, check the view's bounds, set strides."""
+    type = type_by_name(type)
+    ne = [int(x) for x in ne] + [1] * (GGML_MAX_DIMS - len(ne))
+    if len(ne) != GGML_MAX_DIMS or min(ne) < 0:
+        raise ShapeError(f"a tensor needs 1..4 non-negative dimensions, got ne={ne}")
+    if view_src is not None and view_src.view_src is not None:
+        view_offs += view_src.view_offs
+        view_src = view_src.view_src
+    data_size = row_size(type, ne[0]) * ne[1] * ne[2] * ne[3]
+    if view_src is not None and data_size != 0 and data_size + view_offs > nbytes(view_src):
+        raise ViewBoundsError(
+            f"a view of {describe(view_src)} at byte offset {view_offs} with ne={ne} needs "
+            f"{data_size} bytes up to byte {data_size + view_offs}, but the tensor has {nbytes(view_src)} bytes"
+        )
+    if view_offs < 0:
+        raise ViewBoundsError(f"a view of {describe(view_src)} cannot start at a negative offset {view_offs}")
+    t = Tensor(type, ne, contiguous_strides(type, ne), view_src, view_offs, ctx)
+    ctx.tensors.append(t)
+    return t
+
+
+# %% [markdown]
+# The public constructors all go through it: `ggml_new_tensor_Nd` only pads the shape with ones,
+# `ggml_dup_tensor` copies type and shape (not the name, not the strides: the copy is contiguous), and
+# `ggml_view_tensor` shares the whole of its source, strides included, under the name "<src> (view)".
+# In C the context is the first argument of each (`ggml_new_tensor_2d(ctx, ...)`); here it is too,
+# so `new_tensor_2d(ctx, F32, 4, 3)` and `ctx.new_tensor_2d(F32, 4, 3)` are the same call.
+
+# %%
+# | export
+@method_of(Context)
+def new_tensor(ctx, type, ne, name: str = "") -> Tensor:
+    """`ggml_new_tensor`: a fresh contiguous tensor of shape `ne` (fastest dimension first)."""
+    t = ctx._new_tensor_impl(type, ne)
+    if name:
+        t.set_name(name)
+    return t
+
+
+@method_of(Context)
+def new_tensor_1d(ctx, type, ne0, name: str = "") -> Tensor:
+    """`ggml_new_tensor_1d`."""
+    return new_tensor(ctx, type, [ne0], name)
+
+
+@method_of(Context)
+def new_tensor_2d(ctx, type, ne0, ne1, name: str = "") -> Tensor:
+    """`ggml_new_tensor_2d`."""
+    return new_tensor(ctx, type, [ne0, ne1], name)
+
+
+@method_of(Context)
+def new_tensor_3d(ctx, type, ne0, ne1, ne2, name: str = "") -> Tensor:
+    """`ggml_new_tensor_3d`."""
+    return new_tensor(ctx, type, [ne0, ne1, ne2], name)
+
+
+@method_of(Context)
+def new_tensor_4d(ctx, type, ne0, ne1, ne2, ne3, name: str = "") -> Tensor:
+    """`ggml_new_tensor_4d`."""
+    return new_tensor(ctx, type, [ne0, ne1, ne2, ne3], name)
+
+
+@method_of(Context)
+def dup_tensor(ctx, src: Tensor) -> Tensor:
+    """`ggml_dup_tensor`: a new tensor with the type and shape of `src` (contiguous, unnamed)."""
+    return _new_tensor_impl(ctx, src.type, src.ne)
+
+
+@method_of(Context)
+def view_tensor(ctx, src: Tensor) -> Tensor:
+    """`ggml_view_tensor`: a tensor sharing all of `src`'s memory and strides, named
+    "<src> (view)"; its op stays NONE (callers such as `cpy` and the in-place ops set it)."""
+    t = _new_tensor_impl(ctx, src.type, src.ne, src, 0)
+    t.format_name("%s (view)", src.name)
+    t.nb = list(src.nb)
+    return t
+
+
+@method_of(Context)
+def get_tensor(ctx, name: str) -> Tensor | None:
+    """`ggml_get_tensor`: the first tensor called `name`, or None."""
+    return next((t for t in ctx.tensors if t.name == name), None)
+
+
+# %% [markdown]
+# Three flags the user sets on a tensor and the allocators read. `ggml_set_input` marks a tensor
+# the user fills before compute, `ggml_set_output` one the user reads after it, and `ggml_set_param`
+# a trainable weight. Notice that the flags only change *when* memory is handed out and given back.
+# An input is placed before any node runs. An output is never freed, so no later node may reuse its
+# bytes. Chapter 05 shows both.
 
 # %%
 # | export
