@@ -2,7 +2,7 @@
 
     python benchmarks/budget.py [--budget 1.0] [--size 10000] [--cli] [--large [--large-size 60000]]
 
-Builds graphs with the ggml_lite API (no file; the fan-out and the chain are tests/test_planners.py's),
+Builds graphs with the ggml_lite API (no file; the fan-out and the chain are tests/unit/test_planners.py's),
 each planned by ggml first (`planners.blocks_of`):
 
 * fan-out: one INPUT tensor and --size ops reading it (SCALE), every one an OUTPUT;

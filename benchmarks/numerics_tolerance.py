@@ -26,7 +26,7 @@ agree within half of T), the worst numpy error among them and the margin. A grap
 amplifies rounding so much that no build-independent tolerance holds for it; `check --exact` is its
 check. The exact tier is 0 on every graph without an op family that ggml 0.15.3 computes differently
 from the reference the kernels follow (normal-mode rope, norm, f32 mul_mat with K % 32 != 0; see
-tests/test_compute_differential.py) when the oracle sums in the reproduced order (the AVX2 build
+tests/differential/test_compute_differential.py) when the oracle sums in the reproduced order (the AVX2 build
 `make setup` installs); those graphs are counted apart.
 """
 

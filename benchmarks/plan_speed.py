@@ -40,7 +40,7 @@ The peak-live lower bound, precisely. Steps are the node indices 0..N-1 (executi
   that keeps disjoint blocks for tensors that are needed at the same time needs at least that much.
   ggml's allocator holds every live tensor of step `s` right after it placed node `s` — with one
   exception: it does not keep the source of an OUTPUT view (a non-OUTPUT tensor is freed after the
-  last user of its views, see tests/test_differential.py::
+  last user of its views, see tests/differential/test_differential.py::
   test_an_output_view_does_not_keep_its_source_alive), so only a graph with such a view can show a
   ratio below 1 (none of the fixtures has one; 7 of the first 3,000 random graphs of
   tests/ggml_oracle.py do, and they are exactly the ones whose peak is below this bound).

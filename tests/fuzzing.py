@@ -1,4 +1,4 @@
-"""The harness the fuzz tests share (tests/test_fuzz_*.py): run the command line in-process on one input,
+"""The harness the fuzz tests share (tests/fuzz/test_fuzz_*.py): run the command line in-process on one input,
 bounded in time, and judge its outcome by the project's promise (DESIGN.md §3, "Untrusted input"):
 
 - exit 2 with a message `error: <GGMLLiteError subclass>: ...` (or argparse's usage error), or

@@ -19,7 +19,7 @@ Four things live here:
   softmax heads as the `numerics` files record them; `numeric_corpus` is the seeded corpus the numpy
   tier's tolerance is measured on (`benchmarks/numerics_tolerance.py`); `ggml_results` computes one
   with the real ggml, `lite_numeric_results` with ggml_lite's tiers, and `numerics_document` writes
-  it as a fixture-schema file with ggml's plan and results (`tests/test_numerics_graphs.py`).
+  it as a fixture-schema file with ggml's plan and results (`tests/differential/test_numerics_graphs.py`).
 
 What ggml-python 0.0.45 needs, and how its ggml differs from the recorded reference
 -------------------------------------------------------------------------------------
@@ -34,7 +34,7 @@ What ggml-python 0.0.45 needs, and how its ggml differs from the recorded refere
   CPU buffer type allocates `size + TENSOR_ALIGNMENT` and reports that larger size; ggml 0.15.3
   reports the size it was asked for (and a zero-size request gives a zero-size buffer). The planned
   offsets are the same, so `reference buffer size == ggml-python's + 32` (`CPU_BUFFER_SIZE_DELTA`).
-  `tests/test_differential.py::test_oracle_reproduces_fixture` checks this on the 12 single-graph
+  `tests/differential/test_differential.py::test_oracle_reproduces_fixture` checks this on the 12 single-graph
   fixtures (every offset equal, every buffer size exactly 32 larger). The same holds for buffers
   made by `ggml_backend_alloc_ctx_tensors` (weights, KV cache).
 * ggml 0.15.3 plans with "chunks" (a virtual buffer of up to 16 backend buffers); for the CPU buffer
@@ -51,7 +51,7 @@ What ggml-python 0.0.45 needs, and how its ggml differs from the recorded refere
   - `ggml_gallocr_needs_realloc` (every version) never checks the leafs' planned slots, so a kept
     plan can be too small for a leaf of the next graph; the reference's debug build asserts, ggml_lite
     raises `PlanMismatchError`, a release build of ggml overlaps tensors (see `check_sequence` and
-    `tests/test_differential.py::test_a_kept_plan_too_small_for_a_leaf`).
+    `tests/differential/test_differential.py::test_a_kept_plan_too_small_for_a_leaf`).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def _need_ggml():
 # the row sums are evaluated. ggml_lite's exact kernels reproduce the build of the recorded fixtures:
 # x86-64 with AVX2, FMA and F16C, no AVX-512, no llamafile sgemm. `make setup` builds ggml-python that
 # way (GGML_NATIVE=OFF ...), but a user's own install may be native: then the comparisons below the
-# exact ones fall back to the documented tolerance (`tests/test_compute_differential.py`).
+# exact ones fall back to the documented tolerance (`tests/differential/test_compute_differential.py`).
 REPRODUCED_BUILD = {"avx2": True, "fma": True, "f16c": True, "avx512": False, "llamafile": False}
 _BUILD_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512", "avx512_vnni", "neon", "arm_fma", "sve", "llamafile")
 
@@ -197,7 +197,7 @@ def oracle_settings(max_examples: int):
     """Settings for the random-graph tests: derandomized, no example database, no deadline; phases
     without `explain` (it re-runs the failing example many times to annotate lines); shrinking bounded
     to `SHRINK_SECONDS` (hypothesis exposes no setting for it, so its engine's constant is lowered here;
-    `tests/test_differential.py` checks that the constant still exists)."""
+    `tests/differential/test_differential.py` checks that the constant still exists)."""
     from hypothesis import HealthCheck, Phase, settings
     from hypothesis.internal.conjecture import engine
 
@@ -1647,7 +1647,7 @@ def compute_graphs(max_ops: int = 40):
 #
 # The default (numpy) tier states a tolerance against ggml for whole graphs. These builders make the
 # graphs that tolerance is measured on (`benchmarks/numerics_tolerance.py`) and tested with
-# (`tests/test_numerics_graphs.py`): graphs of the kind the `numerics` files record (every leaf of one
+# (`tests/differential/test_numerics_graphs.py`): graphs of the kind the `numerics` files record (every leaf of one
 # compute context flagged INPUT and filled by the numerics generator of tests/fixtures/README.md),
 # weights as leafs of that context, uniform [-1, 1) data, unscaled, as the generator gives it.
 

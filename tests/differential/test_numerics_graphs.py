@@ -142,5 +142,5 @@ def test_check_verifies_files_of_whole_graphs(name, computed, tmp_path, capsys):
 
 def _version_dependent(ng) -> bool:
     """An op family that ggml 0.15.3 computes differently from the reference the exact tier follows
-    (tests/test_compute_differential.py): normal-mode rope, norm, f32 mul_mat with K % 32 != 0."""
+    (tests/differential/test_compute_differential.py): normal-mode rope, norm, f32 mul_mat with K % 32 != 0."""
     return any(version_dependent(n) for n in ng.graph.nodes)

@@ -8,7 +8,7 @@ twice from one seed: one copy is planned by `GAllocr`, the other laid out by `al
 tensor of the compute context in a region of its own). Leafs get the same deterministic data in both;
 both are computed by the CPU backend; the results compared are the tensors whose memory a plan must
 keep: non-view OUTPUT tensors, and nodes nothing consumes. (An OUTPUT *view* does not keep its source
-alive — the ggml quirk of tests/test_differential.py — so views are not compared.) Same kernels, same
+alive — the ggml quirk of tests/differential/test_differential.py — so views are not compared.) Same kernels, same
 inputs: the comparison is exact (NaN equal to NaN)."""
 
 import numpy as np

@@ -8,7 +8,7 @@ output is compared with the recorded one within the tolerance of its case (`TOLE
 fixture README's figures: 0 where the README says bit-exact, its measured bound otherwise). The
 worst relative error of every case is recorded (`record_property`) and `summary()` prints them all.
 
-Run: `.venv/bin/python -m pytest tests/test_cpu_ops.py`
+Run: `.venv/bin/python -m pytest tests/replay/test_cpu_ops.py`
 (`python test_cpu_ops.py` prints the summary table).
 """
 

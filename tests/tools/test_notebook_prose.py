@@ -8,7 +8,7 @@ from pathlib import Path
 import jupytext
 import pytest
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.py"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.py"))
 HEADING = re.compile(r"^#\s?#{1,6}\s+\S")  # a commented markdown heading: "# # Title", "# ### 6.1 · Title"
 
 

@@ -40,7 +40,7 @@ def test_check_prints_the_first_differing_tensors_and_exits_1(tmp_path, capsys):
 def test_check_with_numerics_refuses_nothing_to_compare_or_skips(tmp_path, capsys):
     """A file that says it records computed results but records none: `check` refuses it (exit 2: there is
     nothing to compare, it is not "identical") unless --no-numerics is given. Real result files are
-    checked in tests/test_numerics.py."""
+    checked in tests/differential/test_numerics.py."""
     doc = copy.deepcopy(load_json(fixture_path("ggml-seed", "01_mlp_small")))
     leafs = [{"id": i, "name": e["name"], "type": e["type"], "kind": "float"}
              for i, e in enumerate(doc["graph"]["tensors"]) if e["graph_role"] == "leaf"]
