@@ -59,9 +59,9 @@ import pytest
 
 import ggml_lite as gl
 import ggml_oracle as O
-from ggml_lite.cpu import Q8_0_DTYPE, dequantize_row_q8_0, quantize_row_q4_0_ref, quantize_row_q8_0_ref
 from ggml_lite.exact import compute_forward_exact as compute_forward  # bit-exact where the build matches
 from ggml_lite.exact import libm_exact
+from ggml_lite.quants import Q8_0_DTYPE, dequantize_row_q8_0, quantize_row_q4_0_ref, quantize_row_q8_0_ref
 from ggml_lite.tensor import VIEW_OPS, Op, TensorFlag
 
 pytestmark = pytest.mark.skipif(
