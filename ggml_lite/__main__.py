@@ -126,7 +126,8 @@ def _planned(doc: dict, args):
     ggml's trace, the planner's result placed through the graph allocator (and computed, with --verify).
     Returns (GraphFile, allocator, PlanResult, Verification or None)."""
     from ggml_lite.graphio import allocate_external, read_graph_file
-    from ggml_lite.planners import alloc_planned, blocks_of, run_planner, verify_plan
+    from ggml_lite.planners import alloc_planned, blocks_of, run_planner
+    from ggml_lite.verify import verify_plan
 
     gf = read_graph_file(doc, args.step, validate=False)  # (validated by _load_graph_file)
     allocate_external(gf)
