@@ -28,15 +28,16 @@ import numpy as np
 from ggml_lite.backend import Backend, GraphPlan, Status
 from ggml_lite.buffer import cpu_buffer_type, tensor_array
 from ggml_lite.errors import (
-    DataTypeError, LayoutError, ShapeError, TensorBoundsError, UnknownOpError, UnsupportedOpError,
+    DataTypeError,
+    LayoutError,
+    ShapeError,
+    TensorBoundsError,
+    UnknownOpError,
+    UnsupportedOpError,
 )
+from ggml_lite.quants import _DEQUANT, F4, F8, FROM_FLOAT, Q8_0_DTYPE, QK, fp16_to_fp32, fp32_to_fp16
 from ggml_lite.registry import declare_builtin
-from ggml_lite.tensor import (
-    F16, F32, I32, Q4_0, Q8_0, Op, UnaryOp, describe, is_contiguous, word_to_float,
-)
-
-F4, F8 = np.float32, np.float64
-QK = 32  # elements per q8_0 / q4_0 block (`QK8_0`, `QK4_0`)
+from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, Op, UnaryOp, describe, is_contiguous, word_to_float
 
 # ggml.c constants
 GELU_COEF_A = F4(0.044715)
@@ -50,169 +51,6 @@ VEC_DOT_TYPE = {"f32": F32, "f16": F16, "q8_0": Q8_0, "q4_0": Q8_0}
 def mul_mat_supported(op) -> bool:
     """The MUL_MAT clause of `ggml_backend_cpu_supports_op`: src1 is f32 or already src0's dot type."""
     return op.src[1].type is F32 or op.src[1].type is VEC_DOT_TYPE.get(op.src[0].type.name)
-
-
-# notebooks/07_cpu_backend.py
-def fp32_to_fp16(x) -> np.ndarray:
-    """`GGML_FP32_TO_FP16` / `ggml_fp32_to_fp16_row` (F16C `_mm256_cvtps_ph`): round to nearest even."""
-    with np.errstate(over="ignore"):
-        return np.asarray(x, dtype=F4).astype(np.float16)
-
-
-def fp16_to_fp32(h) -> np.ndarray:
-    """`GGML_FP16_TO_FP32` / `ggml_fp16_to_fp32_row`: exact widening."""
-    return np.asarray(h, dtype=np.float16).astype(F4)
-
-
-def fma_f32(a, b, c) -> np.ndarray:
-    """`fmaf(a, b, c)` / `_mm256_fmadd_ps`: a·b + c for float32 operands, rounded once to float32.
-
-    a·b is exact in float64; the float64 sum then rounds once more, and that double rounding can only
-    go wrong when the float64 sum lands exactly on a float32 midpoint. Those (rare) elements are
-    nudged one float64 ulp towards the exact sum (its TwoSum error) before the final rounding."""
-    with np.errstate(invalid="ignore", over="ignore"):  # (a signalling NaN warns when widened)
-        a64 = np.asarray(a, dtype=F4).astype(F8)
-        b64 = np.asarray(b, dtype=F4).astype(F8)
-        c64 = np.asarray(c, dtype=F4).astype(F8)
-        shape = np.broadcast_shapes(a64.shape, b64.shape, c64.shape)
-        p = np.broadcast_to(a64 * b64, shape).reshape(-1)
-        c64 = np.broadcast_to(c64, shape).reshape(-1)
-        s = p + c64
-    bits = s.view(np.int64)
-    mag = np.abs(s)
-    mid = ((bits & 0x1FFFFFFF) == 0x10000000) & (mag >= 2.0 ** -126)
-    tiny = (mag < 2.0 ** -126) & (s != 0)
-    if tiny.any():  # float32 subnormal range: test for an exact midpoint directly
-        st = s[tiny]
-        r = st.astype(F4)
-        toward = np.where(st > r.astype(F8), F4(np.inf), F4(-np.inf)).astype(F4)
-        midpoint = (r.astype(F8) + np.nextafter(r, toward).astype(F8)) / 2
-        mid[tiny] = st == midpoint
-    if mid.any():
-        pb, cb, sm = p[mid], c64[mid], s[mid]
-        with np.errstate(invalid="ignore"):
-            bb = sm - pb
-            err = (pb - (sm - bb)) + (cb - bb)  # TwoSum: exact sum = sm + err
-        s[mid] = np.where(err > 0, np.nextafter(sm, np.inf), np.where(err < 0, np.nextafter(sm, -np.inf), sm))
-    with np.errstate(over="ignore"):
-        return s.astype(F4).reshape(shape)
-
-
-# notebooks/07_cpu_backend.py
-Q8_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
-Q4_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "u1", 16)])
-
-
-def _blocks(x) -> np.ndarray:
-    x = np.asarray(x, dtype=F4)
-    if x.shape[-1] % QK:
-        raise ShapeError(f"a row of {x.shape[-1]} values is not a whole number of {QK}-element blocks")
-    return x.reshape(x.shape[:-1] + (x.shape[-1] // QK, QK))
-
-
-def _c_max(a, b):
-    """`MAX(a, b)` / `_mm_max_ps(a, b)`: a > b ? a : b (a NaN in either place yields b)."""
-    return np.where(a > b, a, b)
-
-
-def quantize_row_q8_0_ref(x) -> np.ndarray:
-    """`quantize_row_q8_0_ref` (what `ggml_quantize_chunk` uses): per block amax = max|x| (a C
-    `MAX` scan), d = amax/127, id = 1/d (0 when d = 0), q = roundf(x·id) (halves away from zero),
-    d stored as f16. `x` has rows on its last axis; returns q8_0 blocks (last axis = blocks per row).
-    A non-finite x·id converts to 0 (the low byte of cvttss2si's 0x80000000)."""
-    xb = _blocks(x)
-    ax = np.abs(xb)
-    amax = np.zeros(xb.shape[:-1], dtype=F4)
-    for j in range(QK):
-        amax = _c_max(amax, ax[..., j])
-    with np.errstate(all="ignore"):
-        d = amax / F4(127)
-        idv = np.where(d != 0, F4(1) / np.where(d != 0, d, F4(1)), F4(0)).astype(F4)
-        v = (xb * idv[..., None]).astype(F8)
-        q = np.trunc(v + np.copysign(0.5, v))
-        q = np.where(np.isfinite(q) & (np.abs(q) < 2.0 ** 31), q, 0).astype(np.int64)
-    out = np.empty(xb.shape[:-1], dtype=Q8_0_DTYPE)
-    out["d"] = fp32_to_fp16(d)
-    out["qs"] = (q & 0xFF).astype(np.uint8).view(np.int8)
-    return out
-
-
-def quantize_q8_0(values) -> np.ndarray:
-    """The q8_0 blocks of `values` (memory order, a multiple of 32 values) as ggml stores quantized
-    data it is given (`ggml_quantize_chunk` -> `quantize_row_q8_0_ref`): a 1-d array of blocks, so
-    `.view(np.uint8)` gives the bytes."""
-    return quantize_row_q8_0_ref(np.asarray(values, dtype=F4).reshape(-1))
-
-
-def quantize_row_q4_0_ref(x) -> np.ndarray:
-    """`quantize_row_q4_0_ref` (also q4_0's from_float): per block m = the element of largest
-    magnitude (first on ties), d = m/-8, id = 1/d, q = min(15, (int8_t)(x·id + 8.5)) (truncating),
-    element j in the low nibble of byte j, j+16 in the high nibble. x·id + 8.5 is fused into one FMA,
-    as gcc -O3 contracts it (an assumption: the fixtures cannot tell; ggml-python's build does not
-    fuse it, which changes a nibble only when x·id + 8.5 is within an ulp of an integer)."""
-    xb = _blocks(x)
-    ax = np.abs(xb)
-    k = np.argmax(np.where(np.isnan(ax), F4(-1), ax), axis=-1)  # the first maximum (the C's strict `<` scan)
-    m = np.take_along_axis(xb, k[..., None], axis=-1)[..., 0]
-    d = (m / F4(-8)).astype(F4)
-    with np.errstate(divide="ignore"):
-        idv = np.where(d != 0, F4(1) / np.where(d != 0, d, F4(1)), F4(0)).astype(F4)
-    v = fma_f32(xb, idv[..., None], F4(8.5))
-    with np.errstate(invalid="ignore"):  # (int8_t) of a float: cvttss2si (0x80000000 if out of range), low byte
-        t = np.where(np.isfinite(v) & (np.abs(v) < 2.0 ** 31), np.trunc(v), -(2.0 ** 31)).astype(np.int64)
-    q = np.minimum(15, (t & 0xFF).astype(np.uint8).view(np.int8)).astype(np.uint8)
-    out = np.empty(xb.shape[:-1], dtype=Q4_0_DTYPE)
-    out["d"] = fp32_to_fp16(d)
-    out["qs"] = q[..., :16] | (q[..., 16:] << 4)
-    return out
-
-
-# notebooks/07_cpu_backend.py
-def q8_0_from_amax(xb, amax) -> np.ndarray:
-    """The body of `quantize_row_q8_0` (x86 SIMD path) once each block's max|x| is known: d = amax/127
-    stored as f16, id = 127/amax (0 when amax = 0), q = x·id rounded to nearest even
-    (`_mm256_round_ps`); NaN and out-of-range values give -128 (`_mm256_cvtps_epi32` returns
-    0x80000000, the packs saturate). `xb` holds blocks on its last axis, `amax` one value per block."""
-    with np.errstate(all="ignore"):
-        d = amax / F4(127)
-        idv = np.where(amax != 0, F4(127) / np.where(amax != 0, amax, F4(1)), F4(0)).astype(F4)
-        q = np.rint(xb * idv[..., None])
-        q = np.where(np.isfinite(q) & (np.abs(q) < 2.0 ** 31), np.clip(q, -128, 127), -128)
-    out = np.empty(xb.shape[:-1], dtype=Q8_0_DTYPE)
-    out["d"] = fp32_to_fp16(d)
-    out["qs"] = q.astype(np.int8)
-    return out
-
-
-def quantize_row_q8_0(x) -> np.ndarray:
-    """`quantize_row_q8_0`, the CPU backend's q8_0 `from_float` (`mul_mat`'s conversion of src1, `cpy`
-    into q8_0), as ggml's x86 build computes it: halves rounded to even (`q8_0_from_amax`). The block
-    maximum is numpy's, equal to ggml's 8-lane max tree unless the block holds a NaN (appendix A2
-    reproduces the tree)."""
-    xb = _blocks(x)
-    with np.errstate(invalid="ignore"):
-        return q8_0_from_amax(xb, np.max(np.abs(xb), axis=-1))
-
-
-# notebooks/07_cpu_backend.py
-def dequantize_row_q8_0(blocks) -> np.ndarray:
-    """`dequantize_row_q8_0`: element j of a block is qs[j]·d (exact in f32)."""
-    d = blocks["d"].astype(F4)[..., None]
-    y = blocks["qs"].astype(F4) * d
-    return y.reshape(y.shape[:-2] + (-1,))
-
-
-def dequantize_row_q4_0(blocks) -> np.ndarray:
-    """`dequantize_row_q4_0`: element j is ((qs[j] & 15) - 8)·d, element j+16 is ((qs[j] >> 4) - 8)·d."""
-    d = blocks["d"].astype(F4)[..., None]
-    qs = blocks["qs"]
-    lo = (qs & 0x0F).astype(np.int16) - 8
-    hi = (qs >> 4).astype(np.int16) - 8
-    y = np.concatenate([lo, hi], axis=-1).astype(F4) * d
-    return y.reshape(y.shape[:-2] + (-1,))
-
-
-_DEQUANT = {Q8_0.name: dequantize_row_q8_0, Q4_0.name: dequantize_row_q4_0}
 
 
 # notebooks/07_cpu_backend.py
@@ -270,7 +108,7 @@ class Arithmetic:
     def from_float(self, type, rows) -> np.ndarray:
         """The type's `from_float` (the CPU backend's `type_traits`) on f32 rows: `quantize_row_q8_0`
         for q8_0, `quantize_row_q4_0_ref` for q4_0."""
-        return quantize_row_q8_0(rows) if type is Q8_0 else quantize_row_q4_0_ref(rows)
+        return FROM_FLOAT[type.name](rows)
 
     def to_vec_dot(self, type, y) -> np.ndarray:
         """src1 rows `y` converted to the vec_dot type of a `type` src0, as `ggml_compute_forward_mul_mat`

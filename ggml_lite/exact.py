@@ -16,9 +16,16 @@ import functools
 import numpy as np
 
 from ggml_lite.cpu import (
-    F4, F8, GELU_COEF_A, GELU_QUICK_COEF, SQRT_2_OVER_PI, Arithmetic, C_MATH, ComputeParams, _blocks,
-    _c_max, compute_forward, declare_tier, fma_f32, fp32_to_fp16, q8_0_from_amax, quantize_row_q4_0_ref,
+    C_MATH,
+    GELU_COEF_A,
+    GELU_QUICK_COEF,
+    SQRT_2_OVER_PI,
+    Arithmetic,
+    ComputeParams,
+    compute_forward,
+    declare_tier,
 )
+from ggml_lite.quants import F4, F8, _blocks, _c_max, fma_f32, fp32_to_fp16, q8_0_from_amax, quantize_row_q4_0_ref
 from ggml_lite.tensor import F16, F32, Q4_0, Q8_0
 
 

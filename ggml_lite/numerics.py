@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from ggml_lite.backend import tensor_get, tensor_set
-from ggml_lite.cpu import Arithmetic, cpu_init, quantize_q8_0, quantize_row_q4_0_ref
+from ggml_lite.cpu import Arithmetic, cpu_init
 from ggml_lite.errors import AllocationError, GraphFileError
 from ggml_lite.graphio import check_int, check_list, check_type, fail, need, quote
 from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0

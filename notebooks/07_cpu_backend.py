@@ -28,7 +28,7 @@
 #    weight's *dot type*, f16 rounding, rope's angles.
 # 4. Why the graph allocator's reuse is safe — and what happens when it is not.
 #
-# Exported: `ggml_lite.cpu`.
+# Exported: `ggml_lite.cpu` and `ggml_lite.quants` (ggml-quants.c's reference quantizers).
 
 # %%
 # | default_exp cpu
@@ -98,15 +98,16 @@ import numpy as np
 from ggml_lite.backend import Backend, GraphPlan, Status
 from ggml_lite.buffer import cpu_buffer_type, tensor_array
 from ggml_lite.errors import (
-    DataTypeError, LayoutError, ShapeError, TensorBoundsError, UnknownOpError, UnsupportedOpError,
+    DataTypeError,
+    LayoutError,
+    ShapeError,
+    TensorBoundsError,
+    UnknownOpError,
+    UnsupportedOpError,
 )
+from ggml_lite.quants import _DEQUANT, F4, F8, FROM_FLOAT, Q8_0_DTYPE, QK, fp16_to_fp32, fp32_to_fp16
 from ggml_lite.registry import declare_builtin
-from ggml_lite.tensor import (
-    F16, F32, I32, Q4_0, Q8_0, Op, UnaryOp, describe, is_contiguous, word_to_float,
-)
-
-F4, F8 = np.float32, np.float64
-QK = 32  # elements per q8_0 / q4_0 block (`QK8_0`, `QK4_0`)
+from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, Op, UnaryOp, describe, is_contiguous, word_to_float
 
 # ggml.c constants
 GELU_COEF_A = F4(0.044715)
@@ -132,7 +133,20 @@ def mul_mat_supported(op) -> bool:
 
 
 # %%
-# | export
+# | export quants
+"""ggml-quants.c's reference part (llama.cpp daa9623) that this port computes with: the q8_0 and q4_0
+blocks, their quantizers (the reference ones that store a model's weights, and the CPU backend's
+`quantize_row_q8_0`) and dequantizers, with the f16 conversions and the FMA they round with."""
+
+import numpy as np
+
+from ggml_lite.errors import ShapeError
+from ggml_lite.tensor import Q4_0, Q8_0
+
+F4, F8 = np.float32, np.float64
+QK = 32  # elements per q8_0 / q4_0 block (`QK8_0`, `QK4_0`)
+
+
 def fp32_to_fp16(x) -> np.ndarray:
     """`GGML_FP32_TO_FP16` / `ggml_fp32_to_fp16_row` (F16C `_mm256_cvtps_ph`): round to nearest even."""
     with np.errstate(over="ignore"):
@@ -193,7 +207,7 @@ def fma_f32(a, b, c) -> np.ndarray:
 
 
 # %%
-# | export
+# | export quants
 Q8_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
 Q4_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "u1", 16)])
 
@@ -266,7 +280,7 @@ def quantize_row_q4_0_ref(x) -> np.ndarray:
 # Ports `quantize_row_q8_0` (the x86 SIMD path), the quantizer the CPU backend converts with.
 
 # %%
-# | export
+# | export quants
 def q8_0_from_amax(xb, amax) -> np.ndarray:
     """The body of `quantize_row_q8_0` (x86 SIMD path) once each block's max|x| is known: d = amax/127
     stored as f16, id = 127/amax (0 when amax = 0), q = x·id rounded to nearest even
@@ -294,7 +308,7 @@ def quantize_row_q8_0(x) -> np.ndarray:
 
 
 # %%
-# | export
+# | export quants
 def dequantize_row_q8_0(blocks) -> np.ndarray:
     """`dequantize_row_q8_0`: element j of a block is qs[j]·d (exact in f32)."""
     d = blocks["d"].astype(F4)[..., None]
@@ -312,7 +326,8 @@ def dequantize_row_q4_0(blocks) -> np.ndarray:
     return y.reshape(y.shape[:-2] + (-1,))
 
 
-_DEQUANT = {Q8_0.name: dequantize_row_q8_0, Q4_0.name: dequantize_row_q4_0}
+_DEQUANT = {Q8_0.name: dequantize_row_q8_0, Q4_0.name: dequantize_row_q4_0}  # type_traits[type].to_float
+FROM_FLOAT = {Q8_0.name: quantize_row_q8_0, Q4_0.name: quantize_row_q4_0_ref}  # the CPU's from_float
 
 
 
@@ -408,7 +423,7 @@ class Arithmetic:
     def from_float(self, type, rows) -> np.ndarray:
         """The type's `from_float` (the CPU backend's `type_traits`) on f32 rows: `quantize_row_q8_0`
         for q8_0, `quantize_row_q4_0_ref` for q4_0."""
-        return quantize_row_q8_0(rows) if type is Q8_0 else quantize_row_q4_0_ref(rows)
+        return FROM_FLOAT[type.name](rows)
 
     def to_vec_dot(self, type, y) -> np.ndarray:
         """src1 rows `y` converted to the vec_dot type of a `type` src0, as `ggml_compute_forward_mul_mat`

@@ -14,7 +14,7 @@ import numpy as np
 
 import ggml_lite as gl
 import ggml_oracle as O
-from ggml_lite.cpu import quantize_q8_0
+from ggml_lite.quants import quantize_q8_0
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -56,7 +56,7 @@ def test_fill_rounds_f16_to_nearest_even_and_quantizes_q8_0():
 def test_fill_quantizes_q4_0_by_its_reference_quantizer():
     """q4_0 leafs (beyond the spec; the oracle's numeric graphs have q4_0 weights) are filled the way
     tests/ggml_oracle.py's `numerics_data` fills them: q4_0's reference quantizer, row by row."""
-    from ggml_lite.cpu import quantize_row_q4_0_ref
+    from ggml_lite.quants import quantize_row_q4_0_ref
 
     ctx = gl.Context("leafs")
     q = ctx.new_tensor_2d(gl.Q4_0, 64, 3, name="q")
@@ -74,7 +74,7 @@ def test_integer_leaf_without_range_is_refused():
 # -- files with recorded results, built with the real ggml -------------------------------------------------
 
 def _bytes_for(t, values) -> bytes:
-    from ggml_lite.cpu import quantize_q8_0
+    from ggml_lite.quants import quantize_q8_0
     if t.type is gl.F16:
         return values.astype(np.float16).tobytes()
     if t.type is gl.Q8_0:

@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 
 import ggml_lite as gl
 from helpers import FIXTURES, OPS_FILES
-from ggml_lite.cpu import NUMPY, Arithmetic, ComputeParams, fma_f32, fp32_to_fp16, quantize_row_q8_0_ref
+from ggml_lite.cpu import NUMPY, Arithmetic, ComputeParams
 from ggml_lite.cpu import compute_forward as cpu_compute_forward
+from ggml_lite.quants import fma_f32, fp32_to_fp16, quantize_row_q8_0_ref
 from ggml_lite.exact import compute_forward_exact as compute_forward  # the fixtures are ggml's bits
 from ggml_lite.exact import gelu_table, libm_exact, quantize_row_q8_0, v_expf
 from ggml_lite.graphio import rebuild_tensor
