@@ -48,7 +48,7 @@ from test_planners import chain_graph as chain  # noqa: E402
 from test_planners import fan_out_graph as fan_out  # noqa: E402
 
 import ggml_lite as gl  # noqa: E402
-from ggml_lite import planners  # noqa: E402
+from ggml_lite import planners, verify  # noqa: E402
 from ggml_lite.models.llama import LlamaParams, build_llama, worst_case_batch  # noqa: E402
 
 
@@ -64,7 +64,7 @@ def llama(n_layer: int = 156):
 
 def random(n_ops: int):
     rg = O.random_graph(7, max_ops=n_ops)
-    for t in planners.data_tensors(rg.graph):
+    for t in verify.data_tensors(rg.graph):
         if t.data is None:
             gl.set_input(t)
     return rg.graph

@@ -8,7 +8,7 @@ per planner: the ratio of its peak to the peak-live lower bound (geometric mean 
 reaches the lower bound, and the planning time per graph (mean and max); then how often greedy by size
 is worse than ggml, how often best is better than ggml, and the slowest exact search.
 
-Every plan is verified by computing (`planners.verify_plans`: the graph computed in the plan on the CPU
+Every plan is verified by computing (`verify.verify_plans`: the graph computed in the plan on the CPU
 backend, bit for bit against the graph computed with every tensor in memory of its own); identical plans
 of one graph are computed once. The 7B fixtures (13, 14) need about 13.2 GiB and some minutes each to
 verify: with --max-gib below that, they are planned and reported unverified. Random graph k is
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import ggml_oracle as O  # noqa: E402
 
 import ggml_lite as gl  # noqa: E402
-from ggml_lite import planners  # noqa: E402
+from ggml_lite import planners, verify  # noqa: E402
 
 NAMES = ("ggml", "greedy-size", "greedy-breadth", "exact", "best")
 NOT_COMPUTABLE = (gl.TensorError, gl.UnsupportedOpError)
@@ -45,7 +45,7 @@ NOT_COMPUTABLE = (gl.TensorError, gl.UnsupportedOpError)
 def random_graph(seed: int, max_ops: int):
     """The random graph of `seed` with every tensor the caller fills flagged INPUT."""
     rg = O.random_graph(seed, max_ops=max_ops)
-    for t in planners.data_tensors(rg.graph):
+    for t in verify.data_tensors(rg.graph):
         if t.data is None:
             gl.set_input(t)
     return rg.graph
@@ -102,7 +102,7 @@ def verify_all(label: str, problem, plans: dict, tally: Tally, max_bytes: int, c
     each placement, then computes each distinct one); a graph the kernels refuse, or one that needs more
     than `max_bytes`, raises (the caller counts it as not verified)."""
     t0 = time.perf_counter()
-    checks = planners.verify_plans(problem.graph, [plans[n] for n in NAMES], problem, max_bytes=max_bytes,
+    checks = verify.verify_plans(problem.graph, [plans[n] for n in NAMES], problem, max_bytes=max_bytes,
                                    compute=compute)
     seconds = time.perf_counter() - t0
     for n, v in zip(NAMES, checks):

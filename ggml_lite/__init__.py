@@ -61,6 +61,8 @@ from ggml_lite.models import llama as _llama  # noqa: F401,E402
 from ggml_lite.report import MemoryReport, memory_report  # noqa: F401,E402
 from ggml_lite import planners  # noqa: F401,E402  (chapter 11: gl.planners.greedy_by_size, exact, best, ...)
 from ggml_lite.planners import (  # noqa: F401,E402
-    PLANNER_NAMES, Block, PlanResult, Problem, Verification, all_plans, alloc_planned, blocks_of, check_placement,
-    problem_from_blocks, run_planner, verify_plan,
+    PLANNER_NAMES, Block, PlanResult, Problem, all_plans, alloc_planned, blocks_of, check_placement,
+    problem_from_blocks, run_planner,
 )
+from ggml_lite import verify  # noqa: F401,E402  (appendix A5: gl.verify.verify_plans, ReferenceRun, ...)
+from ggml_lite.verify import Verification, verify_plan  # noqa: F401,E402

@@ -126,7 +126,8 @@ def _planned(doc: dict, args):
     ggml's trace, the planner's result placed through the graph allocator (and computed, with --verify).
     Returns (GraphFile, allocator, PlanResult, Verification or None)."""
     from ggml_lite.graphio import allocate_external, read_graph_file
-    from ggml_lite.planners import alloc_planned, blocks_of, run_planner, verify_plan
+    from ggml_lite.planners import alloc_planned, blocks_of, run_planner
+    from ggml_lite.verify import verify_plan
 
     gf = read_graph_file(doc, args.step, validate=False)  # (validated by _load_graph_file)
     allocate_external(gf)
@@ -340,17 +341,17 @@ def cmd_llama(args) -> int:
                         args.type_k, args.type_v, not args.no_kv_offload, tensor_types)
     doc = rep.to_json()
     if args.fit:  # (checked before planning: --vram and a GPU are there)
-        layers, n_ctx = fit(params, args.vram, args.n_ctx, args.devices, n_batch=args.n_batch, n_ubatch=args.n_ubatch,
-                            tensor_split=split, type_k=args.type_k, type_v=args.type_v, offload_kqv=not args.no_kv_offload,
-                            tensor_types=tensor_types)
+        layers, n_ctx = fit(params, args.vram, args.n_ctx, args.devices, n_batch=args.n_batch,
+                            n_ubatch=args.n_ubatch, tensor_split=split, type_k=args.type_k, type_v=args.type_v,
+                            offload_kqv=not args.no_kv_offload, tensor_types=tensor_types)
         doc["fit"] = {"n_gpu_layers": layers, "n_ctx": n_ctx}
     if args.json:
         print(json.dumps(doc, indent=1))
     else:
         print(format_report(rep, args.vram))
         if args.fit:
-            print(f"\nfit in {args.vram} GiB per GPU: n_gpu_layers {layers}, then n_ctx "
-                  f"{doc['fit']['n_ctx'] if doc['fit']['n_ctx'] else '(none: even n_ctx ' + str(args.n_ctx) + ' does not fit)'}")
+            ctx = n_ctx if n_ctx else f"(none: even n_ctx {args.n_ctx} does not fit)"
+            print(f"\nfit in {args.vram} GiB per GPU: n_gpu_layers {layers}, then n_ctx {ctx}")
     return 0
 
 
@@ -390,8 +391,10 @@ def main(argv=None) -> int:
     d.add_argument("--limit", type=int, default=10, help="how many differences to print (default 10)")
     d.set_defaults(run=cmd_sched)
     m = sub.add_parser("llama", help="the memory of a LLaMA per device, as llama.cpp (mid-2024) allocates it")
-    m.add_argument("--gguf", metavar="FILE", help="a GGUF model file (only its header is read; sparse and header-only files work)")
-    m.add_argument("--preset", help="a model by name: llama-2-7b, llama-3.1-70b, mistral-7b, ... (see the error for all)")
+    m.add_argument("--gguf", metavar="FILE",
+                   help="a GGUF model file (only its header is read; sparse and header-only files work)")
+    m.add_argument("--preset",
+                   help="a model by name: llama-2-7b, llama-3.1-70b, mistral-7b, ... (see the error for all)")
     for dim in ("n-vocab", "n-embd", "n-layer", "n-head", "n-head-kv", "n-ff"):
         m.add_argument(f"--{dim}", type=int, default=None)
     m.add_argument("--wtype", default=None, help="the weights' type (default f16)")
@@ -399,17 +402,20 @@ def main(argv=None) -> int:
     m.add_argument("--n-ctx", "-c", type=int, default=512, help="the context (1 to 2^31 - 32; padded to 32)")
     m.add_argument("--n-batch", "-b", type=int, default=2048, help="the logical batch (0 to 2^31 - 1)")
     m.add_argument("--n-ubatch", "-ub", type=int, default=512, help="the micro-batch (0 to 2^31 - 1)")
-    m.add_argument("--type-k", "-ctk", default="f16", help="the K cache's type: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1")
+    m.add_argument("--type-k", "-ctk", default="f16",
+                   help="the K cache's type: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1")
     m.add_argument("--type-v", "-ctv", default="f16", help="f16 (V cache quantization needs flash attention)")
-    m.add_argument("--n-gpu-layers", "-ngl", type=int, default=0, help="layers on the GPUs (n_layer + 1: the output too)")
-    m.add_argument("--devices", type=int, default=0, help="number of GPUs, 0 to 15 (simulated, configured like CUDA; the "
-                   "scheduler takes GGML_SCHED_MAX_BACKENDS = 16 backends, the CPU being one)")
-    m.add_argument("--tensor-split", "-ts", default=None, help="the layers' share of each GPU, one finite weight >= 0 per "
-                   "GPU, e.g. 3,1 (default even)")
+    m.add_argument("--n-gpu-layers", "-ngl", type=int, default=0,
+                   help="layers on the GPUs (n_layer + 1: the output too)")
+    m.add_argument("--devices", type=int, default=0, help="number of GPUs, 0 to 15 (simulated, configured like CUDA; "
+                   "the scheduler takes GGML_SCHED_MAX_BACKENDS = 16 backends, the CPU being one)")
+    m.add_argument("--tensor-split", "-ts", default=None, help="the layers' share of each GPU, one finite weight >= 0 "
+                   "per GPU, e.g. 3,1 (default even)")
     m.add_argument("--no-kv-offload", "-nkvo", action="store_true", help="keep the KV cache on the host")
-    m.add_argument("--vram", type=float, default=None, help="GiB per GPU, finite, above 0 and at most 2^34: say whether "
-                   "each one fits")
-    m.add_argument("--fit", action="store_true", help="with --vram: the largest n_gpu_layers that fits, then the largest n_ctx")
+    m.add_argument("--vram", type=float, default=None, help="GiB per GPU, finite, above 0 and at most 2^34: say "
+                   "whether each one fits")
+    m.add_argument("--fit", action="store_true",
+                   help="with --vram: the largest n_gpu_layers that fits, then the largest n_ctx")
     m.add_argument("--json", action="store_true", help="print the report as JSON (sizes in bytes)")
     m.set_defaults(run=cmd_llama, file="the llama arguments")
     args = parser.parse_args(argv)

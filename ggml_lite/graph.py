@@ -19,9 +19,9 @@ class Graph:
 
     def __init__(self, size: int = GGML_DEFAULT_GRAPH_SIZE):
         self.size = size
-        self.nodes = []
-        self.leafs = []
-        self.visited = set()
+        self.nodes: list[Tensor] = []
+        self.leafs: list[Tensor] = []
+        self.visited: set[Tensor] = set()
 
     @property
     def n_nodes(self) -> int:

@@ -5,11 +5,29 @@
 """ggml's op constructors (ggml.c): each creates the result tensor with ggml's shape, strides,
 op_params and automatic name, and records its sources. No arithmetic happens here."""
 
-from ggml_lite.errors import DataTypeError, LayoutError, PermuteAxisError, ReshapeError, ShapeError
+from typing import NamedTuple
+
+from ggml_lite.errors import DataTypeError, LayoutError, PermuteAxisError, ReshapeError, ShapeError, UnknownOpError
 from ggml_lite.tensor import (
-    F16, F32, GGML_MAX_DIMS, I32, Op, Tensor, UnaryOp, can_repeat, describe,
-    float_to_word, is_contiguous, is_contiguous_1, is_matrix, is_padded_1d, is_scalar, is_transposed,
+    F16,
+    F32,
+    GGML_MAX_DIMS,
+    GGML_MAX_OP_PARAMS,
+    I32,
+    Op,
+    Tensor,
+    UnaryOp,
+    can_repeat,
+    describe,
+    float_to_word,
+    is_contiguous,
+    is_contiguous_1,
+    is_matrix,
+    is_padded_1d,
+    is_scalar,
+    is_transposed,
     is_vector,
+    word_to_float,
 )
 
 
@@ -36,9 +54,10 @@ def _binary(ctx, op: Op, a: Tensor, b: Tensor, inplace: bool) -> Tensor:
     return _set(_result(ctx, a, inplace), op, a, b)
 
 
-def add(ctx, a: Tensor, b: Tensor) -> Tensor:
-    """`ggml_add`: a + b, b broadcast over a."""
-    return _binary(ctx, Op.ADD, a, b, False)
+# notebooks/01_ops_and_graphs.py
+def add(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    """`ggml_add` (`ggml_add_inplace` with inplace=True): a + b, b broadcast over a."""
+    return _binary(ctx, Op.ADD, a, b, inplace)
 
 
 def add_inplace(ctx, a: Tensor, b: Tensor) -> Tensor:
@@ -46,9 +65,9 @@ def add_inplace(ctx, a: Tensor, b: Tensor) -> Tensor:
     return _binary(ctx, Op.ADD, a, b, True)
 
 
-def sub(ctx, a: Tensor, b: Tensor) -> Tensor:
-    """`ggml_sub`: a - b, b broadcast over a."""
-    return _binary(ctx, Op.SUB, a, b, False)
+def sub(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    """`ggml_sub` (`ggml_sub_inplace` with inplace=True): a - b, b broadcast over a."""
+    return _binary(ctx, Op.SUB, a, b, inplace)
 
 
 def sub_inplace(ctx, a: Tensor, b: Tensor) -> Tensor:
@@ -56,9 +75,9 @@ def sub_inplace(ctx, a: Tensor, b: Tensor) -> Tensor:
     return _binary(ctx, Op.SUB, a, b, True)
 
 
-def mul(ctx, a: Tensor, b: Tensor) -> Tensor:
-    """`ggml_mul`: a * b, b broadcast over a."""
-    return _binary(ctx, Op.MUL, a, b, False)
+def mul(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    """`ggml_mul` (`ggml_mul_inplace` with inplace=True): a * b, b broadcast over a."""
+    return _binary(ctx, Op.MUL, a, b, inplace)
 
 
 def mul_inplace(ctx, a: Tensor, b: Tensor) -> Tensor:
@@ -66,9 +85,9 @@ def mul_inplace(ctx, a: Tensor, b: Tensor) -> Tensor:
     return _binary(ctx, Op.MUL, a, b, True)
 
 
-def div(ctx, a: Tensor, b: Tensor) -> Tensor:
-    """`ggml_div`: a / b, b broadcast over a."""
-    return _binary(ctx, Op.DIV, a, b, False)
+def div(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    """`ggml_div` (`ggml_div_inplace` with inplace=True): a / b, b broadcast over a."""
+    return _binary(ctx, Op.DIV, a, b, inplace)
 
 
 # notebooks/01_ops_and_graphs.py
@@ -116,7 +135,7 @@ def sum_rows(ctx, a: Tensor) -> Tensor:
     return _set(ctx.new_tensor(a.type, [1, a.ne[1], a.ne[2], a.ne[3]]), Op.SUM_ROWS, a)
 
 
-def sum(ctx, a: Tensor) -> Tensor:  # noqa: A001 (ggml's name; shadows the builtin only in this module)
+def sum(ctx, a: Tensor) -> Tensor:  # ggml's name; it shadows the builtin only in this module
     """`ggml_sum`: the sum of all elements, a 1-element tensor of `a`'s type."""
     return _set(ctx.new_tensor(a.type, [1, 1, 1, 1]), Op.SUM, a)
 
@@ -241,7 +260,8 @@ def get_rows(ctx, a: Tensor, b: Tensor) -> Tensor:
     if b.type is not I32:
         raise DataTypeError(f"ggml_get_rows: the indices {describe(b)} must be i32")
     if a.ne[2] != b.ne[1] or b.ne[3] != 1:
-        raise ShapeError(f"ggml_get_rows: indices {describe(b)} do not fit rows of {describe(a)} (a.ne[2] == b.ne[1], b.ne[3] == 1)")
+        raise ShapeError(f"ggml_get_rows: indices {describe(b)} do not fit rows of {describe(a)} "
+                         "(a.ne[2] == b.ne[1], b.ne[3] == 1)")
     type = I32 if a.type is I32 else F32
     return _set(ctx.new_tensor(type, [a.ne[0], b.ne[0], b.ne[1], b.ne[2]]), Op.GET_ROWS, a, b)
 
@@ -295,7 +315,8 @@ def rope_ext(ctx, a: Tensor, pos: Tensor, freq_factors, n_dims: int, mode: int, 
     if pos.type is not I32:
         raise DataTypeError(f"ggml_rope: the positions {describe(pos)} must be i32")
     if not is_vector(pos) or a.ne[2] != pos.ne[0]:
-        raise ShapeError(f"ggml_rope: positions {describe(pos)} must be a vector of a.ne[2] = {a.ne[2]} for {describe(a)}")
+        raise ShapeError(f"ggml_rope: positions {describe(pos)} must be a vector of a.ne[2] = {a.ne[2]} "
+                         f"for {describe(a)}")
     if freq_factors is not None and (freq_factors.type is not F32 or freq_factors.ne[0] < n_dims // 2):
         raise ShapeError(f"ggml_rope: freq_factors {describe(freq_factors)} must be f32 with ne[0] >= {n_dims // 2}")
     t = _set(_result(ctx, a, inplace), Op.ROPE, a, pos, freq_factors)
@@ -355,7 +376,8 @@ def _check_reshape(fn: str, a: Tensor, ne) -> None:
     for x in ne:
         n *= x
     if n != a.nelements:
-        raise ReshapeError(f"ggml_{fn}: cannot reshape {describe(a)} ({a.nelements} elements) to {list(ne)} ({n} elements)")
+        raise ReshapeError(f"ggml_{fn}: cannot reshape {describe(a)} ({a.nelements} elements) "
+                           f"to {list(ne)} ({n} elements)")
 
 
 def _reshape_impl(ctx, a: Tensor, ne, fn: str) -> Tensor:
@@ -426,7 +448,8 @@ def cont(ctx, a: Tensor) -> Tensor:
 def cont_4d(ctx, a: Tensor, ne0: int, ne1: int = 1, ne2: int = 1, ne3: int = 1) -> Tensor:
     """`ggml_cont_4d` (and `ggml_cont_1d/2d/3d`): a contiguous copy of `a` with a new shape of the same size."""
     if ne0 * ne1 * ne2 * ne3 != a.nelements:
-        raise ReshapeError(f"ggml_cont_4d: {describe(a)} has {a.nelements} elements, not {ne0 * ne1 * ne2 * ne3} = {[ne0, ne1, ne2, ne3]}")
+        raise ReshapeError(f"ggml_cont_4d: {describe(a)} has {a.nelements} elements, "
+                           f"not {ne0 * ne1 * ne2 * ne3} = {[ne0, ne1, ne2, ne3]}")
     t = ctx.new_tensor(a.type, [ne0, ne1, ne2, ne3])
     t.format_name("%s (cont)", a.name)
     return _set(t, Op.CONT, a)
@@ -454,3 +477,144 @@ def cpy(ctx, a: Tensor, b: Tensor) -> Tensor:
     else:
         t.format_name("%s (copy)", a.name)
     return _set(t, Op.CPY, a, b)
+
+
+# notebooks/01_ops_and_graphs.py
+def param_i32(words, i: int) -> int:
+    """`op_params[i]` as the int32 it is (`ggml_get_op_params_i32`)."""
+    return words[i]
+
+
+def param_f32(words, i: int) -> float:
+    """`op_params[i]` read as the f32 whose bits it holds (`ggml_get_op_params_f32`)."""
+    return word_to_float(words[i])
+
+
+def param_size_t(words, i: int) -> int:
+    """The size_t that `memcpy` spread over `op_params[i]` and `op_params[i + 1]` (little-endian), as
+    `ggml_view_impl` stores a view's offset; the inverse of `_size_t_words`."""
+    return (words[i] & 0xFFFFFFFF) | ((words[i + 1] & 0xFFFFFFFF) << 32)
+
+
+def param_unary(words, i: int) -> UnaryOp:
+    """`op_params[i]` as the `enum ggml_unary_op` it holds (`ggml_get_unary_op`)."""
+    return UnaryOp(words[i])
+
+
+PARAM_DECODERS = {"i32": param_i32, "f32": param_f32, "size_t": param_size_t, "unary": param_unary}
+
+
+class OpSpec(NamedTuple):
+    """One row of the op table `OPS`: the constructor that builds a tensor of this op and how its
+    arguments are read back from the tensor (see `decode_op`)."""
+
+    ctor: str  # ggml_<ctor> in ggml.c, ops.<ctor> in ggml_lite
+    n_src: int = 1  # sources passed, in slot order (an absent optional one as None)
+    required: int = -1  # how many of them must be tensors (-1: all n_src)
+    params: tuple = ()  # op_params -> arguments: ((decoder name, word index), ...), in argument order
+    shape: str = ""  # arguments from the result's shape, before params: "ne" or "ne nb" (ne, then nb[1:])
+    inplace: str = ""  # "variant": ggml_<ctor>_inplace exists; "argument": a trailing bool; "": none
+    view: bool = False  # a view by nature; for other ops a view_src means "built in place"
+
+    @property
+    def n_required(self) -> int:
+        return self.n_src if self.required < 0 else self.required
+
+
+# notebooks/01_ops_and_graphs.py
+_F0, _I0 = (("f32", 0),), (("i32", 0),)
+
+OPS: dict = {
+    Op.DUP: OpSpec("dup", inplace="variant"),
+    Op.ADD: OpSpec("add", 2, inplace="variant"),
+    Op.ADD1: OpSpec("add1", 2, inplace="variant"),
+    Op.SUB: OpSpec("sub", 2, inplace="variant"),
+    Op.MUL: OpSpec("mul", 2, inplace="variant"),
+    Op.DIV: OpSpec("div", 2, inplace="variant"),
+    Op.SQR: OpSpec("sqr", inplace="variant"),
+    Op.SQRT: OpSpec("sqrt", inplace="variant"),
+    Op.LOG: OpSpec("log", inplace="variant"),
+    Op.SUM: OpSpec("sum"),
+    Op.SUM_ROWS: OpSpec("sum_rows"),
+    Op.MEAN: OpSpec("mean"),
+    Op.CONCAT: OpSpec("concat", 2, params=_I0),
+    Op.NORM: OpSpec("norm", params=_F0, inplace="variant"),
+    Op.RMS_NORM: OpSpec("rms_norm", params=_F0, inplace="variant"),
+    Op.MUL_MAT: OpSpec("mul_mat", 2),
+    Op.SCALE: OpSpec("scale", params=_F0, inplace="variant"),
+    Op.CPY: OpSpec("cpy", 2, view=True),
+    Op.CONT: OpSpec("cont_4d", shape="ne"),
+    Op.RESHAPE: OpSpec("reshape_4d", shape="ne", view=True),
+    Op.VIEW: OpSpec("view_4d", shape="ne nb", params=(("size_t", 0),), view=True),
+    Op.PERMUTE: OpSpec("permute", params=tuple(("i32", i) for i in range(4)), view=True),
+    Op.TRANSPOSE: OpSpec("transpose", view=True),
+    Op.GET_ROWS: OpSpec("get_rows", 2),
+    Op.DIAG_MASK_INF: OpSpec("diag_mask_inf", params=_I0, inplace="variant"),
+    Op.DIAG_MASK_ZERO: OpSpec("diag_mask_zero", params=_I0, inplace="variant"),
+    Op.SOFT_MAX: OpSpec("soft_max_ext", 2, required=1, params=(("f32", 0), ("f32", 1)), inplace="variant"),
+    Op.ROPE: OpSpec("rope_ext", 3, required=2, inplace="variant",
+                    params=(("i32", 1), ("i32", 2), ("i32", 4), *(("f32", i) for i in range(5, 11)))),
+    Op.LEAKY_RELU: OpSpec("leaky_relu", params=_F0, inplace="argument"),
+    Op.UNARY: OpSpec("unary", params=(("unary", 0),), inplace="variant"),
+}
+
+
+# notebooks/01_ops_and_graphs.py
+class OpCall(NamedTuple):
+    """A constructor call that rebuilds one tensor: `ops.<ctor>(ctx, *sources, *args)` with
+    `inplace=True` when `inplace`; in C, `<c_name>(ctx, *sources, *c_args)`.
+
+    How a dispatcher uses it (sources already mapped to its own tensors):
+
+        call = op_call(t)                                  # a Tensor; decode_op(...) for recorded fields
+        ops.build(ctx, call)                               # ggml_lite
+        getattr(ggml, call.c_name)(ctx, *srcs, *call.c_args)   # ggml-python (map UnaryOp args to its codes)
+        f"gl.{call.ctor}(ctx, {args}{', inplace=True' if call.inplace else ''})"   # ggml_lite source code
+    """
+
+    op: Op
+    ctor: str
+    inplace: bool
+    sources: tuple
+    args: tuple
+
+    @property
+    def spec(self) -> OpSpec:
+        return OPS[self.op]
+
+    @property
+    def c_name(self) -> str:
+        """The C function: `ggml_<ctor>`, or `ggml_<ctor>_inplace` for an in-place variant."""
+        suffix = "_inplace" if self.inplace and self.spec.inplace == "variant" else ""
+        return f"ggml_{self.ctor}{suffix}"
+
+    @property
+    def c_args(self) -> tuple:
+        """The C arguments after the sources: `args`, plus the in-place bool where C takes one."""
+        return (*self.args, self.inplace) if self.spec.inplace == "argument" else self.args
+
+
+def decode_op(op: Op, op_params, src, ne, nb, has_view_src: bool) -> OpCall:
+    """The call that rebuilds a tensor from what it records: its op, op_params words, sources (any
+    objects: tensors, ids, names; missing slots padded with None), shape `ne`, strides `nb`, and
+    whether it has a `view_src` (which, for an op that is no view by nature, means "in place")."""
+    spec = OPS.get(op)
+    if spec is None:
+        raise UnknownOpError(f"ggml_lite has no constructor for op {op.name} (not in ops.OPS)")
+    words = [*op_params, *[0] * (GGML_MAX_OP_PARAMS // 4)]
+    shape = [*ne, *nb[1:]] if spec.shape == "ne nb" else list(ne) if spec.shape == "ne" else []
+    args = (*shape, *(PARAM_DECODERS[d](words, i) for d, i in spec.params))
+    sources = (*src, *[None] * spec.n_src)[: spec.n_src]
+    inplace = has_view_src and not spec.view and spec.inplace != ""
+    return OpCall(op, spec.ctor, inplace, sources, args)
+
+
+def op_call(t: Tensor, src=None) -> OpCall:
+    """`decode_op` of a tensor (with its own sources, or `src` in their place)."""
+    return decode_op(t.op, t.op_params, t.src if src is None else src, t.ne, t.nb, t.view_src is not None)
+
+
+def build(ctx, call: OpCall) -> Tensor:
+    """Make the call with ggml_lite's constructors: `ops.<ctor>(ctx, *sources, *args[, inplace=True])`."""
+    fn = globals()[call.ctor]
+    return fn(ctx, *call.sources, *call.args, inplace=True) if call.inplace else fn(ctx, *call.sources, *call.args)

@@ -4,33 +4,23 @@
 # notebooks/11_planners.py
 """Offline memory planners for a ggml graph (chapter 11; not a port of C: ggml has none): the blocks
 ggml's graph allocator needs and their lifetimes, the peak-live lower bound, greedy-by-size and
-greedy-by-breadth (TFLite), an exact branch and bound, and the best of them and ggml's own plan. A
-plan runs: its offsets become the graph allocator's records, and `verify_plans` computes the graph there
-on the CPU backend (or by a data-flow run, for graphs the kernels refuse) and compares it with the graph
-computed with every tensor in memory of its own."""
+greedy-by-breadth (TFLite), an exact branch and bound (its search: `exact_search`, appendix A5), and the
+best of them and ggml's own plan. `alloc_planned` places a plan through the graph allocator; `verify`
+(appendix A5) checks it by computing."""
 
 import bisect
-import hashlib
 import itertools
 import numbers
-import sys
 import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from ggml_lite.backend import dup_tensor_layout, tensor_buffer, tensor_get, tensor_set
-from ggml_lite.buffer import cpu_buffer_type, tensor_alloc, view_init
-from ggml_lite.cpu import cpu_init
-from ggml_lite.errors import AllocationError, GGMLLiteError, GraphError, PlanMismatchError, PlannerError
+from ggml_lite.errors import GraphError, PlanMismatchError, PlannerError
+from ggml_lite.exact_search import ExactSearch
 from ggml_lite.gallocr import NOT_PLACED, GAllocr, PlaceEvent
-from ggml_lite.graph import Graph
-from ggml_lite.quants import quantize_q8_0, quantize_row_q4_0_ref
-from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, Context, Op, TensorFlag, describe, is_view_op
+from ggml_lite.tensor import describe
 from ggml_lite.trace import lifetimes, trace_plan
-from ggml_lite.viz.timeline import memory_timeline
 
 PLANNER_NAMES = ("ggml", "greedy-size", "greedy-breadth", "exact", "best")
 DEFAULT_BUDGET = 1.0  # seconds the exact search may take before it returns its best placement
@@ -47,7 +37,7 @@ class Block:
     size: int
     start: int
     end: int
-    ggml_offset: int = None
+    ggml_offset: int | None = None
 
     def overlaps(self, other) -> bool:
         """Are both blocks needed at some common node?"""
@@ -72,9 +62,9 @@ class Problem:
     live: list
     lower_bound: int
     lb_step: int
-    ggml_peak: int = None
+    ggml_peak: int | None = None
     slack: int = 0
-    galloc: object = None
+    galloc: GAllocr | None = None
     ggml_seconds: float = 0.0
     events: list = field(default_factory=list, repr=False)
     block_of: dict = field(default_factory=dict, repr=False)
@@ -110,8 +100,10 @@ def blocks_of(graph, buft=None) -> Problem:
     seconds = time.perf_counter() - t0
     if galloc.n_buffers != 1:
         raise PlanMismatchError(f"the planners plan one buffer; this allocator has {galloc.n_buffers}")
-    chain, blocks, place_block = {}, [], []  # tensor -> the block of its latest placement
-    members = []  # members[k]: the tensors of block k, a list while it grows (a tuple's += copies it)
+    chain: dict = {}  # tensor -> the block of its latest placement
+    blocks: list = []
+    place_block: list = []
+    members: list = []  # members[k]: the tensors of block k, a list while it grows (a tuple's += copies it)
     for lt in lifetimes(graph, events):
         if lt.kind != "tensor":
             continue  # a view lives in its root's block
@@ -138,7 +130,8 @@ def problem_from_blocks(specs, alignment: int = 32) -> Problem:
     """A problem made by hand: `specs` lists `(size, start, end)` per block (sizes are rounded up to
     `alignment`). There is no graph and no ggml plan."""
     for k, spec in enumerate(specs):
-        if len(spec) != 3 or not all(isinstance(v, numbers.Integral) for v in spec) or spec[0] < 0 or not 0 <= spec[1] <= spec[2]:
+        if (len(spec) != 3 or not all(isinstance(v, numbers.Integral) for v in spec) or spec[0] < 0
+                or not 0 <= spec[1] <= spec[2]):
             raise PlannerError(f"block {k}: {spec!r} is not (size, start, end) with size >= 0 and "
                                f"0 <= start <= end, all integers")
     if not isinstance(alignment, numbers.Integral) or alignment < 1:
@@ -160,7 +153,7 @@ class LiveBytes:
         self.keys, self.pos = keys, {o: k for k, o in enumerate(keys)}
         self.n = 1 << max(len(keys) - 1, 0).bit_length()  # leaves: a power of two
         self.top = [-1] * (2 * self.n)
-        self.at = [{} for _ in keys]
+        self.at: list[dict] = [{} for _ in keys]
         self.visits = 0
 
     def _set(self, k: int) -> None:
@@ -204,7 +197,7 @@ class LiveBytes:
 
 
 # notebooks/11_planners.py
-def check_placement(problem: Problem, offsets, live: LiveBytes = None) -> list:
+def check_placement(problem: Problem, offsets, live: LiveBytes | None = None) -> list:
     """What is wrong with `offsets` (one per block) as a placement (empty: nothing): an offset that is
     negative or not a multiple of the alignment, or two blocks needed at a common node whose bytes
     overlap (the earlier-starting one first). Blocks of zero bytes overlap nothing. A sweep over the
@@ -250,10 +243,10 @@ class PlanResult:
     offsets: tuple
     peak: int
     lower_bound: int
-    optimal: object
+    optimal: bool | None
     seconds: float
     buffer_size: int
-    source: str = None
+    source: str | None = None
     nodes: int = 0
     stopped: bool = False
 
@@ -263,11 +256,12 @@ class PlanResult:
         src = f" ({self.source}'s plan)" if self.source else ""
         ratio = self.peak / self.lower_bound if self.lower_bound else 1.0
         stop = ", stopped by its budget" if self.stopped else ""
-        return f"{self.planner}{src}: {self.peak} B, {ratio:.4f} x the lower bound, {opt}, {self.seconds * 1e3:.1f} ms{stop}"
+        return (f"{self.planner}{src}: {self.peak} B, {ratio:.4f} x the lower bound, {opt}, "
+                f"{self.seconds * 1e3:.1f} ms{stop}")
 
 
-def _result(problem: Problem, planner: str, offsets, seconds: float, optimal=None, nodes: int = 0,
-            stopped: bool = False) -> PlanResult:
+def plan_result(problem: Problem, planner: str, offsets, seconds: float, optimal=None, nodes: int = 0,
+                stopped: bool = False) -> PlanResult:
     """A PlanResult; a peak at the lower bound is optimal, one above ggml's is not."""
     peak = peak_of(problem, offsets)
     if peak == problem.lower_bound:
@@ -282,7 +276,7 @@ def ggml_plan(problem: Problem) -> PlanResult:
     """ggml's own plan (the offsets `ggml_gallocr_reserve` chose) as offsets of the blocks."""
     if problem.ggml_peak is None:
         raise PlanMismatchError("this problem was made by hand: it has no ggml plan")
-    return _result(problem, "ggml", [b.ggml_offset if b.size else 0 for b in problem.blocks], problem.ggml_seconds)
+    return plan_result(problem, "ggml", [b.ggml_offset if b.size else 0 for b in problem.blocks], problem.ggml_seconds)
 
 
 # notebooks/11_planners.py
@@ -290,7 +284,7 @@ class Deadline:
     """When a planning call must stop: `budget` seconds (None: never) after the deadline was made, as
     read on `clock` (`time.perf_counter`; a test passes a fake clock)."""
 
-    def __init__(self, budget: float = None, clock=time.perf_counter):
+    def __init__(self, budget: float | None = None, clock=time.perf_counter):
         self.clock, self.start = clock, clock()
         self.at = None if budget is None else self.start + budget
 
@@ -332,7 +326,7 @@ def _fill(problem: Problem, order: list, deadline: Deadline) -> tuple:
     return offsets, False
 
 
-def greedy_by_size(problem: Problem, deadline: Deadline = None) -> PlanResult:
+def greedy_by_size(problem: Problem, deadline: Deadline | None = None) -> PlanResult:
     """Greedy by size (TFLite's offset planner; Pisarchyk & Lee, 2020; not a C port): blocks from the
     largest (ties: earlier start, then index), each into the smallest gap that holds it; stopped by
     `deadline` (default: none), the blocks left go on top."""
@@ -340,11 +334,11 @@ def greedy_by_size(problem: Problem, deadline: Deadline = None) -> PlanResult:
     t0 = deadline.clock()
     order = sorted((b for b in problem.blocks if b.size), key=lambda b: (-b.size, b.start, b.index))
     offsets, stopped = _fill(problem, order, deadline)
-    return _result(problem, "greedy-size", offsets, deadline.clock() - t0, stopped=stopped)
+    return plan_result(problem, "greedy-size", offsets, deadline.clock() - t0, stopped=stopped)
 
 
 # notebooks/11_planners.py
-def greedy_by_breadth(problem: Problem, deadline: Deadline = None) -> PlanResult:
+def greedy_by_breadth(problem: Problem, deadline: Deadline | None = None) -> PlanResult:
     """Greedy by breadth (TFLite's offset planner; Pisarchyk & Lee, 2020; not a C port): nodes from the
     most live bytes down (ties: earlier node); at each, its unplaced live blocks, largest first (ties:
     index), each into the smallest gap that holds it; stopped by `deadline` (default: none), the
@@ -363,141 +357,7 @@ def greedy_by_breadth(problem: Problem, deadline: Deadline = None) -> PlanResult
         order += sorted((problem.blocks[k] for k in alive), key=lambda b: (-b.size, b.index))
     order += [problem.blocks[k] for k in np.flatnonzero(todo)]  # (when the deadline passed: stacked)
     offsets, stopped = _fill(problem, order, deadline)
-    return _result(problem, "greedy-breadth", offsets, deadline.clock() - t0, stopped=stopped)
-
-
-# notebooks/11_planners.py
-class _Timeout(Exception):
-    """The exact search ran out of time."""
-
-
-class _Found(Exception):
-    """The exact search found a placement it can stop at (one at the lower bound)."""
-
-
-class ExactSearch:
-    """The state of `exact`'s search (not a C port), in units of the alignment. Section s is a stretch
-    of nodes with the same live blocks; `floor[s]` is the highest end of the blocks placed so far that
-    live there, `rem[s]` the units of those still to place, `cnt[s]` how many they are. `twin[i]` is the
-    previous block identical to block i (same size and sections), or -1. The search stops when
-    `deadline` (a `Deadline`) has passed."""
-
-    def __init__(self, problem: Problem, deadline: Deadline):
-        self.blocks = [b for b in problem.blocks if b.size]
-        cuts = sorted({b.start for b in self.blocks} | {b.end + 1 for b in self.blocks})
-        at = {c: k for k, c in enumerate(cuts)}
-        self.size = [b.size // problem.alignment for b in self.blocks]
-        self.s0 = [at[b.start] for b in self.blocks]
-        self.s1 = [at[b.end + 1] for b in self.blocks]  # one past the block's last section
-        n = max(len(cuts) - 1, 0)
-        rem, cnt = [0] * (n + 1), [0] * (n + 1)  # changes where blocks start and end (as in `_live`)
-        for i, u in enumerate(self.size):
-            rem[self.s0[i]] += u
-            rem[self.s1[i]] -= u
-            cnt[self.s0[i]] += 1
-            cnt[self.s1[i]] -= 1
-        self.rem, self.cnt = list(itertools.accumulate(rem))[:n], list(itertools.accumulate(cnt))[:n]
-        self.floor = [0] * n
-        self.twin, last_seen = [], {}
-        for i, key in enumerate(zip(self.size, self.s0, self.s1)):
-            self.twin.append(last_seen.get(key, -1))
-            last_seen[key] = i
-        self.unplaced = set(range(len(self.blocks)))
-        self.offset = [0] * len(self.blocks)
-        self.deadline, self.nodes = deadline, 0
-        self.target = self.stop_at = 0
-        self.solution = None  # (peak, offsets), in units
-
-    def bound(self, last: int) -> int:
-        """A floor for any completion: the blocks left in a section stack above its floor and `last`."""
-        m = 0
-        for f, r in zip(self.floor, self.rem):
-            if r and (f if f > last else last) + r > m:
-                m = (f if f > last else last) + r
-        return m
-
-    def candidates(self, last: int, last_i: int):
-        """`(offset, -sections, -size, block)` of each block that may come next, in the order to try
-        them: lowest offset first, then the longest-lived, then the largest. None when a block below
-        `last` can never be placed (no block left to place shares a section with it). On thousands of
-        long-lived blocks this one step can take seconds: it looks at the clock every 64 blocks."""
-        out, floor, s0, s1, cnt = [], self.floor, self.s0, self.s1, self.cnt
-        for k, i in enumerate(self.unplaced):
-            if k % 64 == 63 and self.deadline.passed():
-                raise _Timeout
-            p = max(floor[s0[i]:s1[i]])
-            if p < last or (p == last and i < last_i):
-                if all(cnt[s] == 1 for s in range(s0[i], s1[i])):
-                    return None
-                continue
-            if self.twin[i] < 0 or self.twin[i] not in self.unplaced:
-                out.append((p, s0[i] - s1[i], -self.size[i], i))
-        out.sort()
-        return out
-
-
-# notebooks/11_planners.py
-def _place(search: ExactSearch, i: int, p: int) -> list:
-    """Put block i at offset p; returns the floors it covered (for `_unplace`)."""
-    saved = search.floor[search.s0[i]:search.s1[i]]
-    for s in range(search.s0[i], search.s1[i]):
-        search.floor[s] = p + search.size[i]
-        search.rem[s] -= search.size[i]
-        search.cnt[s] -= 1
-    search.unplaced.discard(i)
-    search.offset[i] = p
-    return saved
-
-
-def _unplace(search: ExactSearch, i: int, saved: list) -> None:
-    """Take block i back out: its sections get their floors `saved` and its units back."""
-    search.floor[search.s0[i]:search.s1[i]] = saved
-    for s in range(search.s0[i], search.s1[i]):
-        search.rem[s] += search.size[i]
-        search.cnt[s] += 1
-    search.unplaced.add(i)
-
-
-def _dfs(search: ExactSearch, last: int, last_i: int, top: int) -> None:
-    """Place the blocks left, in canonical order after block `last_i` at offset `last`; `top` is the
-    highest end so far. A complete placement becomes the solution and lowers the target below it."""
-    search.nodes += 1
-    if search.deadline.passed():
-        raise _Timeout
-    if not search.unplaced:
-        search.solution = (top, list(search.offset))
-        if top <= search.stop_at:
-            raise _Found
-        search.target = top - 1
-        return
-    if max(top, search.bound(last)) > search.target:
-        return
-    for p, _, _, i in search.candidates(last, last_i) or ():
-        end = p + search.size[i]
-        if end <= search.target:
-            saved = _place(search, i, p)
-            _dfs(search, p, i, max(top, end))
-            _unplace(search, i, saved)
-
-
-def _run(search: ExactSearch, target: int, stop_at: int) -> bool:
-    """Search for placements with a peak of at most `target` units, stopping at one of at most
-    `stop_at`. True when the search is complete: such a placement was found, or none exists."""
-    search.target, search.stop_at = target, stop_at
-    limit = sys.getrecursionlimit()  # one level per block
-    sys.setrecursionlimit(max(limit, len(search.blocks) + 200))
-    try:
-        _dfs(search, 0, -1, 0)
-    except _Found:
-        return True
-    except _Timeout:
-        return False
-    finally:
-        sys.setrecursionlimit(limit)
-    return True
-
-
-ExactSearch.place, ExactSearch.unplace, ExactSearch.dfs, ExactSearch.run = _place, _unplace, _dfs, _run
+    return plan_result(problem, "greedy-breadth", offsets, deadline.clock() - t0, stopped=stopped)
 
 
 # notebooks/11_planners.py
@@ -510,8 +370,8 @@ def _cheap_plans(problem: Problem, deadline: Deadline) -> dict:
     return out
 
 
-def exact(problem: Problem, budget: float = DEFAULT_BUDGET, incumbent: PlanResult = None,
-          deadline: Deadline = None) -> PlanResult:
+def exact(problem: Problem, budget: float = DEFAULT_BUDGET, incumbent: PlanResult | None = None,
+          deadline: Deadline | None = None) -> PlanResult:
     """The exact planner (branch and bound over canonical placements, in the spirit of MiniMalloc; not
     a C port). It looks for a placement at the lower bound and, when none exists, for one below
     `incumbent` (default: the best of ggml's plan and the greedy planners, ggml's first of equals).
@@ -531,12 +391,12 @@ def exact(problem: Problem, budget: float = DEFAULT_BUDGET, incumbent: PlanResul
         offsets = [0] * len(problem.blocks)
         for b, u in zip(search.blocks, search.solution[1]):
             offsets[b.index] = u * a
-    return _result(problem, "exact", offsets, deadline.clock() - t0, True if proven else None,
-                   nodes=search.nodes, stopped=not proven)
+    return plan_result(problem, "exact", offsets, deadline.clock() - t0, True if proven else None,
+                       nodes=search.nodes, stopped=not proven)
 
 
 # notebooks/11_planners.py
-def all_plans(problem: Problem, budget: float = DEFAULT_BUDGET, deadline: Deadline = None) -> dict:
+def all_plans(problem: Problem, budget: float = DEFAULT_BUDGET, deadline: Deadline | None = None) -> dict:
     """Every planner's result on `problem`, by name (PLANNER_NAMES; no "ggml" for a problem made by
     hand): ggml's plan, the two greedy plans, the exact search started from the best of them, and
     `best`, the smallest (the first of equals: ggml's plan first). All of it within `deadline`, by
@@ -557,13 +417,13 @@ def all_plans(problem: Problem, budget: float = DEFAULT_BUDGET, deadline: Deadli
     return out
 
 
-def best(problem: Problem, budget: float = DEFAULT_BUDGET, deadline: Deadline = None) -> PlanResult:
+def best(problem: Problem, budget: float = DEFAULT_BUDGET, deadline: Deadline | None = None) -> PlanResult:
     """The smallest of ggml's plan, both greedy plans and the exact search's (see `all_plans`)."""
     return all_plans(problem, budget, deadline)["best"]
 
 
 def run_planner(problem: Problem, planner: str = "best", budget: float = DEFAULT_BUDGET,
-                deadline: Deadline = None) -> PlanResult:
+                deadline: Deadline | None = None) -> PlanResult:
     """The plan of the planner called `planner`, one of PLANNER_NAMES, made within `deadline` (default:
     `budget` seconds from this call). Its `optimal` is also False when ggml's plan or a greedy plan,
     cheap to make, is smaller (exact and best: `all_plans`, which compares them all, and the time and
@@ -585,12 +445,14 @@ def run_planner(problem: Problem, planner: str = "best", budget: float = DEFAULT
 
 
 # notebooks/11_planners.py
-def alloc_planned(graph, result: PlanResult, problem: Problem = None) -> GAllocr:
+def alloc_planned(graph, result: PlanResult, problem: Problem | None = None) -> GAllocr:
     """Place `graph`'s tensors at `result`'s offsets through the graph allocator: `ggml_gallocr_reserve`
     (which tensors it places), each placed tensor's record set to its block's offset, the buffer made
     at the plan's peak, then `ggml_gallocr_alloc_graph`. `problem` is `blocks_of(graph)` (made when
     None). Returns the allocator; its buffer reports `result.buffer_size`."""
     problem = problem if problem is not None else blocks_of(graph)
+    if problem.galloc is None:
+        raise PlanMismatchError("this problem was made by hand: it has no graph allocator to place a plan with")
     if len(result.offsets) != len(problem.blocks):
         raise PlanMismatchError(f"the {result.planner} plan has {len(result.offsets)} blocks, this graph "
                                 f"needs {len(problem.blocks)}: the plan was made for another graph")
@@ -610,301 +472,6 @@ def alloc_planned(graph, result: PlanResult, problem: Problem = None) -> GAllocr
 
 
 # notebooks/11_planners.py
-def data_tensors(graph) -> list:
-    """The tensors a caller fills before computing: leafs and op-NONE nodes that are not views."""
-    out, seen = [], set()
-    for t in [*graph.leafs, *graph.nodes]:
-        if t.op is Op.NONE and t.view_src is None and t not in seen:
-            seen.add(t)
-            out.append(t)
-    return out
-
-
-def results_to_compare(graph) -> list:
-    """The results every plan keeps to the end: OUTPUT nodes that are not views, and nodes no other node
-    reads (the last node among them). An op-NONE view keeps nothing alive and is left out."""
-    read = {s for n in graph.nodes for s in n.src if s is not None}
-    return [t for t in graph.nodes if not (t.op is Op.NONE and t.view_src is not None)
-            and ((t.view_src is None and t.flags & TensorFlag.OUTPUT) or t not in read)]
-
-
-def root(t):
-    """The tensor whose memory `t` uses: `t`, or the end of its chain of view sources."""
-    while t.view_src is not None:
-        t = t.view_src
-    return t
-
-
-def written_data(graph) -> set:
-    """The data tensors some node writes: the root of a computing node's memory (an in-place op, or a
-    CPY into a view of the KV cache, writes its view source's root)."""
-    data = set(data_tensors(graph))
-    return {root(n) for n in graph.nodes if n.op is not Op.NONE and not is_view_op(n.op)} & data
-
-
-def read_only_data(graph) -> set:
-    """The data tensors already in memory (weights) that no node writes: every run can share them."""
-    return {t for t in data_tensors(graph) if t.data is not None} - written_data(graph)
-
-
-def fill(t, seed: int, k: int, rows: int = 64) -> None:
-    """Seeded data for data tensor number `k`: floats in [-1, 1) (f16 rounded, q8_0 and q4_0 quantized),
-    integers in [0, rows) for i32, random bytes for any other type."""
-    rng = np.random.default_rng([seed, k])
-    if t.type is I32:
-        tensor_set(t, rng.integers(0, max(rows, 1), t.nelements).astype(np.int32))
-        return
-    values = rng.uniform(-1, 1, t.nelements).astype(np.float32)
-    if t.type is F32:
-        tensor_set(t, values)
-    elif t.type is F16:
-        tensor_set(t, values.astype(np.float16))
-    elif t.type is Q8_0:
-        tensor_set(t, quantize_q8_0(values).view(np.uint8))
-    elif t.type is Q4_0:
-        tensor_set(t, quantize_row_q4_0_ref(values).view(np.uint8))
-    else:
-        tensor_set(t, rng.integers(0, 256, t.nbytes).astype(np.uint8))
-
-
-def _rows(graph, tensors: list) -> list:
-    """The range of each i32 tensor's values: the rows of the table a get_rows reads with it, else 64."""
-    rows = {}
-    for node in graph.nodes:
-        if node.op is Op.GET_ROWS and node.src[1] is not None:
-            rows[node.src[1]] = min(rows.get(node.src[1], node.src[0].ne[1]), node.src[0].ne[1])
-    return [rows.get(t, 64) for t in tensors]
-
-
-# notebooks/11_planners.py
-def twin_graph(graph, keep=()) -> tuple:
-    """`graph` again, each tensor its nodes and leafs reach duplicated as `graph_copy_dup_tensor` does
-    (type, shape, strides, op, parameters, name, sources, view source; here also the flags, which the
-    graph allocator reads), but without memory; the tensors in `keep` are shared, not duplicated.
-    Returns (the twin `Graph`, {tensor: its twin})."""
-    ctx, twin = Context("twin"), {t: t for t in keep}
-
-    def dup(t):
-        d = twin.get(t)
-        if d is None:
-            d = dup_tensor_layout(ctx, t)
-            if t.view_src is not None:
-                d.view_src, d.view_offs = dup(t.view_src), t.view_offs
-            d.op, d.op_params, d.flags = t.op, list(t.op_params), t.flags
-            d.set_name(t.name)
-            for i, s in enumerate(t.src):
-                if s is not None:
-                    d.set_src(i, dup(s))
-            twin[t] = d
-        return d
-
-    copy = Graph(graph.size)
-    copy.nodes = [dup(n) for n in graph.nodes]  # in order, so each node's sources exist already
-    copy.leafs = [dup(t) for t in graph.leafs]
-    return copy, twin
-
-
-def reached(graph) -> set:
-    """Every tensor the graph's nodes and leafs reach through their sources and view sources."""
-    seen, stack = set(), [*graph.nodes, *graph.leafs]
-    while stack:
-        t = stack.pop()
-        if t is not None and t not in seen:
-            seen.add(t)
-            stack += [t.view_src, *t.src]
-    return seen
-
-
-def _place_view(t) -> None:
-    """Give a view its address (`ggml_backend_view_init`) once its view source has one."""
-    if t.view_src is not None and t.data is None:
-        _place_view(t.view_src)
-        view_init(t)
-
-
-# notebooks/11_planners.py
-class ReferenceRun:
-    """The reference of `verify_plans`: `graph` computed on a twin that shares only `shared` (read-only
-    data already in memory). Every other tensor has a CPU buffer of its own: a data tensor from the
-    start, any other from the first node that touches it; each is freed after its last reader, except
-    the results to compare. `peak` is the most bytes those buffers hold at once."""
-
-    def __init__(self, graph, shared=frozenset()):
-        self.copy, twin = twin_graph(graph, keep=shared)
-        self.data = [(t, twin[t]) for t in data_tensors(graph) if t not in shared]
-        self.compared = [twin[t] for t in results_to_compare(graph)]
-        n = len(self.copy.nodes)
-        self.first = {d: 0 for _, d in self.data}
-        self.last = dict(self.first)
-        for i, node in enumerate(self.copy.nodes):
-            for r in {root(t) for t in (node, *node.src) if t is not None} - set(shared):
-                self.first.setdefault(r, i)
-                self.last[r] = i
-        self.last.update({root(t): n for t in self.compared})
-        delta = [0] * (n + 2)
-        for r, i in self.first.items():
-            delta[i] += r.nbytes
-            delta[self.last[r] + 1] -= r.nbytes
-        self.peak = max(np.cumsum(delta)) if delta else 0
-
-    def run(self, fill_data, compute=None) -> list:
-        """Compute the reference after `fill_data(tensor, its twin)` has filled each data tensor's twin;
-        returns the bytes of each result to compare, in the order of `results_to_compare`. `compute`
-        computes a graph (default: the CPU backend's `graph_compute`)."""
-        compute, buft, own = compute or cpu_init().graph_compute, cpu_buffer_type(), {}
-        ends = {}
-        for r, i in self.last.items():
-            ends.setdefault(i, []).append(r)
-
-        def give(r):  # a buffer of its own (`ggml_backend_buft_alloc_buffer`, `ggml_backend_tensor_alloc`)
-            own[r] = buft.alloc_buffer(r.nbytes)
-            tensor_alloc(own[r], r, own[r].get_base())
-
-        try:
-            for t, d in self.data:
-                give(d)
-                fill_data(t, d)
-            for i, node in enumerate(self.copy.nodes):
-                for t in (node, *node.src):
-                    if t is not None:
-                        if root(t).data is None:
-                            give(root(t))
-                        _place_view(t)
-                one = Graph(1)
-                one.nodes = [node]
-                compute(one)  # one node at a time
-                for r in ends.get(i, ()):
-                    own.pop(r).free()
-            return [tensor_get(t).tobytes() for t in self.compared]
-        finally:
-            for buf in own.values():
-                buf.free()
-
-
-# notebooks/11_planners.py
-@dataclass
-class Verification:
-    """What `verify_plans` found for one plan: `ok` when the placement is valid and every compared result
-    equals the reference bit for bit; the names of the results `compared` and of those `differing`;
-    `graph`, the twin of the graph that was placed and computed, and `galloc`, the allocator that placed
-    it; `error`, a kernel's complaint when the planned run failed outright (data it needed was
-    overwritten); `conflicts`, what `check_placement` found wrong with the plan."""
-
-    ok: bool
-    compared: list
-    differing: list
-    galloc: object
-    error: str = None
-    conflicts: list = ()
-    graph: object = None
-
-
-COMPUTE_WITH = ("cpu", "dataflow")  # how verify_plans computes: the CPU backend, or the data-flow run (below)
-
-
-def verify_plans(graph, results, problem: Problem = None, seed: int = 0, max_bytes: int = 2 << 30,
-                 compute: str = "cpu") -> list:
-    """Compute `graph` (loaded, not planned) in each of `results`' placements and compare it with the
-    `ReferenceRun`, every tensor in memory of its own, all with the same seeded data. `compute` is "cpu"
-    (the CPU backend's kernels) or "dataflow" (`dataflow_compute`, for graphs the kernels refuse). Plans
-    with the same offsets are computed once. Returns one `Verification` per result. The graph's own
-    weights and KV cache are overwritten with the seeded data (and the cache by each run in turn)."""
-    if compute not in COMPUTE_WITH:
-        raise PlannerError(f"verify: unknown way of computing {compute!r}; use one of {', '.join(COMPUTE_WITH)}")
-    run = cpu_init().graph_compute if compute == "cpu" else dataflow_compute
-    problem = problem if problem is not None else blocks_of(graph)
-    data = data_tensors(graph)
-    for t in data:
-        k = problem.block_of.get(t)
-        if k is not None and problem.blocks[k].start > 0:
-            raise GraphError(f"{describe(t)} is filled before computing, but the graph allocator gives it memory "
-                             f"only at node {problem.blocks[k].start} (it is not INPUT): filling it first could "
-                             f"overwrite a tensor still in use, whatever the plan. Flag it INPUT (set_input) to "
-                             f"verify this graph")
-    spec = {t: (k, rows) for k, (t, rows) in enumerate(zip(data, _rows(graph, data)))}
-    # the tensors that own memory already (weights, KV cache): every twin shares them. Not their views: a
-    # CPY into a view of the KV cache has its address from the start, but is a node to compute
-    in_memory = {t for t in reached(graph) if t.data is not None and t.view_src is None}
-    shared = read_only_data(graph)
-    reference = ReferenceRun(graph, shared)
-    need = sum(t.nbytes for t in in_memory if t.view_src is None) + reference.peak + sum({tuple(r.offsets): r.peak for r in results}.values())
-    if need > max_bytes:
-        raise AllocationError(f"verifying by computing needs about {need / 2**30:.2f} GiB (the data in memory, the "
-                              f"reference's peak and the buffer of each distinct plan); the limit is max_bytes = "
-                              f"{max_bytes / 2**30:.2f} GiB")
-    for t in sorted(shared, key=lambda t: spec[t][0]):
-        fill(t, seed, *spec[t])  # read-only: once, for every run
-    expected = reference.run(lambda t, d: fill(d, seed, *spec[t]), run) if graph.nodes else []
-    done, out = {}, []
-    for result in results:
-        key = tuple(result.offsets)
-        if key not in done:
-            done[key] = _planned_run(graph, result, problem, in_memory, shared, spec, seed, expected, run)
-        out.append(done[key])
-    return out
-
-
-# notebooks/11_planners.py
-def _planned_run(graph, result, problem, in_memory, shared, spec, seed, expected, run) -> Verification:
-    """One plan of `verify_plans`: a twin of `graph` sharing the tensors in memory, placed by
-    `alloc_planned`, its data filled (the read-only data already is), computed, compared."""
-    conflicts = check_placement(problem, result.offsets)
-    copy, twin = twin_graph(graph, keep=in_memory)
-    galloc = alloc_planned(copy, result)
-    compared = results_to_compare(copy)
-    names = [t.name for t in compared]
-    for t, (k, rows) in spec.items():
-        if t not in shared:
-            fill(twin[t], seed, k, rows)
-    try:
-        run(copy)
-    except GGMLLiteError as err:  # e.g. row numbers the plan overwrote: a kernel refused them
-        return Verification(False, names, [], galloc, f"{type(err).__name__}: {err}", conflicts, copy)
-    differing = [t.name for t, want in zip(compared, expected) if tensor_get(t).tobytes() != want]
-    return Verification(not differing and not conflicts, names, differing, galloc, conflicts=conflicts, graph=copy)
-
-
-def verify_plan(graph, result: PlanResult, problem: Problem = None, seed: int = 0,
-                max_bytes: int = 2 << 30, compute: str = "cpu") -> Verification:
-    """`verify_plans` for one plan."""
-    return verify_plans(graph, [result], problem, seed, max_bytes, compute)[0]
-
-
-# notebooks/11_planners.py
-WRITE_ONLY_SOURCES = {Op.CPY: (1,)}  # CPY(a, b) writes a's values into b's memory without reading b
-
-
-def element_bytes(t) -> np.ndarray:
-    """The bytes of `t`'s elements (of its blocks, when quantized), a writable uint8 array of shape
-    (ne3, ne2, ne1, ne0 / block size, type size) over its buffer's memory, through its strides `nb`."""
-    shape = (t.ne[3], t.ne[2], t.ne[1], t.ne[0] // t.type.blck_size, t.type.type_size)
-    strides = (t.nb[3], t.nb[2], t.nb[1], t.nb[0], 1)
-    extent = sum((n - 1) * st for n, st in zip(shape, strides)) + 1
-    mem = tensor_buffer(t).span(t.data, extent, f"the bytes of {describe(t)}")
-    return np.lib.stride_tricks.as_strided(mem, shape, strides)
-
-
-def dataflow_forward(node) -> None:
-    """The data-flow stand-in for `ggml_compute_forward`: `node`'s elements get bytes drawn from a
-    generator seeded with the digest of its op, its parameters and the bytes of the sources it reads.
-    View-like ops, op NONE and empty nodes compute nothing, as in `ggml_compute_forward`."""
-    if node.op is Op.NONE or is_view_op(node.op) or node.nelements == 0:
-        return
-    h = hashlib.blake2b(f"{node.op.name} {list(node.op_params)}".encode(), digest_size=16)
-    for i, s in enumerate(node.src):
-        if s is not None and i not in WRITE_ONLY_SOURCES.get(node.op, ()) and s.nelements:
-            h.update(element_bytes(s).tobytes())  # (a strided array's bytes, in element order)
-    out = element_bytes(node)
-    out[...] = np.random.default_rng(int.from_bytes(h.digest(), "little")).integers(0, 256, out.shape, np.uint8)
-
-
-def dataflow_compute(graph) -> None:
-    """Every node of `graph` in order, by `dataflow_forward`."""
-    for node in graph.nodes:
-        dataflow_forward(node)
-
-
-# notebooks/11_planners.py
 def planned_events(problem: Problem, result: PlanResult) -> list:
     """ggml's trace (`problem.events`) with every placement moved to its block's offset in `result`:
     the trace ggml would have left had its allocator chosen these offsets (for chapter 05's pictures)."""
@@ -915,46 +482,3 @@ def planned_events(problem: Problem, result: PlanResult) -> list:
             k += 1
         out.append(ev)
     return out
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB" if n >= 10 * 2**10 else f"{n:,} B"
-
-
-def _clipped(trace, first: int, last: int):
-    """A timeline trace without the rectangles (5 corners and a gap each) or hover points outside the
-    nodes `first..last`, so a figure of a window of a large graph carries only that window."""
-    x, y = list(trace.x), list(trace.y)
-    if trace.mode == "markers":
-        keep = [k for k, v in enumerate(x) if first - 1 <= v <= last + 1]
-        text = list(trace.hovertext) if trace.hovertext is not None else None
-        return trace.update(x=[x[k] for k in keep], y=[y[k] for k in keep],
-                            hovertext=[text[k] for k in keep] if text else None)
-    rects = [k for k in range(0, len(x), 6) if min(x[k:k + 5]) <= last + 1 and max(x[k:k + 5]) >= first - 1]
-    return trace.update(x=[v for k in rects for v in x[k:k + 6]], y=[v for k in rects for v in y[k:k + 6]])
-
-
-def compare_timelines(problem: Problem, results: list, title: str = "", height: int = 520,
-                      views: bool = False, nodes: tuple = None) -> go.Figure:
-    """Memory timelines of several plans of one graph side by side (chapter 05's `memory_timeline` of
-    each `planned_events`), sharing the offset axis; the lower bound dashed and each plan's peak solid.
-    Views (dotted outlines) only with `views=True`; `nodes=(first, last)` shows only those nodes."""
-    fig = make_subplots(rows=1, cols=len(results), shared_yaxes=True, horizontal_spacing=0.03,
-                        subplot_titles=[f"{r.planner}{' (' + r.source + ')' if r.source else ''}: {_size(r.peak)}"
-                                        for r in results])
-    for col, r in enumerate(results, 1):
-        for trace in memory_timeline(problem.graph, planned_events(problem, r), r.peak).data:
-            if views or trace.name != "view":
-                trace.showlegend = col == 1 and trace.showlegend is not False
-                fig.add_trace(trace if nodes is None else _clipped(trace, *nodes), row=1, col=col)
-        fig.add_hline(y=problem.lower_bound, line=dict(color="crimson", dash="dash"), row=1, col=col,
-                      annotation_text=f"lower bound {_size(problem.lower_bound)}",
-                      annotation_position="bottom right")
-        fig.add_hline(y=r.peak, line=dict(color="crimson"), row=1, col=col,
-                      annotation_text=f"peak {_size(r.peak)}", annotation_position="top left")
-        fig.update_xaxes(title_text="node (execution order)", row=1, col=col,
-                         range=None if nodes is None else [nodes[0] - 0.5, nodes[1] + 0.5])
-    fig.update_yaxes(title_text="offset (bytes)", row=1, col=1)
-    fig.update_layout(title=title, height=height, plot_bgcolor="white", margin=dict(l=60, r=20, t=70, b=90),
-                      legend=dict(orientation="h", y=-0.2, x=0, yanchor="top"))
-    return fig

@@ -7,10 +7,17 @@ context, and the lines llama.cpp prints about it."""
 
 from dataclasses import asdict, dataclass
 
-from ggml_lite.gallocr import PlaceEvent
 from ggml_lite.errors import ModelError
+from ggml_lite.gallocr import PlaceEvent
 from ggml_lite.models.llama import (
-    MAX_DEVICES, MAX_N_CTX, LlamaParams, batch_sizes, check_float, check_int, padded_n_ctx, plan_memory,
+    MAX_DEVICES,
+    MAX_N_CTX,
+    LlamaParams,
+    batch_sizes,
+    check_float,
+    check_int,
+    padded_n_ctx,
+    plan_memory,
 )
 from ggml_lite.tensor import TensorFlag
 from ggml_lite.trace import lifetimes
@@ -37,14 +44,15 @@ class MemoryReport:
 
 def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_ubatch: int = 512,
                   n_gpu_layers: int = 0, devices: int = 0, tensor_split=None, type_k: str = "f16",
-                  type_v: str = None, offload_kqv: bool = True, tensor_types: dict = None,
+                  type_v: str | None = None, offload_kqv: bool = True, tensor_types: dict | None = None,
                   why: bool = True) -> MemoryReport:
     """Plan the model (a `LlamaParams`, or a `GGUFModel` with its tensors' types) as
     `llama_new_context_with_model` would (`plan_memory`) and report it; `why=False`
     skips the trace behind `peaks` (for searches that need only the totals, as `fit`). Every argument is
     checked before planning (`check_context`)."""
     if hasattr(params, "params") and hasattr(params, "tensor_types"):  # a GGUFModel: its hyperparameters and types
-        params, tensor_types = params.params, params.tensor_types if tensor_types is None else tensor_types
+        model_types, params = params.tensor_types, params.params
+        tensor_types = model_types if tensor_types is None else tensor_types
     if not callable(getattr(params, "model", None)):  # (duck-typed: a notebook may define its own LlamaParams)
         raise ModelError(f"memory_report: expected a LlamaParams model, found {type(params).__name__}")
     n_batch, n_ubatch = batch_sizes(padded_n_ctx(n_ctx), n_batch, n_ubatch)
@@ -83,13 +91,13 @@ def llama_cpp_lines(rep: MemoryReport) -> list:
     return lines
 
 
-def format_report(rep: MemoryReport, vram_gib: float = None) -> str:
+def format_report(rep: MemoryReport, vram_gib: float | None = None) -> str:
     """The report as a table (MiB), then llama.cpp's lines; with `vram_gib`, whether each GPU fits."""
     if vram_gib is not None:
         check_vram(vram_gib)
     head = f"{'device':8s} {'weights':>10s} {'KV':>10s} {'output':>10s} {'compute':>10s} {'total':>10s}"
-    rows = [f"{d['name']:8s} " + " ".join(f"{d[k] / MiB:10.2f}" for k in ("weights", "kv", "output", "compute", "total"))
-            for d in rep.devices]
+    parts = ("weights", "kv", "output", "compute", "total")
+    rows = [f"{d['name']:8s} " + " ".join(f"{d[k] / MiB:10.2f}" for k in parts) for d in rep.devices]
     out = [head + "   (MiB)", *rows, f"graph: {rep.graph['nodes']} nodes, {rep.graph['splits']} splits, "
            f"n_copies {rep.graph['n_copies']}"]
     if vram_gib is not None:
@@ -179,7 +187,7 @@ def peaks(result: dict) -> dict:
     `plan_memory(..., trace=True)` result: where each compute buffer's highest block was placed."""
     sched, events = result["sched"], result["events"]
     graph = sched.graph  # the scheduler's graph copy: what the graph allocator planned
-    top = {}  # buffer id -> (end, node index) of the highest block placed so far
+    top: dict[int, tuple[int, int]] = {}  # buffer id -> (end, node index) of the highest block placed so far
     for ev in events:
         if isinstance(ev, PlaceEvent) and ev.how == "new" and ev.offset + ev.size > top.get(ev.buffer_id, (0,))[0]:
             top[ev.buffer_id] = (ev.offset + ev.size, max(ev.node_index, 0))
@@ -210,5 +218,6 @@ def _reason(t, at: int, graph, last_use: dict, via_view: dict) -> str:
     j, reader = last_use.get(t, (at, None))
     if j > at:
         view = via_view.get(t)
-        return f"read later by {reader.name} (node {j})" + (f" through its view {view.name}" if view is not None else "")
+        through = f" through its view {view.name}" if view is not None else ""
+        return f"read later by {reader.name} (node {j}){through}"
     return "read by this node, freed after it"

@@ -2,21 +2,27 @@
 # Edit the notebook, then run `make export`.
 
 # notebooks/09_scheduler.py
-"""The backend scheduler `ggml_backend_sched` (ggml-backend.c, lines 1034-2058): assign a backend to every
-node, split the graph, add the input copies, and plan the memory of all backends with one
-multi-buffer graph allocator."""
+"""The backend scheduler `ggml_backend_sched`: assign a backend to every node, split the graph, add the
+input copies, and plan the memory of all backends with one multi-buffer graph allocator. This module
+mirrors the scheduler of ggml-backend.c (lines 1034-2058 at daa9623, over 1,000 lines of C), which is
+why it is longer than 600 lines."""
+
+from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ggml_lite.backend import Backend, Status, dup_tensor_layout, tensor_buffer, tensor_copy
+from ggml_lite.bind import method_of
 from ggml_lite.buffer import BufferUsage
 from ggml_lite.cpu import is_cpu
 from ggml_lite.errors import SchedulerError
 from ggml_lite.gallocr import GAllocr
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, graph_view
-from ggml_lite.tensor import GGML_MAX_SRC, Context, Op, TensorFlag, UnaryOp, is_view_op, nbytes
+from ggml_lite.tensor import GGML_MAX_SRC, Context, Op, Tensor, TensorFlag, UnaryOp, is_view_op, nbytes
 
 log = logging.getLogger("ggml_lite")
 
@@ -51,7 +57,7 @@ class Split:
     i_start: int
     i_end: int = 0
     inputs: list = field(default_factory=list)
-    graph: Graph = None
+    graph: Graph | None = None
 
     @property
     def n_inputs(self) -> int:
@@ -69,94 +75,18 @@ def fmt_size(size: int) -> str:
 
 
 # notebooks/09_scheduler.py
-class _Assign:
-    """Pass-1 helpers, mixed into `BackendSched` (they read its backends and its tables)."""
-
-    def backend_id(self, backend) -> int:
-        """`ggml_backend_sched_backend_id`: the backend's priority (its index), or -1."""
-        return next((i for i, b in enumerate(self.backends) if b is backend), -1)
-
-    def backend_from_buffer(self, tensor, op) -> int:
-        """`ggml_backend_sched_backend_from_buffer`: the first backend that supports the buffer type of
-        `tensor`'s buffer and the op `op`; -1 (with the debug build's warning) when none does."""
-        buffer = tensor.buffer
-        if buffer is None:
-            return -1
-        for i, b in enumerate(self.backends):  # find highest prio backend that supports the buffer type and the op
-            if b.supports_buft(buffer.buft) and b.supports_op(op):
-                return i
-        log.warning("ggml_backend_sched_backend_from_buffer: warning: no backend supports op %s with a weight with "
-                    "buffer type %s used in tensor %s, the weight will need to be copied",
-                    op_desc(tensor), buffer.get_name(), tensor.name)
-        return -1
-
-    def backend_id_from_cur(self, tensor) -> int:
-        """`ggml_backend_sched_backend_id_from_cur`: pass 1 for one tensor (sets its cause)."""
-        cur = self.backend_from_buffer(tensor, tensor)  # assign pre-allocated nodes to their backend
-        if cur != -1:
-            self.causes[tensor] = "1.dst"
-            return cur
-        if tensor.view_src is not None:
-            cur = self.backend_from_buffer(tensor.view_src, tensor)
-            if cur != -1:
-                self.causes[tensor] = "1.vsrc"
-                return cur
-        if tensor.buffer is not None or (tensor.view_src is not None and tensor.view_src.buffer is not None):
-            # since the tensor is pre-allocated, it cannot be moved to another backend
-            raise SchedulerError(f"pre-allocated tensor in a backend that cannot run the operation: {tensor.name!r} "
-                                 f"({tensor.op.name}) lives in a {tensor_buffer(tensor).get_name()} buffer, and no "
-                                 f"backend that can use that memory supports {tensor.op.name}")
-        if tensor.flags & INPUT:  # graph input
-            self.causes[tensor] = "1.inp"
-            return self.n_backends - 1  # last backend (assumed CPU)
-        for i, src in enumerate(tensor.src):  # operations with weights go preferably where the weights are
-            if src is None:
-                continue
-            if src.buffer is not None and src.buffer.usage == BufferUsage.WEIGHTS:
-                src_backend_id = self.backend_from_buffer(src, tensor)
-                if src_backend_id == self.n_backends - 1:  # does a higher-priority backend want to offload it?
-                    for b in range(src_backend_id):
-                        if self.backends[b].supports_op(tensor) and self.backends[b].offload_op(tensor):
-                            self.causes[tensor] = "1.off"
-                            return b
-                self.causes[tensor] = f"1.wgt{i}"
-                return src_backend_id
-        return -1
-
-    def buffer_supported(self, t, backend_id: int) -> bool:
-        """`ggml_backend_sched_buffer_supported`: can backend `backend_id` use `t`'s memory — its buffer's
-        type, or, not yet allocated, the buffer type of its (or its view_src's) assigned backend?"""
-        buf = tensor_buffer(t)
-        buft = None
-        if buf is not None:
-            buft = buf.buft  # the tensor is already allocated
-        else:
-            tid = self.ids.get(t, -1)
-            if tid == -1 and t.view_src is not None:
-                tid = self.ids.get(t.view_src, -1)
-            if tid != -1:
-                buft = self.bufts[tid]
-        return buft is not None and self.backends[backend_id].supports_buft(buft)
-
-    def set_if_supported(self, node, cur_backend_id: int) -> None:
-        """`ggml_backend_sched_set_if_supported`: pass 2's assignment, only where the op is supported."""
-        if self.backends[cur_backend_id].supports_op(node):
-            self.ids[node] = cur_backend_id
-            self.causes[node] = "2.sup"
-
-
-# notebooks/09_scheduler.py
-class BackendSched(_Assign):
+class BackendSched:
     """`struct ggml_backend_sched` (`ggml_backend_sched_new`): `backends` in priority order, the CPU
     last; `bufts` (default: each backend's default buffer type); `parallel` gives
     `GGML_SCHED_MAX_COPIES` copies of every input for pipeline parallelism. `debug` (default: the
     GGML_SCHED_DEBUG environment variable) logs the assignments after every split."""
 
     def __init__(self, backends, bufts=None, graph_size: int = GGML_DEFAULT_GRAPH_SIZE, parallel: bool = False,
-                 debug: bool = None):
+                 debug: bool | None = None):
         backends = list(backends)
         if not 0 < len(backends) <= GGML_SCHED_MAX_BACKENDS:
-            raise SchedulerError(f"{len(backends)} backends given: between 1 and {GGML_SCHED_MAX_BACKENDS} are possible")
+            raise SchedulerError(f"{len(backends)} backends given: between 1 and {GGML_SCHED_MAX_BACKENDS} "
+                                 "are possible")
         if not is_cpu(backends[-1]):
             raise SchedulerError(f"the last backend must be the CPU, got {backends[-1].get_name()}")
         self.debug = os.environ.get("GGML_SCHED_DEBUG") is not None if debug is None else debug
@@ -171,15 +101,18 @@ class BackendSched(_Assign):
         self.events = [[b.event_new() for _ in range(self.n_copies)] if self.n_copies > 1 else [None]
                        for b in backends]
         self.galloc = GAllocr(self.bufts)
-        self.ctx = None
-        self.splits = []
+        self.ctx = Context("sched")
+        self.splits: list[Split] = []
         self.graph = Graph(0)
-        self.graph_inputs = []
+        self.graph_inputs: list = []
+        self.ids: dict = {}  # hv_tensor_backend_ids: tensor -> backend id
+        self.copies: dict = {}  # hv_tensor_copies: (tensor, backend id, copy) -> copy
+        self.causes: dict = {}  # SET_CAUSE: tensor -> cause
         # calloc'ed arrays of the C, written in place: what a shorter graph leaves is still compared
         nodes_size = graph_size + graph_size * GGML_SCHED_MAX_SPLIT_INPUTS * 2
         self.node_backend_ids, self.leaf_backend_ids = [0] * nodes_size, [0] * nodes_size
         self.prev_node_backend_ids, self.prev_leaf_backend_ids = [0] * nodes_size, [0] * nodes_size
-        self.callback_eval = None
+        self.callback_eval: Callable[[Tensor, bool], bool] | None = None  # (tensor, ask) -> want it / go on
         self.is_reset = False
         self.is_alloc = False
         self.reset()
@@ -189,8 +122,114 @@ class BackendSched(_Assign):
         """`ggml_backend_sched_get_n_splits`."""
         return len(self.splits)
 
+    if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
+        def backend_id(sched: BackendSched, backend) -> int: ...
+        def backend_from_buffer(sched: BackendSched, tensor, op) -> int: ...
+        def backend_id_from_cur(sched: BackendSched, tensor) -> int: ...
+        def buffer_supported(sched: BackendSched, t, backend_id: int) -> bool: ...
+        def set_if_supported(sched: BackendSched, node, cur_backend_id: int) -> None: ...
+        def reset(sched) -> None: ...
+        def set_tensor_backend(sched, node, backend: Backend) -> None: ...
+        def get_tensor_backend(sched, node): ...
+        def get_cause(sched, node) -> str: ...
+        def get_n_copies(sched) -> int: ...
+        def get_n_backends(sched) -> int: ...
+        def get_backend(sched, i: int) -> Backend: ...
+        def get_buffer_size(sched, backend: Backend) -> int: ...
+        def split_graph(sched: BackendSched, graph) -> None: ...
+        def print_assignments(sched: BackendSched, graph) -> str: ...
+        def reserve(sched: BackendSched, measure_graph) -> bool: ...
+        def synchronize(sched: BackendSched) -> None: ...
+        def alloc_graph(sched: BackendSched, graph) -> bool: ...
+        def graph_compute_async(sched: BackendSched, graph) -> Status: ...
+        def graph_compute(sched: BackendSched, graph) -> Status: ...
+        def set_eval_callback(sched: BackendSched, callback) -> None: ...
+        def free(sched: BackendSched) -> None: ...
+
 
 # notebooks/09_scheduler.py
+@method_of(BackendSched)
+def backend_id(sched: BackendSched, backend) -> int:
+    """`ggml_backend_sched_backend_id`: the backend's priority (its index), or -1."""
+    return next((i for i, b in enumerate(sched.backends) if b is backend), -1)
+
+
+@method_of(BackendSched)
+def backend_from_buffer(sched: BackendSched, tensor, op) -> int:
+    """`ggml_backend_sched_backend_from_buffer`: the first backend that supports the buffer type of
+    `tensor`'s buffer and the op `op`; -1 (with the debug build's warning) when none does."""
+    buffer = tensor.buffer
+    if buffer is None:
+        return -1
+    for i, b in enumerate(sched.backends):  # find highest prio backend that supports the buffer type and the op
+        if b.supports_buft(buffer.buft) and b.supports_op(op):
+            return i
+    log.warning("ggml_backend_sched_backend_from_buffer: warning: no backend supports op %s with a weight with "
+                "buffer type %s used in tensor %s, the weight will need to be copied",
+                op_desc(tensor), buffer.get_name(), tensor.name)
+    return -1
+
+
+@method_of(BackendSched)
+def backend_id_from_cur(sched: BackendSched, tensor) -> int:
+    """`ggml_backend_sched_backend_id_from_cur`: pass 1 for one tensor (sets its cause)."""
+    cur = backend_from_buffer(sched, tensor, tensor)  # assign pre-allocated nodes to their backend
+    if cur != -1:
+        sched.causes[tensor] = "1.dst"
+        return cur
+    if tensor.view_src is not None:
+        cur = backend_from_buffer(sched, tensor.view_src, tensor)
+        if cur != -1:
+            sched.causes[tensor] = "1.vsrc"
+            return cur
+    if tensor.buffer is not None or (tensor.view_src is not None and tensor.view_src.buffer is not None):
+        # since the tensor is pre-allocated, it cannot be moved to another backend
+        raise SchedulerError(f"pre-allocated tensor in a backend that cannot run the operation: {tensor.name!r} "
+                             f"({tensor.op.name}) lives in a {tensor_buffer(tensor).get_name()} buffer, and no "
+                             f"backend that can use that memory supports {tensor.op.name}")
+    if tensor.flags & INPUT:  # graph input
+        sched.causes[tensor] = "1.inp"
+        return sched.n_backends - 1  # last backend (assumed CPU)
+    for i, src in enumerate(tensor.src):  # operations with weights go preferably where the weights are
+        if src is None:
+            continue
+        if src.buffer is not None and src.buffer.usage == BufferUsage.WEIGHTS:
+            src_backend_id = backend_from_buffer(sched, src, tensor)
+            if src_backend_id == sched.n_backends - 1:  # does a higher-priority backend want to offload it?
+                for b in range(src_backend_id):
+                    if sched.backends[b].supports_op(tensor) and sched.backends[b].offload_op(tensor):
+                        sched.causes[tensor] = "1.off"
+                        return b
+            sched.causes[tensor] = f"1.wgt{i}"
+            return src_backend_id
+    return -1
+
+
+@method_of(BackendSched)
+def buffer_supported(sched: BackendSched, t, backend_id: int) -> bool:
+    """`ggml_backend_sched_buffer_supported`: can backend `backend_id` use `t`'s memory (its buffer's
+    type, or else the buffer type of its or its view_src's assigned backend)?"""
+    buf = tensor_buffer(t)
+    if buf is not None:
+        buft = buf.buft  # the tensor is already allocated
+    else:  # the buffer type of its backend, if it has one already
+        tid = sched.ids.get(t, -1)
+        if tid == -1 and t.view_src is not None:
+            tid = sched.ids.get(t.view_src, -1)
+        buft = sched.bufts[tid] if tid != -1 else None
+    return buft is not None and sched.backends[backend_id].supports_buft(buft)
+
+
+@method_of(BackendSched)
+def set_if_supported(sched: BackendSched, node, cur_backend_id: int) -> None:
+    """`ggml_backend_sched_set_if_supported`: pass 2's assignment, only where the op is supported."""
+    if sched.backends[cur_backend_id].supports_op(node):
+        sched.ids[node] = cur_backend_id
+        sched.causes[node] = "2.sup"
+
+
+# notebooks/09_scheduler.py
+@method_of(BackendSched)
 def reset(sched) -> None:
     """`ggml_backend_sched_reset`: forget every assignment and copy (unless nothing changed since
     the last reset); the next graph is split anew."""
@@ -200,6 +239,7 @@ def reset(sched) -> None:
     sched.is_alloc = False
 
 
+@method_of(BackendSched)
 def set_tensor_backend(sched, node, backend: Backend) -> None:
     """`ggml_backend_sched_set_tensor_backend`: pin `node` to `backend` (cause "usr")."""
     b = sched.backend_id(backend)
@@ -211,27 +251,32 @@ def set_tensor_backend(sched, node, backend: Backend) -> None:
     sched.is_reset = False
 
 
+@method_of(BackendSched)
 def get_tensor_backend(sched, node):
     """`ggml_backend_sched_get_tensor_backend`: the node's backend, or None when unassigned."""
     b = sched.ids.get(node, -1)
     return None if b == -1 else sched.backends[b]
 
 
+@method_of(BackendSched)
 def get_cause(sched, node) -> str:
     """`GET_CAUSE`: why `node` has its backend ("" when nothing set one)."""
     return sched.causes.get(node, "")
 
 
+@method_of(BackendSched)
 def get_n_copies(sched) -> int:
     """`ggml_backend_sched_get_n_copies`."""
     return sched.n_copies
 
 
+@method_of(BackendSched)
 def get_n_backends(sched) -> int:
     """`ggml_backend_sched_get_n_backends`."""
     return sched.n_backends
 
 
+@method_of(BackendSched)
 def get_backend(sched, i: int) -> Backend:
     """`ggml_backend_sched_get_backend`."""
     if not 0 <= i < sched.n_backends:
@@ -239,22 +284,13 @@ def get_backend(sched, i: int) -> Backend:
     return sched.backends[i]
 
 
+@method_of(BackendSched)
 def get_buffer_size(sched, backend: Backend) -> int:
     """`ggml_backend_sched_get_buffer_size`: the compute buffer of `backend` (its gallocr buffer)."""
     b = sched.backend_id(backend)
     if b < 0:
         raise SchedulerError(f"{backend.get_name()} is not one of the scheduler's backends")
     return sched.galloc.get_buffer_size(b)
-
-
-BackendSched.reset = reset
-BackendSched.set_tensor_backend = set_tensor_backend
-BackendSched.get_tensor_backend = get_tensor_backend
-BackendSched.get_cause = get_cause
-BackendSched.get_n_copies = get_n_copies
-BackendSched.get_n_backends = get_n_backends
-BackendSched.get_backend = get_backend
-BackendSched.get_buffer_size = get_buffer_size
 
 
 # notebooks/09_scheduler.py
@@ -355,11 +391,11 @@ def _mark_copy(sched: BackendSched, t) -> None:
 def _pass5(sched: BackendSched, graph) -> None:
     """Pass 5: cut `graph` into splits and rewire sources to their copies."""
     ids, copies, nodes = sched.ids, sched.copies, graph.nodes
-    i = next((k for k, n in enumerate(nodes) if not is_view_op(n.op)), len(nodes))
-    split = Split(ids.get(nodes[i], -1) if i < len(nodes) else -1, 0)  # the backend of the first non-view node
+    first = next((k for k, n in enumerate(nodes) if not is_view_op(n.op)), len(nodes))
+    split = Split(ids.get(nodes[first], -1) if first < len(nodes) else -1, 0)  # the first non-view node's backend
     sched.splits = [split]
     cur = split.backend_id
-    for i in range(i, len(nodes)):
+    for i in range(first, len(nodes)):
         node = nodes[i]
         if is_view_op(node.op):
             continue
@@ -461,16 +497,17 @@ def _build_graph_copy(sched: BackendSched, graph) -> None:
     sched.graph = copy
 
 
+PASSES = (_pass1, _pass2, _pass3, _pass4, _pass5)
+
+
+@method_of(BackendSched)
 def split_graph(sched: BackendSched, graph) -> None:
     """`ggml_backend_sched_split_graph`: the five passes, the debug printout, the graph copy."""
     sched.splits, sched.graph_inputs = [], []
     sched.is_reset = False
     sched.ctx = Context("sched")
-    _pass1(sched, graph)
-    _pass2(sched, graph)
-    _pass3(sched, graph)
-    _pass4(sched, graph)
-    _pass5(sched, graph)
+    for run in PASSES:
+        run(sched, graph)
     if sched.debug:
         log.debug("%s", print_assignments(sched, graph))
     _build_graph_copy(sched, graph)
@@ -487,6 +524,7 @@ def _who(sched: BackendSched, t) -> str:
     return f"[{_cell(b.get_name() if b is not None else 'NULL', 5)} {_cell(sched.get_cause(t), 8)}]"
 
 
+@method_of(BackendSched)
 def print_assignments(sched: BackendSched, graph) -> str:
     """`ggml_backend_sched_print_assignments`: the GGML_SCHED_DEBUG text. Names are cut at 20
     characters and ops at 10, as ggml's printf widths cut them."""
@@ -509,7 +547,25 @@ def print_assignments(sched: BackendSched, graph) -> str:
     return "".join(out)
 
 
+def node_states(sched: BackendSched, graph) -> list[tuple[str | None, str]]:
+    """(backend name or None, cause) of every node of `graph`, as the scheduler has them now."""
+    names = [b.get_name() for b in sched.backends]
+    return [(names[sched.ids[t]] if sched.ids.get(t, -1) != -1 else None, sched.causes.get(t, "")) for t in graph.nodes]
+
+
+def pass_snapshots(sched: BackendSched, graph, passes=PASSES) -> list:
+    """Run `passes` (default: the five of `split_graph`) one by one on `graph` and return
+    `[(title, node_states)]`: the states before any pass, then after each."""
+    sched.splits, sched.graph_inputs, sched.ctx = [], [], Context("sched")
+    snaps = [("before pass 1 (user pins only)", node_states(sched, graph))]
+    for k, run in enumerate(passes, 1):
+        run(sched, graph)
+        snaps.append((f"after pass {k}", node_states(sched, graph)))
+    return snaps
+
+
 # notebooks/09_scheduler.py
+@method_of(BackendSched)
 def reserve(sched: BackendSched, measure_graph) -> bool:
     """`ggml_backend_sched_reserve`: split, plan every backend's compute buffer, reset."""
     split_graph(sched, measure_graph)
@@ -520,16 +576,11 @@ def reserve(sched: BackendSched, measure_graph) -> bool:
     return True
 
 
+@method_of(BackendSched)
 def synchronize(sched: BackendSched) -> None:
     """`ggml_backend_sched_synchronize`: every backend."""
     for b in sched.backends:
         b.synchronize()
-
-
-BackendSched.split_graph = split_graph
-BackendSched.print_assignments = print_assignments
-BackendSched.reserve = reserve
-BackendSched.synchronize = synchronize
 
 
 # notebooks/09_scheduler.py
@@ -553,6 +604,7 @@ def alloc_splits(sched: BackendSched) -> bool:
     return True
 
 
+@method_of(BackendSched)
 def alloc_graph(sched: BackendSched, graph) -> bool:
     """`ggml_backend_sched_alloc_graph`: split `graph` and give every tensor its memory."""
     split_graph(sched, graph)
@@ -562,6 +614,42 @@ def alloc_graph(sched: BackendSched, graph) -> bool:
     return True
 
 
+@method_of(BackendSched)
+def graph_compute_async(sched: BackendSched, graph) -> Status:
+    """`ggml_backend_sched_graph_compute_async`: allocate when not done yet, then run the splits."""
+    if not sched.is_reset and not sched.is_alloc:
+        sched.reset()
+    if not sched.is_alloc and not alloc_graph(sched, graph):
+        return Status.ALLOC_FAILED
+    return compute_splits(sched)
+
+
+@method_of(BackendSched)
+def graph_compute(sched: BackendSched, graph) -> Status:
+    """`ggml_backend_sched_graph_compute`: `graph_compute_async`, then synchronize every backend."""
+    err = graph_compute_async(sched, graph)
+    synchronize(sched)
+    return err
+
+
+@method_of(BackendSched)
+def set_eval_callback(sched: BackendSched, callback) -> None:
+    """`ggml_backend_sched_set_eval_callback`: `callback(tensor, ask: bool) -> bool` (the C's user data
+    is the closure)."""
+    sched.callback_eval = callback
+
+
+@method_of(BackendSched)
+def free(sched: BackendSched) -> None:
+    """`ggml_backend_sched_free`: the events and the compute buffers."""
+    for row in sched.events:
+        for event in row:
+            if event is not None:
+                event.free()
+    sched.galloc.free()
+
+
+# notebooks/09_scheduler.py
 def _copy_inputs(sched: BackendSched, split) -> None:
     """The input copies before a split (the first loop of `ggml_backend_sched_compute_splits`)."""
     b = split.backend_id
@@ -581,9 +669,9 @@ def _copy_inputs(sched: BackendSched, split) -> None:
             tensor_copy(inp, cpy)
 
 
-def _compute_with_callback(sched: BackendSched, split):
-    """The eval-callback path: nodes in runs `j0..j1`, the callback asked (`ask=True`) about each."""
-    backend, nodes, cb = sched.backends[split.backend_id], split.graph.nodes, sched.callback_eval
+def _compute_with_callback(sched: BackendSched, split, cb: Callable[[Tensor, bool], bool]) -> Status | None:
+    """The eval-callback path: nodes in runs `j0..j1`, the callback `cb` asked (`ask=True`) about each."""
+    backend, nodes = sched.backends[split.backend_id], split.graph.nodes
     j0 = 0
     while j0 < len(nodes):
         t = nodes[j0]
@@ -603,7 +691,6 @@ def _compute_with_callback(sched: BackendSched, split):
     return Status.SUCCESS
 
 
-# notebooks/09_scheduler.py
 def compute_splits(sched: BackendSched) -> Status:
     """`ggml_backend_sched_compute_splits`: copy each split's inputs in, compute it, record its event;
     then advance `cur_copy`."""
@@ -612,7 +699,7 @@ def compute_splits(sched: BackendSched) -> Status:
         if sched.callback_eval is None:
             ec = sched.backends[split.backend_id].graph_compute_async(split.graph)
         else:
-            ec = _compute_with_callback(sched, split)
+            ec = _compute_with_callback(sched, split, sched.callback_eval)
         if ec is not None and ec != Status.SUCCESS:
             return ec
         event = sched.events[split.backend_id][sched.cur_copy]
@@ -620,41 +707,3 @@ def compute_splits(sched: BackendSched) -> Status:
             event.record()
     sched.cur_copy = (sched.cur_copy + 1) % sched.n_copies
     return Status.SUCCESS
-
-
-def graph_compute_async(sched: BackendSched, graph) -> Status:
-    """`ggml_backend_sched_graph_compute_async`: allocate when not done yet, then run the splits."""
-    if not sched.is_reset and not sched.is_alloc:
-        sched.reset()
-    if not sched.is_alloc and not alloc_graph(sched, graph):
-        return Status.ALLOC_FAILED
-    return compute_splits(sched)
-
-
-def graph_compute(sched: BackendSched, graph) -> Status:
-    """`ggml_backend_sched_graph_compute`: `graph_compute_async`, then synchronize every backend."""
-    err = graph_compute_async(sched, graph)
-    synchronize(sched)
-    return err
-
-
-def set_eval_callback(sched: BackendSched, callback) -> None:
-    """`ggml_backend_sched_set_eval_callback`: `callback(tensor, ask: bool) -> bool` (the C's user data
-    is the closure)."""
-    sched.callback_eval = callback
-
-
-def free(sched: BackendSched) -> None:
-    """`ggml_backend_sched_free`: the events and the compute buffers."""
-    for row in sched.events:
-        for event in row:
-            if event is not None:
-                event.free()
-    sched.galloc.free()
-
-
-BackendSched.alloc_graph = alloc_graph
-BackendSched.graph_compute = graph_compute
-BackendSched.graph_compute_async = graph_compute_async
-BackendSched.set_eval_callback = set_eval_callback
-BackendSched.free = free

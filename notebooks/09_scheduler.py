@@ -15,9 +15,8 @@
 #
 # With one backend, chapter 05's graph allocator is enough. With a GPU in front of the CPU, someone
 # must decide **which backend computes each node**, cut the graph into *splits* that run on one
-# backend each, and copy every tensor that crosses from one split's backend to another's. That is
-# `ggml_backend_sched` (`ggml-backend.c:1034-2058`). It is what llama.cpp uses for partial offload:
-# some layers on the GPU, the rest on the CPU.
+# backend each, and copy every tensor that crosses between them: `ggml_backend_sched`
+# (`ggml-backend.c:1034-2058`), what llama.cpp uses for partial offload.
 #
 # **Learning goals**
 #
@@ -31,20 +30,18 @@
 # 4. Running the splits: input copies, events, `parallel` copies, the eval callback — and, on a
 #    simulated clock, what pipeline parallelism buys and when it buys nothing.
 #
-# Exported: `ggml_lite.sched` and `ggml_lite.viz.sched` (the pictures). Appendix A3 replays the 14
-# scheduler runs recorded from the real ggml with this code.
+# Exported: `ggml_lite.sched` (everything computed) and `ggml_lite.viz.sched` (the pictures, which
+# only draw). Appendix A3 replays the 14 scheduler runs recorded from the real ggml with this code.
+
+# %%
+# | default_exp sched
 
 # %% [markdown]
 # ## 1 · The C
 #
 # The scheduler keeps, per tensor (a hash set keyed by the tensor pointer), a backend id
 # (`hv_tensor_backend_ids`, −1 = unassigned) and its copies per backend and copy index
-# (`hv_tensor_copies`). Backends are in **priority order**, and the last one must be the CPU:
-#
-# ```c
-# GGML_ASSERT(ggml_backend_is_cpu(backends[n_backends - 1])); // last backend must be CPU      (:1877)
-# ```
-#
+# (`hv_tensor_copies`). Backends are in **priority order**, the CPU last.
 # `ggml_backend_sched_split_graph` (:1282-1736) then runs five passes over the graph:
 #
 # | pass | what it does | causes |
@@ -56,28 +53,44 @@
 # | 5 | walk the nodes; a new split starts at a backend change, at a weight on another backend, or when the split's inputs are full; each source on another backend (whose memory the split's backend cannot use) gets a copy `BACKEND#name#c`, and the node reads the copy | `4.cpy` |
 #
 # The cause strings exist only in a debug build (`SET_CAUSE` is `#if 0` in the release source); the
-# scheduler fixtures were recorded with them switched on, and this port always keeps them.
-
-# %%
-# | default_exp sched
+# scheduler fixtures were recorded with them switched on, and this port always keeps them. What
+# pass 5 produces is a list of splits (ggml-backend.c:1048-1054):
+#
+# ```c
+# struct ggml_backend_sched_split {
+#     int backend_id;
+#     int i_start;
+#     int i_end;
+#     struct ggml_tensor * inputs[GGML_SCHED_MAX_SPLIT_INPUTS];
+#     int n_inputs;
+# ```
+#
+# Notice that a split owns no nodes: it is a range `[i_start, i_end)` of the user's graph, plus at
+# most `GGML_SCHED_MAX_SPLIT_INPUTS` (= `GGML_MAX_SRC`, 10) tensors copied in, as `Split` below.
 
 # %%
 # | export
-"""The backend scheduler `ggml_backend_sched` (ggml-backend.c, lines 1034-2058): assign a backend to every
-node, split the graph, add the input copies, and plan the memory of all backends with one
-multi-buffer graph allocator."""
+"""The backend scheduler `ggml_backend_sched`: assign a backend to every node, split the graph, add the
+input copies, and plan the memory of all backends with one multi-buffer graph allocator. This module
+mirrors the scheduler of ggml-backend.c (lines 1034-2058 at daa9623, over 1,000 lines of C), which is
+why it is longer than 600 lines."""
+
+from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ggml_lite.backend import Backend, Status, dup_tensor_layout, tensor_buffer, tensor_copy
+from ggml_lite.bind import method_of
 from ggml_lite.buffer import BufferUsage
 from ggml_lite.cpu import is_cpu
 from ggml_lite.errors import SchedulerError
 from ggml_lite.gallocr import GAllocr
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, graph_view
-from ggml_lite.tensor import GGML_MAX_SRC, Context, Op, TensorFlag, UnaryOp, is_view_op, nbytes
+from ggml_lite.tensor import GGML_MAX_SRC, Context, Op, Tensor, TensorFlag, UnaryOp, is_view_op, nbytes
 
 log = logging.getLogger("ggml_lite")
 
@@ -112,7 +125,7 @@ class Split:
     i_start: int
     i_end: int = 0
     inputs: list = field(default_factory=list)
-    graph: Graph = None
+    graph: Graph | None = None
 
     @property
     def n_inputs(self) -> int:
@@ -130,114 +143,35 @@ def fmt_size(size: int) -> str:
 
 
 # %% [markdown]
-# ## 2 · Which backend: the helpers of pass 1
+# ## 2 · The scheduler
 #
-# `ggml_backend_sched_backend_from_buffer` (:1120) answers "who can run `op` where this tensor's memory
-# is": the highest-priority backend that supports the buffer's type and the op. When none does, a
-# debug build warns that "the weight will need to be copied". `ggml_backend_sched_backend_id_from_cur`
-# (:1153) is pass 1's decision for one tensor; note the abort when a pre-allocated tensor lives
-# where no backend can run its op (scenario 13 of the fixtures), here a `SchedulerError`.
+# `BackendSched` holds what `struct ggml_backend_sched` holds; its constructor is
+# `ggml_backend_sched_new` (:1869-1921), which first checks (ggml-backend.c:1875-1877):
+#
+# ```c
+#     GGML_ASSERT(n_backends > 0);
+#     GGML_ASSERT(n_backends <= GGML_SCHED_MAX_BACKENDS);
+#     GGML_ASSERT(ggml_backend_is_cpu(backends[n_backends - 1])); // last backend must be CPU
+# ```
+#
+# Notice the CPU last: a pass that does not know better falls back to `n_backends - 1`. Here a wrong
+# list is a `SchedulerError`. The per-tensor tables are dicts keyed by the tensor: `ids`
+# (`hv_tensor_backend_ids`, missing = −1) and `copies` (`hv_tensor_copies`, keyed `(tensor, backend_id, copy)`).
 
 # %%
 # | export
-class _Assign:
-    """Pass-1 helpers, mixed into `BackendSched` (they read its backends and its tables)."""
-
-    def backend_id(self, backend) -> int:
-        """`ggml_backend_sched_backend_id`: the backend's priority (its index), or -1."""
-        return next((i for i, b in enumerate(self.backends) if b is backend), -1)
-
-    def backend_from_buffer(self, tensor, op) -> int:
-        """`ggml_backend_sched_backend_from_buffer`: the first backend that supports the buffer type of
-        `tensor`'s buffer and the op `op`; -1 (with the debug build's warning) when none does."""
-        buffer = tensor.buffer
-        if buffer is None:
-            return -1
-        for i, b in enumerate(self.backends):  # find highest prio backend that supports the buffer type and the op
-            if b.supports_buft(buffer.buft) and b.supports_op(op):
-                return i
-        log.warning("ggml_backend_sched_backend_from_buffer: warning: no backend supports op %s with a weight with "
-                    "buffer type %s used in tensor %s, the weight will need to be copied",
-                    op_desc(tensor), buffer.get_name(), tensor.name)
-        return -1
-
-    def backend_id_from_cur(self, tensor) -> int:
-        """`ggml_backend_sched_backend_id_from_cur`: pass 1 for one tensor (sets its cause)."""
-        cur = self.backend_from_buffer(tensor, tensor)  # assign pre-allocated nodes to their backend
-        if cur != -1:
-            self.causes[tensor] = "1.dst"
-            return cur
-        if tensor.view_src is not None:
-            cur = self.backend_from_buffer(tensor.view_src, tensor)
-            if cur != -1:
-                self.causes[tensor] = "1.vsrc"
-                return cur
-        if tensor.buffer is not None or (tensor.view_src is not None and tensor.view_src.buffer is not None):
-            # since the tensor is pre-allocated, it cannot be moved to another backend
-            raise SchedulerError(f"pre-allocated tensor in a backend that cannot run the operation: {tensor.name!r} "
-                                 f"({tensor.op.name}) lives in a {tensor_buffer(tensor).get_name()} buffer, and no "
-                                 f"backend that can use that memory supports {tensor.op.name}")
-        if tensor.flags & INPUT:  # graph input
-            self.causes[tensor] = "1.inp"
-            return self.n_backends - 1  # last backend (assumed CPU)
-        for i, src in enumerate(tensor.src):  # operations with weights go preferably where the weights are
-            if src is None:
-                continue
-            if src.buffer is not None and src.buffer.usage == BufferUsage.WEIGHTS:
-                src_backend_id = self.backend_from_buffer(src, tensor)
-                if src_backend_id == self.n_backends - 1:  # does a higher-priority backend want to offload it?
-                    for b in range(src_backend_id):
-                        if self.backends[b].supports_op(tensor) and self.backends[b].offload_op(tensor):
-                            self.causes[tensor] = "1.off"
-                            return b
-                self.causes[tensor] = f"1.wgt{i}"
-                return src_backend_id
-        return -1
-
-    def buffer_supported(self, t, backend_id: int) -> bool:
-        """`ggml_backend_sched_buffer_supported`: can backend `backend_id` use `t`'s memory — its buffer's
-        type, or, not yet allocated, the buffer type of its (or its view_src's) assigned backend?"""
-        buf = tensor_buffer(t)
-        buft = None
-        if buf is not None:
-            buft = buf.buft  # the tensor is already allocated
-        else:
-            tid = self.ids.get(t, -1)
-            if tid == -1 and t.view_src is not None:
-                tid = self.ids.get(t.view_src, -1)
-            if tid != -1:
-                buft = self.bufts[tid]
-        return buft is not None and self.backends[backend_id].supports_buft(buft)
-
-    def set_if_supported(self, node, cur_backend_id: int) -> None:
-        """`ggml_backend_sched_set_if_supported`: pass 2's assignment, only where the op is supported."""
-        if self.backends[cur_backend_id].supports_op(node):
-            self.ids[node] = cur_backend_id
-            self.causes[node] = "2.sup"
-
-
-# %% [markdown]
-# ## 3 · The scheduler and its five passes
-#
-# `BackendSched` holds what `struct ggml_backend_sched` holds. The per-tensor tables are dicts keyed
-# by the tensor (identity): `ids` for `hv_tensor_backend_ids` (missing = −1) and `copies` for
-# `hv_tensor_copies`, keyed `(tensor, backend_id, copy)`. `reset` clears them, as
-# `ggml_backend_sched_reset` does — so user pins (`set_tensor_backend`) must be made after a reset
-# and before the split, exactly as in llama.cpp.
-
-# %%
-# | export
-class BackendSched(_Assign):
+class BackendSched:
     """`struct ggml_backend_sched` (`ggml_backend_sched_new`): `backends` in priority order, the CPU
     last; `bufts` (default: each backend's default buffer type); `parallel` gives
     `GGML_SCHED_MAX_COPIES` copies of every input for pipeline parallelism. `debug` (default: the
     GGML_SCHED_DEBUG environment variable) logs the assignments after every split."""
 
     def __init__(self, backends, bufts=None, graph_size: int = GGML_DEFAULT_GRAPH_SIZE, parallel: bool = False,
-                 debug: bool = None):
+                 debug: bool | None = None):
         backends = list(backends)
         if not 0 < len(backends) <= GGML_SCHED_MAX_BACKENDS:
-            raise SchedulerError(f"{len(backends)} backends given: between 1 and {GGML_SCHED_MAX_BACKENDS} are possible")
+            raise SchedulerError(f"{len(backends)} backends given: between 1 and {GGML_SCHED_MAX_BACKENDS} "
+                                 "are possible")
         if not is_cpu(backends[-1]):
             raise SchedulerError(f"the last backend must be the CPU, got {backends[-1].get_name()}")
         self.debug = os.environ.get("GGML_SCHED_DEBUG") is not None if debug is None else debug
@@ -252,15 +186,18 @@ class BackendSched(_Assign):
         self.events = [[b.event_new() for _ in range(self.n_copies)] if self.n_copies > 1 else [None]
                        for b in backends]
         self.galloc = GAllocr(self.bufts)
-        self.ctx = None
-        self.splits = []
+        self.ctx = Context("sched")
+        self.splits: list[Split] = []
         self.graph = Graph(0)
-        self.graph_inputs = []
+        self.graph_inputs: list = []
+        self.ids: dict = {}  # hv_tensor_backend_ids: tensor -> backend id
+        self.copies: dict = {}  # hv_tensor_copies: (tensor, backend id, copy) -> copy
+        self.causes: dict = {}  # SET_CAUSE: tensor -> cause
         # calloc'ed arrays of the C, written in place: what a shorter graph leaves is still compared
         nodes_size = graph_size + graph_size * GGML_SCHED_MAX_SPLIT_INPUTS * 2
         self.node_backend_ids, self.leaf_backend_ids = [0] * nodes_size, [0] * nodes_size
         self.prev_node_backend_ids, self.prev_leaf_backend_ids = [0] * nodes_size, [0] * nodes_size
-        self.callback_eval = None
+        self.callback_eval: Callable[[Tensor, bool], bool] | None = None  # (tensor, ask) -> want it / go on
         self.is_reset = False
         self.is_alloc = False
         self.reset()
@@ -272,12 +209,126 @@ class BackendSched(_Assign):
 
 
 # %% [markdown]
-# The small API: `ggml_backend_sched_reset`, `ggml_backend_sched_set_tensor_backend` /
-# `get_tensor_backend`, the counts, `ggml_backend_sched_get_backend` and
-# `ggml_backend_sched_get_buffer_size`.
+# ### 2.1 · Which backend: the helpers of pass 1
+#
+# `ggml_backend_sched_backend_from_buffer` (:1120-1141) answers "who can run `op` where this
+# tensor's memory is" (ggml-backend.c:1126-1131):
+#
+# ```c
+#     // find highest prio backend that supports the buffer type and the op
+#     for (int i = 0; i < sched->n_backends; i++) {
+#         if (ggml_backend_supports_buft(sched->backends[i], buffer->buft) &&
+#             ggml_backend_supports_op(sched->backends[i], op)) {
+#             return i;
+# ```
+#
+# Notice the loop order: the first backend in priority order wins, so a host buffer that a GPU can
+# read sends the op to the GPU. `ggml_backend_sched_backend_id_from_cur` (:1153-1217) is pass 1 for
+# one tensor; its abort (a pre-allocated tensor where no backend runs its op: scenario 13) is a
+# `SchedulerError`.
 
 # %%
 # | export
+@method_of(BackendSched)
+def backend_id(sched: BackendSched, backend) -> int:
+    """`ggml_backend_sched_backend_id`: the backend's priority (its index), or -1."""
+    return next((i for i, b in enumerate(sched.backends) if b is backend), -1)
+
+
+@method_of(BackendSched)
+def backend_from_buffer(sched: BackendSched, tensor, op) -> int:
+    """`ggml_backend_sched_backend_from_buffer`: the first backend that supports the buffer type of
+    `tensor`'s buffer and the op `op`; -1 (with the debug build's warning) when none does."""
+    buffer = tensor.buffer
+    if buffer is None:
+        return -1
+    for i, b in enumerate(sched.backends):  # find highest prio backend that supports the buffer type and the op
+        if b.supports_buft(buffer.buft) and b.supports_op(op):
+            return i
+    log.warning("ggml_backend_sched_backend_from_buffer: warning: no backend supports op %s with a weight with "
+                "buffer type %s used in tensor %s, the weight will need to be copied",
+                op_desc(tensor), buffer.get_name(), tensor.name)
+    return -1
+
+
+@method_of(BackendSched)
+def backend_id_from_cur(sched: BackendSched, tensor) -> int:
+    """`ggml_backend_sched_backend_id_from_cur`: pass 1 for one tensor (sets its cause)."""
+    cur = backend_from_buffer(sched, tensor, tensor)  # assign pre-allocated nodes to their backend
+    if cur != -1:
+        sched.causes[tensor] = "1.dst"
+        return cur
+    if tensor.view_src is not None:
+        cur = backend_from_buffer(sched, tensor.view_src, tensor)
+        if cur != -1:
+            sched.causes[tensor] = "1.vsrc"
+            return cur
+    if tensor.buffer is not None or (tensor.view_src is not None and tensor.view_src.buffer is not None):
+        # since the tensor is pre-allocated, it cannot be moved to another backend
+        raise SchedulerError(f"pre-allocated tensor in a backend that cannot run the operation: {tensor.name!r} "
+                             f"({tensor.op.name}) lives in a {tensor_buffer(tensor).get_name()} buffer, and no "
+                             f"backend that can use that memory supports {tensor.op.name}")
+    if tensor.flags & INPUT:  # graph input
+        sched.causes[tensor] = "1.inp"
+        return sched.n_backends - 1  # last backend (assumed CPU)
+    for i, src in enumerate(tensor.src):  # operations with weights go preferably where the weights are
+        if src is None:
+            continue
+        if src.buffer is not None and src.buffer.usage == BufferUsage.WEIGHTS:
+            src_backend_id = backend_from_buffer(sched, src, tensor)
+            if src_backend_id == sched.n_backends - 1:  # does a higher-priority backend want to offload it?
+                for b in range(src_backend_id):
+                    if sched.backends[b].supports_op(tensor) and sched.backends[b].offload_op(tensor):
+                        sched.causes[tensor] = "1.off"
+                        return b
+            sched.causes[tensor] = f"1.wgt{i}"
+            return src_backend_id
+    return -1
+
+
+@method_of(BackendSched)
+def buffer_supported(sched: BackendSched, t, backend_id: int) -> bool:
+    """`ggml_backend_sched_buffer_supported`: can backend `backend_id` use `t`'s memory (its buffer's
+    type, or else the buffer type of its or its view_src's assigned backend)?"""
+    buf = tensor_buffer(t)
+    if buf is not None:
+        buft = buf.buft  # the tensor is already allocated
+    else:  # the buffer type of its backend, if it has one already
+        tid = sched.ids.get(t, -1)
+        if tid == -1 and t.view_src is not None:
+            tid = sched.ids.get(t.view_src, -1)
+        buft = sched.bufts[tid] if tid != -1 else None
+    return buft is not None and sched.backends[backend_id].supports_buft(buft)
+
+
+@method_of(BackendSched)
+def set_if_supported(sched: BackendSched, node, cur_backend_id: int) -> None:
+    """`ggml_backend_sched_set_if_supported`: pass 2's assignment, only where the op is supported."""
+    if sched.backends[cur_backend_id].supports_op(node):
+        sched.ids[node] = cur_backend_id
+        sched.causes[node] = "2.sup"
+
+
+# %% [markdown]
+# ### 2.2 · The small API
+#
+# `ggml_backend_sched_reset` (ggml-backend.c:1948-1957) forgets every assignment, unless nothing
+# happened since the last reset:
+#
+# ```c
+#     if (!sched->is_reset) {
+#         ggml_hash_set_reset(&sched->hash_set);
+#         memset(sched->hv_tensor_backend_ids, -1, sched->hash_set.size * sizeof(sched->hv_tensor_backend_ids[0]));
+#         memset(sched->hv_tensor_copies,       0, sched->hash_set.size * sched->n_backends * sched->n_copies * sizeof(struct ggml_tensor *));
+#         sched->is_reset = true;
+# ```
+#
+# Notice what that means for the user: a pin (`set_tensor_backend`) must be made after a reset and
+# before the split, as llama.cpp does. The rest are accessors.
+
+# %%
+# | export
+@method_of(BackendSched)
 def reset(sched) -> None:
     """`ggml_backend_sched_reset`: forget every assignment and copy (unless nothing changed since
     the last reset); the next graph is split anew."""
@@ -287,6 +338,7 @@ def reset(sched) -> None:
     sched.is_alloc = False
 
 
+@method_of(BackendSched)
 def set_tensor_backend(sched, node, backend: Backend) -> None:
     """`ggml_backend_sched_set_tensor_backend`: pin `node` to `backend` (cause "usr")."""
     b = sched.backend_id(backend)
@@ -298,27 +350,32 @@ def set_tensor_backend(sched, node, backend: Backend) -> None:
     sched.is_reset = False
 
 
+@method_of(BackendSched)
 def get_tensor_backend(sched, node):
     """`ggml_backend_sched_get_tensor_backend`: the node's backend, or None when unassigned."""
     b = sched.ids.get(node, -1)
     return None if b == -1 else sched.backends[b]
 
 
+@method_of(BackendSched)
 def get_cause(sched, node) -> str:
     """`GET_CAUSE`: why `node` has its backend ("" when nothing set one)."""
     return sched.causes.get(node, "")
 
 
+@method_of(BackendSched)
 def get_n_copies(sched) -> int:
     """`ggml_backend_sched_get_n_copies`."""
     return sched.n_copies
 
 
+@method_of(BackendSched)
 def get_n_backends(sched) -> int:
     """`ggml_backend_sched_get_n_backends`."""
     return sched.n_backends
 
 
+@method_of(BackendSched)
 def get_backend(sched, i: int) -> Backend:
     """`ggml_backend_sched_get_backend`."""
     if not 0 <= i < sched.n_backends:
@@ -326,6 +383,7 @@ def get_backend(sched, i: int) -> Backend:
     return sched.backends[i]
 
 
+@method_of(BackendSched)
 def get_buffer_size(sched, backend: Backend) -> int:
     """`ggml_backend_sched_get_buffer_size`: the compute buffer of `backend` (its gallocr buffer)."""
     b = sched.backend_id(backend)
@@ -334,22 +392,29 @@ def get_buffer_size(sched, backend: Backend) -> int:
     return sched.galloc.get_buffer_size(b)
 
 
-BackendSched.reset = reset
-BackendSched.set_tensor_backend = set_tensor_backend
-BackendSched.get_tensor_backend = get_tensor_backend
-BackendSched.get_cause = get_cause
-BackendSched.get_n_copies = get_n_copies
-BackendSched.get_n_backends = get_n_backends
-BackendSched.get_backend = get_backend
-BackendSched.get_buffer_size = get_buffer_size
-
-
 # %% [markdown]
+# ## 3 · The five passes
+#
 # ### 3.1 · Passes 1-4: a backend for every node
 #
 # Ported one pass per function, in the C's loop order. Pass 2's four sweeps are one function with
-# a direction and a flag: the first two skip the CPU (`cur_backend_id = -1` when they meet it), so
-# "cpu will never be used unless weights are on cpu, or there are no gpu ops between cpu ops".
+# a direction and a flag; here is the heart of the first sweep, "expand gpu down"
+# (ggml-backend.c:1351-1359):
+#
+# ```c
+#             if (*node_backend_id != -1) {
+#                 if (*node_backend_id == sched->n_backends - 1) {
+#                     // skip cpu (lowest prio backend)
+#                     cur_backend_id = -1;
+#                 } else {
+#                     cur_backend_id = *node_backend_id;
+#                 }
+#             } else if (cur_backend_id != -1) {
+# ```
+#
+# Notice the reset to −1 at a CPU node: the first two sweeps never carry the CPU, so "cpu will never
+# be used unless weights are on cpu, or there are no gpu ops between cpu ops". `_expand` is that
+# loop, `skip_cpu` a flag, the direction the order of `nodes`.
 
 # %%
 # | export
@@ -436,14 +501,25 @@ def _pass4(sched: BackendSched, graph) -> None:
 # %% [markdown]
 # ### 3.2 · Pass 5: splits and input copies
 #
-# A split ends where the backend changes. Two more reasons start a new one on the *same* backend,
-# both checked only once the split has inputs: a source that is a **weight of another backend**
-# ("the memory of the previously offloaded weights can be reused"), and a split whose inputs are
-# **full** (`GGML_SCHED_MAX_SPLIT_INPUTS` = 10) when the source would need one more copy. A source
-# whose memory the split's backend cannot use gets a copy per copy index, named
-# `BACKEND#name#c`, and the node is rewired to read the copy of `cur_copy`. With `n_copies > 1`,
-# INPUT tensors also get a copy per index on their own backend (the user's tensor is the one of
-# `cur_copy`), all flagged INPUT and OUTPUT so that the allocator never reuses them.
+# A split ends where the backend changes, or, once it has inputs, at a source that is a **weight of
+# another backend** ("the memory of the previously offloaded weights can be reused") or when its
+# inputs are **full** (10) and the source needs one more copy. Then each source is looked at
+# (ggml-backend.c:1615-1621):
+#
+# ```c
+#                 if (src_backend_id != cur_backend_id && !ggml_backend_sched_buffer_supported(sched, src, cur_backend_id)) {
+#                     // create a copy of the input in the split's backend
+#                     if (tensor_id_copy(src_id, cur_backend_id, 0) == NULL) {
+#                         ggml_backend_t backend = sched->backends[cur_backend_id];
+#                         for (int c = 0; c < sched->n_copies; c++) {
+#                             struct ggml_tensor * tensor_copy = ggml_dup_tensor_layout(sched->ctx, src);
+#                             ggml_format_name(tensor_copy, "%s#%s#%d", ggml_backend_name(backend), src->name, c);
+# ```
+#
+# Notice that a copy is made only where the split's backend cannot use the source's memory, once per
+# tensor and backend (copy 0 stands for all), one per copy index, named `BACKEND#name#c`; the node
+# then reads the copy of `cur_copy`. With `n_copies > 1`, INPUT tensors also get a copy per index on
+# their own backend, all flagged INPUT and OUTPUT so that the allocator never reuses them.
 
 # %%
 # | export
@@ -463,11 +539,11 @@ def _mark_copy(sched: BackendSched, t) -> None:
 def _pass5(sched: BackendSched, graph) -> None:
     """Pass 5: cut `graph` into splits and rewire sources to their copies."""
     ids, copies, nodes = sched.ids, sched.copies, graph.nodes
-    i = next((k for k, n in enumerate(nodes) if not is_view_op(n.op)), len(nodes))
-    split = Split(ids.get(nodes[i], -1) if i < len(nodes) else -1, 0)  # the backend of the first non-view node
+    first = next((k for k, n in enumerate(nodes) if not is_view_op(n.op)), len(nodes))
+    split = Split(ids.get(nodes[first], -1) if first < len(nodes) else -1, 0)  # the first non-view node's backend
     sched.splits = [split]
     cur = split.backend_id
-    for i in range(i, len(nodes)):
+    for i in range(first, len(nodes)):
         node = nodes[i]
         if is_view_op(node.op):
             continue
@@ -519,13 +595,21 @@ def _pass5(sched: BackendSched, graph) -> None:
 # ### 3.3 · The scheduler's graph copy
 #
 # What the graph allocator plans is not the user's graph but `sched->graph`: per split, for each
-# input, a **dependency** — a view of the input (`"<input> (view)"`, op NONE, on the input's
-# backend) whose only job is to keep the input alive until it is copied — then the input's copy
-# (on the split's backend, so it is allocated at the split's start), then the split's nodes. With
-# `n_copies > 1` every copy of every graph input and split input is added as a leaf first, so
-# that all of them are allocated before anything else. `node_backend_ids` / `leaf_backend_ids`
-# say which of the allocator's buffers each tensor goes to. (The previous ids are kept:
-# `alloc_splits` compares them to decide whether the allocator must plan again.)
+# input, a dependency, then the input's copy, then the split's nodes (ggml-backend.c:1681-1685):
+#
+# ```c
+#             // add a dependency to the input source so that it is not freed before the copy is done
+#             struct ggml_tensor * input_dep = ggml_view_tensor(sched->ctx, input);
+#             input_dep->src[0] = input;
+#             sched->node_backend_ids[graph_copy->n_nodes] = sched->hv_tensor_backend_ids[input_id];
+#             graph_copy->nodes[graph_copy->n_nodes++] = input_dep;
+# ```
+#
+# Notice that the dependency is a view (`"<input> (view)"`, op NONE) on the *input's* backend that
+# keeps the input alive until it is copied; the copy, a node of the split's backend, is allocated
+# at the split's start. With `n_copies > 1` every copy is added as a leaf first, allocated before
+# anything else. `node_backend_ids` / `leaf_backend_ids` name each tensor's buffer; the previous ids
+# are kept for `alloc_splits` to compare.
 
 # %%
 # | export
@@ -582,31 +666,44 @@ def _build_graph_copy(sched: BackendSched, graph) -> None:
     sched.graph = copy
 
 
+PASSES = (_pass1, _pass2, _pass3, _pass4, _pass5)
+
+
+@method_of(BackendSched)
 def split_graph(sched: BackendSched, graph) -> None:
     """`ggml_backend_sched_split_graph`: the five passes, the debug printout, the graph copy."""
     sched.splits, sched.graph_inputs = [], []
     sched.is_reset = False
     sched.ctx = Context("sched")
-    _pass1(sched, graph)
-    _pass2(sched, graph)
-    _pass3(sched, graph)
-    _pass4(sched, graph)
-    _pass5(sched, graph)
+    for run in PASSES:
+        run(sched, graph)
     if sched.debug:
         log.debug("%s", print_assignments(sched, graph))
     _build_graph_copy(sched, graph)
 
 
+
 # %% [markdown]
 # ### 3.4 · The debug printout
 #
-# `ggml_backend_sched_print_assignments` (:1219) in the exact format of `GGML_SCHED_DEBUG`: a header per
-# split with its inputs, then every non-view node with its backend and cause and those of its
-# sources (printf widths `%10.10s`, `%20.20s`, `%5.5s`, `%8.8s`: a name longer than 20 characters is
-# **cut at 20**, as ggml cuts it — `kq_soft_max_ext-31` fits, `k_cache_view-0 (copy of Kcur-0)` shows
-# as `k_cache_view-0 (copy`). The copies have no backend id, so
-# they print as `NULL` with their cause `4.cpy`. `print_assignments` returns the text (the C writes
-# it to stderr, starting with the empty line before the first split).
+# `ggml_backend_sched_print_assignments` (:1219-1251) writes what `GGML_SCHED_DEBUG` shows: a header
+# per split with its inputs, then every non-view node with its backend and cause and those of its
+# sources (ggml-backend.c:1234-1239):
+#
+# ```c
+#         if (ggml_is_view_op(node->op)) {
+#             continue;
+#         }
+#         ggml_backend_t tensor_backend = ggml_backend_sched_get_tensor_backend(sched, node);
+#         fprintf(stderr, "node #%3d (%10.10s): %20.20s (%5.5s) [%5.5s %8.8s]:", i, ggml_op_name(node->op), node->name,
+#             fmt_size(ggml_nbytes(node)), tensor_backend ? ggml_backend_name(tensor_backend) : "NULL", GET_CAUSE(node));
+# ```
+#
+# Notice the printf widths: `%20.20s` **cuts** a longer name (`k_cache_view-0 (copy of Kcur-0)`
+# shows as `k_cache_view-0 (copy`), and views are skipped. Copies have no backend id: `NULL`, cause
+# `4.cpy`. `print_assignments` returns the text (the C writes it to stderr). For the pictures,
+# `node_states` gives the same facts as a list; `pass_snapshots` runs the passes one at a time and
+# keeps the states after each (section 6.2).
 
 # %%
 # | export
@@ -620,6 +717,7 @@ def _who(sched: BackendSched, t) -> str:
     return f"[{_cell(b.get_name() if b is not None else 'NULL', 5)} {_cell(sched.get_cause(t), 8)}]"
 
 
+@method_of(BackendSched)
 def print_assignments(sched: BackendSched, graph) -> str:
     """`ggml_backend_sched_print_assignments`: the GGML_SCHED_DEBUG text. Names are cut at 20
     characters and ops at 10, as ggml's printf widths cut them."""
@@ -642,15 +740,45 @@ def print_assignments(sched: BackendSched, graph) -> str:
     return "".join(out)
 
 
+def node_states(sched: BackendSched, graph) -> list[tuple[str | None, str]]:
+    """(backend name or None, cause) of every node of `graph`, as the scheduler has them now."""
+    names = [b.get_name() for b in sched.backends]
+    return [(names[sched.ids[t]] if sched.ids.get(t, -1) != -1 else None, sched.causes.get(t, "")) for t in graph.nodes]
+
+
+def pass_snapshots(sched: BackendSched, graph, passes=PASSES) -> list:
+    """Run `passes` (default: the five of `split_graph`) one by one on `graph` and return
+    `[(title, node_states)]`: the states before any pass, then after each."""
+    sched.splits, sched.graph_inputs, sched.ctx = [], [], Context("sched")
+    snaps = [("before pass 1 (user pins only)", node_states(sched, graph))]
+    for k, run in enumerate(passes, 1):
+        run(sched, graph)
+        snaps.append((f"after pass {k}", node_states(sched, graph)))
+    return snaps
+
+
 # %% [markdown]
 # ### 3.5 · Reserve
 #
-# `ggml_backend_sched_reserve` (:1959) splits a worst-case graph and has the multi-buffer graph
-# allocator plan `sched.graph` with the backend ids as buffer ids — one compute buffer per
-# backend, each sized for its splits — then resets the scheduler.
+# `ggml_backend_sched_reserve` (:1959-1972) splits a worst-case graph and has the multi-buffer graph
+# allocator plan `sched.graph` (ggml-backend.c:1962-1969):
+#
+# ```c
+#     ggml_backend_sched_split_graph(sched, measure_graph);
+#
+#     if (!ggml_gallocr_reserve_n(sched->galloc, &sched->graph, sched->node_backend_ids, sched->leaf_backend_ids)) {
+#         return false;
+#     }
+#
+#     ggml_backend_sched_reset(sched);
+# ```
+#
+# Notice that the backend ids *are* the allocator's buffer ids (one compute buffer per backend), and
+# the reset at the end: the assignments are thrown away, only the buffer sizes stay.
 
 # %%
 # | export
+@method_of(BackendSched)
 def reserve(sched: BackendSched, measure_graph) -> bool:
     """`ggml_backend_sched_reserve`: split, plan every backend's compute buffer, reset."""
     split_graph(sched, measure_graph)
@@ -661,34 +789,32 @@ def reserve(sched: BackendSched, measure_graph) -> bool:
     return True
 
 
+@method_of(BackendSched)
 def synchronize(sched: BackendSched) -> None:
     """`ggml_backend_sched_synchronize`: every backend."""
     for b in sched.backends:
         b.synchronize()
 
 
-BackendSched.split_graph = split_graph
-BackendSched.print_assignments = print_assignments
-BackendSched.reserve = reserve
-BackendSched.synchronize = synchronize
-
-
 # %% [markdown]
 # ## 4 · Allocating and running the splits
 #
-# `ggml_backend_sched_alloc_graph` (:1974) splits the graph and places it with the kept plan
-# (`ggml_backend_sched_alloc_splits`, :1738). The graph allocator plans again only when it must — or
-# when a tensor moved to a backend of *another buffer type* than in the previous split (the
-# `prev_*_backend_ids` comparison); then the debug build says "failed to allocate graph,
-# reserving". `ggml_backend_sched_compute_splits` (:1774) runs the splits in order. Before each, its
-# inputs are copied in: a user INPUT **at once** (after the split's backend finished with the
-# previous copy: its event, or a synchronize) so the user may overwrite their tensor afterwards;
-# any other input asynchronously when the split's backend has `cpy_tensor_async`, else after
-# synchronizing the input's backend. With `parallel=True` there are four copies of every input and
-# one event per backend and copy; `cur_copy` rotates after each compute, so the next evaluation
-# writes other buffers while the previous may still run. The eval callback is asked about each node
-# (`ask=True`); runs of nodes nobody wants are computed together (`j0..j1`), and the callback sees
-# each wanted node after its backend synchronized.
+# `ggml_backend_sched_alloc_graph` (:1974-1987) splits the graph and places it with the kept plan
+# (`ggml_backend_sched_alloc_splits`, :1738-1772), which first asks whether any tensor moved
+# (ggml-backend.c:1740-1745):
+#
+# ```c
+#     for (int i = 0; i < sched->graph.n_nodes; i++) {
+#         if (sched->node_backend_ids[i] != sched->prev_node_backend_ids[i] &&
+#             sched->bufts[sched->node_backend_ids[i]] != sched->bufts[sched->prev_node_backend_ids[i]]) {
+#             backend_ids_changed = true;
+#             break;
+#         }
+# ```
+#
+# Notice the second condition: a move to a backend of the *same buffer type* does not count. The
+# allocator plans again only after such a move or when the kept plan does not fit ("failed to
+# allocate graph, reserving"). `graph_compute_async` allocates if the caller has not, then runs.
 
 # %%
 # | export
@@ -712,6 +838,7 @@ def alloc_splits(sched: BackendSched) -> bool:
     return True
 
 
+@method_of(BackendSched)
 def alloc_graph(sched: BackendSched, graph) -> bool:
     """`ggml_backend_sched_alloc_graph`: split `graph` and give every tensor its memory."""
     split_graph(sched, graph)
@@ -721,6 +848,65 @@ def alloc_graph(sched: BackendSched, graph) -> bool:
     return True
 
 
+@method_of(BackendSched)
+def graph_compute_async(sched: BackendSched, graph) -> Status:
+    """`ggml_backend_sched_graph_compute_async`: allocate when not done yet, then run the splits."""
+    if not sched.is_reset and not sched.is_alloc:
+        sched.reset()
+    if not sched.is_alloc and not alloc_graph(sched, graph):
+        return Status.ALLOC_FAILED
+    return compute_splits(sched)
+
+
+@method_of(BackendSched)
+def graph_compute(sched: BackendSched, graph) -> Status:
+    """`ggml_backend_sched_graph_compute`: `graph_compute_async`, then synchronize every backend."""
+    err = graph_compute_async(sched, graph)
+    synchronize(sched)
+    return err
+
+
+@method_of(BackendSched)
+def set_eval_callback(sched: BackendSched, callback) -> None:
+    """`ggml_backend_sched_set_eval_callback`: `callback(tensor, ask: bool) -> bool` (the C's user data
+    is the closure)."""
+    sched.callback_eval = callback
+
+
+@method_of(BackendSched)
+def free(sched: BackendSched) -> None:
+    """`ggml_backend_sched_free`: the events and the compute buffers."""
+    for row in sched.events:
+        for event in row:
+            if event is not None:
+                event.free()
+    sched.galloc.free()
+
+
+# %% [markdown]
+# `ggml_backend_sched_compute_splits` (:1774-1867) runs the splits in order, each after its inputs
+# are copied in; for a user INPUT (ggml-backend.c:1788-1795):
+#
+# ```c
+#             if (input->flags & GGML_TENSOR_FLAG_INPUT) {
+#                 // inputs from the user must be copied immediately to prevent the user overwriting the data before the copy is done
+#                 if (sched->events[split_backend_id][sched->cur_copy] != NULL) {
+#                     ggml_backend_event_synchronize(sched->events[split_backend_id][sched->cur_copy]);
+#                 } else {
+#                     ggml_backend_synchronize(split_backend);
+#                 }
+#                 ggml_backend_tensor_copy(input, input_cpy);
+# ```
+#
+# Notice that the host waits only for the split's backend to finish with this copy (its event, or a
+# synchronize), then copies **at once**, so the user may overwrite their tensor afterwards. Other
+# inputs are copied with `cpy_tensor_async` when the split's backend has it. With `parallel=True`,
+# `cur_copy` rotates over four copies and events, so the next evaluation writes other buffers while
+# the previous may still run. The eval callback is asked about each node (`ask=True`); runs of nodes
+# nobody wants are computed together (`j0..j1`).
+
+# %%
+# | export
 def _copy_inputs(sched: BackendSched, split) -> None:
     """The input copies before a split (the first loop of `ggml_backend_sched_compute_splits`)."""
     b = split.backend_id
@@ -740,9 +926,9 @@ def _copy_inputs(sched: BackendSched, split) -> None:
             tensor_copy(inp, cpy)
 
 
-def _compute_with_callback(sched: BackendSched, split):
-    """The eval-callback path: nodes in runs `j0..j1`, the callback asked (`ask=True`) about each."""
-    backend, nodes, cb = sched.backends[split.backend_id], split.graph.nodes, sched.callback_eval
+def _compute_with_callback(sched: BackendSched, split, cb: Callable[[Tensor, bool], bool]) -> Status | None:
+    """The eval-callback path: nodes in runs `j0..j1`, the callback `cb` asked (`ask=True`) about each."""
+    backend, nodes = sched.backends[split.backend_id], split.graph.nodes
     j0 = 0
     while j0 < len(nodes):
         t = nodes[j0]
@@ -762,13 +948,6 @@ def _compute_with_callback(sched: BackendSched, split):
     return Status.SUCCESS
 
 
-# %% [markdown]
-# Ports `ggml_backend_sched_compute_splits`, `ggml_backend_sched_graph_compute_async`,
-# `ggml_backend_sched_graph_compute`, `ggml_backend_sched_set_eval_callback`,
-# `ggml_backend_sched_free`.
-
-# %%
-# | export
 def compute_splits(sched: BackendSched) -> Status:
     """`ggml_backend_sched_compute_splits`: copy each split's inputs in, compute it, record its event;
     then advance `cur_copy`."""
@@ -777,7 +956,7 @@ def compute_splits(sched: BackendSched) -> Status:
         if sched.callback_eval is None:
             ec = sched.backends[split.backend_id].graph_compute_async(split.graph)
         else:
-            ec = _compute_with_callback(sched, split)
+            ec = _compute_with_callback(sched, split, sched.callback_eval)
         if ec is not None and ec != Status.SUCCESS:
             return ec
         event = sched.events[split.backend_id][sched.cur_copy]
@@ -785,44 +964,6 @@ def compute_splits(sched: BackendSched) -> Status:
             event.record()
     sched.cur_copy = (sched.cur_copy + 1) % sched.n_copies
     return Status.SUCCESS
-
-
-def graph_compute_async(sched: BackendSched, graph) -> Status:
-    """`ggml_backend_sched_graph_compute_async`: allocate when not done yet, then run the splits."""
-    if not sched.is_reset and not sched.is_alloc:
-        sched.reset()
-    if not sched.is_alloc and not alloc_graph(sched, graph):
-        return Status.ALLOC_FAILED
-    return compute_splits(sched)
-
-
-def graph_compute(sched: BackendSched, graph) -> Status:
-    """`ggml_backend_sched_graph_compute`: `graph_compute_async`, then synchronize every backend."""
-    err = graph_compute_async(sched, graph)
-    synchronize(sched)
-    return err
-
-
-def set_eval_callback(sched: BackendSched, callback) -> None:
-    """`ggml_backend_sched_set_eval_callback`: `callback(tensor, ask: bool) -> bool` (the C's user data
-    is the closure)."""
-    sched.callback_eval = callback
-
-
-def free(sched: BackendSched) -> None:
-    """`ggml_backend_sched_free`: the events and the compute buffers."""
-    for row in sched.events:
-        for event in row:
-            if event is not None:
-                event.free()
-    sched.galloc.free()
-
-
-BackendSched.alloc_graph = alloc_graph
-BackendSched.graph_compute = graph_compute
-BackendSched.graph_compute_async = graph_compute_async
-BackendSched.set_eval_callback = set_eval_callback
-BackendSched.free = free
 
 
 
@@ -836,8 +977,6 @@ BackendSched.free = free
 # two tensors that cross.
 
 # %%
-import numpy as np  # noqa: E402
-
 import ggml_lite as gl  # noqa: E402
 
 sim = gl.sim_init("SIM", asynchronous=False)
@@ -869,11 +1008,10 @@ split_graph(sched, graph)
 print(print_assignments(sched, graph))
 
 # %% [markdown]
-# Reading it: `h0` follows its weight to SIM (`1.wgt0`); `h1` too (its weight source `b1` is in slot
-# 1: `1.wgt1`); `h2` (silu) has no weight and is not an input, so pass 1 leaves it, and pass 2
-# expands SIM down onto it (`2.sup`). `logits` follows `w2` to the CPU, and the CPU is never
-# expanded, so `probs` is reached only by the "rest" sweeps: `2.sup` from the CPU. Two tensors
-# cross backends: the input `x` into SIM (`SIM#x#0`), and `h2` back to the CPU (`CPU#h2#0`).
+# Reading it: `h0` follows its weight to SIM (`1.wgt0`); `h1` too (`b1` is in slot 1: `1.wgt1`);
+# `h2` (silu) has no weight and is not an input, so pass 2 expands SIM down onto it (`2.sup`).
+# `logits` follows `w2` to the CPU, which is never expanded first, so `probs` gets `2.sup` from the
+# CPU in the "rest" sweeps. Two tensors cross: `x` into SIM (`SIM#x#0`), `h2` back (`CPU#h2#0`).
 #
 # The scheduler's graph copy holds the dependency views and the copies, and the reserve plans one
 # compute buffer per backend:
@@ -889,43 +1027,48 @@ print("reserve:", reserve(sched2, graph2), "| splits", sched2.n_splits,
 
 # %% [markdown]
 # Two splits; SIM's buffer is 6,144 bytes: `SIM#x#0` (2 KiB) and `h0` (4 KiB), with `h1` and `h2`
-# computed in place of `h0`.
-# The CPU's: `x` is freed once its dependency view has run, so `CPU#h2#0` (4 KiB) reuses its block;
-# then `logits` (1 KiB), with `probs` in place of it — 5,120 bytes, plus the CPU buffer's 32: 5,152.
+# computed in place of `h0`. The CPU's: `x` is freed once its dependency view has run, so `CPU#h2#0`
+# (4 KiB) reuses its block; then `logits` (1 KiB), `probs` in place of it: 5,120 bytes, plus 32: 5,152.
 
 # %% [markdown]
 # ## 6 · Pictures
 #
 # Three pictures of a LLaMA-style model built with the ggml_lite API (the fixtures' 4-layer model,
-# `build_llama` of chapter 10 in its recorded variant): **where every node runs** and where the graph is cut, **how the five passes
-# get there**, and **what the splits cost in time and memory**. Plotting helpers live in
-# `ggml_lite.viz.sched`.
+# `build_llama` of chapter 10 in its recorded variant): **where every node runs** and where the graph
+# is cut, **how the five passes get there**, and **what the splits cost in time and memory**. The
+# first draws what the debug printout prints, split header and all (ggml-backend.c:1221-1225):
+#
+# ```c
+#     for (int i = 0; i < graph->n_nodes; i++) {
+#         if (cur_split < sched->n_splits && i == sched->splits[cur_split].i_start) {
+#             ggml_backend_t split_backend = sched->backends[sched->splits[cur_split].backend_id];
+#             fprintf(stderr, "\n## SPLIT #%d: %s # %d inputs: ", cur_split, ggml_backend_name(split_backend),
+#                 sched->splits[cur_split].n_inputs);
+# ```
+#
+# Notice the walk in execution order with a header at each `i_start`: the figure keeps it as its x
+# axis, each node on the row of its backend, a dotted line at every `i_start`. `ggml_lite.viz.sched`
+# only draws; its states come from `node_states` and `pass_snapshots`.
 
 # %%
 # | export viz.sched
-"""Plotly figures and an ipywidgets stepper for the backend scheduler (chapter 09)."""
+"""Plotly figures and an ipywidgets stepper for the backend scheduler (chapter 09). Drawing only: the
+states drawn come from `ggml_lite.sched` (`node_states`, `pass_snapshots`)."""
 
 import plotly.graph_objects as go
 
+from ggml_lite.sched import node_states
 from ggml_lite.viz.memory import step_widget
 
 PALETTE = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"]
 
 
-def _state(sched, graph):
-    """(backend name or None, cause) of every node."""
-    out = []
-    for t in graph.nodes:
-        b = sched.ids.get(t, -1)
-        out.append((sched.backends[b].get_name() if b != -1 else None, sched.causes.get(t, "")))
-    return out
-
-
-def sched_graph_figure(sched, graph, state=None, title: str = "where every node runs", copies: bool = True) -> go.Figure:
+def sched_graph_figure(sched, graph, state=None, title: str = "where every node runs",
+                       copies: bool = True) -> go.Figure:
     """Nodes in execution order (x) on the row of their backend (y); grey: not assigned yet; dotted
     lines: split boundaries; lines between rows: the tensors copied into a split. `state` (a list of
     `(backend, cause)` per node, see `pass_snapshots`) replaces the scheduler's current assignment."""
-    state = state or _state(sched, graph)
+    state = state or node_states(sched, graph)
     names = [b.get_name() for b in sched.backends]
     rows = {n: k for k, n in enumerate(names)}
     color = {n: PALETTE[k % len(PALETTE)] for k, n in enumerate(names)}
@@ -937,8 +1080,8 @@ def sched_graph_figure(sched, graph, state=None, title: str = "where every node 
         y = [rows[n] if n is not None else len(names) for _ in idx]
         fig.add_trace(go.Scatter(
             x=idx, y=y, mode="markers", name=n or "unassigned", marker=dict(size=7, color=color.get(n, "#bbbbbb")),
-            hovertext=[f"#{i} {graph.nodes[i].name} ({graph.nodes[i].op.name}): {state[i][0]} {state[i][1]}" for i in idx],
-            hoverinfo="text"))
+            hovertext=[f"#{i} {graph.nodes[i].name} ({graph.nodes[i].op.name}): {state[i][0]} {state[i][1]}"
+                       for i in idx], hoverinfo="text"))
     if copies:
         index = {id(t): i for i, t in enumerate(graph.nodes)}
         for split in sched.splits:
@@ -958,18 +1101,6 @@ def sched_graph_figure(sched, graph, state=None, title: str = "where every node 
     return fig
 
 
-def pass_snapshots(sched, graph, passes) -> list:
-    """Run `passes` (functions of (sched, graph), in order) and return `[(title, state)]`: the state
-    before any pass, then after each."""
-    snaps = [("before pass 1 (user pins only)", _state(sched, graph))]
-    for k, run in enumerate(passes, 1):
-        run(sched, graph)
-        snaps.append((f"after pass {k}", _state(sched, graph)))
-    return snaps
-
-
-# %%
-# | export viz.sched
 def pass_stepper(sched, graph, snaps):
     """A stepper through `pass_snapshots`: the figure of each state, and the nodes that state assigned
     (or re-assigned), with their causes."""
@@ -1002,21 +1133,19 @@ def buffer_sizes_figure(rows: dict, title: str = "compute buffer per backend") -
     return fig
 
 
-
 # %% [markdown]
 # ### 6.1 · Where every node runs
 #
-# The 4-layer model with layers 0-1 and their KV cache on the CPU, layers 2-3 and theirs on SIM, the
-# embeddings and the output head on the CPU — the placement of scenario 03. The graph is cut in
-# three: CPU `[0, 66)`, SIM `[66, 136)`, CPU `[136, 138)`. Note where the cuts fall: pass 2 pulls
-# `l_out-1`, the residual add that closes layer 1, and the final `norm_out` onto SIM, because the
-# expansion spreads SIM both ways while the CPU is never expanded. So `ffn_down-1` and `ffn_inp-1`
-# cross to SIM, and the head (`result_norm`, `result_output`: their weights are on the CPU) gets
-# `norm_out` back from SIM. The lines from row to row are those copies.
+# Layers 0-1 and their KV cache on the CPU, layers 2-3 and theirs on SIM, embeddings and output head
+# on the CPU: scenario 03's placement. The graph is cut in three: CPU `[0, 66)`, SIM `[66, 136)`,
+# CPU `[136, 138)`. Pass 2 pulls `l_out-1` (the residual add closing layer 1) and the final
+# `norm_out` onto SIM, as it spreads SIM both ways and never the CPU. So `ffn_down-1` and
+# `ffn_inp-1` cross to SIM, and the head (its weights on the CPU) gets `norm_out` back from SIM:
+# the lines from row to row.
 
 # %%
 from ggml_lite.models.llama import batch_inputs, build_llama  # noqa: E402
-from ggml_lite.viz.sched import buffer_sizes_figure, pass_snapshots, pass_stepper, sched_graph_figure  # noqa: E402
+from ggml_lite.viz.sched import buffer_sizes_figure, pass_stepper, sched_graph_figure  # noqa: E402
 
 MODEL = dict(n_embd=64, n_head=4, n_head_kv=2, n_ff=172, n_vocab=256, n_layer=4, n_ctx=64, wtype="f16", kvtype="f16",
              rms_norm_eps=1e-5, rope=dict(mode=0, n_dims=16, n_ctx_orig=4096, freq_base=10000.0, freq_scale=1.0,
@@ -1046,17 +1175,15 @@ sched_graph_figure(sched7, g7, title="partial offload: layers 0-1 and the head o
 # %% [markdown]
 # ### 6.2 · The five passes, one at a time
 #
-# The same graph, fresh, with the passes run one by one. Pass 1 places what the weights and inputs
-# decide (`1.wgt0`, `1.wgt1`, `1.inp`, and `1.vsrc` for the views of the KV cache): 63 of 138 nodes.
-# Pass 2 spreads those assignments to 51 more (`2.sup`). Pass 3 finds nothing left that a backend
-# could take; pass 4 gives the 24 remaining views the backend of their view_src (`4.vsrc`); pass 5
-# assigns nothing — it cuts and copies (section 7.1). Move the slider.
+# The same graph, fresh, the passes run one by one. Pass 1 places what weights and inputs decide
+# (`1.wgt0`, `1.wgt1`, `1.inp`, `1.vsrc` for the KV cache views): 63 of 138 nodes. Pass 2 spreads
+# them to 51 more (`2.sup`); pass 3 finds nothing left; pass 4 gives the 24 remaining views their
+# view_src's backend (`4.vsrc`); pass 5 only cuts and copies. Move the slider.
 
 # %% tags=["nbval-ignore-output"]
 g72 = llama_on([sim7, cpu7], PARTIAL)
 sched72 = BackendSched([sim7, cpu7], debug=False)
-sched72.ctx = gl.Context("sched")
-snaps = pass_snapshots(sched72, g72, [_pass1, _pass2, _pass3, _pass4, _pass5])
+snaps = pass_snapshots(sched72, g72)
 pass_stepper(sched72, g72, snaps)
 
 # %%
@@ -1066,27 +1193,18 @@ for title, state in snaps:
     print(f"{title:32s} assigned {assigned:3d} of {len(state)} nodes")
 
 # %% [markdown]
-# Pass 1 decides 63 of the 138 nodes (weights, inputs and what sits in pre-allocated memory), pass 2
-# spreads those assignments to 114, pass 3 adds nothing here, and pass 4 places the last 24; pass 5
-# only cuts.
-
-# %% [markdown]
 # ### 6.3 · Time, and what pipeline parallelism buys
 #
-# Now SIM is asynchronous and shares a simulated clock with the CPU (given a cost model of its own:
-# 0.5 TFLOP/s, 60 GB/s). Three evaluations are queued back to back with `graph_compute_async`, as
-# llama.cpp does with micro-batches, then the scheduler is synchronized. Before a split, each input
-# that is not a user INPUT is copied after the split's backend is done with the previous use of its
-# copy buffer: with `parallel=False` that means **synchronizing SIM** — the host waits for the whole
-# previous evaluation on SIM; with `parallel=True` there are four copy buffers and an event per
-# backend and copy, and the wait is for an event recorded four evaluations ago.
-#
-# For scenario 03's placement that buys **nothing**: its last split (the output head) runs on the
-# CPU and needs `norm_out` from SIM, so each evaluation ends with the host waiting for SIM
-# (`ggml_backend_synchronize(input_backend)` before the blocking copy) — the next evaluation cannot
-# start earlier in either mode. Put the head on SIM too and the picture changes: the host no longer
-# waits at the end of an evaluation, and with `parallel=True` the CPU computes evaluation *k+1*'s
-# first layers while SIM still runs evaluation *k*.
+# Now SIM is asynchronous and shares a simulated clock with the CPU (cost model: 0.5 TFLOP/s,
+# 60 GB/s). Three evaluations are queued back to back with `graph_compute_async`, as llama.cpp does
+# with micro-batches. An input that is not a user INPUT is copied once the split's backend is done
+# with the previous use of its copy buffer: with `parallel=False` the host **synchronizes SIM**,
+# waiting for the whole previous evaluation; with `parallel=True` it waits for an event recorded
+# four evaluations ago. For scenario 03's placement that buys **nothing**: its last split (the
+# output head) runs on the CPU and needs `norm_out` from SIM, so each evaluation ends with the host
+# waiting for SIM before the blocking copy. Put the head on SIM too and the host no longer waits at
+# the end of an evaluation: with `parallel=True` the CPU computes evaluation *k+1*'s first layers
+# while SIM still runs evaluation *k*.
 
 # %%
 from ggml_lite.models.llama import build_graph, model_tensors  # noqa: E402
@@ -1136,10 +1254,9 @@ timeline_figure(runs[("scenario 03", True)][0].spans, lanes=["CPU", "SIM", "host
 # %% [markdown]
 # ### 6.4 · What placements and copies cost in memory
 #
-# The compute buffers after `reserve` for three set-ups of the same model: the partial offload above
-# (scenario 03); the same with `KQ_mask` pinned to SIM and `l_out-1` to the CPU (scenario 04: fewer
-# bytes cross, but SIM's buffer must now hold the mask); and the partial offload with `parallel=True`
-# (scenario 09: four copies of every input, so both buffers grow).
+# The compute buffers after `reserve` for the partial offload above (scenario 03); the same with
+# `KQ_mask` pinned to SIM and `l_out-1` to the CPU (04: fewer bytes cross, but SIM must hold the
+# mask); and with `parallel=True` (09: four copies of every input, so both buffers grow).
 
 # %%
 # NBVAL_CHECK_OUTPUT

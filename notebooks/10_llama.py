@@ -28,7 +28,8 @@
 # 3. The worst case llama.cpp reserves: `n_ubatch` tokens, every one an output, the whole cache.
 # 4. Predicting a compute buffer: which tensors are alive at the peak, and why.
 #
-# Exported: `ggml_lite.models.llama` (appendix A3 replays the recorded scheduler runs with it).
+# Exported: `ggml_lite.models.llama` (appendix A3 replays the recorded scheduler runs with it), `ggml_lite.report`
+# and `ggml_lite.viz.report`. Models are read from GGUF files by appendix A4's `ggml_lite.models.gguf`.
 
 # %%
 # | default_exp models.llama
@@ -63,13 +64,28 @@ from ggml_lite.cpu import cpu_init
 from ggml_lite.errors import ModelError, UnknownTypeError
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
 from ggml_lite.ops import (
-    add, cont_2d, cpy, get_rows, mul, mul_mat, permute, reshape_2d, reshape_3d, rms_norm, rope_ext, silu,
-    soft_max_ext, transpose, view_1d, view_2d, view_3d,
+    add,
+    cont_2d,
+    cpy,
+    get_rows,
+    mul,
+    mul_mat,
+    permute,
+    reshape_2d,
+    reshape_3d,
+    rms_norm,
+    rope_ext,
+    silu,
+    soft_max_ext,
+    transpose,
+    view_1d,
+    view_2d,
+    view_3d,
 )
 from ggml_lite.sched import GGML_SCHED_MAX_BACKENDS, BackendSched
 from ggml_lite.sim import sim_host_buffer_type, sim_init
 from ggml_lite.tallocr import alloc_ctx_tensors_from_buft
-from ggml_lite.tensor import Context, F32, I32, row_size, set_input, set_output, type_by_name
+from ggml_lite.tensor import F32, I32, Context, Tensor, row_size, set_input, set_output, type_by_name
 
 GGML_KQ_MASK_PAD = 32  # the mask's rows are padded to this many (llama.cpp's GGML_KQ_MASK_PAD)
 LLAMA_MAX_LAYERS = 512  # llama.cpp's per-layer hyperparameter arrays hold this many layers
@@ -81,7 +97,7 @@ MAX_DEVICES = GGML_SCHED_MAX_BACKENDS - 1  # the scheduler takes 16 backends, th
 INT_TYPES = ("i8", "i16", "i32", "i64", "f64")  # no matrix product in ggml takes weights of these types
 
 
-def check_int(name: str, value, least: int, most: int, flag: str = None, why: str = "") -> int:
+def check_int(name: str, value, least: int, most: int, flag: str | None = None, why: str = "") -> int:
     """`value` if it is an integer in [least, most], else a `ModelError` naming the parameter (and the
     command line's flag), what was expected and what was found."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not least <= value <= most:
@@ -90,7 +106,8 @@ def check_int(name: str, value, least: int, most: int, flag: str = None, why: st
     return int(value)
 
 
-def check_float(name: str, value, least: float, flag: str = None, most: float = math.inf, strict: bool = True):
+def check_float(name: str, value, least: float, flag: str | None = None, most: float = math.inf,
+                strict: bool = True) -> float:
     """`value` if it is a finite number above `least` (at least `least` when not `strict`), at most `most`."""
     ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool) and math.isfinite(value) \
         and (value > least if strict else value >= least) and value <= most
@@ -121,7 +138,8 @@ class LlamaParams:
     n_head: int
     n_head_kv: int
     n_ff: int
-    n_rot: int = None  # default: the head size, n_embd / n_head
+    # None: the head size n_embd / n_head, set by __post_init__ (an int after it, as the type says)
+    n_rot: int = None  # type: ignore[assignment]
     rms_norm_eps: float = 1e-5
     rope_freq_base: float = 10000.0
     n_ctx_train: int = 4096
@@ -149,23 +167,27 @@ class LlamaParams:
         if self.n_rot % 2:
             raise ModelError(f"LlamaParams: n_rot {self.n_rot} must be even (RoPE rotates pairs of dimensions; the "
                              f"head size is n_embd / n_head, --n-embd {self.n_embd} / --n-head {self.n_head} = {head})")
-        object.__setattr__(self, "rms_norm_eps", check_float("LlamaParams: rms_norm_eps", self.rms_norm_eps, 0, strict=False))
+        eps = check_float("LlamaParams: rms_norm_eps", self.rms_norm_eps, 0, strict=False)
+        object.__setattr__(self, "rms_norm_eps", eps)
         object.__setattr__(self, "rope_freq_base", check_float("LlamaParams: rope_freq_base", self.rope_freq_base, 0))
         try:
             wt = type_by_name(self.wtype) if isinstance(self.wtype, str) else None
         except UnknownTypeError:
             wt = None
         if wt is None:
-            raise ModelError(f"LlamaParams: wtype (--wtype): expected a ggml type (f16, q8_0, q4_K, ...), found {self.wtype!r}")
+            raise ModelError(f"LlamaParams: wtype (--wtype): expected a ggml type (f16, q8_0, q4_K, ...), "
+                             f"found {self.wtype!r}")
         if wt.name in INT_TYPES:
-            raise ModelError(f"LlamaParams: wtype (--wtype): weights cannot be of type {wt.name} (a float or a quantized type)")
+            raise ModelError(f"LlamaParams: wtype (--wtype): weights cannot be of type {wt.name} (a float or a "
+                             f"quantized type)")
         for field in ("n_embd", "n_ff"):  # the rows of the matrices: ne[0] of every weight, ffn_down's too
             if getattr(self, field) % wt.blck_size:
-                raise ModelError(f"LlamaParams: {field} (--{field.replace('_', '-')}) {getattr(self, field)}: the rows of "
-                                 f"{wt.name} weights must be a whole number of its blocks ({wt.blck_size} elements each)")
+                raise ModelError(f"LlamaParams: {field} (--{field.replace('_', '-')}) {getattr(self, field)}: the rows "
+                                 f"of {wt.name} weights must be a whole number of its blocks ({wt.blck_size} "
+                                 f"elements each)")
         object.__setattr__(self, "wtype", wt.name)
 
-    def model(self, n_ctx: int, type_k: str = "f16", type_v: str = None) -> dict:
+    def model(self, n_ctx: int, type_k: str = "f16", type_v: str | None = None) -> dict:
         """The builder's model dictionary for a context of `n_ctx` cells (the KV cache's size) and the
         cache's K and V types (`type_v` defaults to `type_k`)."""
         return dict(n_vocab=self.n_vocab, n_embd=self.n_embd, n_layer=self.n_layer, n_head=self.n_head,
@@ -207,604 +229,55 @@ def preset(name: str) -> LlamaParams:
 #
 # A real model comes as a GGUF file: a header of key/value metadata (`llama.embedding_length`,
 # `llama.block_count`, …) and one record per tensor (its name, ggml type code and shape), then the
-# data. Planning needs only the header, so a file whose data is missing (header only) or sparse plans
-# as well as the real one. Each weight keeps its own type — a "Q4_K_M" file mixes q4_K and q6_K.
+# data. Planning needs only the header, so a file whose data is missing (header only) or sparse (a
+# 13 GB model in a few kB of disk) plans as well as the real one. Each weight keeps its own type — a
+# "Q4_K_M" file mixes q4_K and q6_K — and the builder of §2 takes them as `tensor_types`.
 #
-# The header is untrusted input: a 1.7 KB file can claim 2^40 array items. So the course reads it
-# with a reader of its own, after ggml's `gguf_init_from_file`, that checks every count and length
-# against the bytes left in the file *before* reading or allocating anything (N items of at least k
-# bytes each need N·k bytes), and against a few caps far above any real file. All numbers are
-# little-endian; a string is a `uint64` length and that many UTF-8 bytes.
-#
-# | part | layout | checked |
-# |---|---|---|
-# | magic, version | `"GGUF"`, `uint32` | version 2 or 3 (1 is refused, as llama.cpp does) |
-# | counts | `uint64` tensor count, `uint64` key/value count | at most 65,536 each; room for them in the file |
-# | key/value pairs | key (string), `uint32` value type, value | 13 value types: 10 integer and float types, bool, string, array (`uint32` item type, `uint64` length, items; no arrays of arrays, as in ggml) |
-# | tensor infos | name (string), `uint32` n_dims, n_dims × `int64` ne, `uint32` ggml type, `uint64` offset | n_dims ≤ 4 (`GGML_MAX_DIMS`), ne ≥ 1, a known type whose block divides ne[0], offset aligned |
-# | padding, data | to `general.alignment` (a `uint32` power of two, default 32), then each tensor's bytes at its offset | not read; each tensor's bytes lie within the file (header-only files: within 2^63 − 1) |
-
-# %%
-# | export models.gguf
-"""Models from GGUF files (chapter 10): a bounded reader of a GGUF header (after ggml's `gguf_init_from_file`:
-every count and length checked against the bytes left in the file before anything is read or allocated),
-then llama.cpp's checks of a LLaMA's metadata (`llm_load_hparams`) and tensors (`llm_load_tensors`)."""
-
-import json
-import math
-import mmap
-import os
-import stat
-import struct
-from dataclasses import dataclass
-
-import numpy as np
-
-from ggml_lite.align import GGML_PAD
-from ggml_lite.errors import ModelError
-from ggml_lite.models.llama import INT64_MAX, INT_TYPES, LLAMA_MAX_LAYERS, LlamaParams
-from ggml_lite.tensor import TYPES_BY_CODE
-
-GGUF_MAGIC = b"GGUF"
-GGML_MAX_DIMS = 4  # ggml.h: a tensor has at most 4 dimensions
-GGML_MAX_NAME = 64  # ggml.h: a tensor's name and its terminating NUL
-GGUF_DEFAULT_ALIGNMENT = 32  # the data's alignment when the file does not set general.alignment
-MAX_KEY_BYTES = 2**16 - 1  # the GGUF specification: a key is at most 65,535 bytes
-# This reader's own caps (ggml has none): far above any real file, low enough to bound time and memory.
-MAX_COUNT = 2**16  # key/value pairs, and tensors (a 512-layer LLaMA has 4,611 tensors)
-MAX_ITEMS = 2**23  # array items in the whole header: about 1 s to walk (a tokenizer has ~10^5 per array)
-MAX_KEPT = 2**24  # bytes of strings and numeric arrays kept in memory (16 MiB; a tokenizer's scores take 1 MiB)
-# `enum gguf_type`: code -> (name, struct format of one item); STRING and ARRAY start with a uint64 length
-GGUF_TYPES = {0: ("uint8", "B"), 1: ("int8", "b"), 2: ("uint16", "H"), 3: ("int16", "h"), 4: ("uint32", "I"),
-              5: ("int32", "i"), 6: ("float32", "f"), 7: ("bool", "B"), 8: ("string", "Q"), 9: ("array", None),
-              10: ("uint64", "Q"), 11: ("int64", "q"), 12: ("float64", "d")}
-
-
-@dataclass
-class GGUFValue:
-    """A metadata value: its GGUF type name, and the value (int, float, bool or str; for an array, the item
-    type, the length and the items as a numpy array -- None for strings, which are checked and skipped)."""
-
-    type: str
-    value: object
-    item_type: str = None
-    count: int = None
-
-    def describe(self) -> str:
-        if self.type == "array":
-            return f"an array of {self.count} {self.item_type}"
-        text = repr(self.value)
-        return f"a {self.type} ({text if len(text) <= 80 else text[:77] + '...'})"
-
-
-@dataclass
-class GGUFTensorInfo:
-    """`gguf_tensor_info`: a tensor's name, ggml type code, ne (n_dims of them) and data offset."""
-
-    name: str
-    type_code: int
-    ne: list
-    offset: int
-
-
-@dataclass
-class GGUFHeader:
-    """What `gguf_init_from_file` reads with `no_alloc`: the version, the key/value pairs in file order,
-    the tensor infos, the alignment, where the data starts (it is never read) and the file's size."""
-
-    path: str
-    version: int
-    kv: dict
-    tensors: list
-    alignment: int
-    data_offset: int
-    file_size: int
-
-    @property
-    def header_only(self) -> bool:
-        """The file ends at or before the data section's start: only its header was copied."""
-        return self.file_size <= self.data_offset
-
-
-# %% [markdown]
-# The reader walks the file's bytes through a cursor whose every read first checks that the bytes are
-# there, and names the field it was reading — as a path (`kv["llama.block_count"].value`,
-# `tensors[7].ne[1]`) — when they are not.
-
-# %%
-# | export models.gguf
-class _Cursor:
-    """The file's bytes and a position; reads little-endian fields, each checked against the bytes left."""
-
-    def __init__(self, data, path: str):
-        self.data, self.pos, self.path, self.items, self.kept = data, 0, path, 0, 0
-
-    def fail(self, field: str, message: str):
-        raise ModelError(f"{self.path}: {field}: {message}")
-
-    def need(self, n: int, field: str, what: str) -> None:
-        left = len(self.data) - self.pos
-        if n > left:
-            self.fail(field, f"{what} needs {n} bytes at offset {self.pos}, the file has {left} left")
-
-    def scalar(self, fmt: str, field: str, what: str):
-        size = struct.calcsize("<" + fmt)
-        self.need(size, field, what)
-        value = struct.unpack_from("<" + fmt, self.data, self.pos)[0]
-        self.pos += size
-        return value
-
-    def keep(self, n: int, field: str) -> None:
-        """Count `n` more bytes kept in memory against `MAX_KEPT`."""
-        self.kept += n
-        if self.kept > MAX_KEPT:
-            self.fail(field, f"the header's values would take more than {MAX_KEPT} bytes of memory (this reader's cap)")
-
-    def text(self, field: str, most: int, strict: bool = True) -> str:
-        """A GGUF string of at most `most` bytes, decoded as UTF-8 (`strict`: a name or a key)."""
-        n = self.scalar("Q", field, "a string's length")
-        if n > most:
-            self.fail(field, f"a string of {n} bytes, expected at most {most}")
-        self.need(n, field, f"a string of {n} bytes")
-        self.keep(n, field)
-        raw, self.pos = bytes(self.data[self.pos:self.pos + n]), self.pos + n
-        try:
-            return raw.decode("utf-8", "strict" if strict else "replace")
-        except UnicodeDecodeError:
-            self.fail(field, f"expected UTF-8 text, found {raw[:40]!r}")
-
-
-# %% [markdown]
-# A value is read by its type. An array's length is checked against the bytes left before any item is
-# read — `n` items of `size` bytes need `n · size` bytes (a string item at least its 8-byte length) — and
-# against the header's budget of items; numeric items are kept as one numpy array, strings (a
-# tokenizer's vocabulary) are walked, every length checked, and skipped: planning never reads them.
-
-# %%
-# | export models.gguf
-def _read_value(cur: _Cursor, vtype: int, field: str) -> GGUFValue:
-    """One value of GGUF type `vtype` (the switch over `enum gguf_type` in `gguf_init_from_file`)."""
-    name, fmt = GGUF_TYPES[vtype]
-    if name == "string":
-        return GGUFValue("string", cur.text(field, MAX_KEPT, strict=False))
-    if name == "array":
-        return _read_array(cur, field)
-    value = cur.scalar(fmt, field, f"a {name}")
-    if name == "bool" and value > 1:
-        cur.fail(field, f"expected a bool (0 or 1), found {value}")
-    return GGUFValue(name, bool(value) if name == "bool" else value)
-
-
-def _read_array(cur: _Cursor, field: str) -> GGUFValue:
-    """An array: its item type (ggml reads no arrays of arrays), its length, checked before its items."""
-    itype = cur.scalar("I", f"{field}.item_type", "an array's item type")
-    if itype not in GGUF_TYPES or GGUF_TYPES[itype][0] == "array":
-        cur.fail(f"{field}.item_type", f"expected an item type from 0 to 12 other than 9 (ggml reads no arrays of "
-                                       f"arrays), found {itype}")
-    name, fmt = GGUF_TYPES[itype]
-    n = cur.scalar("Q", f"{field}.count", "an array's length")
-    size = struct.calcsize("<" + fmt)
-    cur.need(n * size, field, f"an array of {n} {name} items ({size} bytes each at least)")
-    cur.items += n
-    if cur.items > MAX_ITEMS:
-        cur.fail(field, f"the header's arrays hold more than {MAX_ITEMS} items (this reader's cap)")
-    if name == "string":
-        _skip_strings(cur, n, field)
-        return GGUFValue("array", None, "string", n)
-    cur.keep(n * size, field)
-    items = np.frombuffer(cur.data, dtype="<" + fmt, count=n, offset=cur.pos).copy()
-    cur.pos += n * size
-    if name == "bool" and (items > 1).any():
-        cur.fail(field, f"expected bools (0 or 1), found {int(items.max())}")
-    return GGUFValue("array", items.astype(bool) if name == "bool" else items, name, n)
-
-
-def _skip_strings(cur: _Cursor, n: int, field: str) -> None:
-    """Walk `n` strings: each length checked against the bytes left, the texts skipped."""
-    data, pos, end, length = cur.data, cur.pos, len(cur.data), struct.Struct("<Q").unpack_from
-    for i in range(n):
-        if end - pos < 8:
-            cur.pos = pos
-            cur.need(8, f"{field}[{i}]", "a string's length")
-        (k,) = length(data, pos)
-        pos += 8
-        if k > end - pos:
-            cur.pos = pos
-            cur.need(k, f"{field}[{i}]", f"a string of {k} bytes")
-        pos += k
-    cur.pos = pos
-
-
-# %% [markdown]
-# A tensor info is checked as `gguf_init_from_file` and `gguf_tensor_info_sanitize` check it: a name of
-# at most 63 bytes (`GGML_MAX_NAME`) that no other tensor has, at most four dimensions, each at least 1
-# and all together fewer than 2^63 elements, a type ggml knows whose block divides a row, and a data
-# offset on the alignment.
-
-# %%
-# | export models.gguf
-def _read_tensor_info(cur: _Cursor, i: int, alignment: int, seen: dict) -> GGUFTensorInfo:
-    """One `gguf_tensor_info`, checked (`gguf_tensor_info_sanitize`); `seen` maps names read to their index."""
-    field = f"tensors[{i}]"
-    text = cur.text(f"{field}.name", GGML_MAX_NAME - 1)
-    name = text or "(empty name)"
-    if text in seen:
-        cur.fail(f"{field}.name", f"duplicated tensor name {text!r} (also tensors[{seen[text]}])")
-    seen[text] = i
-    n_dims = cur.scalar("I", f"{field}.n_dims", "a dimension count")
-    if n_dims > GGML_MAX_DIMS:
-        cur.fail(f"{field}.n_dims", f"{name}: expected at most {GGML_MAX_DIMS} dimensions (GGML_MAX_DIMS), found {n_dims}")
-    ne = [cur.scalar("q", f"{field}.ne[{j}]", "a dimension") for j in range(n_dims)]
-    for j, d in enumerate(ne):
-        if d < 1:
-            cur.fail(f"{field}.ne[{j}]", f"{name}: expected a dimension of at least 1, found {d}")
-    if math.prod(ne) > INT64_MAX:
-        cur.fail(f"{field}.ne", f"{name}: {ne} holds {math.prod(ne)} elements, more than ggml's int64 (2^63 - 1)")
-    code = cur.scalar("I", f"{field}.type", "a ggml type")
-    t = TYPES_BY_CODE.get(code)
-    if t is None:
-        cur.fail(f"{field}.type", f"{name}: expected a ggml type code (one of {sorted(TYPES_BY_CODE)}), found {code}")
-    if (ne[0] if ne else 1) % t.blck_size:
-        cur.fail(f"{field}.ne[0]", f"{name}: a row of {ne[0] if ne else 1} elements is not a whole number of {t.name} "
-                                   f"blocks ({t.blck_size} elements each)")
-    offset = cur.scalar("Q", f"{field}.offset", "a data offset")
-    if offset % alignment:
-        cur.fail(f"{field}.offset", f"{name}: expected a multiple of the alignment {alignment}, found {offset}")
-    return GGUFTensorInfo(text, code, ne, offset)
-
-
-# %% [markdown]
-# The header: the magic and the version, the two counts — checked against the bytes left at once (a
-# pair takes 13 bytes at least, a tensor info 24) — the pairs, the alignment, the tensor infos. The
-# file is memory-mapped and only the header's pages are touched, so a sparse 13 GB file costs nothing.
-
-# %%
-# | export models.gguf
-def read_gguf_header(path) -> GGUFHeader:
-    """`gguf_init_from_file` (ggml.c) with `no_alloc`: the header of the GGUF file at `path`, every field
-    checked before it is used; a `ModelError` naming the file, the field, what was expected and found."""
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise ModelError(f"{path}: not a regular file (a GGUF model file expected)")
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-            try:
-                return _read_header(_Cursor(data, str(path)))
-            finally:
-                if size:
-                    data.close()
-    except OSError as e:
-        raise ModelError(f"{path}: cannot read the file ({e.strerror or e})") from None
-
-
-def _read_header(cur: _Cursor) -> GGUFHeader:
-    cur.need(4, "header.magic", "the magic 'GGUF'")
-    magic = bytes(cur.data[:4])
-    if magic != GGUF_MAGIC:
-        cur.fail("header.magic", f"expected b'GGUF' (a GGUF file), found {magic!r}: not a GGUF file")
-    cur.pos = 4
-    version = cur.scalar("I", "header.version", "the version")
-    if version not in (2, 3):
-        swapped = " (a big-endian file, which ggml does not read)" if version in (2 << 24, 3 << 24) else \
-            " (version 1 is no longer supported, as in llama.cpp)" if version == 1 else ""
-        cur.fail("header.version", f"expected 2 or 3, found {version}{swapped}")
-    n_tensors = cur.scalar("Q", "header.tensor_count", "the tensor count")
-    n_kv = cur.scalar("Q", "header.kv_count", "the key/value count")
-    for n, field in ((n_tensors, "header.tensor_count"), (n_kv, "header.kv_count")):
-        if n > MAX_COUNT:
-            cur.fail(field, f"expected at most {MAX_COUNT} (this reader's cap), found {n}")
-    cur.need(13 * n_kv + 24 * n_tensors, "header", f"{n_kv} key/value pairs (13 bytes each at least) and "
-                                                   f"{n_tensors} tensor infos (24 bytes each at least)")
-    kv = {}
-    for i in range(n_kv):
-        key = cur.text(f"kv[{i}].key", MAX_KEY_BYTES)
-        field = f"kv[{json.dumps(key if len(key) <= 80 else key[:77] + '...')}]"
-        if key in kv:
-            cur.fail(field, "the key appears twice")
-        vtype = cur.scalar("I", f"{field}.type", "a value type")
-        if vtype not in GGUF_TYPES:
-            cur.fail(f"{field}.type", f"expected a value type from 0 to 12 (enum gguf_type), found {vtype}")
-        kv[key] = _read_value(cur, vtype, f"{field}.value")
-    align = kv.get("general.alignment", GGUFValue("uint32", GGUF_DEFAULT_ALIGNMENT))
-    if align.type != "uint32" or not align.value or align.value & (align.value - 1):
-        cur.fail('kv["general.alignment"]', f"expected a uint32 power of two, found {align.describe()}")
-    seen = {}
-    tensors = [_read_tensor_info(cur, i, align.value, seen) for i in range(n_tensors)]
-    return GGUFHeader(cur.path, version, kv, tensors, align.value, GGML_PAD(cur.pos, align.value), len(cur.data))
-
-
-# %% [markdown]
-# ### Where each tensor's bytes lie
-#
-# The data section starts where the header ends, rounded up to `general.alignment` (`data_offset`
-# above), and a tensor's bytes are `ggml_nbytes` of its shape and type (`ne[0]` / the block size ×
-# the type size × the other dimensions) from `data_offset + offset`. The reader above checks only that
-# each offset is on the alignment, as ggml's later `gguf.cpp` does (mid-2024's `gguf_init_from_file`
-# reads the offsets unchecked). llama.cpp's loader checks where the bytes lie as soon as the header is read, before any
-# hyperparameter: the `llama_model_loader` constructor makes one `llama_tensor_weight` per tensor, in
-# the file's order, and each refuses a tensor whose end, `offs + nbytes` in a `size_t`, wraps around or
-# passes the file's size ("tensor '…' data is not within the file bounds, model is corrupted or
-# incomplete"). `from_gguf` checks in the same place and the same order, with two differences:
-#
-# - Python's integers do not wrap, so the sums here are exact. llama.cpp does not check its first sum,
-#   `data_offset + offset`, for wrapping: an offset of 2^64 − 32 lands 32 bytes before the data section,
-#   and llama.cpp at daa9623 loads the tensor from there, the wrong bytes. Here no tensor may end past
-#   2^63 − 1, the largest size a file can have (llama.cpp's `llama_file` measures it with `ftell`, a
-#   `long`), whatever the file: an offset of 2^63 or 2^64 − 32 is refused by the tensor's name.
-# - A *header-only* file — one that ends at or before the data section's start: only its header was
-#   copied, to plan with, as the tiny file below is — is planned without the end-of-file check, since
-#   every tensor lies past its end by construction. llama.cpp would refuse it (it loads the weights;
-#   a plan needs only the header), so the model says so (`GGUFModel.header_only`) and `llama --gguf`
-#   prints a note on stderr. A full-length file with holes (*sparse*: a 13 GB model in a few kB of
-#   disk) is checked like a real one: one byte short is refused, naming the first tensor, in the
-#   file's order, that would end past it.
-#
-# Tensors whose bytes overlap are accepted, as llama.cpp at daa9623 accepts them: nothing there
-# compares two tensors' ranges (ggml's later `gguf.cpp` requires each offset to be the end of the
-# tensor before it, padded). A plan reads shapes and types, never the bytes.
-
-# %%
-# | export models.gguf
-def check_tensor_data(h: GGUFHeader) -> None:
-    """`llama_model_loader::llama_tensor_weight`'s bounds check, tensor by tensor in the file's order: the
-    `ggml_nbytes` bytes from `data_offset + offset` end by 2^63 - 1 (`INT64_MAX`, the largest file) and,
-    unless the file is header only, by the file's end; a `ModelError` naming the tensor otherwise."""
-    for i, t in enumerate(h.tensors):
-        ty = TYPES_BY_CODE[t.type_code]
-        nbytes = math.prod(t.ne) // ty.blck_size * ty.type_size  # ggml_nbytes (ne[0] is whole blocks)
-        start = h.data_offset + t.offset
-        end = start + nbytes
-        where = f"{h.path}: tensors[{i}].offset: {t.name or '(empty name)'}: {nbytes} bytes at offset {t.offset} of the data"
-        llama = f"(llama.cpp: tensor '{t.name[:63]}' data is not within the file bounds, model is corrupted or incomplete)"
-        if end > INT64_MAX:
-            offs = start % 2**64  # llama.cpp's size_t sum, unchecked: it wraps around
-            if offs + nbytes < 2**64 and offs + nbytes <= h.file_size:
-                llama = f"(llama.cpp at daa9623 wraps the sum around to byte {offs} and loads the wrong bytes)"
-            raise ModelError(f"{where} section (byte {h.data_offset}) would end at byte {end}, past 2^63 - 1, the "
-                             f"largest size a file can have {llama}")
-        if not h.header_only and end > h.file_size:
-            raise ModelError(f"{where} section would lie at bytes {start} to {end}, past the file's end "
-                             f"({h.file_size} bytes) {llama}")
-
-
-# %% [markdown]
-# ### llama.cpp's checks of a LLaMA
-#
-# `llm_load_hparams` reads each hyperparameter with `get_key`, which refuses a value whose GGUF type is
-# not exactly the field's (`key … has wrong type … but expected type …`): `llama.block_count` is a
-# `uint32` — not a string, a float or an `int32`. The head counts and the feed-forward width go through
-# `get_key_or_arr`: one `uint32`, or an `int32` array of one value per layer, after checking that there
-# are at most `LLAMA_MAX_LAYERS` layers. This port's LLaMA has alike layers, so per-layer values must be
-# equal. llama.cpp requires `n_rot` to be the head size for a LLaMA; the RMS epsilon and the training
-# context are required; the vocabulary is `llama.vocab_size` or the length of the tokenizer's list.
-
-# %%
-# | export models.gguf
-def _key(h: GGUFHeader, key: str, want: str, required: bool = True, default=None):
-    """`llama_model_loader::get_key` (`GGUFMeta::GKV::get_kv`): the value of `key`, of GGUF type `want` exactly."""
-    v = h.kv.get(key)
-    if v is None:
-        if required:
-            raise ModelError(f"{h.path}: kv[{json.dumps(key)}]: missing (llama.cpp requires it: key not found in model)")
-        return default
-    if v.type != want:
-        raise ModelError(f"{h.path}: kv[{json.dumps(key)}]: expected a {want}, found {v.describe()}")
-    return v if want == "array" else v.value
-
-
-def _key_or_arr(h: GGUFHeader, key: str, n_layer: int, required: bool = True, default=None):
-    """`llama_model_loader::get_key_or_arr`: a uint32, or an int32 array of one value per layer (equal here)."""
-    v = h.kv.get(key)
-    if v is None or v.type != "array":
-        return _key(h, key, "uint32", required, default)
-    field = f"{h.path}: kv[{json.dumps(key)}]"
-    if v.item_type != "int32":
-        raise ModelError(f"{field}: expected a uint32 or an int32 array, found {v.describe()}")
-    if v.count != n_layer:
-        raise ModelError(f"{field}: expected {n_layer} values (one per layer), found {v.count}")
-    values = sorted(set(v.value.tolist()))
-    if len(values) != 1:
-        raise ModelError(f"{field}: the layers' values differ ({values[:6]}); this port plans LLaMAs whose layers are alike")
-    return values[0]
-
-
-HPARAM_KEYS = {"n_vocab": "llama.vocab_size", "n_embd": "llama.embedding_length", "n_layer": "llama.block_count",
-               "n_head": "llama.attention.head_count", "n_head_kv": "llama.attention.head_count_kv",
-               "n_ff": "llama.feed_forward_length", "rms_norm_eps": "llama.attention.layer_norm_rms_epsilon",
-               "rope_freq_base": "llama.rope.freq_base", "n_ctx_train": "llama.context_length",
-               "n_rot": "llama.rope.dimension_count"}  # LlamaParams' fields and the GGUF keys they come from
-
-
-def llama_hparams(h: GGUFHeader, wtype: str = "f16") -> LlamaParams:
-    """`llm_load_hparams` for `LLM_ARCH_LLAMA`: the hyperparameters, each of its exact GGUF type; a
-    mixture of experts, or a head size or `n_rot` this port's LLaMA does not have, is refused."""
-    arch = _key(h, "general.architecture", "string")
-    if arch != "llama":
-        raise ModelError(f"{h.path}: a {arch[:80]!r} model; this report plans llama models only")
-    n_layer = _key(h, "llama.block_count", "uint32")
-    if not 1 <= n_layer <= LLAMA_MAX_LAYERS:
-        raise ModelError(f'{h.path}: kv["llama.block_count"]: expected 1 to {LLAMA_MAX_LAYERS} layers '
-                         f"(LLAMA_MAX_LAYERS), found {n_layer}")
-    for key in ("llama.expert_count", "llama.expert_used_count"):
-        if _key(h, key, "uint32", False, 0):
-            raise ModelError(f"{h.path}: kv[{json.dumps(key)}]: {h.kv[key].value}, a mixture-of-experts llama; this "
-                             f"report plans dense llama models only")
-    n_head = _key_or_arr(h, "llama.attention.head_count", n_layer)
-    n_vocab = _key(h, "llama.vocab_size", "uint32", False)
-    if n_vocab is None and "tokenizer.ggml.tokens" not in h.kv:
-        raise ModelError(f'{h.path}: kv["llama.vocab_size"]: missing, and no tokenizer.ggml.tokens to count')
-    try:
-        p = LlamaParams(
-            n_vocab=n_vocab if n_vocab is not None else _key(h, "tokenizer.ggml.tokens", "array").count,
-            n_embd=_key(h, "llama.embedding_length", "uint32"), n_layer=n_layer, n_head=n_head,
-            n_head_kv=_key_or_arr(h, "llama.attention.head_count_kv", n_layer, False, n_head),
-            n_ff=_key_or_arr(h, "llama.feed_forward_length", n_layer),
-            rms_norm_eps=_key(h, "llama.attention.layer_norm_rms_epsilon", "float32"),
-            rope_freq_base=_key(h, "llama.rope.freq_base", "float32", False, 10000.0),
-            n_ctx_train=_key(h, "llama.context_length", "uint32"), wtype=wtype)
-    except ModelError as e:
-        if str(e).startswith(h.path):
-            raise
-        field = str(e).removeprefix("LlamaParams: ").split(" ")[0].rstrip(":")
-        key = f"kv[{json.dumps(HPARAM_KEYS[field])}]: " if field in HPARAM_KEYS else ""
-        raise ModelError(f"{h.path}: {key}the header's hyperparameters make no model: {e}") from None
-    for key in ("llama.attention.key_length", "llama.attention.value_length", "llama.rope.dimension_count"):
-        got = _key(h, key, "uint32", False, p.n_rot)
-        if got != p.n_rot:  # llama.cpp: "invalid n_rot: %u, expected %u"
-            raise ModelError(f"{h.path}: kv[{json.dumps(key)}]: expected the head size n_embd / n_head = {p.n_rot}, found {got}")
-    return p
-
-
-# %% [markdown]
-# `llm_load_tensors` then creates every tensor a LLaMA has and checks each against the file: present
-# (`tensor '…' not found`), of the shape the hyperparameters give (`check_tensor_dims`: trailing
-# dimensions of 1 allowed), and no tensor left over (`done_getting_tensors`: `wrong number of
-# tensors`). `output.weight` may be absent: the output then reuses `token_embd` (tied embeddings).
-# `rope_freqs.weight` may be present (Llama 3.1): `n_rot / 2` f32 frequency factors for RoPE.
-# Weights of an integer type are refused: no ggml matrix product takes them.
-
-# %%
-# | export models.gguf
-def llama_tensor_shapes(p: LlamaParams) -> dict:
-    """{name: ne} of the tensors `llm_load_tensors` creates for a dense `LLM_ARCH_LLAMA` without biases."""
-    gqa = p.n_embd // p.n_head * p.n_head_kv
-    layer = {"attn_norm": [p.n_embd], "attn_q": [p.n_embd, p.n_embd], "attn_k": [p.n_embd, gqa],
-             "attn_v": [p.n_embd, gqa], "attn_output": [p.n_embd, p.n_embd], "ffn_norm": [p.n_embd],
-             "ffn_gate": [p.n_embd, p.n_ff], "ffn_down": [p.n_ff, p.n_embd], "ffn_up": [p.n_embd, p.n_ff]}
-    shapes = {"token_embd.weight": [p.n_embd, p.n_vocab], "output_norm.weight": [p.n_embd],
-              "output.weight": [p.n_embd, p.n_vocab]}
-    shapes.update({f"blk.{il}.{name}.weight": ne for il in range(p.n_layer) for name, ne in layer.items()})
-    return shapes
-
-
-def check_llama_tensors(h: GGUFHeader, p: LlamaParams) -> dict:
-    """`llm_load_tensors`' checks for `LLM_ARCH_LLAMA` (`create_tensor`, `check_tensor_dims`,
-    `done_getting_tensors`): {name: GGMLType} of every weight in the file (no output.weight: tied), or a
-    `ModelError` naming the tensor."""
-    index = {t.name: i for i, t in enumerate(h.tensors)}
-    want = llama_tensor_shapes(p)
-    if "output.weight" not in index:  # TENSOR_NOT_REQUIRED, then token_embd again (TENSOR_DUPLICATED)
-        del want["output.weight"]
-    if "rope_freqs.weight" in index:  # TENSOR_NOT_REQUIRED: RoPE's frequency factors (Llama 3.1), f32 for ggml_rope
-        want["rope_freqs.weight"] = [p.n_rot // 2]
-        if h.tensors[index["rope_freqs.weight"]].type_code != 0:
-            raise ModelError(f"{h.path}: tensors[{index['rope_freqs.weight']}] rope_freqs.weight: expected f32 (ggml_rope's "
-                             f"frequency factors), found {TYPES_BY_CODE[h.tensors[index['rope_freqs.weight']].type_code].name}")
-    types = {}
-    for name, ne in want.items():
-        if name not in index:
-            raise ModelError(f"{h.path}: missing {name} (llama.cpp: tensor '{name}' not found; the header's "
-                             f"{p.n_layer} layers need {len(want)} tensors)")
-        info = h.tensors[index[name]]
-        pad = [1] * GGML_MAX_DIMS
-        if (info.ne + pad)[:GGML_MAX_DIMS] != (ne + pad)[:GGML_MAX_DIMS]:
-            raise ModelError(f"{h.path}: tensors[{index[name]}] {name}: expected ne {ne}, found {info.ne}")
-        types[name] = TYPES_BY_CODE[info.type_code]
-        if types[name].name in INT_TYPES:
-            raise ModelError(f"{h.path}: tensors[{index[name]}] {name}: expected a float or quantized type, "
-                             f"found {types[name].name}")
-    extra = [t.name for t in h.tensors if t.name not in want]
-    if extra:
-        raise ModelError(f"{h.path}: tensors[{index[extra[0]]}] {extra[0]}: a tensor a dense LLaMA of {p.n_layer} layers "
-                         f"does not have (llama.cpp: wrong number of tensors; expected {len(want)}, got "
-                         f"{len(h.tensors)}; {len(extra)} unexpected)")
-    return types  # (no output.weight: tied, see build_llama)
-
-
-@dataclass
-class GGUFModel:
-    """A model file's `params` and `tensor_types` ({name: GGMLType}); `shapes` ({name: ne}); `header_only`: the
-    file ends at `file_size`, at or before its data section's start `data_offset` (planned, not loadable)."""
-
-    path: str
-    params: LlamaParams
-    tensor_types: dict
-    shapes: dict
-    header_only: bool = False
-    data_offset: int = None
-    file_size: int = None
-
-
-def from_gguf(path) -> GGUFModel:
-    """The LLaMA in the GGUF file at `path`, from its header alone (`read_gguf_header`, `check_tensor_data`,
-    `llama_hparams`, `check_llama_tensors`, in llama.cpp's order). Anything llama.cpp would refuse, and
-    anything this port cannot plan, is a `ModelError` naming the file and the key or tensor -- except the
-    missing data of a header-only file, which the model's `header_only` records."""
-    h = read_gguf_header(path)
-    check_tensor_data(h)
-    params = llama_hparams(h)
-    types = check_llama_tensors(h, params)
-    params = LlamaParams(**{**params.__dict__, "wtype": types["blk.0.attn_q.weight"].name})
-    return GGUFModel(str(path), params, types, {t.name: t.ne for t in h.tensors}, h.header_only, h.data_offset,
-                     h.file_size)
-
-
-# %% [markdown]
-# A tiny LLaMA's header, written with the `gguf` package's writer: one layer, 12 tensors, a few keys and a
-# tokenizer list of 64 strings, and no data at all. Then the same bytes with the list's length
-# overwritten by 2^40: refused at once, by the field and the sizes.
+# `from_gguf(path)` reads the header and returns a `GGUFModel`: the `LlamaParams`, the type and shape of
+# every tensor, and whether the file holds its header only. The header is untrusted input — a 51-byte
+# file can claim an array of 2^40 strings — so `from_gguf` counts before it reads: every count and
+# length is checked against the bytes left in the file before anything is read or allocated. Then it
+# checks the model as llama.cpp's loader does: each key of its exact GGUF type, every tensor present
+# with the shape the hyperparameters give, none left over, every tensor's bytes within the file.
+# Appendix A4 builds that reader and shows its refusals; `python -m ggml_lite llama --gguf FILE` plans
+# with it. Here it reads a tiny LLaMA's header, written with the `gguf` package: one layer, q8_0
+# matrices and f32 norms, and no data at all.
 
 # %%
 # NBVAL_CHECK_OUTPUT
-import struct  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import gguf  # noqa: E402
 
-from ggml_lite.errors import ModelError  # noqa: E402
 from ggml_lite.models.gguf import from_gguf, llama_tensor_shapes  # noqa: E402
 
-tiny = LlamaParams(n_vocab=64, n_embd=64, n_layer=1, n_head=4, n_head_kv=2, n_ff=96, n_ctx_train=256, wtype="f32")
+tiny = LlamaParams(n_vocab=64, n_embd=64, n_layer=1, n_head=4, n_head_kv=2, n_ff=96, n_ctx_train=256, wtype="q8_0")
 path = Path(tempfile.mkdtemp()) / "tiny.gguf"
 w = gguf.GGUFWriter(str(path), "llama")
 for key, value in (("block_count", 1), ("embedding_length", 64), ("feed_forward_length", 96), ("context_length", 256),
-                   ("attention.head_count", 4), ("attention.head_count_kv", 2)):
+                   ("attention.head_count", 4), ("attention.head_count_kv", 2), ("vocab_size", 64)):
     w.add_uint32(f"llama.{key}", value)
 w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-w.add_token_list([f"t{i}" for i in range(64)])
 for name, ne in llama_tensor_shapes(tiny).items():
-    w.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32), 4 * int(np.prod(ne)))
+    if len(ne) == 1:  # the norms: f32
+        w.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32), 4 * ne[0])
+    else:  # the matrices: q8_0, 34 bytes per 32 elements (the writer takes a row's length in bytes)
+        w.add_tensor_info(name, (*reversed(ne[1:]), ne[0] // 32 * 34), np.dtype(np.uint8), math.prod(ne) // 32 * 34,
+                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
 w.write_header_to_file()
 w.write_kv_data_to_file()
 w.write_ti_data_to_file()
 w.close()
-print(f"{path.stat().st_size} bytes:", from_gguf(path).params == LlamaParams(**{**tiny.__dict__, "rms_norm_eps": float(np.float32(1e-5))}))
-header = path.read_bytes()
-data = bytearray(header)
-at = data.index(b"tokenizer.ggml.tokens") + len("tokenizer.ggml.tokens") + 8  # past the value type and item type
-data[at:at + 8] = struct.pack("<Q", 2**40)
-path.write_bytes(data)
-try:
-    from_gguf(path)
-except ModelError as e:
-    refusal = str(e).replace(str(path), "tiny.gguf")
-print(refusal)
-
+tiny_model = from_gguf(path)
+print(f"{path.stat().st_size} bytes, header only: {tiny_model.header_only}")
+print(tiny_model.params)
+print({name: t.name for name, t in tiny_model.tensor_types.items() if name.startswith(("output", "blk.0.attn_"))})
 
 # %% [markdown]
-# The tiny header is a header-only file: 1,786 bytes, where the data would start at byte 1,792. It
-# plans, and says so. Extended with a hole to the end of its last tensor's bytes, it is a sparse file of
-# 158,208 bytes that llama.cpp would load; one byte shorter, the last tensor (`blk.0.ffn_up.weight`,
-# 24,576 bytes from byte 133,632) ends past the file and is refused by its name, as llama.cpp refuses it.
-
-# %%
-# NBVAL_CHECK_OUTPUT
-import os  # noqa: E402
-
-from ggml_lite.models.gguf import read_gguf_header  # noqa: E402
-
-path.write_bytes(header)
-h = read_gguf_header(path)
-print(f"{h.file_size} bytes, the data from byte {h.data_offset}: header only", from_gguf(path).header_only)
-end = max(h.data_offset + t.offset + 4 * math.prod(t.ne) for t in h.tensors)  # (all f32)
-for size in (end, end - 1):
-    os.truncate(path, size)  # a hole: nothing is written
-    try:
-        print(f"{size} bytes: header only", from_gguf(path).header_only)
-    except ModelError as e:
-        print(str(e).replace(str(path), "tiny.gguf"))
+# 1,079 bytes, header only; the hyperparameters as written (`n_rot` the head size, 16; the epsilon as
+# the `float32` the file holds), and each weight's own type: the matrices q8_0, the norms f32, so the
+# model's `wtype` is q8_0. `plan_memory(..., tensor_types=...)` below builds every weight of its type.
 
 
 # %% [markdown]
@@ -864,7 +337,8 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
     shapes = {"attn_norm": (F32, n_embd), "attn_q": (wtype, n_embd, n_embd), "attn_k": (wtype, n_embd, n_gqa),
               "attn_v": (wtype, n_embd, n_gqa), "attn_output": (wtype, n_embd, n_embd), "ffn_norm": (F32, n_embd),
               "ffn_gate": (wtype, n_embd, n_ff), "ffn_up": (wtype, n_embd, n_ff), "ffn_down": (wtype, n_ff, n_embd)}
-    rope, mapped = {}, []  # a Llama 3.1 file's RoPE frequency factors, per layer; the host's one copy
+    rope: dict[int, Tensor] = {}  # a Llama 3.1 file's RoPE frequency factors, per layer
+    mapped: list[Tensor] = []  # the host's one copy
     for il, be in enumerate(placement["layers"]):
         for name in LAYER_WEIGHTS.values():
             weight(be, f"blk.{il}.{name}.weight", *shapes[name])
@@ -978,8 +452,8 @@ def llm_build_kqv(b: _Build, wo, q, kq_mask, L: dict, il: int):
                "k", il)
 
     def v_view():
-        return b.name(view_3d(b.ctx, L["v_l"], n_kv, head, m["n_head_kv"], elt * m["n_ctx"], elt * m["n_ctx"] * head, 0),
-                      "v", il)
+        nb1 = elt * m["n_ctx"]  # a row per dimension: n_ctx cells
+        return b.name(view_3d(b.ctx, L["v_l"], n_kv, head, m["n_head_kv"], nb1, nb1 * head, 0), "v", il)
     v = v_view() if b.recorded else None  # (the recorder made both views before the scores)
     kq = b.name(mul_mat(b.ctx, k, q), "kq", il)
     scale = 1.0 / head ** 0.5 if b.recorded else float(np.float32(1) / np.sqrt(np.float32(head)))  # 1.0f/sqrtf(head)
@@ -1143,7 +617,7 @@ def worst_case_batch(n_ctx: int, n_ubatch: int = 512) -> dict:
 # %%
 # | export
 def check_context(params: LlamaParams, n_ctx: int, n_ubatch: int, n_gpu_layers: int = 0, devices: int = 0,
-                  tensor_split=None, type_k: str = "f16", type_v: str = None) -> None:
+                  tensor_split=None, type_k: str = "f16", type_v: str | None = None) -> None:
     """The checks of `llama_new_context_with_model` and `llm_load_tensors` on a context's parameters, made
     before any planning: a `ModelError` naming the parameter and its flag, what was expected and found."""
     padded_n_ctx(n_ctx)
@@ -1285,8 +759,8 @@ def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, ten
 # %%
 # | export
 def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0,
-                devices: int = 0, tensor_split=None, type_k: str = "f16", type_v: str = None,
-                offload_kqv: bool = True, trace: bool = False, tensor_types: dict = None) -> dict:
+                devices: int = 0, tensor_split=None, type_k: str = "f16", type_v: str | None = None,
+                offload_kqv: bool = True, trace: bool = False, tensor_types: dict | None = None) -> dict:
     """What `llama_new_context_with_model` allocates: per backend the weights, the KV cache and the
     compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
     split counts and the scheduler's n_copies. Sizes in bytes. With `trace`, also the graph allocator's
@@ -1316,7 +790,7 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
     sched = BackendSched(list(backends.values()), bufts=list(bufts.values()),
                          graph_size=llama_model_max_nodes(params.n_layer), parallel=parallel)
     _pin_like_llama_cpp(sched, graph, placement, backends, batch["n_tokens"] < 32 or full_offload, offload_kqv)
-    events = []
+    events: list = []
     if trace:  # the scheduler's graph allocator and its dynamic allocators report every decision
         sched.galloc.trace = events.append
         for dyn in sched.galloc.buf_tallocs:
@@ -1387,10 +861,17 @@ context, and the lines llama.cpp prints about it."""
 
 from dataclasses import asdict, dataclass
 
-from ggml_lite.gallocr import PlaceEvent
 from ggml_lite.errors import ModelError
+from ggml_lite.gallocr import PlaceEvent
 from ggml_lite.models.llama import (
-    MAX_DEVICES, MAX_N_CTX, LlamaParams, batch_sizes, check_float, check_int, padded_n_ctx, plan_memory,
+    MAX_DEVICES,
+    MAX_N_CTX,
+    LlamaParams,
+    batch_sizes,
+    check_float,
+    check_int,
+    padded_n_ctx,
+    plan_memory,
 )
 from ggml_lite.tensor import TensorFlag
 from ggml_lite.trace import lifetimes
@@ -1417,14 +898,15 @@ class MemoryReport:
 
 def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_ubatch: int = 512,
                   n_gpu_layers: int = 0, devices: int = 0, tensor_split=None, type_k: str = "f16",
-                  type_v: str = None, offload_kqv: bool = True, tensor_types: dict = None,
+                  type_v: str | None = None, offload_kqv: bool = True, tensor_types: dict | None = None,
                   why: bool = True) -> MemoryReport:
     """Plan the model (a `LlamaParams`, or a `GGUFModel` with its tensors' types) as
     `llama_new_context_with_model` would (`plan_memory`) and report it; `why=False`
     skips the trace behind `peaks` (for searches that need only the totals, as `fit`). Every argument is
     checked before planning (`check_context`)."""
     if hasattr(params, "params") and hasattr(params, "tensor_types"):  # a GGUFModel: its hyperparameters and types
-        params, tensor_types = params.params, params.tensor_types if tensor_types is None else tensor_types
+        model_types, params = params.tensor_types, params.params
+        tensor_types = model_types if tensor_types is None else tensor_types
     if not callable(getattr(params, "model", None)):  # (duck-typed: a notebook may define its own LlamaParams)
         raise ModelError(f"memory_report: expected a LlamaParams model, found {type(params).__name__}")
     n_batch, n_ubatch = batch_sizes(padded_n_ctx(n_ctx), n_batch, n_ubatch)
@@ -1464,13 +946,13 @@ def llama_cpp_lines(rep: MemoryReport) -> list:
     return lines
 
 
-def format_report(rep: MemoryReport, vram_gib: float = None) -> str:
+def format_report(rep: MemoryReport, vram_gib: float | None = None) -> str:
     """The report as a table (MiB), then llama.cpp's lines; with `vram_gib`, whether each GPU fits."""
     if vram_gib is not None:
         check_vram(vram_gib)
     head = f"{'device':8s} {'weights':>10s} {'KV':>10s} {'output':>10s} {'compute':>10s} {'total':>10s}"
-    rows = [f"{d['name']:8s} " + " ".join(f"{d[k] / MiB:10.2f}" for k in ("weights", "kv", "output", "compute", "total"))
-            for d in rep.devices]
+    parts = ("weights", "kv", "output", "compute", "total")
+    rows = [f"{d['name']:8s} " + " ".join(f"{d[k] / MiB:10.2f}" for k in parts) for d in rep.devices]
     out = [head + "   (MiB)", *rows, f"graph: {rep.graph['nodes']} nodes, {rep.graph['splits']} splits, "
            f"n_copies {rep.graph['n_copies']}"]
     if vram_gib is not None:
@@ -1580,7 +1062,7 @@ def peaks(result: dict) -> dict:
     `plan_memory(..., trace=True)` result: where each compute buffer's highest block was placed."""
     sched, events = result["sched"], result["events"]
     graph = sched.graph  # the scheduler's graph copy: what the graph allocator planned
-    top = {}  # buffer id -> (end, node index) of the highest block placed so far
+    top: dict[int, tuple[int, int]] = {}  # buffer id -> (end, node index) of the highest block placed so far
     for ev in events:
         if isinstance(ev, PlaceEvent) and ev.how == "new" and ev.offset + ev.size > top.get(ev.buffer_id, (0,))[0]:
             top[ev.buffer_id] = (ev.offset + ev.size, max(ev.node_index, 0))
@@ -1611,7 +1093,8 @@ def _reason(t, at: int, graph, last_use: dict, via_view: dict) -> str:
     j, reader = last_use.get(t, (at, None))
     if j > at:
         view = via_view.get(t)
-        return f"read later by {reader.name} (node {j})" + (f" through its view {view.name}" if view is not None else "")
+        through = f" through its view {view.name}" if view is not None else ""
+        return f"read later by {reader.name} (node {j}){through}"
     return "read by this node, freed after it"
 
 
@@ -1661,7 +1144,7 @@ from ggml_lite.viz.memory import show_static_frame
 PARTS = {"weights": "#636efa", "kv": "#00cc96", "output": "#ffa15a", "compute": "#ef553b"}
 
 
-def report_figure(rep, title: str = None) -> go.Figure:
+def report_figure(rep, title: str | None = None) -> go.Figure:
     """Stacked bars, one per device: its weights, KV cache, output and compute buffers (MiB)."""
     names = [d["name"] for d in rep.devices]
     fig = go.Figure([go.Bar(name=part, x=names, y=[d[part] / MiB for d in rep.devices], marker_color=color,
@@ -1722,7 +1205,8 @@ assert len(graph.nodes) == 32 * p7.n_layer + 6 and kv_bytes == 1024 * MiB
 assert round(galloc.get_buffer_size(0) / MiB, 2) == 164.01
 assert same and sizes[True][0] == 1062 and sizes[False][0] == 1030
 assert sizes[True][1] == sizes[False][1] == fx["buffer_size"]
-assert "an array of 1099511627776 string items (8 bytes each at least) needs 8796093022208 bytes" in refusal
+assert tiny_model.header_only and tiny_model.params == LlamaParams(**{**tiny.__dict__, "rms_norm_eps": float(np.float32(1e-5))})
+assert tiny_model.tensor_types["blk.0.attn_q.weight"].name == "q8_0" and tiny_model.tensor_types["output_norm.weight"].name == "f32"
 got = {label: (r["nodes"], r["splits"], *(round(d[k] / MiB, 2) for d in r["devices"].values() for k in ("compute", "kv")))
        for label, r in cases.items()}
 assert list(got.values()) == [(1030, 2, 70.50, 256.0, 9.01, 0.0), (1030, 2, 560.0, 1024.0, 24.01, 0.0),

@@ -83,7 +83,6 @@ from ggml_lite.quants import quantize_q8_0, quantize_row_q4_0_ref
 from ggml_lite.tallocr import alloc_ctx_tensors
 from ggml_lite.tensor import (
     GGML_MAX_OP_PARAMS, GGML_MAX_SRC, Context, Op, Tensor, TensorFlag, UnaryOp, op_by_name, type_by_name,
-    word_to_float,
 )
 
 SCHEMAS = ("ggml-gallocr-fixture", "ggml-sched-fixture")
@@ -413,11 +412,6 @@ def _check_layout(e: dict, p: str) -> None:
 
 # %%
 # | export
-# The ops whose first two sources must be tensors; every other op but NONE needs its first (SOFT_MAX's
-# mask and ROPE's frequency factors, src[1] and src[2], may be null).
-_TWO_SOURCES = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.ADD1, Op.CONCAT, Op.MUL_MAT, Op.CPY, Op.GET_ROWS, Op.ROPE})
-
-
 def _check_entry(e: dict, i: int, n: int, p: str) -> None:
     """Every field of the entry at position `i` of `n` (JSON path `p`): presence, type, range, ids."""
     for f in TENSOR_FIELDS + (("unary_op",) if e.get("op") == "UNARY" else ()):
@@ -452,7 +446,7 @@ def _check_entry(e: dict, i: int, n: int, p: str) -> None:
             fail(f"{p}.unary_op", f"{UnaryOp(w).name!r}, the unary op of op_params[0] = {w}", e["unary_op"])
     for k, ref in enumerate(check_list(e["src"], f"{p}.src", most=GGML_MAX_SRC)):
         _check_ref(ref, f"{p}.src[{k}]", n)
-    needed = 0 if op is Op.NONE else 2 if op in _TWO_SOURCES else 1
+    needed = 0 if op is Op.NONE else ops.OPS[op].n_required  # (SOFT_MAX's mask, ROPE's freq factors may be null)
     for k in range(needed):  # (an op rebuilt from a missing source ended in "'NoneType' object has no attribute")
         if k >= len(e["src"]) or e["src"][k] is None:
             fail(f"{p}.src[{k}]", f"the id of a tensor ({op.name} takes {needed} source(s); {_tname(e)})",
@@ -750,7 +744,10 @@ def _check_record(doc: dict) -> None:
 #
 # Each recorded tensor is rebuilt with the op constructor of chapter 01 that ggml itself called —
 # `VIEW` with `view_4d` and the recorded strides and offset, `PERMUTE` with the recorded axes,
-# `ROPE` with its eleven parameters, and so on. A tensor whose `view_src` is set but whose op is not
+# `ROPE` with its eleven parameters, and so on. Which constructor, and how the recorded words become
+# its arguments, is not written here: it is one row of chapter 01's op table (`ops.OPS`), decoded by
+# `ops.decode_op` and called by `ops.build` — the same table the test oracle uses to mirror a graph
+# into the real ggml, so the reader and the oracle cannot disagree about an op. A tensor whose `view_src` is set but whose op is not
 # a view op was made by an *in-place* op (`ggml_scale_inplace`: the result is a view of the input).
 # Op NONE with a `view_src` is a bare `ggml_view_tensor`.
 #
@@ -760,14 +757,6 @@ def _check_record(doc: dict) -> None:
 
 # %%
 # | export
-def _f(p, i):
-    return word_to_float(p[i])
-
-
-def _size_t(p, i):
-    return (p[i] & 0xFFFFFFFF) | ((p[i + 1] & 0xFFFFFFFF) << 32)
-
-
 def _view_tensor(ctx, e, T):
     """Op NONE with a view source: `ggml_view_tensor` of the root (strides as recorded)."""
     t = ctx._new_tensor_impl(type_by_name(e["type"]), e["ne"], T[e["view_src"]], e.get("view_offs", 0))
@@ -775,62 +764,23 @@ def _view_tensor(ctx, e, T):
     return t
 
 
-# op -> rebuild(ctx, entry, sources, op_params, inplace)
-_REBUILD = {
-    Op.DUP: lambda c, e, s, p, ip: ops.dup(c, s[0], ip),
-    Op.ADD: lambda c, e, s, p, ip: (ops.add_inplace if ip else ops.add)(c, s[0], s[1]),
-    Op.SUB: lambda c, e, s, p, ip: (ops.sub_inplace if ip else ops.sub)(c, s[0], s[1]),
-    Op.MUL: lambda c, e, s, p, ip: (ops.mul_inplace if ip else ops.mul)(c, s[0], s[1]),
-    Op.DIV: lambda c, e, s, p, ip: (ops.div_inplace if ip else ops.div)(c, s[0], s[1]),
-    Op.ADD1: lambda c, e, s, p, ip: ops.add1(c, s[0], s[1], ip),
-    Op.SQR: lambda c, e, s, p, ip: ops.sqr(c, s[0], ip),
-    Op.SQRT: lambda c, e, s, p, ip: ops.sqrt(c, s[0], ip),
-    Op.LOG: lambda c, e, s, p, ip: ops.log(c, s[0], ip),
-    Op.SUM: lambda c, e, s, p, ip: ops.sum(c, s[0]),
-    Op.SUM_ROWS: lambda c, e, s, p, ip: ops.sum_rows(c, s[0]),
-    Op.MEAN: lambda c, e, s, p, ip: ops.mean(c, s[0]),
-    Op.LEAKY_RELU: lambda c, e, s, p, ip: ops.leaky_relu(c, s[0], _f(p, 0), ip),
-    Op.CONCAT: lambda c, e, s, p, ip: ops.concat(c, s[0], s[1], p[0]),
-    Op.NORM: lambda c, e, s, p, ip: ops.norm(c, s[0], _f(p, 0), ip),
-    Op.RMS_NORM: lambda c, e, s, p, ip: ops.rms_norm(c, s[0], _f(p, 0), ip),
-    Op.MUL_MAT: lambda c, e, s, p, ip: ops.mul_mat(c, s[0], s[1]),
-    Op.SCALE: lambda c, e, s, p, ip: ops.scale(c, s[0], _f(p, 0), ip),
-    Op.CPY: lambda c, e, s, p, ip: ops.cpy(c, s[0], s[1]),
-    Op.CONT: lambda c, e, s, p, ip: ops.cont_4d(c, s[0], *e["ne"]),
-    Op.RESHAPE: lambda c, e, s, p, ip: ops.reshape_4d(c, s[0], *e["ne"]),
-    Op.VIEW: lambda c, e, s, p, ip: ops.view_4d(c, s[0], *e["ne"], *e["nb"][1:], _size_t(p, 0)),
-    Op.PERMUTE: lambda c, e, s, p, ip: ops.permute(c, s[0], *p[:4]),
-    Op.TRANSPOSE: lambda c, e, s, p, ip: ops.transpose(c, s[0]),
-    Op.GET_ROWS: lambda c, e, s, p, ip: ops.get_rows(c, s[0], s[1]),
-    Op.DIAG_MASK_INF: lambda c, e, s, p, ip: ops.diag_mask_inf(c, s[0], p[0], ip),
-    Op.DIAG_MASK_ZERO: lambda c, e, s, p, ip: ops.diag_mask_zero(c, s[0], p[0], ip),
-    Op.SOFT_MAX: lambda c, e, s, p, ip: ops.soft_max_ext(c, s[0], s[1], _f(p, 0), _f(p, 1), ip),
-    Op.ROPE: lambda c, e, s, p, ip: ops.rope_ext(c, s[0], s[1], s[2], p[1], p[2], p[4],
-                                                 *(_f(p, i) for i in range(5, 11)), inplace=ip),
-    Op.UNARY: lambda c, e, s, p, ip: ops.unary(c, s[0], UnaryOp(p[0]), ip),
-}
-
-
 def rebuild_tensor(ctx: Context, e: dict, T: dict) -> Tensor:
-    """Rebuild one recorded tensor by calling the ggml_lite op that ggml called (ids in `T`)."""
+    """Rebuild one recorded tensor by calling the ggml_lite op that ggml called (ids in `T`): the op
+    table of chapter 01 (`ops.decode_op`) says which constructor and with which arguments."""
     op = op_by_name(e["op"])
     if op is Op.NONE:
         if e.get("view_src") is None:
             return ctx.new_tensor(type_by_name(e["type"]), e["ne"])
         return _view_tensor(ctx, e, T)
-    src = [None if i is None else T[i] for i in e["src"]] + [None] * 3
-    p = list(e.get("op_params", [])) + [0] * 16
-    inplace = e.get("view_src") is not None and op not in _VIEW_LIKE
+    src = [None if i is None else T[i] for i in e["src"]]
+    call = ops.decode_op(op, e.get("op_params", []), src, e["ne"], e["nb"], e.get("view_src") is not None)
     try:
-        return _REBUILD[op](ctx, e, src, p, inplace)
+        return ops.build(ctx, call)
     except GGMLLiteError:
         raise
     except (TypeError, IndexError, AttributeError, ValueError) as err:  # missing sources, wrong arity, bad params
         raise GraphFileError(f"{_tname(e)}: cannot rebuild op {op.name} from sources {e['src']} and op_params "
                              f"{e['op_params']}: {err}") from None
-
-
-_VIEW_LIKE = frozenset({Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE, Op.CPY})
 
 
 # %%
@@ -1484,6 +1434,7 @@ from ggml_lite.backend import tensor_get, tensor_set
 from ggml_lite.cpu import Arithmetic, cpu_init
 from ggml_lite.errors import AllocationError, GraphFileError
 from ggml_lite.graphio import check_int, check_list, check_type, fail, need, quote
+from ggml_lite.quants import quantize_q8_0, quantize_row_q4_0_ref
 from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0
 
 MASK = 0xFFFFFFFF

@@ -18,13 +18,28 @@ from ggml_lite.cpu import cpu_init
 from ggml_lite.errors import ModelError, UnknownTypeError
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
 from ggml_lite.ops import (
-    add, cont_2d, cpy, get_rows, mul, mul_mat, permute, reshape_2d, reshape_3d, rms_norm, rope_ext, silu,
-    soft_max_ext, transpose, view_1d, view_2d, view_3d,
+    add,
+    cont_2d,
+    cpy,
+    get_rows,
+    mul,
+    mul_mat,
+    permute,
+    reshape_2d,
+    reshape_3d,
+    rms_norm,
+    rope_ext,
+    silu,
+    soft_max_ext,
+    transpose,
+    view_1d,
+    view_2d,
+    view_3d,
 )
 from ggml_lite.sched import GGML_SCHED_MAX_BACKENDS, BackendSched
 from ggml_lite.sim import sim_host_buffer_type, sim_init
 from ggml_lite.tallocr import alloc_ctx_tensors_from_buft
-from ggml_lite.tensor import Context, F32, I32, row_size, set_input, set_output, type_by_name
+from ggml_lite.tensor import F32, I32, Context, Tensor, row_size, set_input, set_output, type_by_name
 
 GGML_KQ_MASK_PAD = 32  # the mask's rows are padded to this many (llama.cpp's GGML_KQ_MASK_PAD)
 LLAMA_MAX_LAYERS = 512  # llama.cpp's per-layer hyperparameter arrays hold this many layers
@@ -36,7 +51,7 @@ MAX_DEVICES = GGML_SCHED_MAX_BACKENDS - 1  # the scheduler takes 16 backends, th
 INT_TYPES = ("i8", "i16", "i32", "i64", "f64")  # no matrix product in ggml takes weights of these types
 
 
-def check_int(name: str, value, least: int, most: int, flag: str = None, why: str = "") -> int:
+def check_int(name: str, value, least: int, most: int, flag: str | None = None, why: str = "") -> int:
     """`value` if it is an integer in [least, most], else a `ModelError` naming the parameter (and the
     command line's flag), what was expected and what was found."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not least <= value <= most:
@@ -45,7 +60,8 @@ def check_int(name: str, value, least: int, most: int, flag: str = None, why: st
     return int(value)
 
 
-def check_float(name: str, value, least: float, flag: str = None, most: float = math.inf, strict: bool = True):
+def check_float(name: str, value, least: float, flag: str | None = None, most: float = math.inf,
+                strict: bool = True) -> float:
     """`value` if it is a finite number above `least` (at least `least` when not `strict`), at most `most`."""
     ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool) and math.isfinite(value) \
         and (value > least if strict else value >= least) and value <= most
@@ -68,7 +84,8 @@ class LlamaParams:
     n_head: int
     n_head_kv: int
     n_ff: int
-    n_rot: int = None  # default: the head size, n_embd / n_head
+    # None: the head size n_embd / n_head, set by __post_init__ (an int after it, as the type says)
+    n_rot: int = None  # type: ignore[assignment]
     rms_norm_eps: float = 1e-5
     rope_freq_base: float = 10000.0
     n_ctx_train: int = 4096
@@ -96,23 +113,27 @@ class LlamaParams:
         if self.n_rot % 2:
             raise ModelError(f"LlamaParams: n_rot {self.n_rot} must be even (RoPE rotates pairs of dimensions; the "
                              f"head size is n_embd / n_head, --n-embd {self.n_embd} / --n-head {self.n_head} = {head})")
-        object.__setattr__(self, "rms_norm_eps", check_float("LlamaParams: rms_norm_eps", self.rms_norm_eps, 0, strict=False))
+        eps = check_float("LlamaParams: rms_norm_eps", self.rms_norm_eps, 0, strict=False)
+        object.__setattr__(self, "rms_norm_eps", eps)
         object.__setattr__(self, "rope_freq_base", check_float("LlamaParams: rope_freq_base", self.rope_freq_base, 0))
         try:
             wt = type_by_name(self.wtype) if isinstance(self.wtype, str) else None
         except UnknownTypeError:
             wt = None
         if wt is None:
-            raise ModelError(f"LlamaParams: wtype (--wtype): expected a ggml type (f16, q8_0, q4_K, ...), found {self.wtype!r}")
+            raise ModelError(f"LlamaParams: wtype (--wtype): expected a ggml type (f16, q8_0, q4_K, ...), "
+                             f"found {self.wtype!r}")
         if wt.name in INT_TYPES:
-            raise ModelError(f"LlamaParams: wtype (--wtype): weights cannot be of type {wt.name} (a float or a quantized type)")
+            raise ModelError(f"LlamaParams: wtype (--wtype): weights cannot be of type {wt.name} (a float or a "
+                             f"quantized type)")
         for field in ("n_embd", "n_ff"):  # the rows of the matrices: ne[0] of every weight, ffn_down's too
             if getattr(self, field) % wt.blck_size:
-                raise ModelError(f"LlamaParams: {field} (--{field.replace('_', '-')}) {getattr(self, field)}: the rows of "
-                                 f"{wt.name} weights must be a whole number of its blocks ({wt.blck_size} elements each)")
+                raise ModelError(f"LlamaParams: {field} (--{field.replace('_', '-')}) {getattr(self, field)}: the rows "
+                                 f"of {wt.name} weights must be a whole number of its blocks ({wt.blck_size} "
+                                 f"elements each)")
         object.__setattr__(self, "wtype", wt.name)
 
-    def model(self, n_ctx: int, type_k: str = "f16", type_v: str = None) -> dict:
+    def model(self, n_ctx: int, type_k: str = "f16", type_v: str | None = None) -> dict:
         """The builder's model dictionary for a context of `n_ctx` cells (the KV cache's size) and the
         cache's K and V types (`type_v` defaults to `type_k`)."""
         return dict(n_vocab=self.n_vocab, n_embd=self.n_embd, n_layer=self.n_layer, n_head=self.n_head,
@@ -184,7 +205,8 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
     shapes = {"attn_norm": (F32, n_embd), "attn_q": (wtype, n_embd, n_embd), "attn_k": (wtype, n_embd, n_gqa),
               "attn_v": (wtype, n_embd, n_gqa), "attn_output": (wtype, n_embd, n_embd), "ffn_norm": (F32, n_embd),
               "ffn_gate": (wtype, n_embd, n_ff), "ffn_up": (wtype, n_embd, n_ff), "ffn_down": (wtype, n_ff, n_embd)}
-    rope, mapped = {}, []  # a Llama 3.1 file's RoPE frequency factors, per layer; the host's one copy
+    rope: dict[int, Tensor] = {}  # a Llama 3.1 file's RoPE frequency factors, per layer
+    mapped: list[Tensor] = []  # the host's one copy
     for il, be in enumerate(placement["layers"]):
         for name in LAYER_WEIGHTS.values():
             weight(be, f"blk.{il}.{name}.weight", *shapes[name])
@@ -276,8 +298,8 @@ def llm_build_kqv(b: _Build, wo, q, kq_mask, L: dict, il: int):
                "k", il)
 
     def v_view():
-        return b.name(view_3d(b.ctx, L["v_l"], n_kv, head, m["n_head_kv"], elt * m["n_ctx"], elt * m["n_ctx"] * head, 0),
-                      "v", il)
+        nb1 = elt * m["n_ctx"]  # a row per dimension: n_ctx cells
+        return b.name(view_3d(b.ctx, L["v_l"], n_kv, head, m["n_head_kv"], nb1, nb1 * head, 0), "v", il)
     v = v_view() if b.recorded else None  # (the recorder made both views before the scores)
     kq = b.name(mul_mat(b.ctx, k, q), "kq", il)
     scale = 1.0 / head ** 0.5 if b.recorded else float(np.float32(1) / np.sqrt(np.float32(head)))  # 1.0f/sqrtf(head)
@@ -405,7 +427,7 @@ def worst_case_batch(n_ctx: int, n_ubatch: int = 512) -> dict:
 
 # notebooks/10_llama.py
 def check_context(params: LlamaParams, n_ctx: int, n_ubatch: int, n_gpu_layers: int = 0, devices: int = 0,
-                  tensor_split=None, type_k: str = "f16", type_v: str = None) -> None:
+                  tensor_split=None, type_k: str = "f16", type_v: str | None = None) -> None:
     """The checks of `llama_new_context_with_model` and `llm_load_tensors` on a context's parameters, made
     before any planning: a `ModelError` naming the parameter and its flag, what was expected and found."""
     padded_n_ctx(n_ctx)
@@ -466,8 +488,8 @@ def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, ten
 
 # notebooks/10_llama.py
 def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0,
-                devices: int = 0, tensor_split=None, type_k: str = "f16", type_v: str = None,
-                offload_kqv: bool = True, trace: bool = False, tensor_types: dict = None) -> dict:
+                devices: int = 0, tensor_split=None, type_k: str = "f16", type_v: str | None = None,
+                offload_kqv: bool = True, trace: bool = False, tensor_types: dict | None = None) -> dict:
     """What `llama_new_context_with_model` allocates: per backend the weights, the KV cache and the
     compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
     split counts and the scheduler's n_copies. Sizes in bytes. With `trace`, also the graph allocator's
@@ -497,7 +519,7 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
     sched = BackendSched(list(backends.values()), bufts=list(bufts.values()),
                          graph_size=llama_model_max_nodes(params.n_layer), parallel=parallel)
     _pin_like_llama_cpp(sched, graph, placement, backends, batch["n_tokens"] < 32 or full_offload, offload_kqv)
-    events = []
+    events: list = []
     if trace:  # the scheduler's graph allocator and its dynamic allocators report every decision
         sched.galloc.trace = events.append
         for dyn in sched.galloc.buf_tallocs:

@@ -12,7 +12,7 @@ from ggml_lite.viz.memory import show_static_frame
 PARTS = {"weights": "#636efa", "kv": "#00cc96", "output": "#ffa15a", "compute": "#ef553b"}
 
 
-def report_figure(rep, title: str = None) -> go.Figure:
+def report_figure(rep, title: str | None = None) -> go.Figure:
     """Stacked bars, one per device: its weights, KV cache, output and compute buffers (MiB)."""
     names = [d["name"] for d in rep.devices]
     fig = go.Figure([go.Bar(name=part, x=names, y=[d[part] / MiB for d in rep.devices], marker_color=color,

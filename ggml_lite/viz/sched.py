@@ -2,29 +2,23 @@
 # Edit the notebook, then run `make export`.
 
 # notebooks/09_scheduler.py
-"""Plotly figures and an ipywidgets stepper for the backend scheduler (chapter 09)."""
+"""Plotly figures and an ipywidgets stepper for the backend scheduler (chapter 09). Drawing only: the
+states drawn come from `ggml_lite.sched` (`node_states`, `pass_snapshots`)."""
 
 import plotly.graph_objects as go
 
+from ggml_lite.sched import node_states
 from ggml_lite.viz.memory import step_widget
 
 PALETTE = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"]
 
 
-def _state(sched, graph):
-    """(backend name or None, cause) of every node."""
-    out = []
-    for t in graph.nodes:
-        b = sched.ids.get(t, -1)
-        out.append((sched.backends[b].get_name() if b != -1 else None, sched.causes.get(t, "")))
-    return out
-
-
-def sched_graph_figure(sched, graph, state=None, title: str = "where every node runs", copies: bool = True) -> go.Figure:
+def sched_graph_figure(sched, graph, state=None, title: str = "where every node runs",
+                       copies: bool = True) -> go.Figure:
     """Nodes in execution order (x) on the row of their backend (y); grey: not assigned yet; dotted
     lines: split boundaries; lines between rows: the tensors copied into a split. `state` (a list of
     `(backend, cause)` per node, see `pass_snapshots`) replaces the scheduler's current assignment."""
-    state = state or _state(sched, graph)
+    state = state or node_states(sched, graph)
     names = [b.get_name() for b in sched.backends]
     rows = {n: k for k, n in enumerate(names)}
     color = {n: PALETTE[k % len(PALETTE)] for k, n in enumerate(names)}
@@ -36,8 +30,8 @@ def sched_graph_figure(sched, graph, state=None, title: str = "where every node 
         y = [rows[n] if n is not None else len(names) for _ in idx]
         fig.add_trace(go.Scatter(
             x=idx, y=y, mode="markers", name=n or "unassigned", marker=dict(size=7, color=color.get(n, "#bbbbbb")),
-            hovertext=[f"#{i} {graph.nodes[i].name} ({graph.nodes[i].op.name}): {state[i][0]} {state[i][1]}" for i in idx],
-            hoverinfo="text"))
+            hovertext=[f"#{i} {graph.nodes[i].name} ({graph.nodes[i].op.name}): {state[i][0]} {state[i][1]}"
+                       for i in idx], hoverinfo="text"))
     if copies:
         index = {id(t): i for i, t in enumerate(graph.nodes)}
         for split in sched.splits:
@@ -57,17 +51,6 @@ def sched_graph_figure(sched, graph, state=None, title: str = "where every node 
     return fig
 
 
-def pass_snapshots(sched, graph, passes) -> list:
-    """Run `passes` (functions of (sched, graph), in order) and return `[(title, state)]`: the state
-    before any pass, then after each."""
-    snaps = [("before pass 1 (user pins only)", _state(sched, graph))]
-    for k, run in enumerate(passes, 1):
-        run(sched, graph)
-        snaps.append((f"after pass {k}", _state(sched, graph)))
-    return snaps
-
-
-# notebooks/09_scheduler.py
 def pass_stepper(sched, graph, snaps):
     """A stepper through `pass_snapshots`: the figure of each state, and the nodes that state assigned
     (or re-assigned), with their causes."""

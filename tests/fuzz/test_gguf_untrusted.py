@@ -318,7 +318,7 @@ def test_the_command_line_notes_a_header_only_file(tmp_path):
     ({"llama.block_count": ("32", VT.STRING)}, "expected a uint32, found a string ('32')"),
     ({"llama.block_count": ("x" * 10**5, VT.STRING)}, "expected a uint32, found a string ('xxxxxxxx"),
     ({"llama.block_count": (2.0, VT.FLOAT32)}, "expected a uint32, found a float32 (2.0)"),
-    ({"llama.block_count": (2, VT.INT32)}, "expected a uint32, found a int32 (2)"),
+    ({"llama.block_count": (2, VT.INT32)}, "expected a uint32, found an int32 (2)"),
     ({"llama.block_count": (2, VT.UINT64)}, "found a uint64"),
     ({"llama.block_count": (513, VT.UINT32)}, "expected 1 to 512 layers (LLAMA_MAX_LAYERS), found 513"),
     ({"llama.block_count": (2**32 - 1, VT.UINT32)}, "found 4294967295"),

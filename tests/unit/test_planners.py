@@ -1,6 +1,6 @@
-"""The offline planners of chapter 11 (`ggml_lite.planners`): blocks from ggml's trace, the lower bound,
-greedy by size and by breadth, the exact search, best; plans placed by the graph allocator and verified
-by computing; `python -m ggml_lite plan --planner ... [--verify]`.
+"""The offline planners of chapter 11 (`ggml_lite.planners`, with appendix A5's `exact_search` and `verify`):
+blocks from ggml's trace, the lower bound, greedy by size and by breadth, the exact search, best; plans
+placed by the graph allocator and verified by computing; `python -m ggml_lite plan --planner ... [--verify]`.
 
 Properties run over the random graphs of `ggml_oracle` (hypothesis, few examples) and over every
 recorded fixture. No assertion depends on time: the exact search is given budgets that either let it
@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 
 import ggml_lite as gl
 import ggml_oracle as O
+from ggml_lite import exact_search as ES
 from ggml_lite import planners as P
+from ggml_lite import verify as V
 from ggml_lite.__main__ import main
 from helpers import SEED_FILES, fixture_path, graph_sections, load_json
 
@@ -35,7 +37,7 @@ def random_graph(seed: int, max_ops: int = 24):
     """`random_graph(seed)` with the tensors a caller fills flagged INPUT (ggml's contract for data set
     before computing; the benchmark does the same)."""
     rg = O.random_graph(seed, max_ops=max_ops)
-    for t in P.data_tensors(rg.graph):
+    for t in V.data_tensors(rg.graph):
         if t.data is None:
             gl.set_input(t)
     return rg.graph
@@ -268,14 +270,14 @@ def test_the_budget_stops_every_phase(shape, planner, monkeypatch):
     problem = {"fan-out": lambda: P.blocks_of(fan_out_graph(n)[0]), "chain": lambda: P.blocks_of(chain_graph(n)),
                "by hand": lambda: P.problem_from_blocks([(32 * (1 + k % 5), k, k + 3 + k % 7) for k in range(n)])}[shape]()
     clock = FakeClock()
-    for name in ("_lowest_gap", "_place"):
-        clock.watch(monkeypatch, P, name)
+    clock.watch(monkeypatch, P, "_lowest_gap")
+    clock.watch(monkeypatch, ES, "place")
     for name in ("bound", "candidates"):
-        clock.watch(monkeypatch, P.ExactSearch, name)
+        clock.watch(monkeypatch, ES.ExactSearch, name)
     if planner == "the search alone":
         a = problem.alignment  # every block stacked on the one before, above one empty unit
         stacked = list(itertools.accumulate([a] + [b.size for b in problem.blocks]))[:-1]
-        r = P.exact(problem, incumbent=P._result(problem, "stacked", stacked, 0.0), deadline=clock.deadline(0.3))
+        r = P.exact(problem, incumbent=P.plan_result(problem, "stacked", stacked, 0.0), deadline=clock.deadline(0.3))
         assert r.nodes > 0
     else:
         r = P.run_planner(problem, planner, deadline=clock.deadline(0.3))
@@ -293,8 +295,8 @@ def test_one_search_step_on_thousands_of_blocks_looks_at_the_clock():
     long, so it reads the clock every 64 blocks and stops within them."""
     problem = P.problem_from_blocks([(32, k, 2000) for k in range(2000)])
     clock = FakeClock()
-    search = P.ExactSearch(problem, clock.deadline(0.0))
-    with pytest.raises(P._Timeout):
+    search = ES.ExactSearch(problem, clock.deadline(0.0))
+    with pytest.raises(ES._Timeout):
         search.candidates(0, -1)
     assert clock.reads == 2 and clock.late_read == 2
 
@@ -325,7 +327,7 @@ def test_an_unknown_planner_is_refused():
         P.run_planner(P.problem_from_blocks(FOUR), "fast")
     problem = P.blocks_of(recorded("01_mlp_small").graph)
     with pytest.raises(gl.PlannerError, match="unknown way of computing 'gpu'; use one of cpu, dataflow"):
-        P.verify_plan(problem.graph, P.best(problem), problem, compute="gpu")
+        V.verify_plan(problem.graph, P.best(problem), problem, compute="gpu")
 
 
 # -- the recorded graphs ---------------------------------------------------------------------------------
@@ -370,7 +372,7 @@ def test_the_lower_bound_is_chapter_05s_peak_live():
 @O.oracle_settings(max_examples=25)
 @given(O.graphs(max_ops=24))
 def test_planners_on_random_graphs(rg):
-    for t in P.data_tensors(rg.graph):
+    for t in V.data_tensors(rg.graph):
         if t.data is None:
             gl.set_input(t)
     problem = P.blocks_of(rg.graph)
@@ -399,7 +401,7 @@ def test_plans_compute_what_separate_memory_computes():
         problem = P.blocks_of(random_graph(seed))
         for r in P.all_plans(problem, budget=0.5).values():
             try:
-                check = P.verify_plan(random_graph(seed), r)
+                check = V.verify_plan(random_graph(seed), r)
             except NOT_COMPUTABLE:
                 break
             assert check.ok, (seed, r.planner, check.differing, check.error)
@@ -412,27 +414,27 @@ def _graph_copy_results(graph, seed: int = 0) -> list:
     """Chapter 06's way to the reference: `graph` placed by ggml, filled, then `graph_copy` (every tensor
     reached, weights included, copied into one buffer) computed; the bytes of the results to compare."""
     gl.GAllocr(gl.cpu_buffer_type()).alloc_graph(graph)
-    data = P.data_tensors(graph)
-    for k, (t, rows) in enumerate(zip(data, P._rows(graph, data))):
-        P.fill(t, seed, k, rows)
+    data = V.data_tensors(graph)
+    for k, (t, rows) in enumerate(zip(data, V._rows(graph, data))):
+        V.fill(t, seed, k, rows)
     copy = gl.graph_copy(gl.cpu_init(), graph)
     try:
         twin = dict(zip(graph.nodes, copy.graph.nodes))
         gl.cpu_init().graph_compute(copy.graph)
-        return [gl.tensor_get(twin[t]).tobytes() for t in P.results_to_compare(graph)]
+        return [gl.tensor_get(twin[t]).tobytes() for t in V.results_to_compare(graph)]
     finally:
         gl.graph_copy_free(copy)
 
 
 def _reference_results(graph, seed: int = 0) -> tuple:
     """The lean reference of verify_plans on `graph`: (its bytes, its peak)."""
-    data = P.data_tensors(graph)
-    spec = {t: (k, rows) for k, (t, rows) in enumerate(zip(data, P._rows(graph, data)))}
-    shared = P.read_only_data(graph)
+    data = V.data_tensors(graph)
+    spec = {t: (k, rows) for k, (t, rows) in enumerate(zip(data, V._rows(graph, data)))}
+    shared = V.read_only_data(graph)
     for t in shared:
-        P.fill(t, seed, *spec[t])
-    ref = P.ReferenceRun(graph, shared)
-    return ref.run(lambda t, d: P.fill(d, seed, *spec[t])), ref.peak
+        V.fill(t, seed, *spec[t])
+    ref = V.ReferenceRun(graph, shared)
+    return ref.run(lambda t, d: V.fill(d, seed, *spec[t])), ref.peak
 
 
 @pytest.mark.parametrize("name", ["01_mlp_small", "03_views_layout", "06_llama_block", "07_llama4_kvcache"])
@@ -442,8 +444,8 @@ def test_the_reference_computes_what_a_graph_copy_computes(name):
     lean, peak = _reference_results(recorded(name).graph)
     assert lean == _graph_copy_results(recorded(name).graph)
     graph = recorded(name).graph
-    assert 0 < peak <= sum(t.nbytes for t in P.reached(graph) if t.view_src is None and t.data is None) + sum(
-        t.nbytes for t in P.written_data(graph))
+    assert 0 < peak <= sum(t.nbytes for t in V.reached(graph) if t.view_src is None and t.data is None) + sum(
+        t.nbytes for t in V.written_data(graph))
 
 
 def test_the_reference_on_random_graphs():
@@ -470,22 +472,22 @@ def test_a_graph_built_after_the_kv_cache_has_memory():
         gl.alloc_ctx_tensors(c, gl.cpu_init())
     w, layers = model_tensors({t.name: t for c in ctxs[:-1] for t in c.tensors}, 2)
     graph = build_graph(model, w, layers, dict(n_tokens=1, n_kv=32, kv_head=4, n_outputs=1))[1]
-    for t in P.data_tensors(graph):
+    for t in V.data_tensors(graph):
         if t.data is None:
             gl.set_input(t)
     assert any(n.op is gl.Op.CPY and n.data is not None for n in graph.nodes)
     problem = P.blocks_of(graph)
     plans = P.all_plans(problem)
-    for compute in P.COMPUTE_WITH:
-        assert all(c.ok for c in P.verify_plans(graph, list(plans.values()), problem, compute=compute)), compute
+    for compute in V.COMPUTE_WITH:
+        assert all(c.ok for c in V.verify_plans(graph, list(plans.values()), problem, compute=compute)), compute
 
 
 def test_written_data_is_the_kv_cache_not_the_weights():
     graph = recorded("07_llama4_kvcache").graph
-    written = {t.name for t in P.written_data(graph)}
+    written = {t.name for t in V.written_data(graph)}
     assert written and all(n.startswith("cache_") for n in written)
-    assert not any(n.startswith("cache_") for n in {t.name for t in P.data_tensors(graph)} - written)
-    shared = {t.name for t in P.read_only_data(graph)}
+    assert not any(n.startswith("cache_") for n in {t.name for t in V.data_tensors(graph)} - written)
+    shared = {t.name for t in V.read_only_data(graph)}
     assert shared and not shared & written and all(".weight" in n for n in shared)
 
 
@@ -494,13 +496,13 @@ def test_plans_run_on_twins_and_identical_plans_run_once():
     one verification; a twin keeps names, flags and shapes, and shares what already has memory."""
     problem = P.blocks_of(recorded("06_llama_block").graph)
     plans = P.all_plans(problem)
-    checks = P.verify_plans(problem.graph, list(plans.values()), problem)
+    checks = V.verify_plans(problem.graph, list(plans.values()), problem)
     assert all(c.ok for c in checks) and all(t.data is None for t in problem.graph.nodes)
     same = {}
     for r, c in zip(plans.values(), checks):
         assert same.setdefault(tuple(r.offsets), c) is c
         assert c.galloc.get_buffer_size(0) == r.buffer_size
-    copy, twin = P.twin_graph(problem.graph, keep={t for t in P.reached(problem.graph) if t.data is not None})
+    copy, twin = V.twin_graph(problem.graph, keep={t for t in V.reached(problem.graph) if t.data is not None})
     for t, d in twin.items():
         assert (d is t) == (t.data is not None)
         assert (d.name, d.flags, d.ne, d.nb, d.op, d.type) == (t.name, t.flags, t.ne, t.nb, t.op, t.type)
@@ -512,7 +514,7 @@ def _clobber_a_result(problem, result):
     nothing reads), the moved block written after that result was computed; None when there is none."""
     nodes = problem.graph.nodes
     at = {t: i for i, t in enumerate(nodes)}
-    for t in P.results_to_compare(problem.graph):
+    for t in V.results_to_compare(problem.graph):
         k = problem.block_of.get(t)
         if k is None or not problem.blocks[k].size:
             continue
@@ -540,7 +542,7 @@ def test_a_corrupted_plan_fails_verification():
     problem = P.blocks_of(recorded("06_llama_block").graph)
     broken = _moved(problem, P.best(problem), 16, 15)
     assert P.check_placement(problem, broken.offsets)
-    check = P.verify_plan(recorded("06_llama_block").graph, broken)
+    check = V.verify_plan(recorded("06_llama_block").graph, broken)
     assert not check.ok and check.differing == ["l_out-0"] and check.conflicts
     caught = 0
     for seed in range(12):
@@ -549,7 +551,7 @@ def test_a_corrupted_plan_fails_verification():
         if broken is None:
             continue
         try:
-            check = P.verify_plan(random_graph(seed), broken)
+            check = V.verify_plan(random_graph(seed), broken)
         except NOT_COMPUTABLE:
             continue
         assert not check.ok, seed
@@ -566,10 +568,10 @@ def test_the_dataflow_run_fails_what_the_kernels_fail():
         problem = P.blocks_of(random_graph(seed))
         broken = _clobber_a_result(problem, P.best(problem))
         plans = [*P.all_plans(problem, budget=0.2).values(), *([broken] if broken else [])]
-        flow = P.verify_plans(problem.graph, plans, problem, compute="dataflow")
+        flow = V.verify_plans(problem.graph, plans, problem, compute="dataflow")
         assert all(c.ok for c in flow[:5]), seed
         try:
-            cpu = P.verify_plans(problem.graph, plans, problem)
+            cpu = V.verify_plans(problem.graph, plans, problem)
         except NOT_COMPUTABLE:
             continue
         assert [c.ok for c in cpu] == [c.ok for c in flow], seed
@@ -583,10 +585,10 @@ def test_the_dataflow_run_fails_what_the_kernels_fail():
 def test_graphs_the_kernels_refuse_are_verified_by_the_dataflow_run(name):
     problem = P.blocks_of(recorded(name).graph)
     with pytest.raises(NOT_COMPUTABLE):
-        P.verify_plan(problem.graph, P.best(problem), problem)
+        V.verify_plan(problem.graph, P.best(problem), problem)
     plans = list(P.all_plans(problem, budget=0.2).values())
     broken = _clobber_a_result(problem, plans[-1])
-    checks = P.verify_plans(problem.graph, [*plans, broken], problem, compute="dataflow")
+    checks = V.verify_plans(problem.graph, [*plans, broken], problem, compute="dataflow")
     assert [c.ok for c in checks] == [True] * 5 + [False] and checks[-1].differing
 
 
@@ -602,11 +604,11 @@ def test_element_bytes_follow_the_strides():
     gl.GAllocr(gl.cpu_buffer_type()).alloc_graph(graph)
     gl.tensor_set(a, __import__("numpy").arange(12, dtype="float32"))
     t.buffer, t.data = a.buffer, a.data
-    ea, et = P.element_bytes(a), P.element_bytes(t)
+    ea, et = V.element_bytes(a), V.element_bytes(t)
     assert ea.shape == (1, 1, 4, 3, 4) and et.shape == (1, 1, 3, 4, 4)
     assert (et[0, 0] == ea[0, 0].transpose(1, 0, 2)).all()
     before = gl.tensor_get(a).copy()
-    P.dataflow_compute(graph)
+    V.dataflow_compute(graph)
     after = gl.tensor_get(a)
     assert (after[[0, 3]] == before[[0, 3]]).all() and (after[1:3] != before[1:3]).any()
 
@@ -617,7 +619,7 @@ def test_an_overlap_the_numpy_kernels_survive_still_fails():
     is invalid, and ggml's threaded kernels could corrupt it. verify_plan fails it; the CLI exits 1."""
     problem = P.blocks_of(recorded("06_llama_block").graph)
     broken = _moved(problem, P.best(problem), 8, 3)
-    check = P.verify_plan(recorded("06_llama_block").graph, broken)
+    check = V.verify_plan(recorded("06_llama_block").graph, broken)
     assert check.compared and not check.differing and not check.error  # computing alone sees nothing
     assert not check.ok and any("blocks 3" in c and "8" in c for c in check.conflicts)
 
@@ -633,7 +635,7 @@ def test_a_planned_graph_is_refused_not_planned_as_empty():
 def test_verify_refuses_what_it_cannot_check():
     problem = P.blocks_of(recorded("14_llama7b_ctx512_one_output").graph)
     with pytest.raises(gl.AllocationError, match=r"needs about 13\.\d\d GiB .* max_bytes = 2\.00 GiB"):
-        P.verify_plan(problem.graph, P.best(problem), problem)
+        V.verify_plan(problem.graph, P.best(problem), problem)
     ctx = gl.Context()  # a PARAM weight in the compute context: a node that is not INPUT, filled up front
     w = ctx.new_tensor_1d(gl.F32, 16, name="w")
     gl.set_param(w)
@@ -643,7 +645,7 @@ def test_verify_refuses_what_it_cannot_check():
     problem = P.blocks_of(graph)
     assert w in graph.nodes and problem.blocks[problem.block_of[w]].start > 0
     with pytest.raises(gl.GraphError, match="Flag it INPUT"):
-        P.verify_plan(graph, P.best(problem), problem)
+        V.verify_plan(graph, P.best(problem), problem)
     stale = P.best(P.problem_from_blocks(FOUR))
     with pytest.raises(gl.PlanMismatchError, match="made for another graph"):
         P.alloc_planned(recorded("06_llama_block").graph, stale)
