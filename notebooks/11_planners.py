@@ -834,9 +834,11 @@ def alloc_planned(graph, result: PlanResult, problem: Problem | None = None) -> 
 # to the end (OUTPUT nodes and the nodes no other node reads) must be equal, bit for bit. The check also
 # runs `check_placement`: numpy's kernels read all of a node's sources before they write, so computing
 # alone would not notice a node placed over a source it reads. Both runs place twins of the graph, and the
-# loaded graph stays unplanned.
+# loaded graph stays unplanned. For graphs the CPU kernels refuse, `compute="dataflow"` computes instead a
+# digest of every byte each node reads (A5, §3); §11 uses it.
 #
-# The LLaMA block passes in its best plan. Then the block of `ffn_up-0` (block 16) is moved onto the gate
+# The LLaMA block passes in its best plan, in a buffer of 37,792 B (the lower bound and the CPU buffer
+# type's 32 bytes). Then the block of `ffn_up-0` (block 16) is moved onto the gate
 # chain `ffn_gate-0 > ffn_silu-0 > ffn_gate_par-0` (block 15), although both are alive at nodes 25 and 26.
 # The peak stays at 37,760 B, since other blocks reach it. But `ffn_up-0` now writes over the gate values
 # before `ffn_gate_par-0` multiplies them, and the output `l_out-0` changes:
