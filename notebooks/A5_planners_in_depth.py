@@ -20,10 +20,10 @@
 # run in which no two tensors share memory. This appendix opens both. Nothing in chapters 00 to 11 needs
 # it for reading.
 #
-# Why look? The search is where the time goes. A bound that is a little weaker makes it run for hours,
-# and a candidate order that is a little wrong makes it miss placements. The check is what makes a
-# planner's number believable: a plan can meet the lower bound on paper and still overwrite a tensor
-# that is read later. Both are short, and both have quirks worth seeing.
+# Why look? The search is where the planning time goes: a weaker bound lets it wander through branches
+# that cannot win, and a careless candidate order would skip placements or try each one many times. The
+# check is what makes a planner's number believable: a plan can meet the lower bound on paper and still
+# overwrite a tensor that is read later. Both are short, and both have quirks worth seeing.
 #
 # **Learning goals**
 #
@@ -619,8 +619,8 @@ def load(name: str):
 
 block06 = blocks_of(load("06_llama_block").graph)
 shared06 = read_only_data(block06.graph)
-print(f"the reference shares {len(shared06)} weights; its own buffers peak at "
-      f"{ReferenceRun(block06.graph, shared06).peak} B")
+reference06 = ReferenceRun(block06.graph, shared06)
+print(f"the reference shares {len(shared06)} weights; its own buffers peak at {reference06.peak} B")
 best06 = best(block06)
 check06 = verify_plan(block06.graph, best06, block06)
 print(f"best ({best06.source}'s plan), peak {best06.peak} B: ok = {check06.ok}")
@@ -686,8 +686,9 @@ def dataflow_compute(graph) -> None:
         dataflow_forward(node)
 
 # %% [markdown]
-# Fixture 09 under its five plans. The CPU backend refuses it. The data-flow run verifies every plan and
-# catches a block moved onto another block that is still alive:
+# Fixture 09 under its five plans. The CPU backend refuses it (a UNARY on f16). The data-flow run passes
+# all five plans. Then the first block that starts while an earlier one is still alive, block 100, is
+# moved onto that block, block 1: 18 of the graph's 138 compared results change.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -713,7 +714,7 @@ print(f"block {k} moved onto block {j}: ok = {check09.ok}, {len(check09.differin
 
 # %%
 assert search.solution == (6, [2, 0, 4, 2, 5, 0, 2]) and search.nodes == 238 and seven.lower_bound == 5 * 32
-assert check06.ok and check06.galloc.get_buffer_size(0) == 37760 + 32
+assert check06.ok and check06.galloc.get_buffer_size(0) == 37760 + 32 and reference06.peak == 46400
 assert not check_bad.ok and check_bad.differing == ["l_out-0"] and check_placement(block06, broken.offsets)
 assert all(c.ok for c in checks09) and check09.differing and not check09.ok
 print("appendix A5: all checks passed")
