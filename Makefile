@@ -32,8 +32,11 @@ $(ORACLE_STAMP):
 	CMAKE_ARGS="$(ORACLE_CMAKE_ARGS)" $(PY) -m pip install --quiet --no-cache-dir --no-deps --force-reinstall "$(ORACLE)"
 	touch $(ORACLE_STAMP)
 
-$(STAMP): pyproject.toml $(ORACLE_STAMP)
+# The oracle package (oracle/: ggml_oracle, the tests' and benchmarks' bridge to the real ggml) is installed
+# editable beside ggml_lite, after ggml-python; ggml_lite itself never imports it.
+$(STAMP): pyproject.toml oracle/pyproject.toml $(ORACLE_STAMP)
 	$(PY) -m pip install --quiet -e ".[dev,viz]"
+	$(PY) -m pip install --quiet --no-deps -e ./oracle
 	touch $(STAMP)
 
 lab: $(STAMP)
@@ -46,7 +49,7 @@ check-sync: $(STAMP)
 
 # Static checks: ruff (pyflakes, pycodestyle, bugbear, import order) and mypy; pyproject.toml sets their files and rules.
 lint: $(STAMP)
-	$(PY) -m ruff check
+	$(PY) -m ruff check ggml_lite tools tests benchmarks oracle
 	$(PY) -m mypy
 
 # Every part runs (sync check, pytest, nbval), then the time of each is printed (tools/run_tests.py).

@@ -39,17 +39,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import ggml_lite as gl
+import ggml_oracle as O
+from ggml_lite import planners, verify
+from ggml_lite.models.llama import LlamaParams, build_llama, worst_case_batch
+from ggml_oracle import add_chain
+from ggml_oracle import chain_graph as chain
+from ggml_oracle import fan_out_graph as fan_out
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-import ggml_oracle as O  # noqa: E402
-from test_planners import add_chain  # noqa: E402
-from test_planners import chain_graph as chain  # noqa: E402
-from test_planners import fan_out_graph as fan_out  # noqa: E402
-
-import ggml_lite as gl  # noqa: E402
-from ggml_lite import planners, verify  # noqa: E402
-from ggml_lite.models.llama import LlamaParams, build_llama, worst_case_batch  # noqa: E402
 
 
 def llama(n_layer: int = 156):
@@ -74,6 +72,7 @@ def measure(label: str, build, budget: float) -> None:
     for planner in ("exact", "best"):
         t0 = time.perf_counter()
         problem = planners.blocks_of(build())
+        assert problem.ggml_peak is not None  # blocks_of takes ggml's plan from its trace
         t1 = time.perf_counter()
         r = planners.run_planner(problem, planner, budget)
         t2 = time.perf_counter()

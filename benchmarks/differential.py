@@ -12,7 +12,7 @@ tensor and both offsets (and the buffer sizes when they differ), so that
 reproduces it. The last line is a summary with counts and graphs per second; the exit code is 1
 when any graph differs (or could not be planned), 0 otherwise. Buffer sizes are compared after the
 documented difference: ggml-python's CPU buffer reports 32 bytes less than the reference C and
-ggml_lite (see tests/ggml_oracle.py). Also printed: the process's resident memory, so that a leak
+ggml_lite (see the ggml_oracle package, oracle/). Also printed: the process's resident memory, so that a leak
 in the oracle would show over long runs.
 """
 
@@ -23,9 +23,7 @@ import time
 import traceback
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-import ggml_oracle as O  # noqa: E402
+import ggml_oracle as O
 
 
 def _rss_mib() -> float:
@@ -44,7 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-ops", type=int, default=40, help="at most this many random ops per graph")
     ap.add_argument("--stop-after", type=int, default=0, help="stop after this many mismatching graphs (0: never)")
     ap.add_argument("--show", type=int, default=5, help="differences printed per mismatching graph")
-    ap.add_argument("--progress", type=int, default=0, help="a progress line every this many graphs (default: 20 lines)")
+    ap.add_argument("--progress", type=int, default=0,
+                    help="a progress line every this many graphs (default: 20 lines)")
     args = ap.parse_args(argv)
 
     if not O.available():

@@ -35,17 +35,15 @@ import collections
 import math
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-import ggml_lite as gl  # noqa: E402
-import ggml_oracle as O  # noqa: E402
-from ggml_lite.cpu import Arithmetic  # noqa: E402
-from ggml_lite.exact import ExactArithmetic  # noqa: E402
-from test_compute_differential import normwise_error, version_dependent as node_version_dependent  # noqa: E402
+import ggml_lite as gl
+import ggml_oracle as O
+from ggml_lite.cpu import Arithmetic
+from ggml_lite.exact import ExactArithmetic
+from ggml_oracle import normwise_error
+from ggml_oracle import version_dependent as node_version_dependent
 
 BATCH = 16     # graphs computed by ggml in one forked child
 
@@ -113,14 +111,15 @@ def summary(rows) -> list:
             w = max((r[3]["numpy"] for r in scope), default=0.0)
             mark = "  <- stated" if tol == stated[cls] else ""
             lines.append(f"  T = {tol:<6g}: {len(scope):3d} graphs whose orders agree within T/2, numpy worst "
-                         f"{w:.2e} ({'within T' if w <= tol else 'BEYOND T'}, margin {tol / w if w else math.inf:.1f}); "
+                         f"{w:.2e} ({'within T' if w <= tol else 'BEYOND T'}, "
+                         f"margin {tol / w if w else math.inf:.1f}); "
                          f"{len(sel) - len(scope)} out of scope{mark}")
     clean = [r for r in rows if not r[2]]
     lines.append(f"exact tier: {sum(1 for r in clean if r[3]['exact'] == 0)} of {len(clean)} graphs without "
                  f"version-dependent ops bit-identical; worst of the {len(rows) - len(clean)} with them "
                  f"{max((r[3]['exact'] for r in rows if r[2]), default=0):.2e}")
-    by_family = collections.defaultdict(float)
-    for ng, cls, _, errs in rows:
+    by_family: dict[str, float] = collections.defaultdict(float)
+    for ng, _cls, _, errs in rows:
         key = f"{ng.label.split()[0]} w={'/'.join(sorted(ng.weight_types))}"
         by_family[key] = max(by_family[key], errs["numpy"])
     lines.append("numpy worst by family and weight type: " +

@@ -13,7 +13,7 @@ Part 1 — planning time, for fixture 07 (07_llama4_kvcache, 138 nodes) and fixt
   timed region runs with Python's cyclic garbage collector off, as `timeit` does by default: its
   pauses depend on everything else the process holds (here, the fixtures loaded so far), not on the
   planner. Each repeat starts with `gc.collect()`, and the collector is on again after it.
-* ggml (C, through ggml-python) on the same graph, mirrored by tests/ggml_oracle.py outside the timed
+* ggml (C, through ggml-python) on the same graph, mirrored by ggml_oracle outside the timed
   region: `ggml_gallocr_reserve` repeated on one allocator, "fresh" (`ggml_gallocr_new` + reserve; the
   free is not timed), and `ggml_gallocr_alloc_graph` after a reserve, on freshly mirrored tensors each
   time. The ratio column is ggml_lite / C (reserve against C fresh, alloc_graph against alloc_graph).
@@ -43,7 +43,7 @@ The peak-live lower bound, precisely. Steps are the node indices 0..N-1 (executi
   last user of its views, see tests/differential/test_differential.py::
   test_an_output_view_does_not_keep_its_source_alive), so only a graph with such a view can show a
   ratio below 1 (none of the fixtures has one; 7 of the first 3,000 random graphs of
-  tests/ggml_oracle.py do, and they are exactly the ones whose peak is below this bound).
+  ggml_oracle do, and they are exactly the ones whose peak is below this bound).
 The ratio printed is buffer size / bound (peak / bound in the last column, without the CPU buffer's
 32 bytes).
 """
@@ -55,13 +55,11 @@ import sys
 import time
 from pathlib import Path
 
+import ggml_lite as gl
+import ggml_oracle as O
+from ggml_lite.graphio import allocate_external
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-import ggml_lite as gl  # noqa: E402
-from ggml_lite.graphio import allocate_external  # noqa: E402
-
-import ggml_oracle as O  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "ggml-seed"
 TIMED = ["07_llama4_kvcache", "13_llama7b_ctx512_all_outputs"]
@@ -115,7 +113,7 @@ def time_lite(name, repeat, collect_garbage=False):
 
 
 def time_c(name, repeat):
-    g = O._need_ggml()
+    g = O.need_ggml()
     buft = g.ggml_backend_cpu_buffer_type()
     gf, roots, pre = load(name)  # the ggml_lite side is only the blueprint here
 
@@ -227,7 +225,8 @@ def main(argv=None) -> int:
         lr, la = time_lite(name, args.repeat)
         if have_c:
             cs, cf, ca = time_c(name, args.repeat)
-            print(f"{name:32} {n:5d} {lr:13.0f} {cs:10.1f} {cf:9.1f} {lr / cf:7.1f} {la:11.0f} {ca:9.1f} {la / ca:7.1f}")
+            print(f"{name:32} {n:5d} {lr:13.0f} {cs:10.1f} {cf:9.1f} {lr / cf:7.1f} "
+                  f"{la:11.0f} {ca:9.1f} {la / ca:7.1f}")
             goals.append(f"  {name}: ggml_lite reserve + alloc_graph = {lr + la:.0f} µs = {(lr + la) / cf:.1f}x "
                          f"C fresh reserve ({cf:.1f} µs), {(lr + la) / cs:.1f}x C repeated reserve ({cs:.1f} µs)")
         else:
@@ -238,7 +237,8 @@ def main(argv=None) -> int:
         print("\n".join(goals))
     print()
     print("Plan quality: compute buffer size / peak-live lower bound (definition in the docstring)")
-    head = f"{'fixture':32} {'nodes':>5} {'buffer size':>12} {'lower bound':>12} {'at step':>7} {'ratio':>7} {'peak/LB':>8}"
+    head = (f"{'fixture':32} {'nodes':>5} {'buffer size':>12} {'lower bound':>12} {'at step':>7} {'ratio':>7} "
+            f"{'peak/LB':>8}")
     print(head)
     print("-" * len(head))
     for name in SINGLE:

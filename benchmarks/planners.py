@@ -30,13 +30,11 @@ import sys
 import time
 from pathlib import Path
 
+import ggml_lite as gl
+import ggml_oracle as O
+from ggml_lite import planners, verify
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-import ggml_oracle as O  # noqa: E402
-
-import ggml_lite as gl  # noqa: E402
-from ggml_lite import planners, verify  # noqa: E402
 
 NAMES = ("ggml", "greedy-size", "greedy-breadth", "exact", "best")
 NOT_COMPUTABLE = (gl.TensorError, gl.UnsupportedOpError)
@@ -115,7 +113,8 @@ def verify_all(label: str, problem, plans: dict, tally: Tally, max_bytes: int, c
         tally.failures += not v.ok
     if seconds > 10:
         distinct = len({id(v) for v in checks})
-        print(f"  {label}: {len(checks)} plans verified by computing ({distinct} distinct placements) in {seconds:.0f} s")
+        print(f"  {label}: {len(checks)} plans verified by computing ({distinct} distinct placements) "
+              f"in {seconds:.0f} s")
 
 
 def report(title: str, tally: Tally) -> None:
@@ -211,7 +210,8 @@ def main(argv=None) -> int:
               f"worse on {refused.best_worse}; greedy-size worse than ggml on {refused.size_worse};\n"
               f"  their plans verified by the data-flow run: {refused.dataflow}, failures: {refused.failures}")
     print(f"\n{time.perf_counter() - t_start:.1f} s in all (exact search budget {args.budget} s)")
-    bad = fixtures.failures + rand.failures + refused.failures + fixtures.best_worse + rand.best_worse + refused.best_worse
+    bad = (fixtures.failures + rand.failures + refused.failures
+           + fixtures.best_worse + rand.best_worse + refused.best_worse)
     return 1 if bad else 0
 
 

@@ -54,7 +54,8 @@ def main(argv=None) -> int:
     print(f"in process, median of {args.repeat} (CPU time):")
     print(f"  Llama-2 7B, 1 GPU, n_ctx 512           : {t7:7.1f} ms")
     print(f"  Llama-3.1 70B, 2 GPUs, 81 layers, 8192 : {t70:7.1f} ms   (goal <= 150 ms)")
-    print(f"command, start-up included, median of {args.repeat} (wall time): {command(args.repeat):.2f} s   (goal <= 1.5 s)")
+    print(f"command, start-up included, median of {args.repeat} (wall time): {command(args.repeat):.2f} s   "
+          "(goal <= 1.5 s)")
     return 0
 
 

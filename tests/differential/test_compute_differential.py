@@ -59,6 +59,7 @@ import pytest
 
 import ggml_lite as gl
 import ggml_oracle as O
+from ggml_oracle import normwise_error, version_dependent
 from ggml_lite.exact import compute_forward_exact as compute_forward  # bit-exact where the build matches
 from ggml_lite.exact import libm_exact
 from ggml_lite.quants import Q8_0_DTYPE, dequantize_row_q8_0, quantize_row_q4_0_ref, quantize_row_q8_0_ref
@@ -76,7 +77,7 @@ ELEMENTWISE = frozenset({Op.SQR, Op.SQRT, Op.LOG, Op.UNARY, Op.LEAKY_RELU})
 REPORT = {}             # test name -> counters and worst errors (printed by `python test_compute_differential.py`)
 
 
-# What the comparison may expect of the installed oracle (tests/ggml_oracle.py: build_info). Built like
+# What the comparison may expect of the installed oracle (ggml_oracle.build_info). Built like
 # the recorded fixtures (AVX2/FMA/F16C, no AVX-512: `make setup` pins that build), ggml sums in the
 # order the exact kernels reproduce and values must be identical. Built otherwise (a native AVX-512
 # build, arm64 NEON, ...), every node is compared within BUILD_TOL instead, normwise (max |a - b| over
@@ -168,30 +169,6 @@ def values(t, raw: bytes) -> np.ndarray:
 
 def same_values(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and bool(np.all((a == b) | (np.isnan(a) & np.isnan(b))))
-
-
-def normwise_error(a: np.ndarray, b: np.ndarray) -> float:
-    """max |a - b| over the finite values / max |b|; inf when the non-finite values differ."""
-    fa, fb = np.isfinite(a), np.isfinite(b)
-    inf_a, inf_b = a[~fa & ~np.isnan(a)], b[~fb & ~np.isnan(b)]
-    if not (np.array_equal(fa, fb) and np.array_equal(np.isnan(a), np.isnan(b)) and np.array_equal(inf_a, inf_b)):
-        return np.inf
-    if not fa.any():
-        return 0.0
-    scale = np.max(np.abs(b[fb]))
-    diff = np.max(np.abs(a[fa] - b[fb]))
-    return 0.0 if diff == 0 else (diff / scale if scale > 0 else np.inf)
-
-
-def version_dependent(node) -> str:
-    """The op family (or '') for which ggml 0.15.3 legitimately differs from the reference."""
-    if node.op is Op.ROPE and not node.op_params[2] & 2:
-        return "rope (normal mode)"
-    if node.op is Op.NORM:
-        return "norm"
-    if node.op is Op.MUL_MAT and node.src[0].type is gl.F32 and node.src[0].ne[0] % 32:
-        return "mul_mat f32, K % 32 != 0"
-    return ""
 
 
 def op_label(node) -> str:

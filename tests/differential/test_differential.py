@@ -1,6 +1,6 @@
 """Differential tests: ggml_lite's graph allocator against the real ggml, through ggml-python 0.0.45.
 
-The oracle (`tests/ggml_oracle.py`) re-creates a ggml_lite graph in ggml with the same op calls, runs
+The oracle (the `ggml_oracle` package, oracle/) re-creates a ggml_lite graph in ggml with the same op calls, runs
 the real `ggml_gallocr_reserve` / `ggml_gallocr_alloc_graph`, and reads every tensor's offset in the
 compute buffer. First the oracle is checked against the recorded fixtures (it must reproduce them);
 then random graphs — hypothesis-generated, and a seeded sweep — must get identical plans from both:
@@ -21,6 +21,7 @@ from hypothesis import given
 
 import ggml_lite as gl
 import ggml_oracle as O
+from ggml_oracle import bindings
 from helpers import fixture_path
 from ggml_lite.tensor import Op
 
@@ -46,10 +47,10 @@ def test_ctypes_fixes_make_pointer_results_pointer_wide():
     import ggml
 
     O.apply_ctypes_fixes()
-    for name, kinds in O._FIXED.items():
+    for name, kinds in bindings.FIXED.items():
         fn = getattr(ggml, name)
         assert fn.restype is ctypes.c_void_p, name
-        assert all(O._is_pointer_wide(a) for a in fn.argtypes), (name, fn.argtypes)
+        assert all(bindings.is_pointer_wide(a) for a in fn.argtypes), (name, fn.argtypes)
     buft = ggml.ggml_backend_cpu_buffer_type()
     assert isinstance(buft, int) and ggml.ggml_backend_buft_name(buft) == b"CPU"
     assert O.apply_ctypes_fixes() == []  # idempotent
@@ -308,7 +309,7 @@ def test_a_kept_plan_too_small_for_a_leaf():
     with pytest.raises(gl.PlanMismatchError, match="'q' .* needs 256 bytes, but the plan reserved 4 bytes"):
         lite.alloc_graph(B.graph)
 
-    g = O._need_ggml()
+    g = O.need_ggml()
     galloc = g.ggml_gallocr_new(g.ggml_backend_cpu_buffer_type())
     with O.mirror(A.graph, A.roots) as ma, O.mirror(B.graph, B.roots) as mb:
         assert g.ggml_gallocr_alloc_graph(galloc, ma.gf) and g.ggml_gallocr_alloc_graph(galloc, mb.gf)

@@ -55,7 +55,7 @@ def test_fill_rounds_f16_to_nearest_even_and_quantizes_q8_0():
 
 def test_fill_quantizes_q4_0_by_its_reference_quantizer():
     """q4_0 leafs (beyond the spec; the oracle's numeric graphs have q4_0 weights) are filled the way
-    tests/ggml_oracle.py's `numerics_data` fills them: q4_0's reference quantizer, row by row."""
+    `ggml_oracle.numerics_data` fills them: q4_0's reference quantizer, row by row."""
     from ggml_lite.quants import quantize_row_q4_0_ref
 
     ctx = gl.Context("leafs")

@@ -25,8 +25,8 @@ import pytest
 
 import ggml_lite as gl
 import ggml_oracle as O
+from ggml_oracle import normwise_error, version_dependent
 from ggml_lite.cpu import Arithmetic
-from test_compute_differential import normwise_error, version_dependent
 
 pytestmark = pytest.mark.skipif(
     not O.available(), reason=f"the real ggml is not available: `import ggml` (ggml-python) failed: {O.IMPORT_ERROR}")

@@ -17,7 +17,7 @@ exit 2 with a specific message, or give a result that is right:
   a computed value beyond the tolerance) is wrong; exiting 1 needs a well-formed value that differs;
 - after a mutation of what the plan depends on (shapes, ops, sources, flags ...), `plan --json` must give
   the plan the real ggml makes of the mutated graph, and `check` exits 0 only if that plan is the recorded
-  one, 1 only if it is not (the oracle: tests/ggml_oracle.py, in a forked process; without ggml-python
+  one, 1 only if it is not (the oracle: ggml_oracle, in a forked process; without ggml-python
   these cases are counted as unverified).
 
 The quick run (default) tries about 2,300 cases in some 25 s (180 random mutations, 120 hypothesis
@@ -61,7 +61,7 @@ def _numerics_document(name: str, ranges: dict) -> dict:
     """Fixture `name` with a numerics block whose values ggml_lite computes here (bit-exact tier) from the
     specified leaf data: a file `check` verifies, to mutate."""
     from ggml_lite.cpu import cpu_init
-    from ggml_lite.graphio import run_plan
+    from ggml_lite.plancheck import run_plan
     from ggml_lite.numerics import fill_leaf
 
     doc = copy.deepcopy(load_json(fixture_path("ggml-seed", name)))
@@ -613,7 +613,7 @@ def test_a_file_above_the_size_cap_is_refused_unread(tmp_path):
     above the cap, 2.2 GB -- which ran out of memory --, and 1 TiB). The size is checked before reading:
     each refusal takes no memory to speak of and names the size and the cap."""
     import os
-    from ggml_lite.graphio import MAX_JSON_BYTES
+    from ggml_lite.untrusted import MAX_JSON_BYTES
 
     text = fixture_path("ggml-seed", "01_mlp_small").read_text()
     p = tmp_path / "sparse.json"

@@ -136,7 +136,7 @@ def test_every_ggml_type_has_ggmls_block_and_type_size():
 
     if not O.available():
         pytest.skip(f"the real ggml is not available: {O.IMPORT_ERROR}")
-    g = O._need_ggml()
+    g = O.need_ggml()
     compared = 0
     for t in TYPES.values():
         name = g.ggml_type_name(t.code).decode()

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import ggml_lite as gl
 import ggml_oracle as O
+from ggml_oracle import add_chain, chain_graph, fan_out_graph
 from ggml_lite import exact_search as ES
 from ggml_lite import planners as P
 from ggml_lite import verify as V
@@ -222,38 +223,6 @@ class FakeClock:
                 self.late_work.append(name)
             return real(*args, **kwargs)
         monkeypatch.setattr(owner, name, watched)
-
-
-def fan_out_graph(n: int):
-    """One INPUT tensor read by `n` SCALE ops, every one an OUTPUT (10,000 of them took 112 s at
-    `--budget 1` once: every planner's work grew with n squared). Returns (graph, contexts, expand
-    roots), what `graphio.graph_document` wants (benchmarks/budget.py writes it to a file)."""
-    ctx = gl.Context("compute")
-    x = ctx.new_tensor_1d(gl.F32, 64, name="x")
-    gl.set_input(x)
-    graph, outs = gl.graph.Graph(n + 1), []
-    for i in range(n):
-        y = gl.scale(ctx, x, 2.0)
-        y.set_name(f"y{i}")
-        gl.set_output(y)
-        gl.graph.build_forward_expand(graph, y)
-        outs.append(y)
-    return graph, [ctx], outs
-
-
-def chain_graph(n: int):
-    """`n` matrix products in a row, y = w_k y, of widths cycling through 48, 80, 16, 112 and 32
-    (the weights in a buffer of their own): ggml's plan is above the lower bound."""
-    widths = (48, 80, 16, 112, 32)
-    wctx, ctx = gl.Context("weights"), gl.Context("compute")
-    ws = [wctx.new_tensor_2d(gl.F32, widths[k % 5], widths[(k + 1) % 5], name=f"w{k}") for k in range(n)]
-    gl.alloc_ctx_tensors(wctx, gl.cpu_buffer_type())
-    y = ctx.new_tensor_2d(gl.F32, widths[0], 8, name="x")
-    gl.set_input(y)
-    for w in ws:
-        y = gl.mul_mat(ctx, w, y)
-    gl.set_output(y)
-    return gl.graph.build_forward(y, n + 1)
 
 
 @pytest.mark.parametrize("planner", ["exact", "best", "greedy-size", "greedy-breadth", "the search alone"])
@@ -768,19 +737,6 @@ def test_unusable_inputs_for_a_planner_exit_2(name, args, needle, capsys):
 # `plan --verify` when blocks_of copied a block's tuple of tensors at every member and
 # check_placement compared every pair of blocks alive together (benchmarks/budget.py --large).
 # ---------------------------------------------------------------------------------------------
-def add_chain(n: int):
-    """y = x + x + ... (`n` adds): ggml computes every add in place, so all of it is one block.
-    Returns (graph, contexts, expand roots), as `fan_out_graph` does."""
-    ctx = gl.Context("chain")
-    x = ctx.new_tensor_1d(gl.F32, 64, name="x")
-    gl.set_input(x)
-    y = x
-    for _ in range(n):
-        y = gl.add(ctx, y, x)
-    gl.set_output(y)
-    return gl.graph.build_forward(y, n + 1), [ctx], [y]
-
-
 @pytest.mark.parametrize("n", [500, 1000, 2000])
 def test_blocks_of_stores_each_tensor_of_a_chain_once(n, monkeypatch):
     """A block's tensors are gathered in a list and stored once: the tuples `blocks_of` assigns to
