@@ -618,6 +618,9 @@ def test_verify_refuses_what_it_cannot_check():
     stale = P.best(P.problem_from_blocks(FOUR))
     with pytest.raises(gl.PlanMismatchError, match="made for another graph"):
         P.alloc_planned(recorded("06_llama_block").graph, stale)
+    by_hand = P.problem_from_blocks(FOUR)  # no graph allocator behind it: nothing to place the plan with
+    with pytest.raises(gl.PlanMismatchError, match="made by hand"):
+        P.alloc_planned(recorded("06_llama_block").graph, P.best(by_hand), by_hand)
 
 
 # -- the command line ----------------------------------------------------------------------------------
