@@ -21,11 +21,12 @@
 #
 # Why a reader of the project's own, and not the `gguf` package's? Because the header is untrusted
 # input. Its counts and lengths are 64-bit numbers that the file itself states: a 51-byte file can
-# claim an array of 2^40 strings, and a reader that believes it allocates, or loops, for ever. ggml's
-# `gguf_init_from_file` of mid-2024 reads such counts as given. The reader here checks every count and
-# length against the bytes left in the file *before* it reads or allocates anything, then applies
-# llama.cpp's loader's checks of a LLaMA, so that whatever llama.cpp would refuse is refused here too,
-# with a message that names the file and the field. Nothing in chapters 00–11 depends on the details.
+# claim an array of 2^40 strings, and a reader that takes the count at its word allocates for it, or
+# loops over it, for a very long time. The reader here, written after ggml's `gguf_init_from_file`,
+# checks every count and length against the bytes left in the file *before* it reads or allocates
+# anything, then applies llama.cpp's loader's checks of a LLaMA, so that whatever llama.cpp would
+# refuse is refused here too, with a message that names the file and the field. Nothing in chapters
+# 00–11 depends on the details.
 #
 # **Learning goals**
 #
@@ -34,7 +35,8 @@
 #    bytes; caps far above any real file (§2).
 # 3. Where each tensor's bytes lie: llama.cpp's bounds check, header-only and sparse files (§3).
 # 4. llama.cpp's checks of a LLaMA: each key of its exact type, every tensor present with its shape,
-#    none left over (§4).
+#    none left over (§4); then a tiny header read whole, made hostile, cut short and mistyped (§5),
+#    and a picture of where its bytes go (§6).
 #
 # Exported: `ggml_lite.models.gguf` (chapter 10's `from_gguf`; the fuzz test `test_fuzz_gguf.py` holds
 # it to its promise: a right answer or a `ModelError` naming the field, never a crash).
