@@ -6,16 +6,26 @@
 buffer type, multi-buffers, `ggml_backend_tensor_alloc` / `ggml_backend_view_init`, and numpy views
 of allocated tensors. Addresses are integers in a simulated address space; bytes are created lazily."""
 
+from __future__ import annotations
+
 import enum
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ggml_lite.align import GGML_PAD
+from ggml_lite.bind import method_of
 from ggml_lite.errors import (
-    AlignmentError, BufferFreedError, BufferStateError, TensorAlreadyAllocatedError, TensorBoundsError,
+    AlignmentError,
+    BufferFreedError,
+    BufferStateError,
+    TensorAlreadyAllocatedError,
+    TensorBoundsError,
     TensorNotAllocatedError,
 )
+from ggml_lite.heap import HEAP
 from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, TYPES, Tensor, describe, nbytes
 
 log = logging.getLogger("ggml_lite")
@@ -32,51 +42,19 @@ class BufferUsage(enum.IntEnum):
     COMPUTE = 2
 
 
-class AddressSpace:
-    """A simulated `malloc`/`free`: 16-byte aligned addresses (like glibc) with a 16-byte header
-    before each block. Nothing is stored here; it only hands out addresses.
-
-    Like glibc's per-thread cache, a freed *small* chunk (≤ 1,032 bytes) is handed out again, last
-    freed first, to the next request of the same padded size; large chunks are never reused here.
-    This matters for one observable fact: freeing a buffer and allocating a new one usually gives
-    the new `struct ggml_backend_buffer` the old one's address (see `Buffer.handle`)."""
-
-    SMALL = 1032
-
-    def __init__(self, start: int = 0x7F0000000000):
-        self.next = start
-        self.cache = {}  # padded size -> addresses of freed small chunks (LIFO)
-
-    def malloc(self, size: int) -> int:
-        padded = GGML_PAD(max(size, 1), 16)
-        reuse = self.cache.get(padded)
-        if reuse:
-            return reuse.pop()
-        addr = self.next + 16  # the allocator's header precedes the block
-        self.next = addr + padded
-        return addr
-
-    def free(self, addr: int, size: int) -> None:
-        padded = GGML_PAD(max(size, 1), 16)
-        if padded <= self.SMALL:
-            self.cache.setdefault(padded, []).append(addr)
-
-
 # sizeof(struct ggml_backend_buffer) on x86-64: 9 interface pointers, buft, context, size, usage
 BUFFER_STRUCT_SIZE = 104
 
 
-HEAP = AddressSpace()
-
-
 # notebooks/03_tallocr.py
 class BufferType:
-    """`struct ggml_backend_buffer_type` with the `ggml_backend_buft_*` functions as methods.
+    """`struct ggml_backend_buffer_type`; the `ggml_backend_buft_*` functions are attached below.
 
     `max_size=None` means `SIZE_MAX`; `alloc_size=None` means `ggml_nbytes`. The base class allocates
     plain buffers whose base is aligned to `alignment`; the CPU buffer type overrides the arithmetic."""
 
-    def __init__(self, name: str, alignment: int, max_size: int = None, is_host: bool = False, alloc_size=None):
+    def __init__(self, name: str, alignment: int, max_size: int | None = None, is_host: bool = False,
+                 alloc_size: Callable[[Tensor], int] | None = None):
         if alignment <= 0 or alignment & (alignment - 1):
             raise AlignmentError(f"buffer type {name}: alignment {alignment} is not a power of two")
         self.name = name
@@ -85,49 +63,75 @@ class BufferType:
         self.host = is_host
         self._alloc_size = alloc_size
 
-    def get_name(self) -> str:
-        """`ggml_backend_buft_name`."""
-        return self.name
-
-    def alloc_buffer(self, size: int) -> "Buffer":
-        """`ggml_backend_buft_alloc_buffer`."""
-        buf = Buffer(self, size, HEAP.malloc(size + self.alignment), base_alignment=self.alignment)
-        buf.malloc_size = size + self.alignment
-        return buf
-
-    def get_alignment(self) -> int:
-        """`ggml_backend_buft_get_alignment`."""
-        return self.alignment
-
-    def get_max_size(self) -> int:
-        """`ggml_backend_buft_get_max_size` (`SIZE_MAX` unless the type sets one)."""
-        return self.max_size
-
-    def get_alloc_size(self, tensor: Tensor) -> int:
-        """`ggml_backend_buft_get_alloc_size`: bytes the tensor needs here (default `ggml_nbytes`)."""
-        if self._alloc_size is None:
-            return nbytes(tensor)
-        size = self._alloc_size(tensor)
-        if size < nbytes(tensor):
-            raise BufferStateError(f"buffer type {self.name}: alloc_size {size} of {describe(tensor)} is below its nbytes {nbytes(tensor)}")
-        return size
-
-    def alloc_size_fn(self):
-        """`get_alloc_size` as one callable for hot loops: `ggml_nbytes` itself when the type has no
-        `get_alloc_size` of its own (the C's NULL interface entry), else the bound method."""
-        if self._alloc_size is None and type(self).get_alloc_size is BufferType.get_alloc_size \
-                and "get_alloc_size" not in vars(self):
-            return nbytes
-        return self.get_alloc_size
-
-    def is_host(self) -> bool:
-        """`ggml_backend_buft_is_host`: is the memory directly readable by the CPU?"""
-        return self.host
-
     def __repr__(self):
         return f"BufferType({self.name!r}, alignment={self.alignment}, host={self.host})"
 
+    if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
+        def get_name(buft) -> str: ...
+        def alloc_buffer(buft, size: int) -> Buffer: ...
+        def get_alignment(buft) -> int: ...
+        def get_max_size(buft) -> int: ...
+        def get_alloc_size(buft, tensor: Tensor) -> int: ...
+        def alloc_size_fn(buft) -> Callable[[Tensor], int]: ...
+        def is_host(buft) -> bool: ...
 
+
+# notebooks/03_tallocr.py
+@method_of(BufferType, "get_name")
+def buft_name(buft) -> str:
+    """`ggml_backend_buft_name`."""
+    return buft.name
+
+
+@method_of(BufferType, "alloc_buffer")
+def buft_alloc_buffer(buft, size: int) -> Buffer:
+    """`ggml_backend_buft_alloc_buffer`."""
+    buf = Buffer(buft, size, HEAP.malloc(size + buft.alignment), base_alignment=buft.alignment)
+    buf.malloc_size = size + buft.alignment
+    return buf
+
+
+@method_of(BufferType, "get_alignment")
+def buft_get_alignment(buft) -> int:
+    """`ggml_backend_buft_get_alignment`."""
+    return buft.alignment
+
+
+@method_of(BufferType, "get_max_size")
+def buft_get_max_size(buft) -> int:
+    """`ggml_backend_buft_get_max_size` (`SIZE_MAX` unless the type sets one)."""
+    return buft.max_size
+
+
+@method_of(BufferType, "get_alloc_size")
+def buft_get_alloc_size(buft, tensor: Tensor) -> int:
+    """`ggml_backend_buft_get_alloc_size`: bytes the tensor needs here (default `ggml_nbytes`)."""
+    if buft._alloc_size is None:
+        return nbytes(tensor)
+    size = buft._alloc_size(tensor)
+    if size < nbytes(tensor):
+        raise BufferStateError(f"buffer type {buft.name}: alloc_size {size} of {describe(tensor)} "
+                               f"is below its nbytes {nbytes(tensor)}")
+    return size
+
+
+@method_of(BufferType, "alloc_size_fn")
+def buft_alloc_size_fn(buft) -> Callable[[Tensor], int]:
+    """`get_alloc_size` as one callable for hot loops: `ggml_nbytes` itself when the type has no
+    `get_alloc_size` of its own (the C's NULL interface entry), else the bound method."""
+    if buft._alloc_size is None and type(buft).get_alloc_size is buft_get_alloc_size \
+            and "get_alloc_size" not in vars(buft):
+        return nbytes
+    return buft.get_alloc_size
+
+
+@method_of(BufferType, "is_host")
+def buft_is_host(buft) -> bool:
+    """`ggml_backend_buft_is_host`: is the memory directly readable by the CPU?"""
+    return buft.host
+
+
+# notebooks/03_tallocr.py
 class CPUBufferType(BufferType):
     """`ggml_backend_cpu_buffer_type()`: name "CPU", alignment `TENSOR_ALIGNMENT` (32), host memory,
     no maximum size, alloc size = nbytes (`ggml_backend_cpu_buffer_type_get_name`,
@@ -136,11 +140,16 @@ class CPUBufferType(BufferType):
     def __init__(self):
         super().__init__("CPU", TENSOR_ALIGNMENT, None, True)
 
-    def alloc_buffer(self, size: int) -> "Buffer":
-        """`ggml_backend_cpu_buffer_type_alloc_buffer`: `size += TENSOR_ALIGNMENT` ("malloc may return
-        an address that is not aligned"), malloc, and that larger size becomes the buffer's size."""
-        size += TENSOR_ALIGNMENT
-        return CPUBuffer(self, size, HEAP.malloc(size))
+    if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
+        def alloc_buffer(buft, size: int) -> Buffer: ...
+
+
+@method_of(CPUBufferType, "alloc_buffer")
+def cpu_buffer_type_alloc_buffer(buft, size: int) -> Buffer:
+    """`ggml_backend_cpu_buffer_type_alloc_buffer`: `size += TENSOR_ALIGNMENT` ("malloc may return
+    an address that is not aligned"), malloc, and that larger size becomes the buffer's size."""
+    size += TENSOR_ALIGNMENT
+    return CPUBuffer(buft, size, HEAP.malloc(size))
 
 
 _CPU_BUFT = CPUBufferType()
@@ -153,12 +162,12 @@ def cpu_buffer_type() -> CPUBufferType:
 
 # notebooks/03_tallocr.py
 class Buffer:
-    """`struct ggml_backend_buffer` (`ggml_backend_buffer_init`) with the `ggml_backend_buffer_*`
-    functions as methods. `data` is the address of its memory; its bytes (`memory()`) are created on
+    """`struct ggml_backend_buffer` (`ggml_backend_buffer_init`); the `ggml_backend_buffer_*` functions
+    are attached below. `data` is the address of its memory; its bytes (`memory()`) are created on
     first access. `base_alignment` aligns the base like the CPU buffer does (None: base = data)."""
 
-    def __init__(self, buft: BufferType, size: int, data: int, base_alignment: int = None, name: str = None,
-                 memory: np.ndarray = None, owns_memory: bool = True):
+    def __init__(self, buft: BufferType, size: int, data: int, base_alignment: int | None = None,
+                 name: str | None = None, memory: np.ndarray | None = None, owns_memory: bool = True):
         self.buft = buft
         self.size = size
         self.usage = BufferUsage.ANY
@@ -173,60 +182,110 @@ class Buffer:
         self.handle = HEAP.malloc(BUFFER_STRUCT_SIZE)
         self.malloc_size = size  # bytes malloc'ed at `data` (freed with the buffer when owned)
 
-    # -- identity and geometry --------------------------------------------------------------
-    def get_name(self) -> str:
-        """`ggml_backend_buffer_name`."""
-        return self._name or self.buft.get_name()
-
-    def get_size(self) -> int:
-        """`ggml_backend_buffer_get_size`."""
-        return self.size
-
-    def get_base(self) -> int:
-        """`ggml_backend_buffer_get_base`: the address of the first usable byte."""
-        if self.freed:
-            self._alive()  # raises
-        return self._base
-
-    def get_type(self) -> BufferType:
-        """`ggml_backend_buffer_get_type`."""
-        return self.buft
-
-    def get_alignment(self) -> int:
-        """`ggml_backend_buffer_get_alignment`."""
-        return self.buft.get_alignment()
-
-    def get_max_size(self) -> int:
-        """`ggml_backend_buffer_get_max_size`."""
-        return self.buft.get_max_size()
-
-    def get_alloc_size(self, tensor: Tensor) -> int:
-        """`ggml_backend_buffer_get_alloc_size`."""
-        return self.buft.get_alloc_size(tensor)
-
-    def is_host(self) -> bool:
-        """`ggml_backend_buffer_is_host`."""
-        return self.buft.is_host()
-
-    def is_multi_buffer(self) -> bool:
-        """`ggml_backend_buffer_is_multi_buffer`."""
-        return False
-
-    def set_usage(self, usage: BufferUsage) -> None:
-        """`ggml_backend_buffer_set_usage` (a multi-buffer passes it on to its parts)."""
-        self.usage = BufferUsage(usage)
-
-    def get_usage(self) -> BufferUsage:
-        """`ggml_backend_buffer_get_usage`."""
-        return self.usage
-
     def __repr__(self):
         state = " freed" if self.freed else ""
         return f"Buffer({self.get_name()!r}, size={self.size}, usage={self.usage.name}{state})"
 
+    if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
+        def get_name(buffer) -> str: ...
+        def get_size(buffer) -> int: ...
+        def get_base(buffer) -> int: ...
+        def get_type(buffer) -> BufferType: ...
+        def get_alignment(buffer) -> int: ...
+        def get_max_size(buffer) -> int: ...
+        def get_alloc_size(buffer, tensor: Tensor) -> int: ...
+        def is_host(buffer) -> bool: ...
+        def is_multi_buffer(buffer) -> bool: ...
+        def set_usage(buffer, usage: BufferUsage) -> None: ...
+        def get_usage(buffer) -> BufferUsage: ...
+        def free(buffer) -> None: ...
+        def _alive(buffer) -> None: ...
+        def init_tensor(buffer, tensor: Tensor) -> None: ...
+        def reset(buffer) -> None: ...
+        def _extent(buffer) -> int: ...
+        def memory(buffer) -> np.ndarray: ...
+        def span(buffer, addr: int, n: int, what: str=...) -> np.ndarray: ...
+        def clear(buffer, value: int) -> None: ...
+        def set_tensor(buffer, tensor: Tensor, data, offset: int, size: int) -> None: ...
+        def get_tensor(buffer, tensor: Tensor, offset: int, size: int) -> bytes: ...
+        def cpy_tensor(buffer, src: Tensor, dst: Tensor) -> bool: ...
+
 
 # notebooks/03_tallocr.py
-def free(buffer) -> None:
+@method_of(Buffer, "get_name")
+def buffer_name(buffer) -> str:
+    """`ggml_backend_buffer_name`."""
+    return buffer._name or buffer.buft.get_name()
+
+
+@method_of(Buffer, "get_size")
+def buffer_get_size(buffer) -> int:
+    """`ggml_backend_buffer_get_size`."""
+    return buffer.size
+
+
+@method_of(Buffer, "get_base")
+def buffer_get_base(buffer) -> int:
+    """`ggml_backend_buffer_get_base`: the address of the first usable byte."""
+    if buffer.freed:
+        buffer._alive()  # raises
+    return buffer._base
+
+
+@method_of(Buffer, "get_type")
+def buffer_get_type(buffer) -> BufferType:
+    """`ggml_backend_buffer_get_type`."""
+    return buffer.buft
+
+
+@method_of(Buffer, "get_alignment")
+def buffer_get_alignment(buffer) -> int:
+    """`ggml_backend_buffer_get_alignment`."""
+    return buffer.buft.get_alignment()
+
+
+@method_of(Buffer, "get_max_size")
+def buffer_get_max_size(buffer) -> int:
+    """`ggml_backend_buffer_get_max_size`."""
+    return buffer.buft.get_max_size()
+
+
+@method_of(Buffer, "get_alloc_size")
+def buffer_get_alloc_size(buffer, tensor: Tensor) -> int:
+    """`ggml_backend_buffer_get_alloc_size`."""
+    return buffer.buft.get_alloc_size(tensor)
+
+
+@method_of(Buffer, "is_host")
+def buffer_is_host(buffer) -> bool:
+    """`ggml_backend_buffer_is_host`."""
+    return buffer.buft.is_host()
+
+
+@method_of(Buffer, "is_multi_buffer")
+def buffer_is_multi_buffer(buffer) -> bool:
+    """`ggml_backend_buffer_is_multi_buffer` (the C compares the interface's `get_name` with the
+    multi-buffer's; here, the class)."""
+    return isinstance(buffer, MultiBuffer)
+
+
+@method_of(Buffer, "set_usage")
+def buffer_set_usage(buffer, usage: BufferUsage) -> None:
+    """`ggml_backend_buffer_set_usage` (a multi-buffer passes it on to its parts)."""
+    buffer.usage = BufferUsage(usage)
+    if buffer.is_multi_buffer():
+        multi_buffer_set_usage(buffer, usage)
+
+
+@method_of(Buffer, "get_usage")
+def buffer_get_usage(buffer) -> BufferUsage:
+    """`ggml_backend_buffer_get_usage`."""
+    return buffer.usage
+
+
+# notebooks/03_tallocr.py
+@method_of(Buffer, "free")
+def buffer_free(buffer) -> None:
     """`ggml_backend_buffer_free` (`ggml_backend_cpu_buffer_free_buffer`): the buffer and its
     bytes are gone; using it again, or freeing it twice, raises `BufferFreedError`."""
     buffer._alive()
@@ -237,33 +296,32 @@ def free(buffer) -> None:
     HEAP.free(buffer.handle, BUFFER_STRUCT_SIZE)  # then `free(buffer)`
 
 
-def _alive(buffer) -> None:
+@method_of(Buffer, "_alive")
+def _buffer_alive(buffer) -> None:
     if buffer.freed:
         raise BufferFreedError(f"buffer {buffer.get_name()} of {buffer.size} bytes was freed")
 
 
-def init_tensor(buffer, tensor: Tensor) -> None:
+@method_of(Buffer, "init_tensor")
+def buffer_init_tensor(buffer, tensor: Tensor) -> None:
     """`ggml_backend_buffer_init_tensor`: optional per-tensor setup (none for CPU buffers)."""
 
 
-def reset(buffer) -> None:
+@method_of(Buffer, "reset")
+def buffer_reset(buffer) -> None:
     """`ggml_backend_buffer_reset`: optional (no-op for CPU buffers)."""
 
 
-Buffer.free = free
-Buffer._alive = _alive
-Buffer.init_tensor = init_tensor
-Buffer.reset = reset
-
-
 # notebooks/03_tallocr.py
-def _extent(buffer) -> int:
+@method_of(Buffer, "_extent")
+def _buffer_extent(buffer) -> int:
     """Bytes from `data` to the end of the buffer: `size`, plus the padding before an aligned base
     (a buffer type that aligns the base of a `size`-byte buffer malloc'ed `size + alignment` bytes)."""
     return buffer.size + (buffer._base - buffer.data)
 
 
-def memory(buffer) -> np.ndarray:
+@method_of(Buffer, "memory")
+def buffer_memory(buffer) -> np.ndarray:
     """The buffer's bytes from `data` to `base + size`, created (zeroed) on first use."""
     buffer._alive()
     if buffer._mem is None:
@@ -271,7 +329,8 @@ def memory(buffer) -> np.ndarray:
     return buffer._mem
 
 
-def span(buffer, addr: int, n: int, what: str = "access") -> np.ndarray:
+@method_of(Buffer, "span")
+def buffer_span(buffer, addr: int, n: int, what: str = "access") -> np.ndarray:
     """The `n` bytes at address `addr`, which must lie inside the buffer."""
     lo, extent = addr - buffer.data, buffer._extent()
     if lo < 0 or lo + n > extent:
@@ -280,42 +339,36 @@ def span(buffer, addr: int, n: int, what: str = "access") -> np.ndarray:
     return buffer.memory()[lo:lo + n]
 
 
-def clear(buffer, value: int) -> None:
+@method_of(Buffer, "clear")
+def buffer_clear(buffer, value: int) -> None:
     """`ggml_backend_buffer_clear` (`ggml_backend_cpu_buffer_clear`): set every byte to `value`."""
     buffer.memory()[:] = value
 
 
-def set_tensor(buffer, tensor: Tensor, data, offset: int, size: int) -> None:
+@method_of(Buffer, "set_tensor")
+def buffer_set_tensor(buffer, tensor: Tensor, data, offset: int, size: int) -> None:
     """`ggml_backend_cpu_buffer_set_tensor`: copy `size` bytes of `data` to `tensor.data + offset`."""
     src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
-    _check_tensor_range(tensor, offset, size, "write")
+    addr = _tensor_range(tensor, offset, size, "write")
     if src.size < size:
         raise TensorBoundsError(f"write to {describe(tensor)}: {size} bytes asked, only {src.size} given")
-    buffer.span(tensor.data + offset, size, "write")[:] = src[:size]
+    buffer.span(addr, size, "write")[:] = src[:size]
 
 
-def get_tensor(buffer, tensor: Tensor, offset: int, size: int) -> bytes:
+@method_of(Buffer, "get_tensor")
+def buffer_get_tensor(buffer, tensor: Tensor, offset: int, size: int) -> bytes:
     """`ggml_backend_cpu_buffer_get_tensor`: `size` bytes from `tensor.data + offset`."""
-    _check_tensor_range(tensor, offset, size, "read")
-    return buffer.span(tensor.data + offset, size, "read").tobytes()
+    return buffer.span(_tensor_range(tensor, offset, size, "read"), size, "read").tobytes()
 
 
-def cpy_tensor(buffer, src: Tensor, dst: Tensor) -> bool:
+@method_of(Buffer, "cpy_tensor")
+def buffer_cpy_tensor(buffer, src: Tensor, dst: Tensor) -> bool:
     """`ggml_backend_cpu_buffer_cpy_tensor`: copy when the source is host memory, else decline (False)."""
     if not _buffer_of(src).is_host():
         return False
     n = nbytes(src)
-    _buffer_of(dst).span(dst.data, n, "copy")[:] = _buffer_of(src).span(src.data, n, "copy")
+    _buffer_of(dst).span(_address_of(dst), n, "copy")[:] = _buffer_of(src).span(_address_of(src), n, "copy")
     return True
-
-
-Buffer._extent = _extent
-Buffer.memory = memory
-Buffer.span = span
-Buffer.clear = clear
-Buffer.set_tensor = set_tensor
-Buffer.get_tensor = get_tensor
-Buffer.cpy_tensor = cpy_tensor
 
 
 # notebooks/03_tallocr.py
@@ -327,12 +380,13 @@ class CPUBuffer(Buffer):
         super().__init__(buft, size, data, TENSOR_ALIGNMENT, "CPU", memory, owns_memory)
 
 
-def cpu_buffer_from_ptr(memory: np.ndarray, size: int = None, address: int = None) -> CPUBuffer:
+def cpu_buffer_from_ptr(memory: np.ndarray, size: int | None = None, address: int | None = None) -> CPUBuffer:
     """`ggml_backend_cpu_buffer_from_ptr`: a CPU buffer over memory that already exists (a numpy array
     whose bytes are used in place, as llama.cpp wraps an mmap'ed model file). `address` is where that
     memory is in the simulated address space (a fresh aligned address when omitted); it must be
     32-byte aligned. Freeing the buffer does not free the memory."""
-    mem = np.frombuffer(memoryview(memory).cast("B"), dtype=np.uint8) if not isinstance(memory, np.ndarray) else memory.reshape(-1).view(np.uint8)
+    mem = (memory.reshape(-1).view(np.uint8) if isinstance(memory, np.ndarray)
+           else np.frombuffer(memoryview(memory).cast("B"), dtype=np.uint8))
     size = mem.size if size is None else size
     if address is None:
         address = GGML_PAD(HEAP.malloc(size + TENSOR_ALIGNMENT), TENSOR_ALIGNMENT)
@@ -343,57 +397,91 @@ def cpu_buffer_from_ptr(memory: np.ndarray, size: int = None, address: int = Non
 
 # notebooks/03_tallocr.py
 class MultiBuffer(Buffer):
-    """`ggml_backend_multi_buffer_alloc_buffer`: several buffers seen as one (`ggml_backend_multi_buffer_get_name`,
-    `ggml_backend_multi_buffer_free_buffer`, `ggml_backend_multi_buffer_clear`, `ggml_backend_multi_buffer_set_usage`)."""
+    """`ggml_backend_multi_buffer_alloc_buffer`: several buffers seen as one; the
+    `ggml_backend_multi_buffer_*` functions are attached below."""
 
-    def __init__(self, buffers: list):
+    def __init__(self, buffers: list[Buffer]):
         if not buffers:
             raise BufferStateError("a multi-buffer needs at least one buffer")
         self.buffers = list(buffers)
         super().__init__(buffers[0].buft, sum(b.get_size() for b in buffers), 0)
 
-    def get_name(self) -> str:
-        return self.buffers[0].get_name()
-
-    def is_multi_buffer(self) -> bool:
-        return True
-
-    def get_base(self) -> int:
-        raise BufferStateError(f"multi-buffer {self.get_name()} has no base address: its tensors live in its {len(self.buffers)} parts")
-
-    def set_usage(self, usage: BufferUsage) -> None:
-        super().set_usage(usage)
-        for b in self.buffers:
-            b.set_usage(usage)
-
-    def free(self) -> None:
-        self._alive()
-        for b in self.buffers:
-            b.free()
-        self.freed = True
-        HEAP.free(self.handle, BUFFER_STRUCT_SIZE)
-
-    def clear(self, value: int) -> None:
-        self._alive()
-        for b in self.buffers:
-            b.clear(value)
-
-    def memory(self):
-        raise BufferStateError(f"multi-buffer {self.get_name()} has no memory of its own; use its parts")
-
-    def set_tensor(self, tensor, data, offset, size):
-        raise BufferStateError(f"multi-buffer {self.get_name()}: set {describe(tensor)} through the part that holds it")
-
-    def get_tensor(self, tensor, offset, size):
-        raise BufferStateError(f"multi-buffer {self.get_name()}: get {describe(tensor)} through the part that holds it")
-
-    def cpy_tensor(self, src, dst) -> bool:
-        return False
+    if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
+        def get_name(buffer) -> str: ...
+        def free(buffer) -> None: ...
+        def clear(buffer, value: int) -> None: ...
+        def get_base(buffer) -> int: ...
+        def memory(buffer) -> np.ndarray: ...
+        def set_tensor(buffer, tensor: Tensor, data, offset: int, size: int) -> None: ...
+        def get_tensor(buffer, tensor: Tensor, offset: int, size: int) -> bytes: ...
+        def cpy_tensor(buffer, src: Tensor, dst: Tensor) -> bool: ...
 
 
-def multi_buffer_alloc_buffer(buffers: list) -> MultiBuffer:
+def multi_buffer_alloc_buffer(buffers: list[Buffer]) -> MultiBuffer:
     """`ggml_backend_multi_buffer_alloc_buffer`."""
     return MultiBuffer(buffers)
+
+
+def multi_buffer_set_usage(buffer: MultiBuffer, usage: BufferUsage) -> None:
+    """`ggml_backend_multi_buffer_set_usage`: every part gets the usage."""
+    for b in buffer.buffers:
+        b.set_usage(usage)
+
+
+# notebooks/03_tallocr.py
+@method_of(MultiBuffer, "get_name")
+def multi_buffer_get_name(buffer) -> str:
+    """`ggml_backend_multi_buffer_get_name`: the first part's name."""
+    return buffer.buffers[0].get_name()
+
+
+@method_of(MultiBuffer, "free")
+def multi_buffer_free_buffer(buffer) -> None:
+    """`ggml_backend_multi_buffer_free_buffer`: free every part, then the multi-buffer itself."""
+    buffer._alive()
+    for b in buffer.buffers:
+        b.free()
+    buffer.freed = True
+    HEAP.free(buffer.handle, BUFFER_STRUCT_SIZE)
+
+
+@method_of(MultiBuffer, "clear")
+def multi_buffer_clear(buffer, value: int) -> None:
+    """`ggml_backend_multi_buffer_clear`: clear every part."""
+    buffer._alive()
+    for b in buffer.buffers:
+        b.clear(value)
+
+
+@method_of(MultiBuffer, "get_base")
+def multi_buffer_get_base(buffer) -> int:
+    """No `get_base` (NULL in the multi-buffer's interface): an error naming the parts."""
+    raise BufferStateError(f"multi-buffer {buffer.get_name()} has no base address: its tensors live in its "
+                           f"{len(buffer.buffers)} parts")
+
+
+@method_of(MultiBuffer, "memory")
+def multi_buffer_memory(buffer) -> np.ndarray:
+    """No memory of its own: an error."""
+    raise BufferStateError(f"multi-buffer {buffer.get_name()} has no memory of its own; use its parts")
+
+
+@method_of(MultiBuffer, "set_tensor")
+def multi_buffer_set_tensor(buffer, tensor: Tensor, data, offset: int, size: int) -> None:
+    """No `set_tensor` (NULL): an error naming the tensor."""
+    raise BufferStateError(f"multi-buffer {buffer.get_name()}: set {describe(tensor)} through the part that holds it")
+
+
+@method_of(MultiBuffer, "get_tensor")
+def multi_buffer_get_tensor(buffer, tensor: Tensor, offset: int, size: int) -> bytes:
+    """No `get_tensor` (NULL): an error naming the tensor."""
+    raise BufferStateError(f"multi-buffer {buffer.get_name()}: get {describe(tensor)} through the part that holds it")
+
+
+@method_of(MultiBuffer, "cpy_tensor")
+def multi_buffer_cpy_tensor(buffer, src: Tensor, dst: Tensor) -> bool:
+    """No `cpy_tensor` (NULL): declined, as `ggml_backend_buffer_copy_tensor` does."""
+    return False
 
 
 # notebooks/03_tallocr.py
@@ -404,21 +492,32 @@ def _buffer_of(t: Tensor) -> Buffer:
     return buf
 
 
-def _check_tensor_range(t: Tensor, offset: int, size: int, what: str) -> None:
+def _address_of(t: Tensor) -> int:
+    """`t.data`, which must be set."""
+    if t.data is None:
+        raise TensorNotAllocatedError(f"{describe(t)} has no memory yet (data is NULL)")
+    return t.data
+
+
+def _tensor_range(t: Tensor, offset: int, size: int, what: str) -> int:
+    """The address of byte `offset` of `t`, once `[offset, offset + size)` is checked to lie in `t`."""
     if t.data is None:
         raise TensorNotAllocatedError(f"cannot {what} {describe(t)}: the tensor has no memory yet")
     if offset < 0 or size < 0 or offset + size > nbytes(t):
         raise TensorBoundsError(f"tensor {what} out of bounds: bytes [{offset}, {offset + size}) of {describe(t)}, "
                                 f"which has {nbytes(t)} bytes")
+    return t.data + offset
 
 
-def tensor_alloc(buffer: Buffer, tensor: Tensor, addr: int, alloc_size: int = None) -> None:
+def tensor_alloc(buffer: Buffer, tensor: Tensor, addr: int, alloc_size: int | None = None) -> None:
     """`ggml_backend_tensor_alloc`: place `tensor` at address `addr` of `buffer`. A caller that has
     just computed `ggml_backend_buffer_get_alloc_size(buffer, tensor)` may pass it as `alloc_size`."""
     if tensor.buffer is not None or tensor.data is not None:
-        raise TensorAlreadyAllocatedError(f"{describe(tensor)} already has memory (in {tensor.buffer or tensor.view_src.buffer})")
+        holder = tensor.buffer or (tensor.view_src.buffer if tensor.view_src is not None else None)
+        raise TensorAlreadyAllocatedError(f"{describe(tensor)} already has memory (in {holder})")
     if tensor.view_src is not None:
-        raise TensorAlreadyAllocatedError(f"{describe(tensor)} is a view: it takes its memory from its view_src (view_init)")
+        raise TensorAlreadyAllocatedError(f"{describe(tensor)} is a view: it takes its memory from its view_src "
+                                          f"(view_init)")
     base = buffer.get_base()
     need = alloc_size if alloc_size is not None else buffer.get_alloc_size(tensor)
     if addr < base or addr + need > base + buffer.get_size():
@@ -437,7 +536,8 @@ def view_init(tensor: Tensor) -> None:
         raise BufferStateError(f"{describe(tensor)} is not a view (no view_src)")
     src = tensor.view_src
     if src.buffer is None or src.data is None:
-        raise TensorNotAllocatedError(f"the view {describe(tensor)} cannot be placed: its view_src {describe(src)} has no memory yet")
+        raise TensorNotAllocatedError(f"the view {describe(tensor)} cannot be placed: its view_src {describe(src)} "
+                                      f"has no memory yet")
     tensor.buffer = src.buffer
     tensor.data = src.data + tensor.view_offs
     tensor.buffer.init_tensor(tensor)
@@ -452,7 +552,8 @@ def buffer_copy_tensor(src: Tensor, dst: Tensor) -> bool:
 
 
 # notebooks/03_tallocr.py
-_DTYPES = {  # how numpy sees one block of each type; types without a layout here are opaque blocks
+# how numpy sees one block of each type; types without a layout here are opaque blocks
+_DTYPES: dict[str, np.dtype] = {
     F32.name: np.dtype("<f4"), F16.name: np.dtype("<f2"), I32.name: np.dtype("<i4"),
     Q8_0.name: np.dtype([("d", "<f2"), ("qs", "i1", 32)]),
     Q4_0.name: np.dtype([("d", "<f2"), ("qs", "u1", 16)]),
@@ -469,11 +570,12 @@ def tensor_array(t: Tensor, device: bool = False) -> np.ndarray:
     for the backend that owns non-host memory (its kernels read their own memory directly)."""
     buf = _buffer_of(t)
     if not device and not buf.is_host():
-        raise BufferStateError(f"{describe(t)} is in {buf.get_name()} memory, not host memory: use tensor_get/tensor_set")
+        raise BufferStateError(f"{describe(t)} is in {buf.get_name()} memory, not host memory: "
+                               f"use tensor_get/tensor_set")
     if buf.is_multi_buffer():
         raise BufferStateError(f"{describe(t)} points at a multi-buffer, not at one of its parts")
     n = nbytes(t)
-    start = t.data - buf.data
+    start = _address_of(t) - buf.data
     if start < 0 or start + n > buf._extent():
         raise TensorBoundsError(f"{describe(t)} spans bytes [{start}, {start + n}) of buffer {buf.get_name()}, "
                                 f"which has {buf.size}")

@@ -4,9 +4,13 @@
 # notebooks/03_tallocr.py
 """The linear allocator `ggml_tallocr` and `ggml_backend_alloc_ctx_tensors` (ggml-alloc.c)."""
 
+from __future__ import annotations
+
 import logging
+from typing import TYPE_CHECKING
 
 from ggml_lite.align import GGML_PAD, aligned_offset
+from ggml_lite.bind import method_of
 from ggml_lite.buffer import Buffer, BufferType, multi_buffer_alloc_buffer, tensor_alloc, view_init
 from ggml_lite.errors import OutOfBufferSpaceError, TensorTooLargeError
 from ggml_lite.tensor import Context, Tensor, describe
@@ -23,19 +27,24 @@ class TAllocr:
         self.alignment = buffer.get_alignment()
         self.offset = aligned_offset(self.base, 0, self.alignment)
 
-    def alloc(self, tensor: Tensor) -> int:
-        """`ggml_tallocr_alloc`: place `tensor` at the current offset; returns its address."""
-        size = GGML_PAD(self.buffer.get_alloc_size(tensor), self.alignment)
-        available = self.buffer.get_size() - self.offset
-        if size > available:
-            log.error("ggml_tallocr_alloc: not enough space in the buffer to allocate %s (needed %d, available %d)",
-                      tensor.name, size, available)
-            raise OutOfBufferSpaceError(f"not enough space in buffer {self.buffer.get_name()} for {describe(tensor)}: "
-                                        f"needed {size} bytes, available {available}")
-        addr = self.base + self.offset
-        self.offset += size
-        tensor_alloc(self.buffer, tensor, addr)
-        return addr
+    if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
+        def alloc(talloc, tensor: Tensor) -> int: ...
+
+
+@method_of(TAllocr)
+def alloc(talloc, tensor: Tensor) -> int:
+    """`ggml_tallocr_alloc`: place `tensor` at the current offset; returns its address."""
+    size = GGML_PAD(talloc.buffer.get_alloc_size(tensor), talloc.alignment)
+    available = talloc.buffer.get_size() - talloc.offset
+    if size > available:
+        log.error("ggml_tallocr_alloc: not enough space in the buffer to allocate %s (needed %d, available %d)",
+                  tensor.name, size, available)
+        raise OutOfBufferSpaceError(f"not enough space in buffer {talloc.buffer.get_name()} for {describe(tensor)}: "
+                                    f"needed {size} bytes, available {available}")
+    addr = talloc.base + talloc.offset
+    talloc.offset += size
+    tensor_alloc(talloc.buffer, tensor, addr)
+    return addr
 
 
 # notebooks/03_tallocr.py
@@ -67,7 +76,8 @@ def alloc_ctx_tensors_from_buft(ctx: Context, buft: BufferType):
     """`ggml_backend_alloc_ctx_tensors_from_buft`: allocate every tensor of `ctx` in buffers of `buft`;
     returns the buffer (a multi-buffer when `max_size` forced several), or None when nothing needed memory."""
     alignment, max_size = buft.get_alignment(), buft.get_max_size()
-    buffers, cur_buf_size, first = [], 0, 0
+    buffers: list[Buffer] = []
+    cur_buf_size, first = 0, 0
     for i, t in enumerate(ctx.tensors):
         this_size = GGML_PAD(buft.get_alloc_size(t), alignment) if t.data is None and t.view_src is None else 0
         if this_size > max_size:

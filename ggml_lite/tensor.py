@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ggml_lite.bind import method_of
 from ggml_lite.errors import ShapeError, UnknownOpError, UnknownTypeError, ViewBoundsError
@@ -219,7 +219,7 @@ class Tensor:
         self.view_src = view_src
         self.view_offs = view_offs
         self.name = ""
-        self.buffer = None
+        self.buffer: Any = None  # a ggml_lite.buffer.Buffer (chapter 03) once placed
         self.data = None if view_src is None or view_src.data is None else view_src.data + view_offs
         self.extra = None
         self.ctx = ctx

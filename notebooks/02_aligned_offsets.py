@@ -71,7 +71,8 @@ def _check(alignment: int, what: str) -> None:
 def aligned_offset(buffer, offset: int, alignment: int) -> int:
     """`aligned_offset`: the smallest `o >= offset` such that `buffer + o` is a multiple of
     `alignment` (`buffer` is an address, or None for NULL)."""
-    if not (type(alignment) is int and alignment > 0 and not alignment & (alignment - 1)):  # the C asserts a power of two
+    # the C asserts a power of two; the test is written out because this runs for every tensor
+    if not (type(alignment) is int and alignment > 0 and not alignment & (alignment - 1)):
         _check(alignment, "aligned_offset")  # (raises, naming the bad alignment)
     base = buffer or 0
     return offset + (alignment - (base + offset) % alignment) % alignment
