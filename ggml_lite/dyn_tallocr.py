@@ -5,11 +5,15 @@
 """The dynamic offset allocator `ggml_dyn_tallocr` (ggml-alloc.c), with its optional debug bookkeeping
 (`GGML_ALLOCATOR_DEBUG`) and trace events for the pictures."""
 
+from __future__ import annotations
+
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ggml_lite.align import aligned_offset
+from ggml_lite.bind import method_of
 from ggml_lite.buffer import SIZE_MAX
 from ggml_lite.errors import AllocatorDebugError, OutOfBufferSpaceError, OutOfFreeBlocksError
 from ggml_lite.tensor import nbytes
@@ -29,6 +33,7 @@ def _tensor_name(tensor) -> str:
 class AllocEvent:
     """`ggml_dyn_tallocr_alloc` chose `block` (of `n_blocks`) by `how` ("best_fit" or "last_block")."""
 
+    kind = "alloc"  # a class attribute, not a field: what `replay` dispatches on
     tensor: object
     size: int  # aligned size
     offset: int
@@ -43,8 +48,12 @@ class AllocEvent:
 
     def describe(self) -> str:
         name = _tensor_name(self.tensor)
-        where = (f"best fit: block {self.block} of {self.n_blocks} ({self.block_size} B)" if self.how == "best_fit"
-                 else f"last block: {'grows max_size to ' + _kib(self.max_size) if self.max_size > self.max_size_before else 'fits below max_size'}")
+        if self.how == "best_fit":
+            where = f"best fit: block {self.block} of {self.n_blocks} ({self.block_size} B)"
+        elif self.max_size > self.max_size_before:
+            where = f"last block: grows max_size to {_kib(self.max_size)}"
+        else:
+            where = "last block: fits below max_size"
         return f"alloc {name} ({self.size} B) at {self.offset} — {where}" + ("; block used up" if self.removed else "")
 
 
@@ -54,6 +63,7 @@ class FreeEvent:
     (`how` = "after_block", "after_block+next", "before_block", "before_block+previous") or inserted
     as a new block at index `block` ("insert")."""
 
+    kind = "free"
     tensor: object
     size: int
     offset: int
@@ -76,6 +86,7 @@ class FreeEvent:
 class ResetEvent:
     """`ggml_dyn_tallocr_reset`: one free block `[0, SIZE_MAX/2)`, max_size 0."""
 
+    kind = "reset"
     free_blocks: tuple
 
     def describe(self) -> str:
@@ -101,6 +112,8 @@ class DynTAllocr:
         self.debug = debug
         self.trace = trace
         self.allocated_tensors = [[None, 0] for _ in range(DEBUG_SLOTS)] if debug else None
+        self.blocks: list[list[int]] = []  # [offset, size] pairs, sorted by offset (set by reset)
+        self.max_size = 0
         self.reset()
 
     @property
@@ -112,26 +125,46 @@ class DynTAllocr:
     def n_free_blocks(self) -> int:
         return len(self.blocks)
 
-    def reset(self) -> None:
-        """`ggml_dyn_tallocr_reset`: one free block `[0, SIZE_MAX // 2)`, max_size 0."""
-        self.blocks = [[0, SIZE_MAX // 2]]
-        self.max_size = 0
-        if self.trace is not None:
-            self.trace(ResetEvent(tuple(map(tuple, self.blocks))))
-
-    def get_max_size(self) -> int:
-        """`ggml_dyn_tallocr_max_size`: the highest end of any allocation since the last reset."""
-        return self.max_size
-
-    def free(self) -> None:
-        """`ggml_dyn_tallocr_free`: nothing to release in Python; the allocator is left empty."""
-        self.blocks = []
-
     def __repr__(self):
         return f"DynTAllocr(alignment={self.alignment}, {len(self.blocks)} free blocks, max_size={self.max_size})"
 
+    if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
+        def reset(dyn) -> None: ...
+        def get_max_size(dyn) -> int: ...
+        def free(dyn) -> None: ...
+        def alloc(dyn, size: int, tensor=...) -> int: ...
+        def free_tensor(dyn, offset: int, size: int, tensor=...) -> None: ...
+        def _trace_free(dyn, tensor, size: int, offset: int, block: int, how: str) -> None: ...
+        def _debug_add(dyn, offset: int, size: int, tensor) -> None: ...
+        def _debug_remove(dyn, offset: int, tensor) -> None: ...
+        def live_debug_tensors(dyn) -> list: ...
+
 
 # notebooks/04_dyn_allocator.py
+@method_of(DynTAllocr)
+def reset(dyn) -> None:
+    """`ggml_dyn_tallocr_reset`: one free block `[0, SIZE_MAX // 2)`, max_size 0."""
+    dyn.blocks = [[0, SIZE_MAX // 2]]
+    dyn.max_size = 0
+    if dyn.trace is not None:
+        dyn.trace(ResetEvent(tuple(map(tuple, dyn.blocks))))
+
+
+@method_of(DynTAllocr)
+def get_max_size(dyn) -> int:
+    """`ggml_dyn_tallocr_max_size`: the highest end of any allocation since the last reset (the method
+    keeps `get_` because `max_size` is the field it reads)."""
+    return dyn.max_size
+
+
+@method_of(DynTAllocr)
+def free(dyn) -> None:
+    """`ggml_dyn_tallocr_free`: nothing to release in Python; the allocator is left empty."""
+    dyn.blocks = []
+
+
+# notebooks/04_dyn_allocator.py
+@method_of(DynTAllocr)
 def alloc(dyn, size: int, tensor=None) -> int:
     """`ggml_dyn_tallocr_alloc`: the offset of `size` bytes (rounded up to the alignment)."""
     align = dyn.alignment
@@ -171,10 +204,8 @@ def alloc(dyn, size: int, tensor=None) -> int:
     return offset
 
 
-DynTAllocr.alloc = alloc
-
-
 # notebooks/04_dyn_allocator.py
+@method_of(DynTAllocr)
 def free_tensor(dyn, offset: int, size: int, tensor=None) -> None:
     """`ggml_dyn_tallocr_free_tensor`: give `[offset, offset + size)` back, merging with neighbours."""
     align = dyn.alignment
@@ -219,15 +250,13 @@ def free_tensor(dyn, offset: int, size: int, tensor=None) -> None:
         dyn._trace_free(tensor, size, offset, pos, "insert")
 
 
-def _trace_free(dyn, tensor, size, offset, block, how) -> None:
+@method_of(DynTAllocr)
+def _trace_free(dyn, tensor, size: int, offset: int, block: int, how: str) -> None:
     dyn.trace(FreeEvent(tensor, size, offset, block, how, tuple(map(tuple, dyn.blocks))))
 
 
-DynTAllocr.free_tensor = free_tensor
-DynTAllocr._trace_free = _trace_free
-
-
 # notebooks/04_dyn_allocator.py
+@method_of(DynTAllocr)
 def _debug_add(dyn, offset: int, size: int, tensor) -> None:
     """`add_allocated_tensor`, then the max_size report of the debug build."""
     slots = dyn.allocated_tensors
@@ -251,6 +280,7 @@ def _debug_add(dyn, offset: int, size: int, tensor) -> None:
             log.debug("max_size = %.2f MB: tensors: %s", cur_max / 1024 / 1024, " ".join(parts))
 
 
+@method_of(DynTAllocr)
 def _debug_remove(dyn, offset: int, tensor) -> None:
     """`remove_allocated_tensor`: clears the first slot whose *offset* matches — empty slots
     included, as in the C (see the notebook)."""
@@ -262,14 +292,10 @@ def _debug_remove(dyn, offset: int, tensor) -> None:
     raise AllocatorDebugError(f"tried to free tensor {_tensor_name(tensor)} at offset {offset}: not found")
 
 
+@method_of(DynTAllocr)
 def live_debug_tensors(dyn) -> list:
     """`(tensor, offset)` of the occupied debug slots."""
     return [(t, o) for t, o in dyn.allocated_tensors if t is not None] if dyn.debug else []
-
-
-DynTAllocr._debug_add = _debug_add
-DynTAllocr._debug_remove = _debug_remove
-DynTAllocr.live_debug_tensors = live_debug_tensors
 
 
 # notebooks/04_dyn_allocator.py
@@ -306,3 +332,25 @@ def captured_log(level: int = logging.INFO):
     finally:
         log.removeHandler(sink)
         log.setLevel(old_level)
+
+
+# notebooks/04_dyn_allocator.py
+def replay(events) -> list:
+    """For each event, the live allocations `(label, offset, size)` after it, sorted by offset (a
+    ResetEvent clears them)."""
+    live: dict[int, tuple[str, int, int]] = {}
+    states = []
+    for ev in events:
+        kind = getattr(ev, "kind", None)
+        if kind == "reset":
+            live = {}
+        elif kind == "alloc":
+            live[ev.offset] = (_trace_label(ev.tensor), ev.offset, ev.size)
+        elif kind == "free":
+            live.pop(ev.offset, None)
+        states.append(sorted(live.values(), key=lambda a: a[1]))
+    return states
+
+
+def _trace_label(tensor) -> str:
+    return getattr(tensor, "name", None) or (str(tensor) if tensor is not None else "?")

@@ -28,7 +28,8 @@
 #    the last block only when nothing else fits — that is when `max_size` grows.
 # 3. How the rule behaves: where best fit beats first fit, and how fragmentation still happens.
 #
-# Exported: `ggml_lite.dyn_tallocr`, `ggml_lite.viz.memory` (the memory bar and the stepper).
+# Exported: `ggml_lite.dyn_tallocr` (the allocator, its trace events and `replay`, which reads a trace),
+# `ggml_lite.viz.memory` (the memory bar and the stepper, which only draw).
 
 # %% [markdown]
 # ## 1 · The C
@@ -75,11 +76,15 @@
 """The dynamic offset allocator `ggml_dyn_tallocr` (ggml-alloc.c), with its optional debug bookkeeping
 (`GGML_ALLOCATOR_DEBUG`) and trace events for the pictures."""
 
+from __future__ import annotations
+
 import logging
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ggml_lite.align import aligned_offset
+from ggml_lite.bind import method_of
 from ggml_lite.buffer import SIZE_MAX
 from ggml_lite.errors import AllocatorDebugError, OutOfBufferSpaceError, OutOfFreeBlocksError
 from ggml_lite.tensor import nbytes
@@ -99,7 +104,9 @@ def _tensor_name(tensor) -> str:
 #
 # The allocator reports what it decided to an optional `trace` callable, as small frozen
 # dataclasses. Nothing is built when no one listens. Each event carries the free list after the
-# step, so a picture can be drawn for any step without replaying.
+# step, so a picture can be drawn for any step without replaying, and names its `kind` ("alloc",
+# "free", "reset"), so that code reading a trace does not depend on which copy of a class made it
+# (this notebook defines its own, the package has its own).
 
 # %%
 # | export
@@ -107,6 +114,7 @@ def _tensor_name(tensor) -> str:
 class AllocEvent:
     """`ggml_dyn_tallocr_alloc` chose `block` (of `n_blocks`) by `how` ("best_fit" or "last_block")."""
 
+    kind = "alloc"  # a class attribute, not a field: what `replay` dispatches on
     tensor: object
     size: int  # aligned size
     offset: int
@@ -121,8 +129,12 @@ class AllocEvent:
 
     def describe(self) -> str:
         name = _tensor_name(self.tensor)
-        where = (f"best fit: block {self.block} of {self.n_blocks} ({self.block_size} B)" if self.how == "best_fit"
-                 else f"last block: {'grows max_size to ' + _kib(self.max_size) if self.max_size > self.max_size_before else 'fits below max_size'}")
+        if self.how == "best_fit":
+            where = f"best fit: block {self.block} of {self.n_blocks} ({self.block_size} B)"
+        elif self.max_size > self.max_size_before:
+            where = f"last block: grows max_size to {_kib(self.max_size)}"
+        else:
+            where = "last block: fits below max_size"
         return f"alloc {name} ({self.size} B) at {self.offset} — {where}" + ("; block used up" if self.removed else "")
 
 
@@ -132,6 +144,7 @@ class FreeEvent:
     (`how` = "after_block", "after_block+next", "before_block", "before_block+previous") or inserted
     as a new block at index `block` ("insert")."""
 
+    kind = "free"
     tensor: object
     size: int
     offset: int
@@ -154,6 +167,7 @@ class FreeEvent:
 class ResetEvent:
     """`ggml_dyn_tallocr_reset`: one free block `[0, SIZE_MAX/2)`, max_size 0."""
 
+    kind = "reset"
     free_blocks: tuple
 
     def describe(self) -> str:
@@ -187,6 +201,8 @@ class DynTAllocr:
         self.debug = debug
         self.trace = trace
         self.allocated_tensors = [[None, 0] for _ in range(DEBUG_SLOTS)] if debug else None
+        self.blocks: list[list[int]] = []  # [offset, size] pairs, sorted by offset (set by reset)
+        self.max_size = 0
         self.reset()
 
     @property
@@ -198,23 +214,45 @@ class DynTAllocr:
     def n_free_blocks(self) -> int:
         return len(self.blocks)
 
-    def reset(self) -> None:
-        """`ggml_dyn_tallocr_reset`: one free block `[0, SIZE_MAX // 2)`, max_size 0."""
-        self.blocks = [[0, SIZE_MAX // 2]]
-        self.max_size = 0
-        if self.trace is not None:
-            self.trace(ResetEvent(tuple(map(tuple, self.blocks))))
-
-    def get_max_size(self) -> int:
-        """`ggml_dyn_tallocr_max_size`: the highest end of any allocation since the last reset."""
-        return self.max_size
-
-    def free(self) -> None:
-        """`ggml_dyn_tallocr_free`: nothing to release in Python; the allocator is left empty."""
-        self.blocks = []
-
     def __repr__(self):
         return f"DynTAllocr(alignment={self.alignment}, {len(self.blocks)} free blocks, max_size={self.max_size})"
+
+
+# %% [markdown]
+# The three short functions around the state. `ggml_dyn_tallocr_reset` (:292-297) is the whole
+# initial state: one free block from 0 that stands for all the memory a buffer could ever have,
+# capped at half of `SIZE_MAX` so that `offset + size` cannot overflow. What to notice: the high-water
+# mark is reset too, so a plan measured after a reset starts from nothing.
+#
+# ```c
+# alloc->n_free_blocks = 1;
+# alloc->free_blocks[0].offset = 0;
+# alloc->free_blocks[0].size = SIZE_MAX/2; // restrict maximum size of a measure allocator to half size_t max to avoid overflows
+# alloc->max_size = 0;
+# ```
+
+# %%
+# | export
+@method_of(DynTAllocr)
+def reset(dyn) -> None:
+    """`ggml_dyn_tallocr_reset`: one free block `[0, SIZE_MAX // 2)`, max_size 0."""
+    dyn.blocks = [[0, SIZE_MAX // 2]]
+    dyn.max_size = 0
+    if dyn.trace is not None:
+        dyn.trace(ResetEvent(tuple(map(tuple, dyn.blocks))))
+
+
+@method_of(DynTAllocr)
+def get_max_size(dyn) -> int:
+    """`ggml_dyn_tallocr_max_size`: the highest end of any allocation since the last reset (the method
+    keeps `get_` because `max_size` is the field it reads)."""
+    return dyn.max_size
+
+
+@method_of(DynTAllocr)
+def free(dyn) -> None:
+    """`ggml_dyn_tallocr_free`: nothing to release in Python; the allocator is left empty."""
+    dyn.blocks = []
 
 
 # %% [markdown]
@@ -224,6 +262,7 @@ class DynTAllocr:
 
 # %%
 # | export
+@method_of(DynTAllocr)
 def alloc(dyn, size: int, tensor=None) -> int:
     """`ggml_dyn_tallocr_alloc`: the offset of `size` bytes (rounded up to the alignment)."""
     align = dyn.alignment
@@ -263,9 +302,6 @@ def alloc(dyn, size: int, tensor=None) -> int:
     return offset
 
 
-DynTAllocr.alloc = alloc
-
-
 # %% [markdown]
 # `ggml_dyn_tallocr_free_tensor`: merge the freed range with the block that ends where it starts
 # or starts where it ends (and with the next or previous one when it closes a gap); otherwise insert
@@ -273,6 +309,7 @@ DynTAllocr.alloc = alloc
 
 # %%
 # | export
+@method_of(DynTAllocr)
 def free_tensor(dyn, offset: int, size: int, tensor=None) -> None:
     """`ggml_dyn_tallocr_free_tensor`: give `[offset, offset + size)` back, merging with neighbours."""
     align = dyn.alignment
@@ -317,12 +354,9 @@ def free_tensor(dyn, offset: int, size: int, tensor=None) -> None:
         dyn._trace_free(tensor, size, offset, pos, "insert")
 
 
-def _trace_free(dyn, tensor, size, offset, block, how) -> None:
+@method_of(DynTAllocr)
+def _trace_free(dyn, tensor, size: int, offset: int, block: int, how: str) -> None:
     dyn.trace(FreeEvent(tensor, size, offset, block, how, tuple(map(tuple, dyn.blocks))))
-
-
-DynTAllocr.free_tensor = free_tensor
-DynTAllocr._trace_free = _trace_free
 
 
 # %% [markdown]
@@ -331,6 +365,7 @@ DynTAllocr._trace_free = _trace_free
 
 # %%
 # | export
+@method_of(DynTAllocr)
 def _debug_add(dyn, offset: int, size: int, tensor) -> None:
     """`add_allocated_tensor`, then the max_size report of the debug build."""
     slots = dyn.allocated_tensors
@@ -354,6 +389,7 @@ def _debug_add(dyn, offset: int, size: int, tensor) -> None:
             log.debug("max_size = %.2f MB: tensors: %s", cur_max / 1024 / 1024, " ".join(parts))
 
 
+@method_of(DynTAllocr)
 def _debug_remove(dyn, offset: int, tensor) -> None:
     """`remove_allocated_tensor`: clears the first slot whose *offset* matches — empty slots
     included, as in the C (see the notebook)."""
@@ -365,18 +401,17 @@ def _debug_remove(dyn, offset: int, tensor) -> None:
     raise AllocatorDebugError(f"tried to free tensor {_tensor_name(tensor)} at offset {offset}: not found")
 
 
+@method_of(DynTAllocr)
 def live_debug_tensors(dyn) -> list:
     """`(tensor, offset)` of the occupied debug slots."""
     return [(t, o) for t, o in dyn.allocated_tensors if t is not None] if dyn.debug else []
 
 
-DynTAllocr._debug_add = _debug_add
-DynTAllocr._debug_remove = _debug_remove
-DynTAllocr.live_debug_tensors = live_debug_tensors
-
-
 # %% [markdown]
-# Ports `ggml_nbytes`.
+# A debug slot holds the tensor itself, and the debug build's report prints each live tensor's
+# `ggml_nbytes`. The allocator is often driven without tensors, by offsets and sizes alone (the
+# examples below do so), so a stand-in takes the slot and reports the size it was given. What to
+# notice: the debug report reads the tensor's own size, not the aligned size the allocator handed out.
 
 # %%
 # | export
@@ -424,6 +459,35 @@ def captured_log(level: int = logging.INFO):
 
 
 # %% [markdown]
+# A trace is a list of events, each with the free list after it, but not the allocations that are
+# live. `replay` recovers those: an allocation lives from its `AllocEvent` until the `FreeEvent` at
+# its offset, and a `ResetEvent` ends them all. It is a computation on the trace, so it lives here,
+# beside the events; the pictures below only draw what it returns.
+
+# %%
+# | export
+def replay(events) -> list:
+    """For each event, the live allocations `(label, offset, size)` after it, sorted by offset (a
+    ResetEvent clears them)."""
+    live: dict[int, tuple[str, int, int]] = {}
+    states = []
+    for ev in events:
+        kind = getattr(ev, "kind", None)
+        if kind == "reset":
+            live = {}
+        elif kind == "alloc":
+            live[ev.offset] = (_trace_label(ev.tensor), ev.offset, ev.size)
+        elif kind == "free":
+            live.pop(ev.offset, None)
+        states.append(sorted(live.values(), key=lambda a: a[1]))
+    return states
+
+
+def _trace_label(tensor) -> str:
+    return getattr(tensor, "name", None) or (str(tensor) if tensor is not None else "?")
+
+
+# %% [markdown]
 # ## 4 · Watching it work
 #
 # The memory bar (exported to `ggml_lite.viz.memory`, shared with chapters 05 and 09) draws
@@ -437,12 +501,12 @@ def captured_log(level: int = logging.INFO):
 
 import plotly.graph_objects as go
 
-from ggml_lite.dyn_tallocr import AllocEvent, FreeEvent, ResetEvent
+from ggml_lite.dyn_tallocr import replay
 
 ALLOC_COLOR, FREE_COLOR = "#636efa", "#b6e3b6"
 
 
-def memory_bar(free_blocks, allocations, title: str = "", end: int = None, height: int = 200) -> go.Figure:
+def memory_bar(free_blocks, allocations, title: str = "", end: int | None = None, height: int = 200) -> go.Figure:
     """A horizontal bar of an offset range: `allocations` as `(label, offset, size)` in blue, free blocks
     `(offset, size)` in green; the open last block is cut at `end` (default: 25% past the highest byte)."""
     hi = max([o + s for _, o, s in allocations] + [o for o, _ in free_blocks] + [1])
@@ -463,25 +527,7 @@ def memory_bar(free_blocks, allocations, title: str = "", end: int = None, heigh
     return fig
 
 
-def replay(events) -> list:
-    """For each event, the live allocations `(label, offset, size)` after it (a ResetEvent clears them)."""
-    live, states = {}, []
-    for ev in events:
-        if isinstance(ev, ResetEvent):
-            live = {}
-        elif isinstance(ev, AllocEvent):
-            live[ev.offset] = (_label(ev.tensor), ev.offset, ev.size)
-        elif isinstance(ev, FreeEvent):
-            live.pop(ev.offset, None)
-        states.append(sorted(live.values(), key=lambda a: a[1]))
-    return states
-
-
-def _label(tensor) -> str:
-    return getattr(tensor, "name", None) or (str(tensor) if tensor is not None else "?")
-
-
-def step_figure(events, k: int, end: int = None) -> go.Figure:
+def step_figure(events, k: int, end: int | None = None) -> go.Figure:
     """The memory bar after event `k`, titled with the allocator's decision."""
     states = replay(events)
     ev = events[k]
@@ -535,7 +581,7 @@ def step_widget(n_steps: int, render, label: str = "step", interval: int = 800):
     return w.VBox([w.HBox([play, slider]), out])
 
 
-def stepper(events, end: int = None):
+def stepper(events, end: int | None = None):
     """A stepper through a DynTAllocr trace: the memory bar, the free list and the decision in words
     at every step."""
     from IPython.display import display

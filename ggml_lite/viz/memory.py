@@ -6,12 +6,12 @@
 
 import plotly.graph_objects as go
 
-from ggml_lite.dyn_tallocr import AllocEvent, FreeEvent, ResetEvent
+from ggml_lite.dyn_tallocr import replay
 
 ALLOC_COLOR, FREE_COLOR = "#636efa", "#b6e3b6"
 
 
-def memory_bar(free_blocks, allocations, title: str = "", end: int = None, height: int = 200) -> go.Figure:
+def memory_bar(free_blocks, allocations, title: str = "", end: int | None = None, height: int = 200) -> go.Figure:
     """A horizontal bar of an offset range: `allocations` as `(label, offset, size)` in blue, free blocks
     `(offset, size)` in green; the open last block is cut at `end` (default: 25% past the highest byte)."""
     hi = max([o + s for _, o, s in allocations] + [o for o, _ in free_blocks] + [1])
@@ -32,25 +32,7 @@ def memory_bar(free_blocks, allocations, title: str = "", end: int = None, heigh
     return fig
 
 
-def replay(events) -> list:
-    """For each event, the live allocations `(label, offset, size)` after it (a ResetEvent clears them)."""
-    live, states = {}, []
-    for ev in events:
-        if isinstance(ev, ResetEvent):
-            live = {}
-        elif isinstance(ev, AllocEvent):
-            live[ev.offset] = (_label(ev.tensor), ev.offset, ev.size)
-        elif isinstance(ev, FreeEvent):
-            live.pop(ev.offset, None)
-        states.append(sorted(live.values(), key=lambda a: a[1]))
-    return states
-
-
-def _label(tensor) -> str:
-    return getattr(tensor, "name", None) or (str(tensor) if tensor is not None else "?")
-
-
-def step_figure(events, k: int, end: int = None) -> go.Figure:
+def step_figure(events, k: int, end: int | None = None) -> go.Figure:
     """The memory bar after event `k`, titled with the allocator's decision."""
     states = replay(events)
     ev = events[k]
@@ -95,7 +77,7 @@ def step_widget(n_steps: int, render, label: str = "step", interval: int = 800):
     return w.VBox([w.HBox([play, slider]), out])
 
 
-def stepper(events, end: int = None):
+def stepper(events, end: int | None = None):
     """A stepper through a DynTAllocr trace: the memory bar, the free list and the decision in words
     at every step."""
     from IPython.display import display
