@@ -217,15 +217,22 @@ class _Builder:
         ne0 = self.pick(NE0_Q) if type is Q8_0 else self.pick(NE0)
         return self.weight(type, [ne0, self.pick((1, 4, 16, 33)), self.pick((1, 1, 2)), 1])
 
-    def mul_mat(self, x):
+    def weight_type(self, x):
+        """The type of a weight that multiplies `x` (q8_0 only when its rows hold whole blocks)."""
         if x.ne[0] % 32 == 0 and self.coin(1, 2):
-            type = self.pick((F32, F16, Q8_0))
-        else:
-            type = self.pick((F32, F16))
+            return self.pick((F32, F16, Q8_0))
+        return self.pick((F32, F16))
+
+    def multiplies(self, a, x) -> bool:
+        """Can the activation `a` be mul_mat's src0 for `x` (broadcast over dims 2, 3)?"""
+        return (a.ne[0] == x.ne[0] and not gl.is_transposed(a)
+                and x.ne[2] % a.ne[2] == 0 and x.ne[3] % a.ne[3] == 0)
+
+    def mul_mat(self, x):
+        type = self.weight_type(x)
         if self.coin(1, 5):
-            # activation x activation (like K*Q): `a` from the pool, broadcast over dims 2, 3
-            cands = [t for t in self.pool if t.ne[0] == x.ne[0] and not gl.is_transposed(t)
-                     and x.ne[2] % t.ne[2] == 0 and x.ne[3] % t.ne[3] == 0]
+            # activation x activation (like K*Q): `a` from the pool
+            cands = [t for t in self.pool if self.multiplies(t, x)]
             if cands:
                 return gl.mul_mat(self.cctx, self.pick(cands), x)
         ne2 = self.pick([d for d in (1, x.ne[2]) if x.ne[2] % d == 0])
@@ -317,8 +324,16 @@ class _Builder:
         idx = self.new_input([self.pick((1, 3, 8)), k], I32)
         return gl.get_rows(self.cctx, a, idx)
 
+    def ropes(self, a) -> bool:
+        """Can `a` be roped as it is (else a fresh input is roped)?"""
+        return a.ne[0] >= 2
+
+    def rope_mode(self, drawn: int) -> int:
+        """The rope mode used when `drawn` (0 normal, 2 NeoX) was drawn."""
+        return drawn
+
     def rope(self, a):
-        if a.ne[0] < 2:
+        if not self.ropes(a):
             a = self.new_input([self.pick((8, 16, 64)), self.pick((1, 2, 4)), self.pick((1, 3)), 1])
         # positions: reuse an i32 input of the right length now and then, like llama.cpp's inp_pos
         pos = next((t for t in reversed(self.cctx.tensors)
@@ -326,7 +341,7 @@ class _Builder:
         if pos is None or self.coin(1, 3):
             pos = self.new_input([a.ne[2]], I32)
         n_dims = 2 * (1 + self.pick_index(a.ne[0] // 2))
-        mode = self.pick((0, 2))
+        mode = self.rope_mode(self.pick((0, 2)))
         return gl.rope_ext(self.cctx, a, pos, None, n_dims, mode, self.pick((0, 512, 4096)), 10000.0, 1.0,
                            0.0, 1.0, 32.0, 1.0, inplace=self.coin(1, 5))
 
@@ -450,33 +465,18 @@ class _ComputeBuilder(_Builder):
             return gl.rms_norm(self.cctx, a, self.pick((1e-5, 1e-6)), inplace=self.coin(1, 4))
         return super().op(kind)
 
-    def mul_mat(self, x):
-        if x.ne[0] % 32 == 0 and self.coin(1, 2):
-            type = self.pick((F32, F16, Q8_0))
-        else:
-            type = self.pick((F32, F16))
-            if x.ne[0] % 32:
-                type = F16
-        if self.coin(1, 5) and x.ne[0] % 32 == 0:
-            cands = [t for t in self.pool if t.ne[0] == x.ne[0] and not gl.is_transposed(t)
-                     and t.nb[0] == t.type.type_size and x.ne[2] % t.ne[2] == 0 and x.ne[3] % t.ne[3] == 0]
-            if cands:
-                return gl.mul_mat(self.cctx, self.pick(cands), x)
-        ne2 = self.pick([d for d in (1, x.ne[2]) if x.ne[2] % d == 0])
-        w = self.weight(type, [x.ne[0], self.pick((1, 8, 16, 32, 64, 100)), ne2, 1])
-        return gl.mul_mat(self.cctx, w, x)
+    def weight_type(self, x):
+        type = super().weight_type(x)
+        return F16 if x.ne[0] % 32 else type  # (q8_0 is drawn only when x.ne[0] % 32 == 0)
 
-    def rope(self, a):
-        if a.ne[0] < 2 or a.ne[0] % 2:  # an odd row cannot be roped (ggml would write past it)
-            a = self.new_input([self.pick((8, 16, 64)), self.pick((1, 2, 4)), self.pick((1, 3)), 1])
-        pos = next((t for t in reversed(self.cctx.tensors)
-                    if t.type is I32 and t.op is Op.NONE and list(t.ne) == [a.ne[2], 1, 1, 1]), None)
-        if pos is None or self.coin(1, 3):
-            pos = self.new_input([a.ne[2]], I32)
-        n_dims = 2 * (1 + self.pick_index(a.ne[0] // 2))
-        self.pick((0, 2))  # the mode is drawn, NeoX (2) is used
-        return gl.rope_ext(self.cctx, a, pos, None, n_dims, 2, self.pick((0, 512, 4096)), 10000.0, 1.0,
-                           0.0, 1.0, 32.0, 1.0, inplace=self.coin(1, 5))
+    def multiplies(self, a, x) -> bool:
+        return x.ne[0] % 32 == 0 and a.nb[0] == a.type.type_size and super().multiplies(a, x)
+
+    def ropes(self, a) -> bool:
+        return a.ne[0] >= 2 and a.ne[0] % 2 == 0  # an odd row cannot be roped (ggml would write past it)
+
+    def rope_mode(self, drawn: int) -> int:
+        return 2  # the mode is drawn, NeoX is used
 
 
 def build_compute_graph(choose, max_ops: int = 40, label: str = "compute") -> RandomGraph:
