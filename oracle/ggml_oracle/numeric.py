@@ -32,7 +32,8 @@ class NumericGraph:
     @property
     def weight_types(self) -> set:
         """The types of the mul_mat weights (src0 leafs)."""
-        return {n.src[0].type.name for n in self.graph.nodes if n.op is Op.MUL_MAT and n.src[0].op is Op.NONE}
+        weights = [n.src[0] for n in self.graph.nodes if n.op is Op.MUL_MAT]
+        return {w.type.name for w in weights if w is not None and w.op is Op.NONE}
 
     def results(self) -> list:
         """What a `numerics` file records: every OUTPUT node and the final node, in node order."""
