@@ -4,24 +4,21 @@
 # notebooks/07_cpu_backend.py
 """The CPU backend (ggml-backend.c:547-945) and the numpy kernels it computes with.
 
-`compute_forward(node)` computes one graph node from its sources, with numpy, as ggml's CPU backend
-computes it (`ggml_compute_forward` in ggml.c, llama.cpp `daa9623`): the same types, shapes and
-checks, f16 results rounded to nearest even, rope's float32 angle recurrence.
+`compute_forward(node)` computes one graph node from its sources as ggml's CPU backend does
+(`ggml_compute_forward`, llama.cpp `daa9623`): the same types, shapes and checks, f16 results rounded
+to nearest even, rope's float32 angle recurrence. How each order- or rounding-dependent step is done is
+the numerics tier's choice (`params.arith`): `Arithmetic`, the default, within its stated tolerance of
+ggml (`TOLERANCE_F32`, `TOLERANCE_MIXED`), or appendix A2's bit-exact tier. Every kernel reads its
+sources before it writes its destination, so in-place ops and memory reuse are safe; where ggml's kernel
+asserts or would read memory the wrong way, it raises a `ggml_lite.errors` exception instead.
 
-How each order- or rounding-dependent step is done is the numerics tier's choice (`params.arith`).
-Both tiers convert mul_mat's f32 src1 to the weight's dot type as ggml does (f16; q8_0 for q8_0 and
-q4_0 weights). `Arithmetic`, the default, then computes with plain numpy and agrees with ggml within
-its stated tolerance (`Arithmetic.TOLERANCE_F32`, `TOLERANCE_MIXED`: 1e-4 of the largest value for
-f32 graphs, 5e-3 with f16 or quantized tensors, measured by benchmarks/numerics_tolerance.py); the
-tier of `ggml_lite.exact` (appendix A2) reproduces ggml's AVX2 build, its sums and FMAs included.
-
-Every kernel computes its result from its sources before it writes the destination, so a destination
-that shares memory with a source (in-place ops, the graph allocator's memory reuse) is safe. Where
-ggml's kernel asserts (`GGML_ASSERT`) or would read memory the wrong way, the kernel raises a
-`ggml_lite.errors` exception instead of computing garbage.
+This module mirrors the CPU compute part of one C file, ggml.c (22,600 lines: its
+`ggml_compute_forward_*` kernels), and the CPU backend of ggml-backend.c; the quantized types are
+`ggml_lite.quants`.
 """
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -66,13 +63,13 @@ class Arithmetic:
 
     def sum_f64(self, v) -> np.ndarray:
         """A sum in `ggml_float` (double) along the last axis (`ggml_vec_sum_f32_ggf`)."""
-        return np.sum(v, axis=-1, dtype=F8)
+        return np.asarray(np.sum(v, axis=-1, dtype=F8))
 
     def fma(self, a, b, c) -> np.ndarray:
         """`a·b + c` where gcc fuses it into one FMA: here two float32 roundings."""
         return a * b + c
 
-    def scalar(self, name: str, *args) -> F4:
+    def scalar(self, name: str, *args) -> np.float32:
         """A C library float function (`powf`, `logf`, ...) of float32 scalars, once per op: in double."""
         try:
             return F4(C_MATH[name](*(float(F4(a)) for a in args)))
@@ -93,11 +90,11 @@ class Arithmetic:
         return e, np.sum(e, axis=-1, dtype=F8)
 
     def gelu(self, x) -> np.ndarray:
-        """`ggml_vec_gelu_f32`: ggml looks GELU up in an f16 table (GGML_GELU_FP16), i.e. the tanh
-        approximation 0.5h·(1 + tanh(√(2/π)·h·(1 + 0.044715h²))) of h = f16(x), rounded to f16; 0 for
-        x <= -10 and x for x >= 10. The same quantity, computed without the table."""
+        """`ggml_vec_gelu_f32`: ggml's f16 table (GGML_GELU_FP16) of the tanh approximation of h = f16(x),
+        computed without the table; 0 for x <= -10 and x for x >= 10."""
         h = fp16_to_fp32(fp32_to_fp16(x))
-        g = fp16_to_fp32(fp32_to_fp16(F4(0.5) * h * (F4(1) + np.tanh(SQRT_2_OVER_PI * h * (F4(1) + GELU_COEF_A * h * h)))))
+        t = np.tanh(SQRT_2_OVER_PI * h * (F4(1) + GELU_COEF_A * h * h))
+        g = fp16_to_fp32(fp32_to_fp16(F4(0.5) * h * (F4(1) + t)))
         return np.where(x <= F4(-10), F4(0), np.where(x >= F4(10), x, g))
 
     def gelu_quick(self, x) -> np.ndarray:
@@ -106,26 +103,21 @@ class Arithmetic:
         return fp16_to_fp32(fp32_to_fp16(h / (F4(1) + np.exp(GELU_QUICK_COEF * h))))
 
     def from_float(self, type, rows) -> np.ndarray:
-        """The type's `from_float` (the CPU backend's `type_traits`) on f32 rows: `quantize_row_q8_0`
-        for q8_0, `quantize_row_q4_0_ref` for q4_0."""
+        """The type's `from_float` on f32 rows: `quantize_row_q8_0` or `quantize_row_q4_0_ref`."""
         return FROM_FLOAT[type.name](rows)
 
     def to_vec_dot(self, type, y) -> np.ndarray:
         """src1 rows `y` converted to the vec_dot type of a `type` src0, as `ggml_compute_forward_mul_mat`
-        does before any dot product: f32 rounded to f16 (nearest even) for f16 weights, quantized by
-        `from_float` for q8_0 and q4_0 weights; an f32 src0's, or an already converted src1, unchanged."""
+        does: f16 for f16 weights, `from_float` q8_0 for q8_0 and q4_0; else (or if converted) unchanged."""
         if y.dtype != F4 or type is F32:
             return y
         return fp32_to_fp16(y) if type is F16 else self.from_float(Q8_0, y)
 
     def mul_mat(self, type, x, y) -> np.ndarray:
         """The dot products of `ggml_compute_forward_mul_mat`: src0 planes x (.., .., M, K) in `type`, src1
-        planes y (.., .., N, K) -> (.., .., N, M) float32. src1 is converted to the dot type first
-        (`to_vec_dot`), as ggml does; then both sides are widened to f32 (exactly) and multiplied as one
-        batched matmul, which sums in its own order. That order must not depend on where the operands
-        live: numpy multiplies `A @ A.T` with a symmetric rank-k update (`syrk`) when both sides are
-        one buffer, which rounds otherwise than the `gemm` of two buffers holding the same values, so
-        src1 is copied when it shares memory with src0 (a mul_mat of a tensor by a view of itself)."""
+        planes y (.., .., N, K) -> (.., .., N, M) float32, as one batched matmul after `to_vec_dot`. src1 is
+        copied when it shares memory with src0: numpy multiplies `A @ A.T` on one buffer with `syrk`, which
+        rounds otherwise than the `gemm` of two buffers."""
         y = self.to_vec_dot(type, y)
         xf = _DEQUANT[type.name](x) if type.is_quantized else x.astype(F4, copy=False)
         yf = _DEQUANT[Q8_0.name](y) if y.dtype == Q8_0_DTYPE else y.astype(F4, copy=False)
@@ -135,35 +127,13 @@ class Arithmetic:
 
 
 # notebooks/07_cpu_backend.py
-# the C library's float functions (`Arithmetic.scalar`) and their double-precision counterparts
-C_MATH = {"expf": math.exp, "expm1f": math.expm1, "logf": math.log, "tanhf": math.tanh, "cosf": math.cos,
-          "sinf": math.sin, "powf": math.pow}
-NUMPY = Arithmetic()
-_TIERS = {NUMPY.name: NUMPY}
-
-
-def declare_tier(arith) -> None:
-    """Makes a numerics tier available by its name (appendix A2 declares `"exact"`)."""
-    _TIERS[arith.name] = arith
-
-
-def tier(name: str):
-    """The numerics tier called `name`."""
-    if name not in _TIERS:
-        raise UnsupportedOpError(f"no numerics tier {name!r}; declared: {', '.join(_TIERS)} "
-                                 f"(the exact tier comes with `import ggml_lite`, appendix A2)")
-    return _TIERS[name]
-
-
-# notebooks/07_cpu_backend.py
 class ComputeParams:
-    """`struct ggml_compute_params`, as this port needs it: not a thread index and a work buffer, but
-    what every kernel must know about the computation it is part of -- the numerics tier (`arith`),
-    whether the tensors' bytes are a device's (`device`: the SIM backend runs these kernels on its own
-    memory), and the numpy view of every tensor already seen in this graph (`views`, made once)."""
+    """`struct ggml_compute_params`, as this port needs it: the numerics tier (`arith`), whether the
+    tensors' bytes are a device's (`device`), and the numpy view of every tensor seen so far (`views`)."""
 
     def __init__(self, arith, device: bool = False):
-        self.arith, self.device, self.views = arith, device, {}
+        self.arith, self.device = arith, device
+        self.views: dict[int, np.ndarray] = {}
 
     def view(self, t) -> np.ndarray:
         """The numpy view of `t` with 4 axes (ne3, ne2, ne1, ne0) (blocks on the last axis when quantized)."""
@@ -198,6 +168,7 @@ class ComputeParams:
             raise DataTypeError(f"{describe(t)}: cannot store values into a {t.type.name} tensor element-wise")
 
 
+# notebooks/07_cpu_backend.py
 def _need_type(node, t, types, what="source") -> None:
     if t.type not in types:
         names = "/".join(x.name for x in types)
@@ -206,9 +177,8 @@ def _need_type(node, t, types, what="source") -> None:
 
 
 def _need_nb0(node, t, what: str, strict: bool = True) -> None:
-    """nb[0] must be the element size: always when ggml checks it with GGML_ASSERT (`strict`); only for
-    rows of more than one element when it is a debug-only `assert` (a release build reads just
-    element 0 of each row then, which is well defined)."""
+    """nb[0] must be the element size: always when ggml checks it with GGML_ASSERT (`strict`), only for
+    rows of more than one element when it is a debug-only `assert`."""
     if t.nb[0] != t.type.type_size and (strict or t.ne[0] > 1):
         raise LayoutError(f"{node.op.name} {describe(node)}: {what} {describe(t)} must have contiguous "
                           f"elements (nb[0] = {t.nb[0]}, need {t.type.type_size}); ggml's kernel asserts or "
@@ -226,7 +196,6 @@ def _rows_uniform(t) -> bool:
     return True
 
 
-# notebooks/07_cpu_backend.py
 def _need_rows(node, t, what: str, strict: bool = False) -> None:
     _need_nb0(node, t, what, strict)
     if not _rows_uniform(t):
@@ -241,40 +210,25 @@ def _same_shape(node, a, b) -> None:
 
 # notebooks/07_cpu_backend.py
 def compute_forward_dup(params, node) -> None:
-    """`ggml_compute_forward_dup` (DUP, CONT, CPY): copy src0's elements, in ggml order (i0 fastest),
-    into the destination's elements in its own order, converting the type: same type byte for byte
-    (`ggml_compute_forward_dup_bytes`); f32/f16 -> f32/f16 element-wise (`_dup_f32`, `_dup_f16`,
-    `GGML_FP32_TO_FP16` rounding to nearest even); f32/f16 -> q8_0/q4_0 row by row with the type's
-    from_float (contiguous destination only). For CPY the destination is the node, a view of src[1]."""
+    """`ggml_compute_forward_dup` (DUP, CONT, CPY): `_dup_bytes`, `_dup_f16`, `_dup_f32`."""
     src = node.src[0]
     if src.nelements != node.nelements:
         raise ShapeError(f"{node.op.name} {describe(node)}: {describe(src)} has {src.nelements} elements, "
                          f"the destination {node.nelements}")
     st, dt = src.type, node.type
-    if st is dt and (st is I32 or not st.is_quantized):
+    if st is dt:  # byte for byte; quantized blocks must stay whole
+        if st.is_quantized and not (is_contiguous(src) and is_contiguous(node)) and src.ne[0] != node.ne[0]:
+            raise LayoutError(f"{node.op.name} {describe(node)}: a {st.name} copy between differently shaped, "
+                              f"non-contiguous tensors would split blocks")
         vals = np.array(params.view(src), copy=True).reshape(-1)
         dst = params.view(node)
         dst[...] = vals.reshape(dst.shape)
         return
-    if st is dt:  # quantized, same type: whole blocks
-        if is_contiguous(src) and is_contiguous(node):
-            vals = np.array(params.view(src), copy=True).reshape(-1)
-            dst = params.view(node)
-            dst[...] = vals.reshape(dst.shape)
-            return
-        if src.ne[0] == node.ne[0]:
-            vals = np.array(params.view(src), copy=True)
-            dst = params.view(node)
-            dst[...] = vals.reshape(dst.shape)
-            return
-        raise LayoutError(f"{node.op.name} {describe(node)}: a {st.name} copy between differently shaped, "
-                          f"non-contiguous tensors would split blocks")
     if st not in (F32, F16):
         raise DataTypeError(f"{node.op.name} {describe(node)}: ggml cannot convert {st.name} to {dt.name} "
                             f"(ggml_compute_forward_dup handles f16/f32 sources)")
     if dt in (F32, F16):
-        vals = params.read_f32(src).reshape(-1)
-        params.write(node, vals)
+        params.write(node, params.read_f32(src).reshape(-1))
         return
     if dt.is_quantized:
         if not is_contiguous(node):
@@ -291,9 +245,9 @@ def compute_forward_dup(params, node) -> None:
     raise DataTypeError(f"{node.op.name} {describe(node)}: no conversion from {st.name} to {dt.name}")
 
 
+# notebooks/07_cpu_backend.py
 def _broadcast_src1(node, a_shape, b) -> np.ndarray:
-    """src1 repeated to src0's shape: element i of src0 pairs with element i % ne1 of src1 in every
-    dimension (`ggml_can_repeat`; ne00/ne10 whole rows of src1 per row of src0)."""
+    """src1 repeated to src0's shape (`ggml_can_repeat`)."""
     reps = tuple(a // n for a, n in zip(a_shape, b.shape))
     return np.tile(b, reps)
 
@@ -301,12 +255,9 @@ def _broadcast_src1(node, a_shape, b) -> np.ndarray:
 _BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide}
 
 
-# notebooks/07_cpu_backend.py
 def compute_forward_binary(params, node) -> None:
-    """`ggml_compute_forward_add_f32` / `_sub_f32` / `_mul_f32` / `_div_f32`: dst = src0 op src1 with
-    src1 broadcast over src0 (`i1k = i0k % ne1k`), one float32 operation per element. Also
-    `ggml_compute_forward_add_f16_f32` / `_add_f16_f16` (same shapes, result rounded to f16) and
-    `ggml_compute_forward_add_q_f32` (dequantize the row, add, quantize with from_float)."""
+    """`ggml_compute_forward_add_f32` / `_sub_f32` / `_mul_f32` / `_div_f32`; `ggml_compute_forward_add_f16_f32`,
+    `_add_f16_f16` and `ggml_compute_forward_add_q_f32`."""
     a, b = node.src[0], node.src[1]
     op = node.op
     if a.type is F32:
@@ -342,15 +293,14 @@ def compute_forward_binary(params, node) -> None:
             raise LayoutError(f"ADD {describe(node)}: the destination cannot be transposed or permuted")
         with np.errstate(all="ignore"):
             rows = (params.read_f32(a) + params.read_f32(b)).astype(F4)
-        blocks = params.arith.from_float(node.type, rows)
-        params.view(node)[...] = blocks
+        params.view(node)[...] = params.arith.from_float(node.type, rows)
         return
     raise DataTypeError(f"ADD {describe(node)}: no kernel for {a.type.name} + {b.type.name}")
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_add1(params, node) -> None:
-    """`ggml_compute_forward_add1_f32` / `_add1_f16_f32` / `_add1_f16_f16`: every element plus the
-    scalar src1, in float32 (rounded to f16 for an f16 result)."""
+    """`ggml_compute_forward_add1_f32` / `_add1_f16_f32` / `_add1_f16_f16`."""
     a, b = node.src[0], node.src[1]
     if b.nelements != 1:
         raise ShapeError(f"ADD1 {describe(node)}: {describe(b)} must be a scalar")
@@ -370,8 +320,7 @@ def compute_forward_add1(params, node) -> None:
 
 # notebooks/07_cpu_backend.py
 def _unary_rows(params, node, fn, strict: bool = False) -> None:
-    """The shape shared by sqr/sqrt/log/unary/leaky_relu: f32, rows found at i·nb[1], same shape
-    (`strict`: ggml checks nb[0] with GGML_ASSERT, as for log)."""
+    """f32 rows found at i·nb[1], same shape; `strict`: ggml checks nb[0] with GGML_ASSERT (as for log)."""
     a = node.src[0]
     _need_type(node, a, (F32,), "src0")
     _need_type(node, node, (F32,), "the result")
@@ -387,23 +336,26 @@ def compute_forward_sqr(params, node) -> None:
     _unary_rows(params, node, lambda x: x * x)
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_sqrt(params, node) -> None:
     """`ggml_compute_forward_sqrt_f32`: sqrtf (IEEE, exact rounding)."""
     _unary_rows(params, node, np.sqrt)
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_log(params, node) -> None:
     """`ggml_compute_forward_log_f32`: logf."""
     _unary_rows(params, node, lambda x: params.arith.math("logf", x), strict=True)
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_leaky_relu(params, node) -> None:
-    """`ggml_compute_forward_leaky_relu_f32` (`ggml_vec_leaky_relu_f32`): (x > 0 ? x : 0) +
-    slope·(x < 0 ? x : 0); the slope is op_params[0]."""
+    """`ggml_compute_forward_leaky_relu_f32` (`ggml_vec_leaky_relu_f32`); the slope is op_params[0]."""
     ns = F4(word_to_float(node.op_params[0]))
     _unary_rows(params, node, lambda x: np.where(x > 0, x, F4(0)) + ns * np.where(x < 0, x, F4(0)))
 
 
+# notebooks/07_cpu_backend.py
 def _hard(x):
     return np.fmin(F4(1), np.fmax(F4(0), (x + F4(3)) / F4(6)))
 
@@ -427,10 +379,7 @@ _UNARY_FN = {  # each takes the tier (for the C library's functions and ggml's v
 
 
 def compute_forward_unary(params, node) -> None:
-    """`ggml_compute_forward_unary`: the unary op in op_params[0] applied row by row with its
-    `ggml_vec_<op>_f32` (f32 only): abs, sgn, neg, step, relu, hardswish, hardsigmoid exactly; tanh,
-    elu (expm1f), sigmoid, exp, gelu, gelu_quick and silu by the tier (the exact tier: the C library,
-    the f16 tables, `ggml_v_silu` on blocks of 8)."""
+    """`ggml_compute_forward_unary`: the unary op in op_params[0], row by row with its `ggml_vec_<op>_f32`."""
     try:
         u = UnaryOp(node.op_params[0])
     except ValueError:
@@ -440,8 +389,7 @@ def compute_forward_unary(params, node) -> None:
 
 # notebooks/07_cpu_backend.py
 def compute_forward_scale(params, node) -> None:
-    """`ggml_compute_forward_scale_f32`: every element times op_params[0] (float32 multiply);
-    ggml asserts that source and destination are contiguous."""
+    """`ggml_compute_forward_scale_f32`: every element times op_params[0] (float32 multiply)."""
     a = node.src[0]
     _need_type(node, a, (F32,), "src0")
     _same_shape(node, a, node)
@@ -453,9 +401,9 @@ def compute_forward_scale(params, node) -> None:
         params.write(node, params.read_f32(a) * s)
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_sum(params, node) -> None:
-    """`ggml_compute_forward_sum_f32`: each row summed in double (`ggml_vec_sum_f32_ggf`), the row
-    sums added in double, the total stored as f32. f16 (`_sum_f16`): float32 sums, f16 result."""
+    """`ggml_compute_forward_sum_f32` (row sums in double, added in double) and `_sum_f16` (float32)."""
     a = node.src[0]
     _need_nb0(node, a, "src0", strict=False)
     x = params.read_f32(a)
@@ -473,6 +421,7 @@ def compute_forward_sum(params, node) -> None:
     raise DataTypeError(f"SUM {describe(node)}: no kernel for {a.type.name}")
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_sum_rows(params, node) -> None:
     """`ggml_compute_forward_sum_rows_f32`: each row summed in double (`ggml_vec_sum_f32`), stored as f32."""
     a = node.src[0]
@@ -482,9 +431,9 @@ def compute_forward_sum_rows(params, node) -> None:
     params.write(node, params.arith.sum_f64(params.read_f32(a).astype(F8)).astype(F4)[..., None])
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_mean(params, node) -> None:
-    """`ggml_compute_forward_mean_f32`: the row sum in double rounded to f32, then divided by
-    (float) ne00 in float32."""
+    """`ggml_compute_forward_mean_f32`: the row sum rounded to f32, divided by (float) ne00."""
     a = node.src[0]
     _need_type(node, a, (F32,), "src0")
     _need_nb0(node, a, "src0", strict=False)
@@ -492,10 +441,9 @@ def compute_forward_mean(params, node) -> None:
     params.write(node, (s / F4(a.ne[0]))[..., None])
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_concat(params, node) -> None:
-    """`ggml_compute_forward_concat_f32` (f32, i32): src0 then src1 along dim op_params[0]. A dim out of
-    0..3, or sources whose shapes do not make the result along it, are refused (ggml would read
-    outside src1)."""
+    """`ggml_compute_forward_concat_f32` (f32, i32): src0 then src1 along dim op_params[0]."""
     a, b = node.src[0], node.src[1]
     _need_type(node, a, (F32, I32), "src0")
     for t, what in ((a, "src0"), (b, "src1"), (node, "the result")):
@@ -510,8 +458,7 @@ def compute_forward_concat(params, node) -> None:
                          f"the result (ne {want} expected): ggml would read outside src1")
     x = np.array(params.view(a), copy=True)
     y = np.array(params.view(b), copy=True)
-    out = np.concatenate([x, y], axis=3 - dim)
-    params.view(node)[...] = out
+    params.view(node)[...] = np.concatenate([x, y], axis=3 - dim)
 
 
 # notebooks/07_cpu_backend.py
@@ -525,8 +472,7 @@ def _norm_input(params, node) -> tuple:
 
 
 def compute_forward_norm(params, node) -> None:
-    """`ggml_compute_forward_norm_f32`: per row mean = f32(Σx / ne00) with Σ in double; v = x - mean
-    (f32); variance = f32(Σ v·v / ne00) (each v·v rounded to f32, Σ in double); y = v·(1/sqrtf(variance + eps))."""
+    """`ggml_compute_forward_norm_f32`: y = (x - mean)·(1/sqrtf(variance + eps)) per row."""
     x, eps, n = _norm_input(params, node)
     with np.errstate(all="ignore"):
         mean = (params.arith.sum_f64(x.astype(F8)) / n).astype(F4)
@@ -536,9 +482,9 @@ def compute_forward_norm(params, node) -> None:
         params.write(node, v * scale[..., None])
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_rms_norm(params, node) -> None:
-    """`ggml_compute_forward_rms_norm_f32`: per row mean = f32(Σ x·x / ne00) (x·x rounded to f32, Σ in
-    double); y = x·(1/sqrtf(mean + eps)) in float32."""
+    """`ggml_compute_forward_rms_norm_f32`: y = x·(1/sqrtf(mean(x·x) + eps)) per row."""
     x, eps, n = _norm_input(params, node)
     with np.errstate(all="ignore"):
         mean = (params.arith.sum_f64((x * x).astype(F8)) / n).astype(F4)
@@ -546,12 +492,9 @@ def compute_forward_rms_norm(params, node) -> None:
         params.write(node, x * scale[..., None])
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_mul_mat(params, node) -> None:
-    """`ggml_compute_forward_mul_mat` (no llamafile sgemm, no BLAS): dst[i01, i11, i12, i13] =
-    vec_dot(row i01 of src0 plane (i12 / r2, i13 / r3), row (i11, i12, i13) of src1), with
-    r2 = ne12/ne02 and r3 = ne13/ne03 (GQA broadcast). The tier converts an f32 src1 to the vec_dot
-    type of src0 as ggml does (`Arithmetic.to_vec_dot`: f16 for f16, q8_0 for q8_0 and q4_0), then
-    computes the dot products (numpy: one batched matmul; exact: ggml's AVX2 `vec_dot`)."""
+    """`ggml_compute_forward_mul_mat`: the tier converts src1 (`Arithmetic.to_vec_dot`) and multiplies."""
     a, b = node.src[0], node.src[1]
     vdt = VEC_DOT_TYPE.get(a.type.name)
     if vdt is None:
@@ -576,15 +519,12 @@ def compute_forward_mul_mat(params, node) -> None:
     r2, r3 = ne1[2] // ne0[2], ne1[3] // ne0[3]
     if r2 > 1 or r3 > 1:  # plane (i12, i13) of src1 meets plane (i12 / r2, i13 / r3) of src0
         x = np.repeat(np.repeat(x, r3, axis=0), r2, axis=1)
-    out = params.arith.mul_mat(a.type, x, y)
-    params.write(node, out)
+    params.write(node, params.arith.mul_mat(a.type, x, y))
 
 
 # notebooks/07_cpu_backend.py
 def compute_forward_get_rows(params, node) -> None:
-    """`ggml_compute_forward_get_rows` (`_f32`, `_f16`, `_q`): dst row (i10, i11, i12) = row
-    ids[i10, i11, i12] of src0's plane (i11, i12), converted with the type's to_float
-    (`ggml_fp16_to_fp32_row`, `dequantize_row_*`); i32 rows are copied bit for bit."""
+    """`ggml_compute_forward_get_rows` (`_f32`, `_f16`, `_q`): dst row (i10, i11, i12) = row ids[i10, i11, i12]."""
     a, ids = node.src[0], node.src[1]
     _need_type(node, ids, (I32,), "the indices")
     _need_type(node, a, (F32, F16, Q8_0, Q4_0, I32), "src0")
@@ -594,20 +534,15 @@ def compute_forward_get_rows(params, node) -> None:
         bad = int(idx.min()) if idx.min() < 0 else int(idx.max())
         raise TensorBoundsError(f"GET_ROWS {describe(node)}: row index {bad} "
                                 f"is outside the {a.ne[1]} rows of {describe(a)}")
-    if a.type is I32:
-        src = np.array(params.view(a), copy=True)
-    else:
-        src = params.read_f32(a)
+    src = np.array(params.view(a), copy=True) if a.type is I32 else params.read_f32(a)
     i12 = np.arange(idx.shape[0])[:, None, None]
     i11 = np.arange(idx.shape[1])[None, :, None]
-    rows = src[i12, i11, idx]  # (ne12, ne11, ne10, ne00)
-    params.write(node, rows)
+    params.write(node, src[i12, i11, idx])  # (ne12, ne11, ne10, ne00)
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_diag_mask(params, node) -> None:
-    """`ggml_compute_forward_diag_mask_f32` (DIAG_MASK_INF with -INFINITY, DIAG_MASK_ZERO with 0):
-    copy src0 unless the node already shares its memory, then set element (row j, column i) of
-    every plane to the value where i > n_past + j."""
+    """`ggml_compute_forward_diag_mask_f32`: element (row j, column i) of every plane set where i > n_past + j."""
     a = node.src[0]
     _need_type(node, a, (F32,), "src0")
     n_past = node.op_params[0]
@@ -623,17 +558,14 @@ def compute_forward_diag_mask(params, node) -> None:
         raise LayoutError(f"{node.op.name} {describe(node)}: ggml addresses the planes as k*nb[2]")
     value = F4(-np.inf) if node.op is Op.DIAG_MASK_INF else F4(0)
     x = params.read_f32(a)
-    nc, nr = a.ne[0], a.ne[1]
-    i = np.arange(nc)[None, :]
-    j = np.arange(nr)[:, None]
-    mask = (i >= n_past) & (i > n_past + j)
-    params.write(node, np.where(mask, value, x))
+    i = np.arange(a.ne[0])[None, :]
+    j = np.arange(a.ne[1])[:, None]
+    params.write(node, np.where((i >= n_past) & (i > n_past + j), value, x))
 
 
+# notebooks/07_cpu_backend.py
 def _alibi_slopes(arith, n_head: int, max_bias: float) -> np.ndarray:
-    """The ALiBi slope of each head in `ggml_compute_forward_soft_max_f32`: m0 = powf(2, -max_bias /
-    n_head_log2), m1 = powf(2, -(max_bias/2) / n_head_log2); head h < n_head_log2 gets powf(m0, h+1),
-    the others powf(m1, 2(h - n_head_log2) + 1); slope 1 when max_bias = 0."""
+    """The ALiBi slope of each head in `ggml_compute_forward_soft_max_f32` (1 when max_bias = 0)."""
     if not max_bias > 0:
         return np.ones(n_head, dtype=F4)
     n_head_log2 = 1 << int(math.floor(math.log2(n_head)))
@@ -644,11 +576,9 @@ def _alibi_slopes(arith, n_head: int, max_bias: float) -> np.ndarray:
                      arith.scalar("powf", m1, 2 * (h - n_head_log2) + 1) for h in range(n_head)], dtype=F4)
 
 
-# notebooks/07_cpu_backend.py
 def compute_forward_soft_max(params, node) -> None:
-    """`ggml_compute_forward_soft_max_f32`: per row w = x·scale (float32), plus slope·mask row
-    (i1 % ne01) (the tier's `fma`; f16 masks widened first); max; exp and the double sum by the tier's
-    `ggml_vec_soft_max_f32`; y = exp·f32(1/sum). Masked -inf entries give exactly 0."""
+    """`ggml_compute_forward_soft_max_f32`: per row w = x·scale + slope·mask, then the tier's
+    `ggml_vec_soft_max_f32` from the row's max, times f32(1/sum)."""
     a = node.src[0]
     mask = node.src[1] if len(node.src) > 1 else None
     _need_type(node, a, (F32,), "src0")
@@ -676,10 +606,9 @@ def compute_forward_soft_max(params, node) -> None:
         params.write(node, y * inv[..., None])
 
 
+# notebooks/07_cpu_backend.py
 def rope_yarn_corr_dims(arith, n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float, beta_slow: float):
-    """`ggml_rope_yarn_corr_dims`: the first and last rotated pair index of YaRN's ramp,
-    [max(0, floor(corr_dim(beta_fast))), min(n_dims - 1, ceil(corr_dim(beta_slow)))] with
-    `ggml_rope_yarn_corr_dim`(n_rot) = n_dims·logf(n_ctx_orig / (n_rot·2π)) / (2·logf(base)), in float32."""
+    """`ggml_rope_yarn_corr_dims` (with `ggml_rope_yarn_corr_dim`): YaRN's first and last ramped pair, float32."""
     def corr_dim(n_rot):
         arg = F4(n_ctx_orig) / (F4(n_rot) * F4(2) * F4(math.pi))
         return F4(n_dims) * arith.scalar("logf", arg) / (F4(2) * arith.scalar("logf", freq_base))
@@ -690,14 +619,10 @@ def rope_yarn_corr_dims(arith, n_dims: int, n_ctx_orig: int, freq_base: float, b
     return (F4(0) if F4(0) > start else start), (F4(n_dims - 1) if F4(n_dims - 1) < end else end)
 
 
-# notebooks/07_cpu_backend.py
 def rope_cache(arith, pos, n_dims: int, freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
                corr_dims, freq_factors=None) -> tuple:
     """`ggml_rope_cache_init` + `rope_yarn` for positions `pos` (int array) and pairs k < n_dims/2:
-    theta starts at (float) p and is multiplied by theta_scale = powf(base, -2/n_dims) once per pair
-    (float32); theta_extrap = theta / ff; theta_interp = freq_scale·theta_extrap; with ext_factor != 0
-    theta mixes both with rope_yarn_ramp·ext_factor and mscale = attn_factor·(1 + 0.1·logf(1/freq_scale));
-    cos = cosf(theta)·mscale, sin = sinf(theta)·mscale. Returns (cos, sin), each (len(pos), n_dims/2)."""
+    (cos, sin), each (len(pos), n_dims/2)."""
     half = n_dims // 2
     theta_scale = arith.scalar("powf", freq_base, F4(-2.0) / F4(n_dims))
     p = np.asarray(pos, dtype=np.int64).astype(F4)
@@ -726,12 +651,7 @@ def rope_cache(arith, pos, n_dims: int, freq_base: float, freq_scale: float, ext
 
 # notebooks/07_cpu_backend.py
 def compute_forward_rope(params, node) -> None:
-    """`ggml_compute_forward_rope_f32` / `_rope_f16` (forward): rows of src0 plane i2 use position
-    pos[i2]; normal mode rotates (x[2k], x[2k+1]), NeoX mode (mode & 2) rotates (x[k], x[k + n_dims/2]),
-    by the cached cos/sin of pair k: (x0·cos - x1·sin, x0·sin + x1·cos), each first product through
-    the tier's `fma` (gcc fuses it); elements from n_dims on are copied (in pairs, so ne0 - n_dims must be
-    even: an odd tail makes ggml write past the row, which is refused here). n_dims must be even and in
-    0..ne0 (ggml asserts that it is even and at most ne0; a negative one would copy from before the row)."""
+    """`ggml_compute_forward_rope_f32` / `_rope_f16` (forward)."""
     a, pos = node.src[0], node.src[1]
     ff_t = node.src[2] if len(node.src) > 2 else None
     _need_type(node, a, (F32, F16), "src0")
@@ -743,7 +663,7 @@ def compute_forward_rope(params, node) -> None:
     n_dims, mode, n_ctx_orig = p[1], p[2], p[4]
     freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (word_to_float(w) for w in p[5:11])
     ne0 = a.ne[0]
-    if not 0 <= n_dims <= ne0 or n_dims % 2:  # (a negative one makes ggml copy from before the row)
+    if not 0 <= n_dims <= ne0 or n_dims % 2:
         raise ShapeError(f"ROPE {describe(node)}: n_dims {n_dims} must be even and in 0..ne0 = {ne0}")
     if (ne0 - n_dims) % 2:
         raise ShapeError(f"ROPE {describe(node)}: ne0 - n_dims = {ne0 - n_dims} is odd; ggml copies the unrotated "
@@ -778,6 +698,7 @@ def compute_forward_rope(params, node) -> None:
     params.write(node, y)  # f16: the rotated values are rounded to f16, the copied tail is unchanged
 
 
+# notebooks/07_cpu_backend.py
 def compute_forward_none(params, node) -> None:
     """NONE, VIEW, RESHAPE, PERMUTE, TRANSPOSE: nothing to compute (`ggml_compute_forward` skips them)."""
 
@@ -798,7 +719,6 @@ _FORWARD = {
 }
 
 
-# notebooks/07_cpu_backend.py
 def _kernel(node):
     """The kernel of `node`'s op (`ggml_compute_forward`'s switch), or None when there is nothing to compute."""
     fn = _FORWARD.get(node.op)
@@ -807,11 +727,9 @@ def _kernel(node):
     return None if fn is compute_forward_none or node.nelements == 0 else fn
 
 
-def compute_forward(node, params: ComputeParams = None) -> None:
-    """`ggml_compute_forward`: compute `node` from `node.src` into the node's memory. `params` says
-    how (default: the numpy tier on host memory); a graph passes one `ComputeParams` to all of its
-    nodes. View-like ops compute nothing; an empty node is skipped. Floating-point warnings are off,
-    as C arithmetic has none (an inf or a NaN is a value like any other)."""
+def compute_forward(node, params: ComputeParams | None = None) -> None:
+    """`ggml_compute_forward`: compute `node` from `node.src` into the node's memory; `params` says how
+    (default: the numpy tier on host memory). A graph passes one `ComputeParams` to all of its nodes."""
     fn = _kernel(node)
     if fn is not None:
         with np.errstate(all="ignore"):
@@ -821,9 +739,7 @@ def compute_forward(node, params: ComputeParams = None) -> None:
 # notebooks/07_cpu_backend.py
 class CPUBackend(Backend):
     """The CPU backend (`ggml_backend_cpu_init`; `ggml_backend_cpu_name`, `ggml_backend_cpu_free`,
-    `ggml_backend_cpu_get_default_buffer_type`). `clock` (optional, a `sim.SimClock`) makes every
-    `graph_compute` advance the host's simulated time by `cost.op_seconds` per node and record a span,
-    so that the CPU shows on the SIM timelines; without it the CPU keeps no time."""
+    `ggml_backend_cpu_get_default_buffer_type`); `clock` (a `sim.SimClock`) and `cost` are optional."""
 
     name = "CPU"
 
@@ -860,7 +776,8 @@ class CPUBackend(Backend):
             for node in graph.nodes:
                 if not self._supports_op(node):
                     raise UnsupportedOpError(f"CPU cannot compute {describe(node)} ({node.op.name}): src1 "
-                                             f"{node.src[1].type.name} is neither f32 nor the dot type of {node.src[0].type.name}")
+                                             f"{node.src[1].type.name} is neither f32 nor the dot type of "
+                                             f"{node.src[0].type.name}")
                 fn = _kernel(node)
                 if fn is not None:
                     fn(params, node)
@@ -883,13 +800,34 @@ class CPUBackend(Backend):
 def graph_label(graph) -> str:
     """A graph as the timelines label it: its node count and first/last node names."""
     n = len(graph.nodes)
-    return f"{n} node{'s' if n != 1 else ''}: {graph.nodes[0].name} .. {graph.nodes[-1].name}" if n > 1 else graph.nodes[0].name
+    if n > 1:
+        return f"{n} nodes: {graph.nodes[0].name} .. {graph.nodes[-1].name}"
+    return graph.nodes[0].name
 
 
 # notebooks/07_cpu_backend.py
+C_MATH: dict[str, Callable[..., float]] = {
+    "expf": math.exp, "expm1f": math.expm1, "logf": math.log, "tanhf": math.tanh, "cosf": math.cos, "sinf": math.sin,
+    "powf": math.pow}
+NUMPY = Arithmetic()
+_TIERS = {NUMPY.name: NUMPY}
+
+
+def declare_tier(arith) -> None:
+    """Makes a numerics tier available by its name (appendix A2 declares `"exact"`)."""
+    _TIERS[arith.name] = arith
+
+
+def tier(name: str):
+    """The numerics tier called `name`."""
+    if name not in _TIERS:
+        raise UnsupportedOpError(f"no numerics tier {name!r}; declared: {', '.join(_TIERS)} "
+                                 f"(the exact tier comes with `import ggml_lite`, appendix A2)")
+    return _TIERS[name]
+
+
 def cpu_init(clock=None, cost=None, exact: bool = False) -> CPUBackend:
-    """`ggml_backend_cpu_init`. `exact=True` computes with the bit-exact tier of appendix A2 (the
-    summation order of ggml's AVX2 build) instead of plain numpy."""
+    """`ggml_backend_cpu_init`; `exact=True` computes with the bit-exact tier of appendix A2."""
     return CPUBackend(clock, cost, tier("exact" if exact else "numpy"))
 
 

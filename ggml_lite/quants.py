@@ -27,11 +27,7 @@ def fp16_to_fp32(h) -> np.ndarray:
 
 
 def fma_f32(a, b, c) -> np.ndarray:
-    """`fmaf(a, b, c)` / `_mm256_fmadd_ps`: a·b + c for float32 operands, rounded once to float32.
-
-    a·b is exact in float64; the float64 sum then rounds once more, and that double rounding can only
-    go wrong when the float64 sum lands exactly on a float32 midpoint. Those (rare) elements are
-    nudged one float64 ulp towards the exact sum (its TwoSum error) before the final rounding."""
+    """`fmaf(a, b, c)` / `_mm256_fmadd_ps`: a·b + c for float32 operands, rounded once to float32."""
     with np.errstate(invalid="ignore", over="ignore"):  # (a signalling NaN warns when widened)
         a64 = np.asarray(a, dtype=F4).astype(F8)
         b64 = np.asarray(b, dtype=F4).astype(F8)
@@ -78,10 +74,7 @@ def _c_max(a, b):
 
 
 def quantize_row_q8_0_ref(x) -> np.ndarray:
-    """`quantize_row_q8_0_ref` (what `ggml_quantize_chunk` uses): per block amax = max|x| (a C
-    `MAX` scan), d = amax/127, id = 1/d (0 when d = 0), q = roundf(x·id) (halves away from zero),
-    d stored as f16. `x` has rows on its last axis; returns q8_0 blocks (last axis = blocks per row).
-    A non-finite x·id converts to 0 (the low byte of cvttss2si's 0x80000000)."""
+    """`quantize_row_q8_0_ref`: rows on the last axis of `x` -> q8_0 blocks (last axis = blocks per row)."""
     xb = _blocks(x)
     ax = np.abs(xb)
     amax = np.zeros(xb.shape[:-1], dtype=F4)
@@ -107,11 +100,7 @@ def quantize_q8_0(values) -> np.ndarray:
 
 
 def quantize_row_q4_0_ref(x) -> np.ndarray:
-    """`quantize_row_q4_0_ref` (also q4_0's from_float): per block m = the element of largest
-    magnitude (first on ties), d = m/-8, id = 1/d, q = min(15, (int8_t)(x·id + 8.5)) (truncating),
-    element j in the low nibble of byte j, j+16 in the high nibble. x·id + 8.5 is fused into one FMA,
-    as gcc -O3 contracts it (an assumption: the fixtures cannot tell; ggml-python's build does not
-    fuse it, which changes a nibble only when x·id + 8.5 is within an ulp of an integer)."""
+    """`quantize_row_q4_0_ref` (also q4_0's from_float): q = min(15, (int8_t)(x·id + 8.5)), fused."""
     xb = _blocks(x)
     ax = np.abs(xb)
     k = np.argmax(np.where(np.isnan(ax), F4(-1), ax), axis=-1)  # the first maximum (the C's strict `<` scan)
@@ -131,10 +120,7 @@ def quantize_row_q4_0_ref(x) -> np.ndarray:
 
 # notebooks/07_cpu_backend.py
 def q8_0_from_amax(xb, amax) -> np.ndarray:
-    """The body of `quantize_row_q8_0` (x86 SIMD path) once each block's max|x| is known: d = amax/127
-    stored as f16, id = 127/amax (0 when amax = 0), q = x·id rounded to nearest even
-    (`_mm256_round_ps`); NaN and out-of-range values give -128 (`_mm256_cvtps_epi32` returns
-    0x80000000, the packs saturate). `xb` holds blocks on its last axis, `amax` one value per block."""
+    """The body of `quantize_row_q8_0` (x86 path) once each block's max|x| is known (`amax`, one per block)."""
     with np.errstate(all="ignore"):
         d = amax / F4(127)
         idv = np.where(amax != 0, F4(127) / np.where(amax != 0, amax, F4(1)), F4(0)).astype(F4)
@@ -147,16 +133,12 @@ def q8_0_from_amax(xb, amax) -> np.ndarray:
 
 
 def quantize_row_q8_0(x) -> np.ndarray:
-    """`quantize_row_q8_0`, the CPU backend's q8_0 `from_float` (`mul_mat`'s conversion of src1, `cpy`
-    into q8_0), as ggml's x86 build computes it: halves rounded to even (`q8_0_from_amax`). The block
-    maximum is numpy's, equal to ggml's 8-lane max tree unless the block holds a NaN (appendix A2
-    reproduces the tree)."""
+    """`quantize_row_q8_0`, the CPU backend's q8_0 `from_float`, as ggml's x86 build computes it."""
     xb = _blocks(x)
     with np.errstate(invalid="ignore"):
         return q8_0_from_amax(xb, np.max(np.abs(xb), axis=-1))
 
 
-# notebooks/07_cpu_backend.py
 def dequantize_row_q8_0(blocks) -> np.ndarray:
     """`dequantize_row_q8_0`: element j of a block is qs[j]·d (exact in f32)."""
     d = blocks["d"].astype(F4)[..., None]

@@ -25,10 +25,10 @@
 # 1. `ggml_backend_cpu_*`: what the CPU backend supports (every op, but one rule for `MUL_MAT`).
 # 2. How a kernel sees a tensor: a numpy view over the buffer's bytes, any strides, any view.
 # 3. The details that make ggml's numbers what they are: sums in double, src1 converted to the
-#    weight's *dot type*, f16 rounding, rope's angles.
+#    weight's *dot type*, f16 rounding, q8_0 and q4_0 blocks, rope's angles.
 # 4. Why the graph allocator's reuse is safe — and what happens when it is not.
 #
-# Exported: `ggml_lite.cpu` and `ggml_lite.quants` (ggml-quants.c's reference quantizers).
+# Exported: `ggml_lite.cpu`, and `ggml_lite.quants` (ggml-quants.c's reference part, §2).
 
 # %%
 # | default_exp cpu
@@ -42,56 +42,263 @@ from ggml_lite.backend import tensor_get, tensor_set
 # %% [markdown]
 # ## 1 · The C
 #
-# `ggml-backend.c:547-945`. The CPU backend is small because the work is elsewhere (`ggml.c`'s
-# kernels): its default buffer type is the CPU buffer type of chapter 03, it can use any host
-# memory, and `graph_compute` is `ggml_graph_compute` over the nodes in order. Its `supports_op`
-# says yes to nearly everything:
-#
-# ```c
-# GGML_CALL static bool ggml_backend_cpu_supports_op(ggml_backend_t backend, const struct ggml_tensor * op) { // :820
-#     switch (op->op) {
-#         case GGML_OP_CPY:     return op->type != GGML_TYPE_IQ2_XXS && ...;   // types without from_float
-#         case GGML_OP_MUL_MAT: return op->src[1]->type == GGML_TYPE_F32 ||
-#                                      op->src[1]->type == ggml_internal_get_type_traits(op->src[0]->type).vec_dot_type;
-#         default:              return true;
-#     }
-# }
-# ```
-#
-# The types of this project all have `from_float`, so only the `MUL_MAT` rule matters here: src1
-# must be f32, or already of src0's *dot type* — f16 for f16 weights, q8_0 for q8_0 and q4_0
-# weights (§2, *Two numerics tiers*, shows why it matters). It has no queue, no events and no async copies: every entry for them
-# is `NULL`. Threads, thread pools and abort callbacks have no meaning in this port.
+# The CPU backend itself is small, `ggml-backend.c:547-945`: the CPU buffer type of chapter 03, any
+# host memory, no queue, no events, no async copies (their entries are `NULL`), and `graph_compute`
+# hands the nodes to `ggml_graph_compute` in order. Threads, thread pools and abort callbacks have no
+# meaning here. The work is elsewhere: the kernels are `ggml_compute_forward_*` in `ggml.c`, and the
+# quantized types come from `ggml-quants.c`. Every code cell below follows the few lines of C it
+# ports. Lines of `ggml-backend.c` are daa9623's; lines of `ggml.c` and `ggml-quants.c` are those of
+# llama.cpp 1d1ccce (2024-08-29, vendored by llama-cpp-python 0.2.90), the nearest copy at hand: the
+# reference folder holds only the allocator and the backend at daa9623.
 
 # %% [markdown]
-# ## 2 · How the CPU computes
+# ## 2 · Quantization: ggml-quants.c
+#
+# A q8_0 block is an f16 scale `d` and 32 int8 values (34 bytes); a q4_0 block an f16 `d` and 16
+# bytes of nibbles. Scales are stored as f16, eight at a time with F16C, ggml.c:445-447:
+# ```c
+# for (; i + 7 < n; i += 8) {
+#     __m256 x_vec = _mm256_loadu_ps(x + i);
+#     __m128i y_vec = _mm256_cvtps_ph(x_vec, _MM_FROUND_TO_NEAREST_INT);
+# ```
+# Notice `_MM_FROUND_TO_NEAREST_INT`: f32 → f16 rounds to nearest even, as numpy's `astype` does;
+# f16 → f32 is exact. q4_0's quantizer also needs a fused multiply-add: it computes `x·id` and adds
+# 8.5 in two statements, which gcc `-O3` fuses into one FMA, rounding once. numpy has none, so
+# `fma_f32` adds in float64 and repairs the rare double rounding (a float64 sum exactly on a float32
+# midpoint), nudging it one float64 ulp towards the exact sum.
+
+# %%
+# | export quants
+"""ggml-quants.c's reference part (llama.cpp daa9623) that this port computes with: the q8_0 and q4_0
+blocks, their quantizers (the reference ones that store a model's weights, and the CPU backend's
+`quantize_row_q8_0`) and dequantizers, with the f16 conversions and the FMA they round with."""
+
+import numpy as np
+
+from ggml_lite.errors import ShapeError
+from ggml_lite.tensor import Q4_0, Q8_0
+
+F4, F8 = np.float32, np.float64
+QK = 32  # elements per q8_0 / q4_0 block (`QK8_0`, `QK4_0`)
+
+
+def fp32_to_fp16(x) -> np.ndarray:
+    """`GGML_FP32_TO_FP16` / `ggml_fp32_to_fp16_row` (F16C `_mm256_cvtps_ph`): round to nearest even."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, dtype=F4).astype(np.float16)
+
+
+def fp16_to_fp32(h) -> np.ndarray:
+    """`GGML_FP16_TO_FP32` / `ggml_fp16_to_fp32_row`: exact widening."""
+    return np.asarray(h, dtype=np.float16).astype(F4)
+
+
+def fma_f32(a, b, c) -> np.ndarray:
+    """`fmaf(a, b, c)` / `_mm256_fmadd_ps`: a·b + c for float32 operands, rounded once to float32."""
+    with np.errstate(invalid="ignore", over="ignore"):  # (a signalling NaN warns when widened)
+        a64 = np.asarray(a, dtype=F4).astype(F8)
+        b64 = np.asarray(b, dtype=F4).astype(F8)
+        c64 = np.asarray(c, dtype=F4).astype(F8)
+        shape = np.broadcast_shapes(a64.shape, b64.shape, c64.shape)
+        p = np.broadcast_to(a64 * b64, shape).reshape(-1)
+        c64 = np.broadcast_to(c64, shape).reshape(-1)
+        s = p + c64
+    bits = s.view(np.int64)
+    mag = np.abs(s)
+    mid = ((bits & 0x1FFFFFFF) == 0x10000000) & (mag >= 2.0 ** -126)
+    tiny = (mag < 2.0 ** -126) & (s != 0)
+    if tiny.any():  # float32 subnormal range: test for an exact midpoint directly
+        st = s[tiny]
+        r = st.astype(F4)
+        toward = np.where(st > r.astype(F8), F4(np.inf), F4(-np.inf)).astype(F4)
+        midpoint = (r.astype(F8) + np.nextafter(r, toward).astype(F8)) / 2
+        mid[tiny] = st == midpoint
+    if mid.any():
+        pb, cb, sm = p[mid], c64[mid], s[mid]
+        with np.errstate(invalid="ignore"):
+            bb = sm - pb
+            err = (pb - (sm - bb)) + (cb - bb)  # TwoSum: exact sum = sm + err
+        s[mid] = np.where(err > 0, np.nextafter(sm, np.inf), np.where(err < 0, np.nextafter(sm, -np.inf), sm))
+    with np.errstate(over="ignore"):
+        return s.astype(F4).reshape(shape)
+
+# %% [markdown]
+# The reference quantizers store the weights of a model file (`ggml_quantize_chunk`); q8_0's,
+# ggml-quants.c:859-861:
+# ```c
+#             const float x0 = x[i*QK8_0 + j]*id;
+#
+#             y[i].qs[j] = roundf(x0);
+# ```
+# Notice that `x` is scaled by `id = 1/d` of the *unrounded* f32 `d = max|x| / 127` (a C `MAX`
+# scan; only the stored scale is rounded to f16), and `roundf` rounds halves away from zero; a
+# non-finite `x·id` converts to 0 (the low byte of `cvttss2si`'s 0x80000000). q4_0's scale is the
+# element of largest magnitude, sign included, the first on ties (a strict `<` scan), over −8; element
+# `j` goes to the low nibble of byte `j`, element `j + 16` to its high nibble, as
+# `MIN(15, (int8_t)(x0 + 8.5f))` with the FMA above (ggml-python's build does not fuse it, which
+# changes a nibble only when that sum is within an ulp of an integer; the fixtures cannot tell).
+
+# %%
+# | export quants
+Q8_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
+Q4_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "u1", 16)])
+
+
+def _blocks(x) -> np.ndarray:
+    x = np.asarray(x, dtype=F4)
+    if x.shape[-1] % QK:
+        raise ShapeError(f"a row of {x.shape[-1]} values is not a whole number of {QK}-element blocks")
+    return x.reshape(x.shape[:-1] + (x.shape[-1] // QK, QK))
+
+
+def _c_max(a, b):
+    """`MAX(a, b)` / `_mm_max_ps(a, b)`: a > b ? a : b (a NaN in either place yields b)."""
+    return np.where(a > b, a, b)
+
+
+def quantize_row_q8_0_ref(x) -> np.ndarray:
+    """`quantize_row_q8_0_ref`: rows on the last axis of `x` -> q8_0 blocks (last axis = blocks per row)."""
+    xb = _blocks(x)
+    ax = np.abs(xb)
+    amax = np.zeros(xb.shape[:-1], dtype=F4)
+    for j in range(QK):
+        amax = _c_max(amax, ax[..., j])
+    with np.errstate(all="ignore"):
+        d = amax / F4(127)
+        idv = np.where(d != 0, F4(1) / np.where(d != 0, d, F4(1)), F4(0)).astype(F4)
+        v = (xb * idv[..., None]).astype(F8)
+        q = np.trunc(v + np.copysign(0.5, v))
+        q = np.where(np.isfinite(q) & (np.abs(q) < 2.0 ** 31), q, 0).astype(np.int64)
+    out = np.empty(xb.shape[:-1], dtype=Q8_0_DTYPE)
+    out["d"] = fp32_to_fp16(d)
+    out["qs"] = (q & 0xFF).astype(np.uint8).view(np.int8)
+    return out
+
+
+def quantize_q8_0(values) -> np.ndarray:
+    """The q8_0 blocks of `values` (memory order, a multiple of 32 values) as ggml stores quantized
+    data it is given (`ggml_quantize_chunk` -> `quantize_row_q8_0_ref`): a 1-d array of blocks, so
+    `.view(np.uint8)` gives the bytes."""
+    return quantize_row_q8_0_ref(np.asarray(values, dtype=F4).reshape(-1))
+
+
+def quantize_row_q4_0_ref(x) -> np.ndarray:
+    """`quantize_row_q4_0_ref` (also q4_0's from_float): q = min(15, (int8_t)(x·id + 8.5)), fused."""
+    xb = _blocks(x)
+    ax = np.abs(xb)
+    k = np.argmax(np.where(np.isnan(ax), F4(-1), ax), axis=-1)  # the first maximum (the C's strict `<` scan)
+    m = np.take_along_axis(xb, k[..., None], axis=-1)[..., 0]
+    d = (m / F4(-8)).astype(F4)
+    with np.errstate(divide="ignore"):
+        idv = np.where(d != 0, F4(1) / np.where(d != 0, d, F4(1)), F4(0)).astype(F4)
+    v = fma_f32(xb, idv[..., None], F4(8.5))
+    with np.errstate(invalid="ignore"):  # (int8_t) of a float: cvttss2si (0x80000000 if out of range), low byte
+        t = np.where(np.isfinite(v) & (np.abs(v) < 2.0 ** 31), np.trunc(v), -(2.0 ** 31)).astype(np.int64)
+    q = np.minimum(15, (t & 0xFF).astype(np.uint8).view(np.int8)).astype(np.uint8)
+    out = np.empty(xb.shape[:-1], dtype=Q4_0_DTYPE)
+    out["d"] = fp32_to_fp16(d)
+    out["qs"] = q[..., :16] | (q[..., 16:] << 4)
+    return out
+
+# %% [markdown]
+# The CPU backend's own q8_0 `from_float`, `quantize_row_q8_0`, converts data while computing
+# (`mul_mat`'s src1, `cpy` into q8_0). Its x86 path, ggml-quants.c:958-960:
+# ```c
+# const float d = maxScalar / 127.f;
+# y[i].d = GGML_FP32_TO_FP16(d);
+# const float id = ( maxScalar != 0.0f ) ? 127.f / maxScalar : 0.0f;
+# ```
+# Notice `id = 127 / max`, not `1 / d`, and the rounding further on, `_mm256_round_ps(v,
+# _MM_ROUND_NEAREST)`: halves go **to even** (2.5 becomes 2, where the reference gives 3); NaN and
+# out-of-range values give -128 (`_mm256_cvtps_epi32` returns 0x80000000, the packs saturate). The
+# block maximum is numpy's, equal to ggml's 8-lane max tree unless the block holds a NaN (appendix A2
+# reproduces the tree through `q8_0_from_amax`). Dequantizing is exact in f32: element `j` of a q4_0
+# block is `((qs[j] & 15) − 8)·d`, element `j + 16` is `((qs[j] >> 4) − 8)·d`. The two tables at the
+# end are the CPU's `type_traits`: each type's `to_float` and `from_float`.
+
+# %%
+# | export quants
+def q8_0_from_amax(xb, amax) -> np.ndarray:
+    """The body of `quantize_row_q8_0` (x86 path) once each block's max|x| is known (`amax`, one per block)."""
+    with np.errstate(all="ignore"):
+        d = amax / F4(127)
+        idv = np.where(amax != 0, F4(127) / np.where(amax != 0, amax, F4(1)), F4(0)).astype(F4)
+        q = np.rint(xb * idv[..., None])
+        q = np.where(np.isfinite(q) & (np.abs(q) < 2.0 ** 31), np.clip(q, -128, 127), -128)
+    out = np.empty(xb.shape[:-1], dtype=Q8_0_DTYPE)
+    out["d"] = fp32_to_fp16(d)
+    out["qs"] = q.astype(np.int8)
+    return out
+
+
+def quantize_row_q8_0(x) -> np.ndarray:
+    """`quantize_row_q8_0`, the CPU backend's q8_0 `from_float`, as ggml's x86 build computes it."""
+    xb = _blocks(x)
+    with np.errstate(invalid="ignore"):
+        return q8_0_from_amax(xb, np.max(np.abs(xb), axis=-1))
+
+
+def dequantize_row_q8_0(blocks) -> np.ndarray:
+    """`dequantize_row_q8_0`: element j of a block is qs[j]·d (exact in f32)."""
+    d = blocks["d"].astype(F4)[..., None]
+    y = blocks["qs"].astype(F4) * d
+    return y.reshape(y.shape[:-2] + (-1,))
+
+
+def dequantize_row_q4_0(blocks) -> np.ndarray:
+    """`dequantize_row_q4_0`: element j is ((qs[j] & 15) - 8)·d, element j+16 is ((qs[j] >> 4) - 8)·d."""
+    d = blocks["d"].astype(F4)[..., None]
+    qs = blocks["qs"]
+    lo = (qs & 0x0F).astype(np.int16) - 8
+    hi = (qs >> 4).astype(np.int16) - 8
+    y = np.concatenate([lo, hi], axis=-1).astype(F4) * d
+    return y.reshape(y.shape[:-2] + (-1,))
+
+
+_DEQUANT = {Q8_0.name: dequantize_row_q8_0, Q4_0.name: dequantize_row_q4_0}  # type_traits[type].to_float
+FROM_FLOAT = {Q8_0.name: quantize_row_q8_0, Q4_0.name: quantize_row_q4_0_ref}  # the CPU's from_float
+
+# %% [markdown]
+# One tie shows both q8_0 quantizers: the block's maximum is 127, so `d = 1` and 2.5 is a tie.
+
+# %%
+tie = np.zeros(32, np.float32)
+tie[:2] = 127, 2.5
+print("reference (roundf):", quantize_row_q8_0_ref(tie)["qs"][0, :2], " CPU (to even):", quantize_row_q8_0(tie)["qs"][0, :2])
+
+# %% [markdown]
+# ## 3 · How the CPU computes
 #
 # Each op is a numpy kernel that reads its sources through `tensor_array` (the bytes of chapter 03,
 # seen with `ne`/`nb`) and writes into the node's own bytes. Nothing is returned: if the graph
 # allocator put two live tensors at the same offset, one overwrites the other, exactly as in ggml.
+# What the backend accepts is `ggml_backend_cpu_supports_op`, ggml-backend.c:828-829:
+# ```c
+# case GGML_OP_MUL_MAT:
+#     return op->src[1]->type == GGML_TYPE_F32 || op->src[1]->type == ggml_internal_get_type_traits(op->src[0]->type).vec_dot_type;
+# ```
+# Notice the one rule (CPY's other rule concerns types without `from_float`, none of them here): src1
+# is f32, or already src0's *dot type* (`VEC_DOT_TYPE`): f16 for f16 weights, q8_0 for q8_0 and q4_0.
 
 # %%
 # | export
 """The CPU backend (ggml-backend.c:547-945) and the numpy kernels it computes with.
 
-`compute_forward(node)` computes one graph node from its sources, with numpy, as ggml's CPU backend
-computes it (`ggml_compute_forward` in ggml.c, llama.cpp `daa9623`): the same types, shapes and
-checks, f16 results rounded to nearest even, rope's float32 angle recurrence.
+`compute_forward(node)` computes one graph node from its sources as ggml's CPU backend does
+(`ggml_compute_forward`, llama.cpp `daa9623`): the same types, shapes and checks, f16 results rounded
+to nearest even, rope's float32 angle recurrence. How each order- or rounding-dependent step is done is
+the numerics tier's choice (`params.arith`): `Arithmetic`, the default, within its stated tolerance of
+ggml (`TOLERANCE_F32`, `TOLERANCE_MIXED`), or appendix A2's bit-exact tier. Every kernel reads its
+sources before it writes its destination, so in-place ops and memory reuse are safe; where ggml's kernel
+asserts or would read memory the wrong way, it raises a `ggml_lite.errors` exception instead.
 
-How each order- or rounding-dependent step is done is the numerics tier's choice (`params.arith`).
-Both tiers convert mul_mat's f32 src1 to the weight's dot type as ggml does (f16; q8_0 for q8_0 and
-q4_0 weights). `Arithmetic`, the default, then computes with plain numpy and agrees with ggml within
-its stated tolerance (`Arithmetic.TOLERANCE_F32`, `TOLERANCE_MIXED`: 1e-4 of the largest value for
-f32 graphs, 5e-3 with f16 or quantized tensors, measured by benchmarks/numerics_tolerance.py); the
-tier of `ggml_lite.exact` (appendix A2) reproduces ggml's AVX2 build, its sums and FMAs included.
-
-Every kernel computes its result from its sources before it writes the destination, so a destination
-that shares memory with a source (in-place ops, the graph allocator's memory reuse) is safe. Where
-ggml's kernel asserts (`GGML_ASSERT`) or would read memory the wrong way, the kernel raises a
-`ggml_lite.errors` exception instead of computing garbage.
+This module mirrors the CPU compute part of one C file, ggml.c (22,600 lines: its
+`ggml_compute_forward_*` kernels), and the CPU backend of ggml-backend.c; the quantized types are
+`ggml_lite.quants`.
 """
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -123,249 +330,28 @@ def mul_mat_supported(op) -> bool:
     return op.src[1].type is F32 or op.src[1].type is VEC_DOT_TYPE.get(op.src[0].type.name)
 
 # %% [markdown]
-# #### Floats: what "f32 arithmetic" means here
-# numpy's float32 operations round exactly like the C's `float` operations, so most kernels are
-# plain numpy. Two conversions and one fused operation need a word. f32 → f16 rounds to nearest even
-# (F16C's `_mm256_cvtps_ph`, numpy's `astype`); f16 → f32 is exact. gcc `-O3` fuses `a·b + c` into
-# one FMA instruction, which rounds once; numpy has no FMA, so `fma_f32` computes it in float64 and
-# repairs the rare double rounding. The storage format q4_0 needs it (its quantizer's `x·id + 8.5`);
-# the kernels ask their tier instead (next cells).
-
-
-# %%
-# | export quants
-"""ggml-quants.c's reference part (llama.cpp daa9623) that this port computes with: the q8_0 and q4_0
-blocks, their quantizers (the reference ones that store a model's weights, and the CPU backend's
-`quantize_row_q8_0`) and dequantizers, with the f16 conversions and the FMA they round with."""
-
-import numpy as np
-
-from ggml_lite.errors import ShapeError
-from ggml_lite.tensor import Q4_0, Q8_0
-
-F4, F8 = np.float32, np.float64
-QK = 32  # elements per q8_0 / q4_0 block (`QK8_0`, `QK4_0`)
-
-
-def fp32_to_fp16(x) -> np.ndarray:
-    """`GGML_FP32_TO_FP16` / `ggml_fp32_to_fp16_row` (F16C `_mm256_cvtps_ph`): round to nearest even."""
-    with np.errstate(over="ignore"):
-        return np.asarray(x, dtype=F4).astype(np.float16)
-
-
-def fp16_to_fp32(h) -> np.ndarray:
-    """`GGML_FP16_TO_FP32` / `ggml_fp16_to_fp32_row`: exact widening."""
-    return np.asarray(h, dtype=np.float16).astype(F4)
-
-
-def fma_f32(a, b, c) -> np.ndarray:
-    """`fmaf(a, b, c)` / `_mm256_fmadd_ps`: a·b + c for float32 operands, rounded once to float32.
-
-    a·b is exact in float64; the float64 sum then rounds once more, and that double rounding can only
-    go wrong when the float64 sum lands exactly on a float32 midpoint. Those (rare) elements are
-    nudged one float64 ulp towards the exact sum (its TwoSum error) before the final rounding."""
-    with np.errstate(invalid="ignore", over="ignore"):  # (a signalling NaN warns when widened)
-        a64 = np.asarray(a, dtype=F4).astype(F8)
-        b64 = np.asarray(b, dtype=F4).astype(F8)
-        c64 = np.asarray(c, dtype=F4).astype(F8)
-        shape = np.broadcast_shapes(a64.shape, b64.shape, c64.shape)
-        p = np.broadcast_to(a64 * b64, shape).reshape(-1)
-        c64 = np.broadcast_to(c64, shape).reshape(-1)
-        s = p + c64
-    bits = s.view(np.int64)
-    mag = np.abs(s)
-    mid = ((bits & 0x1FFFFFFF) == 0x10000000) & (mag >= 2.0 ** -126)
-    tiny = (mag < 2.0 ** -126) & (s != 0)
-    if tiny.any():  # float32 subnormal range: test for an exact midpoint directly
-        st = s[tiny]
-        r = st.astype(F4)
-        toward = np.where(st > r.astype(F8), F4(np.inf), F4(-np.inf)).astype(F4)
-        midpoint = (r.astype(F8) + np.nextafter(r, toward).astype(F8)) / 2
-        mid[tiny] = st == midpoint
-    if mid.any():
-        pb, cb, sm = p[mid], c64[mid], s[mid]
-        with np.errstate(invalid="ignore"):
-            bb = sm - pb
-            err = (pb - (sm - bb)) + (cb - bb)  # TwoSum: exact sum = sm + err
-        s[mid] = np.where(err > 0, np.nextafter(sm, np.inf), np.where(err < 0, np.nextafter(sm, -np.inf), sm))
-    with np.errstate(over="ignore"):
-        return s.astype(F4).reshape(shape)
-
-
-# %% [markdown]
-# #### Blocks: q8_0 and q4_0
-# A q8_0 block is an f16 scale `d` and 32 int8 values (34 bytes); a q4_0 block an f16 `d` and 16
-# bytes of nibbles, element `j` in the low nibble of byte `j` and element `j + 16` in its high
-# nibble, each `(nibble − 8)·d`. Dequantizing is exact. ggml has two q8_0 quantizers. The
-# reference one, `quantize_row_q8_0_ref`, stores the weights of a model file: `d = max|x| / 127`,
-# `q = roundf(x·(1/d))` (halves away from zero) with the *unrounded* f32 `d`, only the stored scale
-# rounded to f16. The CPU backend's `from_float`, `quantize_row_q8_0`, converts data while computing
-# (`mul_mat`'s src1, `cpy` into q8_0). Its x86 SIMD path multiplies by `127 / max|x|` and rounds halves
-# **to even**, so a tie such as 2.5 becomes 2, where the reference quantizer gives 3. (The ARM path
-# multiplies by `1/d` and also rounds to even; only a build without SIMD uses the reference one.) q4_0
-# has one quantizer: the element of largest magnitude (first on ties) gives `d = m / −8`.
-
-
-# %%
-# | export quants
-Q8_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "i1", 32)])
-Q4_0_DTYPE = np.dtype([("d", "<f2"), ("qs", "u1", 16)])
-
-
-def _blocks(x) -> np.ndarray:
-    x = np.asarray(x, dtype=F4)
-    if x.shape[-1] % QK:
-        raise ShapeError(f"a row of {x.shape[-1]} values is not a whole number of {QK}-element blocks")
-    return x.reshape(x.shape[:-1] + (x.shape[-1] // QK, QK))
-
-
-def _c_max(a, b):
-    """`MAX(a, b)` / `_mm_max_ps(a, b)`: a > b ? a : b (a NaN in either place yields b)."""
-    return np.where(a > b, a, b)
-
-
-def quantize_row_q8_0_ref(x) -> np.ndarray:
-    """`quantize_row_q8_0_ref` (what `ggml_quantize_chunk` uses): per block amax = max|x| (a C
-    `MAX` scan), d = amax/127, id = 1/d (0 when d = 0), q = roundf(x·id) (halves away from zero),
-    d stored as f16. `x` has rows on its last axis; returns q8_0 blocks (last axis = blocks per row).
-    A non-finite x·id converts to 0 (the low byte of cvttss2si's 0x80000000)."""
-    xb = _blocks(x)
-    ax = np.abs(xb)
-    amax = np.zeros(xb.shape[:-1], dtype=F4)
-    for j in range(QK):
-        amax = _c_max(amax, ax[..., j])
-    with np.errstate(all="ignore"):
-        d = amax / F4(127)
-        idv = np.where(d != 0, F4(1) / np.where(d != 0, d, F4(1)), F4(0)).astype(F4)
-        v = (xb * idv[..., None]).astype(F8)
-        q = np.trunc(v + np.copysign(0.5, v))
-        q = np.where(np.isfinite(q) & (np.abs(q) < 2.0 ** 31), q, 0).astype(np.int64)
-    out = np.empty(xb.shape[:-1], dtype=Q8_0_DTYPE)
-    out["d"] = fp32_to_fp16(d)
-    out["qs"] = (q & 0xFF).astype(np.uint8).view(np.int8)
-    return out
-
-
-def quantize_q8_0(values) -> np.ndarray:
-    """The q8_0 blocks of `values` (memory order, a multiple of 32 values) as ggml stores quantized
-    data it is given (`ggml_quantize_chunk` -> `quantize_row_q8_0_ref`): a 1-d array of blocks, so
-    `.view(np.uint8)` gives the bytes."""
-    return quantize_row_q8_0_ref(np.asarray(values, dtype=F4).reshape(-1))
-
-
-def quantize_row_q4_0_ref(x) -> np.ndarray:
-    """`quantize_row_q4_0_ref` (also q4_0's from_float): per block m = the element of largest
-    magnitude (first on ties), d = m/-8, id = 1/d, q = min(15, (int8_t)(x·id + 8.5)) (truncating),
-    element j in the low nibble of byte j, j+16 in the high nibble. x·id + 8.5 is fused into one FMA,
-    as gcc -O3 contracts it (an assumption: the fixtures cannot tell; ggml-python's build does not
-    fuse it, which changes a nibble only when x·id + 8.5 is within an ulp of an integer)."""
-    xb = _blocks(x)
-    ax = np.abs(xb)
-    k = np.argmax(np.where(np.isnan(ax), F4(-1), ax), axis=-1)  # the first maximum (the C's strict `<` scan)
-    m = np.take_along_axis(xb, k[..., None], axis=-1)[..., 0]
-    d = (m / F4(-8)).astype(F4)
-    with np.errstate(divide="ignore"):
-        idv = np.where(d != 0, F4(1) / np.where(d != 0, d, F4(1)), F4(0)).astype(F4)
-    v = fma_f32(xb, idv[..., None], F4(8.5))
-    with np.errstate(invalid="ignore"):  # (int8_t) of a float: cvttss2si (0x80000000 if out of range), low byte
-        t = np.where(np.isfinite(v) & (np.abs(v) < 2.0 ** 31), np.trunc(v), -(2.0 ** 31)).astype(np.int64)
-    q = np.minimum(15, (t & 0xFF).astype(np.uint8).view(np.int8)).astype(np.uint8)
-    out = np.empty(xb.shape[:-1], dtype=Q4_0_DTYPE)
-    out["d"] = fp32_to_fp16(d)
-    out["qs"] = q[..., :16] | (q[..., 16:] << 4)
-    return out
-
-
-# %% [markdown]
-# Ports `quantize_row_q8_0` (the x86 SIMD path), the quantizer the CPU backend converts with.
-
-# %%
-# | export quants
-def q8_0_from_amax(xb, amax) -> np.ndarray:
-    """The body of `quantize_row_q8_0` (x86 SIMD path) once each block's max|x| is known: d = amax/127
-    stored as f16, id = 127/amax (0 when amax = 0), q = x·id rounded to nearest even
-    (`_mm256_round_ps`); NaN and out-of-range values give -128 (`_mm256_cvtps_epi32` returns
-    0x80000000, the packs saturate). `xb` holds blocks on its last axis, `amax` one value per block."""
-    with np.errstate(all="ignore"):
-        d = amax / F4(127)
-        idv = np.where(amax != 0, F4(127) / np.where(amax != 0, amax, F4(1)), F4(0)).astype(F4)
-        q = np.rint(xb * idv[..., None])
-        q = np.where(np.isfinite(q) & (np.abs(q) < 2.0 ** 31), np.clip(q, -128, 127), -128)
-    out = np.empty(xb.shape[:-1], dtype=Q8_0_DTYPE)
-    out["d"] = fp32_to_fp16(d)
-    out["qs"] = q.astype(np.int8)
-    return out
-
-
-def quantize_row_q8_0(x) -> np.ndarray:
-    """`quantize_row_q8_0`, the CPU backend's q8_0 `from_float` (`mul_mat`'s conversion of src1, `cpy`
-    into q8_0), as ggml's x86 build computes it: halves rounded to even (`q8_0_from_amax`). The block
-    maximum is numpy's, equal to ggml's 8-lane max tree unless the block holds a NaN (appendix A2
-    reproduces the tree)."""
-    xb = _blocks(x)
-    with np.errstate(invalid="ignore"):
-        return q8_0_from_amax(xb, np.max(np.abs(xb), axis=-1))
-
-
-# %%
-# | export quants
-def dequantize_row_q8_0(blocks) -> np.ndarray:
-    """`dequantize_row_q8_0`: element j of a block is qs[j]·d (exact in f32)."""
-    d = blocks["d"].astype(F4)[..., None]
-    y = blocks["qs"].astype(F4) * d
-    return y.reshape(y.shape[:-2] + (-1,))
-
-
-def dequantize_row_q4_0(blocks) -> np.ndarray:
-    """`dequantize_row_q4_0`: element j is ((qs[j] & 15) - 8)·d, element j+16 is ((qs[j] >> 4) - 8)·d."""
-    d = blocks["d"].astype(F4)[..., None]
-    qs = blocks["qs"]
-    lo = (qs & 0x0F).astype(np.int16) - 8
-    hi = (qs >> 4).astype(np.int16) - 8
-    y = np.concatenate([lo, hi], axis=-1).astype(F4) * d
-    return y.reshape(y.shape[:-2] + (-1,))
-
-
-_DEQUANT = {Q8_0.name: dequantize_row_q8_0, Q4_0.name: dequantize_row_q4_0}  # type_traits[type].to_float
-FROM_FLOAT = {Q8_0.name: quantize_row_q8_0, Q4_0.name: quantize_row_q4_0_ref}  # the CPU's from_float
-
-
-
-# %% [markdown]
 # #### Two numerics tiers
 # Every step whose result depends on *how* it is computed — a sum's order, a fused multiply-add, the
-# C library's `expf`, ggml's vectorised kernels — goes through one small object, the **tier**. The
-# kernels below never do such a step themselves, so the same kernel serves both tiers:
-#
-# * `Arithmetic` (the default, `cpu_init()`): plain numpy — BLAS for `mul_mat`, numpy's own sums,
-#   `np.exp`. It agrees with ggml to float32 rounding, not bit for bit.
-# * `ExactArithmetic` (appendix A2, `cpu_init(exact=True)`): ggml's AVX2 build reproduced bit for
-#   bit — its lanes, its FMAs, its exp. Tests and replays that compare bits use it.
-#
-# Both tiers convert what ggml converts. Before any dot product, `MUL_MAT` turns an f32 src1 into
-# src0's dot type: f16 (round to nearest even) for f16 weights, q8_0 blocks (`quantize_row_q8_0`) for
-# q8_0 and q4_0 weights. That rounding is not a detail. A tier that multiplied by the f32 src1
-# instead (this one did, before issue 22) differs from ggml by up to 0.55 of the largest value on the
-# whole graphs of `benchmarks/numerics_tolerance.py`, through a softmax over large logits. Converting
-# brings the median of the 158 graphs there with f16 or quantized tensors to 5.3e-7.
-#
-# What remains is the order of the sums. BLAS adds a dot product in its own order, ggml's AVX2 build
-# in 32 partial sums (four accumulators of eight lanes). On most graphs that costs a few float32 ulps.
-# On graphs that amplify rounding, a last-bit difference can flip an f16 or q8_0 rounding further on,
-# and a softmax over large logits magnifies it. On those graphs ggml's own results move as much when
-# only its dot-product order changes, as it does between builds (AVX-512, NEON). The benchmark
-# measures that spread with the exact tier given BLAS's order. Where the spread exceeds 1e-6, the
-# numpy tier's error is at most 3.2 times the spread. The stated tolerances, which
-# `check` and the tests use, come from those measurements (192 graphs: MLPs of 1-4 layers and
-# attention stacks, widths 32-512, f32/f16/q8_0/q4_0 weights, each with a softmax head):
-#
-# * **1e-4** of the largest value when only f32 tensors take part. The worst of 34 graphs is 3.0e-5.
-# * **5e-3** when f16 or quantized tensors take part. The worst is 2.1e-3 over the 143 of 158 graphs
-#   whose results two dot-product orders of ggml agree on within half of it. In the other 15, ggml's
-#   own results move by more than that with the order (up to 3.4e-2), and so do the numpy tier's.
-#   Only the bit-exact tier can check those (`check --exact`).
-#
-# A tier registers under a name, as a backend does in the registry; appendix A2 adds `"exact"`.
+# C library's `expf`, ggml's vectorised kernels — goes through one small object, the **tier**, so one
+# kernel serves both tiers: `Arithmetic` (the default) is plain numpy, BLAS for `mul_mat`, and agrees
+# with ggml to float32 rounding; `ExactArithmetic` (appendix A2, `cpu_init(exact=True)`) is ggml's
+# AVX2 build bit for bit. Each method stands for a C function, such as `ggml_vec_soft_max_f32`,
+# ggml.c:2667-2669:
+# ```c
+# float val = expf(x[i] - max);
+# sum += (ggml_float)val;
+# y[i] = val;
+# ```
+# Notice the `ggml_float` (double) sum of float32 exponentials. Both tiers convert what ggml converts:
+# `MUL_MAT` turns an f32 src1 into src0's dot type before any dot product. Skipping that rounding (this
+# tier did, before issue 22) missed ggml by up to 0.55 of the largest value on the graphs of
+# `benchmarks/numerics_tolerance.py`; converting brings the median of its 158 graphs with f16 or
+# quantized tensors to 5.3e-7. What remains is the order of the sums, which on graphs that amplify
+# rounding moves ggml's own results as much as changing its build does. The stated tolerances come from
+# those 192 graphs (MLPs and attention stacks, f32/f16/q8_0/q4_0 weights, a softmax head each):
+# **1e-4** of the largest value with f32 tensors only (the worst: 3.0e-5), **5e-3** with f16 or
+# quantized ones (the worst: 2.1e-3, on the 143 graphs whose results two dot-product orders of ggml
+# agree on; on the other 15 only `check --exact` can tell).
 
 # %%
 # | export
@@ -381,13 +367,13 @@ class Arithmetic:
 
     def sum_f64(self, v) -> np.ndarray:
         """A sum in `ggml_float` (double) along the last axis (`ggml_vec_sum_f32_ggf`)."""
-        return np.sum(v, axis=-1, dtype=F8)
+        return np.asarray(np.sum(v, axis=-1, dtype=F8))
 
     def fma(self, a, b, c) -> np.ndarray:
         """`a·b + c` where gcc fuses it into one FMA: here two float32 roundings."""
         return a * b + c
 
-    def scalar(self, name: str, *args) -> F4:
+    def scalar(self, name: str, *args) -> np.float32:
         """A C library float function (`powf`, `logf`, ...) of float32 scalars, once per op: in double."""
         try:
             return F4(C_MATH[name](*(float(F4(a)) for a in args)))
@@ -408,11 +394,11 @@ class Arithmetic:
         return e, np.sum(e, axis=-1, dtype=F8)
 
     def gelu(self, x) -> np.ndarray:
-        """`ggml_vec_gelu_f32`: ggml looks GELU up in an f16 table (GGML_GELU_FP16), i.e. the tanh
-        approximation 0.5h·(1 + tanh(√(2/π)·h·(1 + 0.044715h²))) of h = f16(x), rounded to f16; 0 for
-        x <= -10 and x for x >= 10. The same quantity, computed without the table."""
+        """`ggml_vec_gelu_f32`: ggml's f16 table (GGML_GELU_FP16) of the tanh approximation of h = f16(x),
+        computed without the table; 0 for x <= -10 and x for x >= 10."""
         h = fp16_to_fp32(fp32_to_fp16(x))
-        g = fp16_to_fp32(fp32_to_fp16(F4(0.5) * h * (F4(1) + np.tanh(SQRT_2_OVER_PI * h * (F4(1) + GELU_COEF_A * h * h)))))
+        t = np.tanh(SQRT_2_OVER_PI * h * (F4(1) + GELU_COEF_A * h * h))
+        g = fp16_to_fp32(fp32_to_fp16(F4(0.5) * h * (F4(1) + t)))
         return np.where(x <= F4(-10), F4(0), np.where(x >= F4(10), x, g))
 
     def gelu_quick(self, x) -> np.ndarray:
@@ -421,26 +407,21 @@ class Arithmetic:
         return fp16_to_fp32(fp32_to_fp16(h / (F4(1) + np.exp(GELU_QUICK_COEF * h))))
 
     def from_float(self, type, rows) -> np.ndarray:
-        """The type's `from_float` (the CPU backend's `type_traits`) on f32 rows: `quantize_row_q8_0`
-        for q8_0, `quantize_row_q4_0_ref` for q4_0."""
+        """The type's `from_float` on f32 rows: `quantize_row_q8_0` or `quantize_row_q4_0_ref`."""
         return FROM_FLOAT[type.name](rows)
 
     def to_vec_dot(self, type, y) -> np.ndarray:
         """src1 rows `y` converted to the vec_dot type of a `type` src0, as `ggml_compute_forward_mul_mat`
-        does before any dot product: f32 rounded to f16 (nearest even) for f16 weights, quantized by
-        `from_float` for q8_0 and q4_0 weights; an f32 src0's, or an already converted src1, unchanged."""
+        does: f16 for f16 weights, `from_float` q8_0 for q8_0 and q4_0; else (or if converted) unchanged."""
         if y.dtype != F4 or type is F32:
             return y
         return fp32_to_fp16(y) if type is F16 else self.from_float(Q8_0, y)
 
     def mul_mat(self, type, x, y) -> np.ndarray:
         """The dot products of `ggml_compute_forward_mul_mat`: src0 planes x (.., .., M, K) in `type`, src1
-        planes y (.., .., N, K) -> (.., .., N, M) float32. src1 is converted to the dot type first
-        (`to_vec_dot`), as ggml does; then both sides are widened to f32 (exactly) and multiplied as one
-        batched matmul, which sums in its own order. That order must not depend on where the operands
-        live: numpy multiplies `A @ A.T` with a symmetric rank-k update (`syrk`) when both sides are
-        one buffer, which rounds otherwise than the `gemm` of two buffers holding the same values, so
-        src1 is copied when it shares memory with src0 (a mul_mat of a tensor by a view of itself)."""
+        planes y (.., .., N, K) -> (.., .., N, M) float32, as one batched matmul after `to_vec_dot`. src1 is
+        copied when it shares memory with src0: numpy multiplies `A @ A.T` on one buffer with `syrk`, which
+        rounds otherwise than the `gemm` of two buffers."""
         y = self.to_vec_dot(type, y)
         xf = _DEQUANT[type.name](x) if type.is_quantized else x.astype(F4, copy=False)
         yf = _DEQUANT[Q8_0.name](y) if y.dtype == Q8_0_DTYPE else y.astype(F4, copy=False)
@@ -448,65 +429,41 @@ class Arithmetic:
             yf = yf.copy()
         return np.matmul(yf, np.swapaxes(xf, -1, -2))
 
-
-
-# %%
-# | export
-# the C library's float functions (`Arithmetic.scalar`) and their double-precision counterparts
-C_MATH = {"expf": math.exp, "expm1f": math.expm1, "logf": math.log, "tanhf": math.tanh, "cosf": math.cos,
-          "sinf": math.sin, "powf": math.pow}
-NUMPY = Arithmetic()
-_TIERS = {NUMPY.name: NUMPY}
-
-
-def declare_tier(arith) -> None:
-    """Makes a numerics tier available by its name (appendix A2 declares `"exact"`)."""
-    _TIERS[arith.name] = arith
-
-
-def tier(name: str):
-    """The numerics tier called `name`."""
-    if name not in _TIERS:
-        raise UnsupportedOpError(f"no numerics tier {name!r}; declared: {', '.join(_TIERS)} "
-                                 f"(the exact tier comes with `import ggml_lite`, appendix A2)")
-    return _TIERS[name]
-
-
 # %% [markdown]
 # The conversion on a small case: four q8_0 weight rows of 256 values times two f32 rows of src1. The
 # tier's product (src1 quantized to q8_0 first, as ggml does) and a product with the f32 src1 differ
-# by 3.6e-3 of the largest value. A tier that skipped the conversion would miss ggml by that much
-# before any softmax amplified it.
+# by 3.6e-3 of the largest value, before any softmax amplifies it.
 
 # %%
 demo_rng = np.random.default_rng(7)
 w_q8 = quantize_row_q8_0_ref(demo_rng.uniform(-1, 1, (4, 256)).astype(np.float32))  # weights, as stored
 src1 = demo_rng.uniform(-1, 1, (2, 256)).astype(np.float32)
-converted = NUMPY.mul_mat(Q8_0, w_q8[None, None], src1[None, None])[0, 0]
+converted = Arithmetic().mul_mat(Q8_0, w_q8[None, None], src1[None, None])[0, 0]
 in_f32 = src1 @ dequantize_row_q8_0(w_q8).T
 print(f"max |converted - f32 src1| / max |converted| = {np.abs(converted - in_f32).max() / np.abs(converted).max():.1e}")
 
-
 # %% [markdown]
 # #### Reading and writing tensors
-# A kernel sees a tensor as a 4-d numpy view (`ne3, ne2, ne1, ne0`) over the buffer's bytes — any
-# strides, a view of a view, a permuted cache. Every kernel reads all of its sources into fresh
-# arrays **before** it writes the destination, so a destination that shares memory with a source —
-# an in-place op, or the graph allocator's reuse — is safe. Where ggml's kernel would `GGML_ASSERT`
-# (a unary op on rows that are not contiguous, an unsupported type), the kernel raises a
-# `ggml_lite.errors` exception naming the op, the tensor and the rule instead of computing garbage.
-
+# ggml hands every kernel a `struct ggml_compute_params`, ggml.c:1895-1897:
+# ```c
+# struct ggml_compute_params {
+#     // ith = thread index, nth = number of threads
+#     int ith, nth;
+# ```
+# Notice that it says nothing about *how* to compute: threads (and a scratch buffer). This port has
+# none, so its `ComputeParams` carries the tier, whether the bytes are a device's (SIM, chapter 08, runs
+# these kernels on its memory), and the 4-d numpy view (`ne3, ne2, ne1, ne0`) of each tensor, made
+# once per graph over the buffer's bytes, any strides: a view of a view, a permuted cache.
 
 # %%
 # | export
 class ComputeParams:
-    """`struct ggml_compute_params`, as this port needs it: not a thread index and a work buffer, but
-    what every kernel must know about the computation it is part of -- the numerics tier (`arith`),
-    whether the tensors' bytes are a device's (`device`: the SIM backend runs these kernels on its own
-    memory), and the numpy view of every tensor already seen in this graph (`views`, made once)."""
+    """`struct ggml_compute_params`, as this port needs it: the numerics tier (`arith`), whether the
+    tensors' bytes are a device's (`device`), and the numpy view of every tensor seen so far (`views`)."""
 
     def __init__(self, arith, device: bool = False):
-        self.arith, self.device, self.views = arith, device, {}
+        self.arith, self.device = arith, device
+        self.views: dict[int, np.ndarray] = {}
 
     def view(self, t) -> np.ndarray:
         """The numpy view of `t` with 4 axes (ne3, ne2, ne1, ne0) (blocks on the last axis when quantized)."""
@@ -540,7 +497,18 @@ class ComputeParams:
         else:
             raise DataTypeError(f"{describe(t)}: cannot store values into a {t.type.name} tensor element-wise")
 
+# %% [markdown]
+# What a kernel assumes, it asserts, ggml.c:9282-9283 (`ggml_compute_forward_add_f32`) — the checks:
+# ```c
+# GGML_ASSERT( nb0 == sizeof(float));
+# GGML_ASSERT(nb00 == sizeof(float));
+# ```
+# Notice: elements contiguous, rows anywhere. Where a kernel only `assert`s (debug builds), a release
+# build reads element 0 of each row, well defined for one-element rows (`strict=False`); kernels that
+# find row `i` at `i*nb[1]` need evenly spaced rows. Each check names the op, the tensor and the rule.
 
+# %%
+# | export
 def _need_type(node, t, types, what="source") -> None:
     if t.type not in types:
         names = "/".join(x.name for x in types)
@@ -549,9 +517,8 @@ def _need_type(node, t, types, what="source") -> None:
 
 
 def _need_nb0(node, t, what: str, strict: bool = True) -> None:
-    """nb[0] must be the element size: always when ggml checks it with GGML_ASSERT (`strict`); only for
-    rows of more than one element when it is a debug-only `assert` (a release build reads just
-    element 0 of each row then, which is well defined)."""
+    """nb[0] must be the element size: always when ggml checks it with GGML_ASSERT (`strict`), only for
+    rows of more than one element when it is a debug-only `assert`."""
     if t.nb[0] != t.type.type_size and (strict or t.ne[0] > 1):
         raise LayoutError(f"{node.op.name} {describe(node)}: {what} {describe(t)} must have contiguous "
                           f"elements (nb[0] = {t.nb[0]}, need {t.type.type_size}); ggml's kernel asserts or "
@@ -569,8 +536,6 @@ def _rows_uniform(t) -> bool:
     return True
 
 
-# %%
-# | export
 def _need_rows(node, t, what: str, strict: bool = False) -> None:
     _need_nb0(node, t, what, strict)
     if not _rows_uniform(t):
@@ -582,58 +547,42 @@ def _same_shape(node, a, b) -> None:
     if list(a.ne) != list(b.ne):
         raise ShapeError(f"{node.op.name} {describe(node)}: {describe(a)} and {describe(b)} must have the same shape")
 
-
-
 # %% [markdown]
 # #### One function per op
-# `compute_forward` dispatches on the op, as `ggml_compute_forward` does; view ops (VIEW, RESHAPE,
-# PERMUTE, TRANSPOSE) and leafs compute nothing. The details that decide ggml's numbers: src1 of
-# add/sub/mul/div is *repeated* over the destination (broadcast by `ne` ratios); sums, norm and
-# rms_norm accumulate in double (`ggml_float`); soft_max takes `scale·x + slope·mask`, its maximum,
-# `ggml_v_expf` and a double sum, and masked `−inf` entries come out as exactly 0; `mul_mat` first
-# converts src1 rows to src0's dot type (f16, or q8_0 for q8_0/q4_0 weights) and broadcasts src0
-# over dims 2 and 3 (grouped-query attention); rope computes its angles with `ggml_rope_cache_init`'s
-# float32 recurrence — `theta *= theta_scale` once per rotated pair, then `cosf`/`sinf` and
-# `rope_yarn` — rather than a `pow` per dimension.
-
+# `compute_forward` (the end of this section) dispatches on the op as `ggml_compute_forward` does; each
+# kernel ports one `ggml_compute_forward_<op>`. Copies first, ggml.c:9239-9242:
+# ```c
+# if (src0->type == dst->type) {
+#     ggml_compute_forward_dup_bytes(params, dst);
+#     return;
+# ```
+# Notice: the same type is copied byte for byte (whole blocks for q8_0/q4_0); otherwise only f16/f32
+# sources convert, element by element (f16 rounded to nearest even) or to q8_0/q4_0 row by row with
+# `from_float` into a contiguous destination. Elements go in ggml order (i0 fastest) into the
+# destination's order; for CPY the destination is the node, a view of src[1].
 
 # %%
 # | export
 def compute_forward_dup(params, node) -> None:
-    """`ggml_compute_forward_dup` (DUP, CONT, CPY): copy src0's elements, in ggml order (i0 fastest),
-    into the destination's elements in its own order, converting the type: same type byte for byte
-    (`ggml_compute_forward_dup_bytes`); f32/f16 -> f32/f16 element-wise (`_dup_f32`, `_dup_f16`,
-    `GGML_FP32_TO_FP16` rounding to nearest even); f32/f16 -> q8_0/q4_0 row by row with the type's
-    from_float (contiguous destination only). For CPY the destination is the node, a view of src[1]."""
+    """`ggml_compute_forward_dup` (DUP, CONT, CPY): `_dup_bytes`, `_dup_f16`, `_dup_f32`."""
     src = node.src[0]
     if src.nelements != node.nelements:
         raise ShapeError(f"{node.op.name} {describe(node)}: {describe(src)} has {src.nelements} elements, "
                          f"the destination {node.nelements}")
     st, dt = src.type, node.type
-    if st is dt and (st is I32 or not st.is_quantized):
+    if st is dt:  # byte for byte; quantized blocks must stay whole
+        if st.is_quantized and not (is_contiguous(src) and is_contiguous(node)) and src.ne[0] != node.ne[0]:
+            raise LayoutError(f"{node.op.name} {describe(node)}: a {st.name} copy between differently shaped, "
+                              f"non-contiguous tensors would split blocks")
         vals = np.array(params.view(src), copy=True).reshape(-1)
         dst = params.view(node)
         dst[...] = vals.reshape(dst.shape)
         return
-    if st is dt:  # quantized, same type: whole blocks
-        if is_contiguous(src) and is_contiguous(node):
-            vals = np.array(params.view(src), copy=True).reshape(-1)
-            dst = params.view(node)
-            dst[...] = vals.reshape(dst.shape)
-            return
-        if src.ne[0] == node.ne[0]:
-            vals = np.array(params.view(src), copy=True)
-            dst = params.view(node)
-            dst[...] = vals.reshape(dst.shape)
-            return
-        raise LayoutError(f"{node.op.name} {describe(node)}: a {st.name} copy between differently shaped, "
-                          f"non-contiguous tensors would split blocks")
     if st not in (F32, F16):
         raise DataTypeError(f"{node.op.name} {describe(node)}: ggml cannot convert {st.name} to {dt.name} "
                             f"(ggml_compute_forward_dup handles f16/f32 sources)")
     if dt in (F32, F16):
-        vals = params.read_f32(src).reshape(-1)
-        params.write(node, vals)
+        params.write(node, params.read_f32(src).reshape(-1))
         return
     if dt.is_quantized:
         if not is_contiguous(node):
@@ -649,10 +598,20 @@ def compute_forward_dup(params, node) -> None:
         return
     raise DataTypeError(f"{node.op.name} {describe(node)}: no conversion from {st.name} to {dt.name}")
 
+# %% [markdown]
+# add, sub, mul and div share one shape, ggml.c:9299-9301 (`ggml_compute_forward_add_f32`):
+# ```c
+# const int64_t i13 = i03 % ne13;
+# const int64_t i12 = i02 % ne12;
+# const int64_t i11 = i01 % ne11;
+# ```
+# Notice the `%`: src1 is *repeated* over src0 in every dimension (`np.tile`). ADD also has f16 kernels
+# and `ggml_compute_forward_add_q_f32`: dequantize src0's row, add, quantize with `from_float`.
 
+# %%
+# | export
 def _broadcast_src1(node, a_shape, b) -> np.ndarray:
-    """src1 repeated to src0's shape: element i of src0 pairs with element i % ne1 of src1 in every
-    dimension (`ggml_can_repeat`; ne00/ne10 whole rows of src1 per row of src0)."""
+    """src1 repeated to src0's shape (`ggml_can_repeat`)."""
     reps = tuple(a // n for a, n in zip(a_shape, b.shape))
     return np.tile(b, reps)
 
@@ -660,16 +619,9 @@ def _broadcast_src1(node, a_shape, b) -> np.ndarray:
 _BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide}
 
 
-# %% [markdown]
-# Ports `ggml_compute_forward_add_f32`, `ggml_compute_forward_add1_f32`.
-
-# %%
-# | export
 def compute_forward_binary(params, node) -> None:
-    """`ggml_compute_forward_add_f32` / `_sub_f32` / `_mul_f32` / `_div_f32`: dst = src0 op src1 with
-    src1 broadcast over src0 (`i1k = i0k % ne1k`), one float32 operation per element. Also
-    `ggml_compute_forward_add_f16_f32` / `_add_f16_f16` (same shapes, result rounded to f16) and
-    `ggml_compute_forward_add_q_f32` (dequantize the row, add, quantize with from_float)."""
+    """`ggml_compute_forward_add_f32` / `_sub_f32` / `_mul_f32` / `_div_f32`; `ggml_compute_forward_add_f16_f32`,
+    `_add_f16_f16` and `ggml_compute_forward_add_q_f32`."""
     a, b = node.src[0], node.src[1]
     op = node.op
     if a.type is F32:
@@ -705,15 +657,24 @@ def compute_forward_binary(params, node) -> None:
             raise LayoutError(f"ADD {describe(node)}: the destination cannot be transposed or permuted")
         with np.errstate(all="ignore"):
             rows = (params.read_f32(a) + params.read_f32(b)).astype(F4)
-        blocks = params.arith.from_float(node.type, rows)
-        params.view(node)[...] = blocks
+        params.view(node)[...] = params.arith.from_float(node.type, rows)
         return
     raise DataTypeError(f"ADD {describe(node)}: no kernel for {a.type.name} + {b.type.name}")
 
+# %% [markdown]
+# ADD1 adds a scalar, ggml.c:9788-9791 (`ggml_compute_forward_add1_f32`):
+# ```c
+# ggml_vec_add1_f32(ne0,
+#         (float *) ((char *) dst->data  + i3*nb3  + i2*nb2  + i1*nb1 ),
+#         (float *) ((char *) src0->data + i3*nb03 + i2*nb02 + i1*nb01),
+#        *(float *) src1->data);
+# ```
+# Notice `*(float *) src1->data`: one value for every row; the f16 variants round the sum to f16.
 
+# %%
+# | export
 def compute_forward_add1(params, node) -> None:
-    """`ggml_compute_forward_add1_f32` / `_add1_f16_f32` / `_add1_f16_f16`: every element plus the
-    scalar src1, in float32 (rounded to f16 for an f16 result)."""
+    """`ggml_compute_forward_add1_f32` / `_add1_f16_f32` / `_add1_f16_f16`."""
     a, b = node.src[0], node.src[1]
     if b.nelements != 1:
         raise ShapeError(f"ADD1 {describe(node)}: {describe(b)} must be a scalar")
@@ -730,17 +691,21 @@ def compute_forward_add1(params, node) -> None:
     with np.errstate(all="ignore"):
         params.write(node, params.read_f32(a) + v)
 
-
 # %% [markdown]
-# Ports `ggml_compute_forward_sqr_f32`, `ggml_compute_forward_sqrt_f32`,
-# `ggml_compute_forward_log_f32`, `ggml_compute_forward_leaky_relu_f32`,
-# `ggml_compute_forward_unary`.
+# Element-wise kernels call one vector function per row, ggml.c:10547-10550 (`ggml_compute_forward_sqr_f32`):
+# ```c
+# for (int i = 0; i < n; i++) {
+#     ggml_vec_sqr_f32(nc,
+#             (float *) ((char *) dst->data  + i*( dst->nb[1])),
+#             (float *) ((char *) src0->data + i*(src0->nb[1])));
+# ```
+# Notice `i*nb[1]` with a flat row index: rows must be evenly spaced (`_need_rows`). `_unary_rows`
+# holds that shape for sqr, sqrt, log, leaky_relu and the unary ops.
 
 # %%
 # | export
 def _unary_rows(params, node, fn, strict: bool = False) -> None:
-    """The shape shared by sqr/sqrt/log/unary/leaky_relu: f32, rows found at i·nb[1], same shape
-    (`strict`: ggml checks nb[0] with GGML_ASSERT, as for log)."""
+    """f32 rows found at i·nb[1], same shape; `strict`: ggml checks nb[0] with GGML_ASSERT (as for log)."""
     a = node.src[0]
     _need_type(node, a, (F32,), "src0")
     _need_type(node, node, (F32,), "the result")
@@ -755,24 +720,69 @@ def compute_forward_sqr(params, node) -> None:
     """`ggml_compute_forward_sqr_f32`: x·x."""
     _unary_rows(params, node, lambda x: x * x)
 
+# %% [markdown]
+# ggml.c:10592-10594 (`ggml_compute_forward_sqrt_f32`):
+# ```c
+# for (int i = 0; i < n; i++) {
+#     ggml_vec_sqrt_f32(nc,
+#             (float *) ((char *) dst->data  + i*( dst->nb[1])),
+# ```
+# Notice nothing but the vector function changes; `sqrtf` is correctly rounded, so numpy's gives its bits.
 
+# %%
+# | export
 def compute_forward_sqrt(params, node) -> None:
     """`ggml_compute_forward_sqrt_f32`: sqrtf (IEEE, exact rounding)."""
     _unary_rows(params, node, np.sqrt)
 
+# %% [markdown]
+# ggml.c:10634-10637 (`ggml_compute_forward_log_f32`):
+# ```c
+# GGML_ASSERT( dst->nb[0] == sizeof(float));
+# GGML_ASSERT(src0->nb[0] == sizeof(float));
+#
+# for (int i = 0; i < n; i++) {
+# ```
+# Notice `GGML_ASSERT` where sqr and sqrt only `assert`: log checks nb[0] in release builds too
+# (`strict=True`); `logf` comes from the tier.
 
+# %%
+# | export
 def compute_forward_log(params, node) -> None:
     """`ggml_compute_forward_log_f32`: logf."""
     _unary_rows(params, node, lambda x: params.arith.math("logf", x), strict=True)
 
+# %% [markdown]
+# ggml.c:11846-11850 (`ggml_compute_forward_leaky_relu_f32`), then `ggml_vec_leaky_relu_f32` per row:
+# ```c
+# float negative_slope;
+# memcpy(&negative_slope, dst->op_params, sizeof(float));
+#
+# assert(dst->nb[0]  == sizeof(float));
+# assert(src0->nb[0] == sizeof(float));
+# ```
+# Notice the slope read from `op_params` as a float; the vector function computes
+# `(x > 0 ? x : 0) + slope·(x < 0 ? x : 0)`.
 
+# %%
+# | export
 def compute_forward_leaky_relu(params, node) -> None:
-    """`ggml_compute_forward_leaky_relu_f32` (`ggml_vec_leaky_relu_f32`): (x > 0 ? x : 0) +
-    slope·(x < 0 ? x : 0); the slope is op_params[0]."""
+    """`ggml_compute_forward_leaky_relu_f32` (`ggml_vec_leaky_relu_f32`); the slope is op_params[0]."""
     ns = F4(word_to_float(node.op_params[0]))
     _unary_rows(params, node, lambda x: np.where(x > 0, x, F4(0)) + ns * np.where(x < 0, x, F4(0)))
 
+# %% [markdown]
+# UNARY picks its vector function by op_params[0], in loops like ggml.c:11794-11796 (`ggml_compute_forward_silu_f32`):
+# ```c
+# for (int i1 = ir0; i1 < ir1; i1++) {
+#     ggml_vec_silu_f32(nc,
+#             (float *) ((char *) dst->data  + i1*( dst->nb[1])),
+# ```
+# Notice that the vector function is the whole difference: abs, sgn, neg, step, relu, hardswish and
+# hardsigmoid are exact; tanh, elu, sigmoid, exp, gelu, gelu_quick and silu go through the tier.
 
+# %%
+# | export
 def _hard(x):
     return np.fmin(F4(1), np.fmax(F4(0), (x + F4(3)) / F4(6)))
 
@@ -796,27 +806,28 @@ _UNARY_FN = {  # each takes the tier (for the C library's functions and ggml's v
 
 
 def compute_forward_unary(params, node) -> None:
-    """`ggml_compute_forward_unary`: the unary op in op_params[0] applied row by row with its
-    `ggml_vec_<op>_f32` (f32 only): abs, sgn, neg, step, relu, hardswish, hardsigmoid exactly; tanh,
-    elu (expm1f), sigmoid, exp, gelu, gelu_quick and silu by the tier (the exact tier: the C library,
-    the f16 tables, `ggml_v_silu` on blocks of 8)."""
+    """`ggml_compute_forward_unary`: the unary op in op_params[0], row by row with its `ggml_vec_<op>_f32`."""
     try:
         u = UnaryOp(node.op_params[0])
     except ValueError:
         raise UnknownOpError(f"UNARY {describe(node)}: unknown unary op {node.op_params[0]}") from None
     _unary_rows(params, node, lambda x: np.asarray(_UNARY_FN[u](params.arith, x), dtype=F4))
 
-
 # %% [markdown]
-# Ports `ggml_compute_forward_scale_f32`, `ggml_compute_forward_sum_f32`,
-# `ggml_compute_forward_sum_rows_f32`, `ggml_compute_forward_mean_f32`,
-# `ggml_compute_forward_concat_f32`.
+# ggml.c:13234-13238 (`ggml_compute_forward_scale_f32`):
+# ```c
+# if (dst->data != src0->data) {
+#     // src0 is same shape as dst => same indices
+#     memcpy((char *)dst->data + i1*nb1, (char *)src0->data + i1*nb01, nc * sizeof(float));
+# }
+# ggml_vec_scale_f32(nc, (float *) ((char *) dst->data + i1*nb1), v);
+# ```
+# Notice the row `memcpy`: ggml asserts both tensors contiguous, then scales in place (float32).
 
 # %%
 # | export
 def compute_forward_scale(params, node) -> None:
-    """`ggml_compute_forward_scale_f32`: every element times op_params[0] (float32 multiply);
-    ggml asserts that source and destination are contiguous."""
+    """`ggml_compute_forward_scale_f32`: every element times op_params[0] (float32 multiply)."""
     a = node.src[0]
     _need_type(node, a, (F32,), "src0")
     _same_shape(node, a, node)
@@ -827,10 +838,21 @@ def compute_forward_scale(params, node) -> None:
     with np.errstate(all="ignore"):
         params.write(node, params.read_f32(a) * s)
 
+# %% [markdown]
+# ggml.c:10779-10782 (`ggml_compute_forward_sum_f32`):
+# ```c
+# ggml_vec_sum_f32_ggf(ne00,
+#         &row_sum,
+#         (float *) ((char *) src0->data + i01*nb01 + i02*nb02 + i03*nb03));
+# sum += row_sum;
+# ```
+# Notice two levels of double (`ggml_float`): rows, then their sum; one rounding at the end. The f16
+# kernel sums in float32.
 
+# %%
+# | export
 def compute_forward_sum(params, node) -> None:
-    """`ggml_compute_forward_sum_f32`: each row summed in double (`ggml_vec_sum_f32_ggf`), the row
-    sums added in double, the total stored as f32. f16 (`_sum_f16`): float32 sums, f16 result."""
+    """`ggml_compute_forward_sum_f32` (row sums in double, added in double) and `_sum_f16` (float32)."""
     a = node.src[0]
     _need_nb0(node, a, "src0", strict=False)
     x = params.read_f32(a)
@@ -847,7 +869,17 @@ def compute_forward_sum(params, node) -> None:
         return
     raise DataTypeError(f"SUM {describe(node)}: no kernel for {a.type.name}")
 
+# %% [markdown]
+# ggml.c:10908-10910 (`ggml_compute_forward_sum_rows_f32`):
+# ```c
+# float row_sum = 0;
+# ggml_vec_sum_f32(ne00, &row_sum, src_row);
+# dst_row[0] = row_sum;
+# ```
+# Notice `float row_sum`: `ggml_vec_sum_f32` adds in double inside, then rounds each row once.
 
+# %%
+# | export
 def compute_forward_sum_rows(params, node) -> None:
     """`ggml_compute_forward_sum_rows_f32`: each row summed in double (`ggml_vec_sum_f32`), stored as f32."""
     a = node.src[0]
@@ -856,21 +888,39 @@ def compute_forward_sum_rows(params, node) -> None:
     _need_nb0(node, node, "the result")
     params.write(node, params.arith.sum_f64(params.read_f32(a).astype(F8)).astype(F4)[..., None])
 
+# %% [markdown]
+# ggml.c:10965-10967 (`ggml_compute_forward_mean_f32`), after the row sum is stored in dst:
+# ```c
+#         (float *) ((char *) src0->data + i01*nb01 + i02*nb02 + i03*nb03));
+#
+# *(float *) ((char *) dst->data + i01*nb1 + i02*nb2 + i03*nb3) /= (float) ne00;
+# ```
+# Notice the order: the sum is rounded to f32 first, then divided by `(float) ne00` in float32.
 
+# %%
+# | export
 def compute_forward_mean(params, node) -> None:
-    """`ggml_compute_forward_mean_f32`: the row sum in double rounded to f32, then divided by
-    (float) ne00 in float32."""
+    """`ggml_compute_forward_mean_f32`: the row sum rounded to f32, divided by (float) ne00."""
     a = node.src[0]
     _need_type(node, a, (F32,), "src0")
     _need_nb0(node, a, "src0", strict=False)
     s = params.arith.sum_f64(params.read_f32(a).astype(F8)).astype(F4)
     params.write(node, (s / F4(a.ne[0]))[..., None])
 
+# %% [markdown]
+# ggml.c:11265-11268 (`ggml_compute_forward_concat_f32`):
+# ```c
+# if (i0 < ne00 && i1 < ne01 && i2 < ne02 && i3 < ne03) {
+#     x = (const float *) ((const char *)src0->data + (i0       )*nb00 + (i1       )*nb01 + (i2       )*nb02 + (i3       )*nb03);
+# } else {
+#     x = (const float *) ((const char *)src1->data + (i0 - o[0])*nb10 + (i1 - o[1])*nb11 + (i2 - o[2])*nb12 + (i3 - o[3])*nb13);
+# ```
+# Notice that nothing checks src1's shape: sources that do not make the result are refused here.
 
+# %%
+# | export
 def compute_forward_concat(params, node) -> None:
-    """`ggml_compute_forward_concat_f32` (f32, i32): src0 then src1 along dim op_params[0]. A dim out of
-    0..3, or sources whose shapes do not make the result along it, are refused (ggml would read
-    outside src1)."""
+    """`ggml_compute_forward_concat_f32` (f32, i32): src0 then src1 along dim op_params[0]."""
     a, b = node.src[0], node.src[1]
     _need_type(node, a, (F32, I32), "src0")
     for t, what in ((a, "src0"), (b, "src1"), (node, "the result")):
@@ -885,13 +935,17 @@ def compute_forward_concat(params, node) -> None:
                          f"the result (ne {want} expected): ggml would read outside src1")
     x = np.array(params.view(a), copy=True)
     y = np.array(params.view(b), copy=True)
-    out = np.concatenate([x, y], axis=3 - dim)
-    params.view(node)[...] = out
-
+    params.view(node)[...] = np.concatenate([x, y], axis=3 - dim)
 
 # %% [markdown]
-# Ports `ggml_compute_forward_norm_f32`, `ggml_compute_forward_rms_norm_f32`,
-# `ggml_compute_forward_mul_mat`.
+# ggml.c:12064-12066 (`ggml_compute_forward_norm_f32`), after `mean = sum/ne00` from a double sum:
+# ```c
+# float v = x[i00] - mean;
+# y[i00] = v;
+# sum2 += (ggml_float)(v*v);
+# ```
+# Notice where float32 and double meet: `v` and `v*v` are float32, their sum double, the variance
+# float32 again; `y = v·(1/sqrtf(variance + eps))`.
 
 # %%
 # | export
@@ -905,8 +959,7 @@ def _norm_input(params, node) -> tuple:
 
 
 def compute_forward_norm(params, node) -> None:
-    """`ggml_compute_forward_norm_f32`: per row mean = f32(Σx / ne00) with Σ in double; v = x - mean
-    (f32); variance = f32(Σ v·v / ne00) (each v·v rounded to f32, Σ in double); y = v·(1/sqrtf(variance + eps))."""
+    """`ggml_compute_forward_norm_f32`: y = (x - mean)·(1/sqrtf(variance + eps)) per row."""
     x, eps, n = _norm_input(params, node)
     with np.errstate(all="ignore"):
         mean = (params.arith.sum_f64(x.astype(F8)) / n).astype(F4)
@@ -915,23 +968,40 @@ def compute_forward_norm(params, node) -> None:
         scale = F4(1) / np.sqrt(var + eps)
         params.write(node, v * scale[..., None])
 
+# %% [markdown]
+# ggml.c:12125-12127 (`ggml_compute_forward_rms_norm_f32`):
+# ```c
+# for (int64_t i00 = 0; i00 < ne00; i00++) {
+#     sum += (ggml_float)(x[i00] * x[i00]);
+# }
+# ```
+# Notice `x·x` rounded to float32 before it joins the double sum; `y = x·(1/sqrtf(mean + eps))`.
 
+# %%
+# | export
 def compute_forward_rms_norm(params, node) -> None:
-    """`ggml_compute_forward_rms_norm_f32`: per row mean = f32(Σ x·x / ne00) (x·x rounded to f32, Σ in
-    double); y = x·(1/sqrtf(mean + eps)) in float32."""
+    """`ggml_compute_forward_rms_norm_f32`: y = x·(1/sqrtf(mean(x·x) + eps)) per row."""
     x, eps, n = _norm_input(params, node)
     with np.errstate(all="ignore"):
         mean = (params.arith.sum_f64((x * x).astype(F8)) / n).astype(F4)
         scale = F4(1) / np.sqrt(mean + eps)
         params.write(node, x * scale[..., None])
 
+# %% [markdown]
+# ggml.c:12615-12617 (`ggml_compute_forward_mul_mat`), when src1 is not yet of the dot type:
+# ```c
+# from_float((float *)((char *) src1->data + i13*nb13 + i12*nb12 + i11*nb11),
+#        (void *)               (wdata + i13*nbw3 + i12*nbw2 + i11*nbw1),
+#        ne10);
+# ```
+# Notice that every src1 row is converted *before* any dot product. Then row i01 of src0's plane
+# (i12 / r2, i13 / r3) meets each src1 row, r2 = ne12/ne02 and r3 = ne13/ne03: src0 is broadcast over
+# dims 2 and 3 (grouped-query attention). No llamafile sgemm, no BLAS.
 
+# %%
+# | export
 def compute_forward_mul_mat(params, node) -> None:
-    """`ggml_compute_forward_mul_mat` (no llamafile sgemm, no BLAS): dst[i01, i11, i12, i13] =
-    vec_dot(row i01 of src0 plane (i12 / r2, i13 / r3), row (i11, i12, i13) of src1), with
-    r2 = ne12/ne02 and r3 = ne13/ne03 (GQA broadcast). The tier converts an f32 src1 to the vec_dot
-    type of src0 as ggml does (`Arithmetic.to_vec_dot`: f16 for f16, q8_0 for q8_0 and q4_0), then
-    computes the dot products (numpy: one batched matmul; exact: ggml's AVX2 `vec_dot`)."""
+    """`ggml_compute_forward_mul_mat`: the tier converts src1 (`Arithmetic.to_vec_dot`) and multiplies."""
     a, b = node.src[0], node.src[1]
     vdt = VEC_DOT_TYPE.get(a.type.name)
     if vdt is None:
@@ -956,20 +1026,22 @@ def compute_forward_mul_mat(params, node) -> None:
     r2, r3 = ne1[2] // ne0[2], ne1[3] // ne0[3]
     if r2 > 1 or r3 > 1:  # plane (i12, i13) of src1 meets plane (i12 / r2, i13 / r3) of src0
         x = np.repeat(np.repeat(x, r3, axis=0), r2, axis=1)
-    out = params.arith.mul_mat(a.type, x, y)
-    params.write(node, out)
-
+    params.write(node, params.arith.mul_mat(a.type, x, y))
 
 # %% [markdown]
-# Ports `ggml_compute_forward_get_rows`, `ggml_compute_forward_diag_mask_f32`,
-# `ggml_compute_forward_soft_max_f32`.
+# ggml.c:13591-13593 (`ggml_compute_forward_get_rows_f32`):
+# ```c
+# const int64_t i01 = *(int32_t *) ((char *) src1->data + i10*nb10 + i11*nb11 + i12*nb12);
+#
+# assert(i01 >= 0 && i01 < ne01);
+# ```
+# Notice the debug-only `assert`: a release build reads any row. Here an index outside src0 raises;
+# f16 and quantized rows convert with `to_float`, i32 rows are copied.
 
 # %%
 # | export
 def compute_forward_get_rows(params, node) -> None:
-    """`ggml_compute_forward_get_rows` (`_f32`, `_f16`, `_q`): dst row (i10, i11, i12) = row
-    ids[i10, i11, i12] of src0's plane (i11, i12), converted with the type's to_float
-    (`ggml_fp16_to_fp32_row`, `dequantize_row_*`); i32 rows are copied bit for bit."""
+    """`ggml_compute_forward_get_rows` (`_f32`, `_f16`, `_q`): dst row (i10, i11, i12) = row ids[i10, i11, i12]."""
     a, ids = node.src[0], node.src[1]
     _need_type(node, ids, (I32,), "the indices")
     _need_type(node, a, (F32, F16, Q8_0, Q4_0, I32), "src0")
@@ -979,20 +1051,25 @@ def compute_forward_get_rows(params, node) -> None:
         bad = int(idx.min()) if idx.min() < 0 else int(idx.max())
         raise TensorBoundsError(f"GET_ROWS {describe(node)}: row index {bad} "
                                 f"is outside the {a.ne[1]} rows of {describe(a)}")
-    if a.type is I32:
-        src = np.array(params.view(a), copy=True)
-    else:
-        src = params.read_f32(a)
+    src = np.array(params.view(a), copy=True) if a.type is I32 else params.read_f32(a)
     i12 = np.arange(idx.shape[0])[:, None, None]
     i11 = np.arange(idx.shape[1])[None, :, None]
-    rows = src[i12, i11, idx]  # (ne12, ne11, ne10, ne00)
-    params.write(node, rows)
+    params.write(node, src[i12, i11, idx])  # (ne12, ne11, ne10, ne00)
 
+# %% [markdown]
+# ggml.c:13884-13886 (`ggml_compute_forward_diag_mask_f32`):
+# ```c
+# if (i > n_past + j) {
+#     *(float *)((char *) dst->data + k*dst->nb[2] + j*dst->nb[1] + i*dst->nb[0]) = value;
+# }
+# ```
+# Notice `k*nb[2]` for every plane k (planes of dim 3 must follow those of dim 2), and that src0 is
+# first copied with one `memcpy` unless in place, so both must be contiguous then.
 
+# %%
+# | export
 def compute_forward_diag_mask(params, node) -> None:
-    """`ggml_compute_forward_diag_mask_f32` (DIAG_MASK_INF with -INFINITY, DIAG_MASK_ZERO with 0):
-    copy src0 unless the node already shares its memory, then set element (row j, column i) of
-    every plane to the value where i > n_past + j."""
+    """`ggml_compute_forward_diag_mask_f32`: element (row j, column i) of every plane set where i > n_past + j."""
     a = node.src[0]
     _need_type(node, a, (F32,), "src0")
     n_past = node.op_params[0]
@@ -1008,17 +1085,27 @@ def compute_forward_diag_mask(params, node) -> None:
         raise LayoutError(f"{node.op.name} {describe(node)}: ggml addresses the planes as k*nb[2]")
     value = F4(-np.inf) if node.op is Op.DIAG_MASK_INF else F4(0)
     x = params.read_f32(a)
-    nc, nr = a.ne[0], a.ne[1]
-    i = np.arange(nc)[None, :]
-    j = np.arange(nr)[:, None]
-    mask = (i >= n_past) & (i > n_past + j)
-    params.write(node, np.where(mask, value, x))
+    i = np.arange(a.ne[0])[None, :]
+    j = np.arange(a.ne[1])[:, None]
+    params.write(node, np.where((i >= n_past) & (i > n_past + j), value, x))
 
+# %% [markdown]
+# ggml.c:14013-14017 (`ggml_compute_forward_soft_max_f32`), once a row holds `x·scale + slope·mask`:
+# ```c
+# ggml_float sum = ggml_vec_soft_max_f32(nc, dp, wp, max);
+# assert(sum > 0.0);
+#
+# sum = 1.0/sum;
+# ggml_vec_scale_f32(nc, dp, sum);
+# ```
+# Notice `1.0/sum` in double, rounded to float32 by `ggml_vec_scale_f32`; masked `−inf` entries give
+# exactly 0. The mask row is `i1 % ne01`; the ALiBi slope of head h is `powf(m0, h + 1)` for the first
+# `n_head_log2` heads, then `powf(m1, 2(h − n_head_log2) + 1)` (1 without ALiBi).
 
+# %%
+# | export
 def _alibi_slopes(arith, n_head: int, max_bias: float) -> np.ndarray:
-    """The ALiBi slope of each head in `ggml_compute_forward_soft_max_f32`: m0 = powf(2, -max_bias /
-    n_head_log2), m1 = powf(2, -(max_bias/2) / n_head_log2); head h < n_head_log2 gets powf(m0, h+1),
-    the others powf(m1, 2(h - n_head_log2) + 1); slope 1 when max_bias = 0."""
+    """The ALiBi slope of each head in `ggml_compute_forward_soft_max_f32` (1 when max_bias = 0)."""
     if not max_bias > 0:
         return np.ones(n_head, dtype=F4)
     n_head_log2 = 1 << int(math.floor(math.log2(n_head)))
@@ -1029,15 +1116,9 @@ def _alibi_slopes(arith, n_head: int, max_bias: float) -> np.ndarray:
                      arith.scalar("powf", m1, 2 * (h - n_head_log2) + 1) for h in range(n_head)], dtype=F4)
 
 
-# %% [markdown]
-# Ports `ggml_compute_forward_soft_max_f32`, `ggml_rope_yarn_corr_dims`.
-
-# %%
-# | export
 def compute_forward_soft_max(params, node) -> None:
-    """`ggml_compute_forward_soft_max_f32`: per row w = x·scale (float32), plus slope·mask row
-    (i1 % ne01) (the tier's `fma`; f16 masks widened first); max; exp and the double sum by the tier's
-    `ggml_vec_soft_max_f32`; y = exp·f32(1/sum). Masked -inf entries give exactly 0."""
+    """`ggml_compute_forward_soft_max_f32`: per row w = x·scale + slope·mask, then the tier's
+    `ggml_vec_soft_max_f32` from the row's max, times f32(1/sum)."""
     a = node.src[0]
     mask = node.src[1] if len(node.src) > 1 else None
     _need_type(node, a, (F32,), "src0")
@@ -1064,11 +1145,25 @@ def compute_forward_soft_max(params, node) -> None:
         inv = (1.0 / s).astype(F4)
         params.write(node, y * inv[..., None])
 
+# %% [markdown]
+# Rope rotates pairs by angles computed once per position, ggml.c:14271-14277 (`ggml_rope_cache_init`):
+# ```c
+# const float ff = freq_factors ? freq_factors[i0/2] : 1.0f;
+# rope_yarn(
+#     theta/ff, freq_scale, corr_dims, i0, ext_factor, mscale, &cache[i0 + 0], &cache[i0 + 1]
+# );
+# cache[i0 + 1] *= sin_sign;
+#
+# theta *= theta_scale;
+# ```
+# Notice `theta *= theta_scale`: a float32 recurrence from `theta = p`, not a `pow` per pair, so its
+# rounding accumulates as in C. `rope_yarn` mixes `freq_scale·theta/ff` and `theta/ff` by YaRN's ramp
+# between the correction dims (`ggml_rope_yarn_corr_dims`) and scales by `mscale` when `ext_factor ≠ 0`.
 
+# %%
+# | export
 def rope_yarn_corr_dims(arith, n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float, beta_slow: float):
-    """`ggml_rope_yarn_corr_dims`: the first and last rotated pair index of YaRN's ramp,
-    [max(0, floor(corr_dim(beta_fast))), min(n_dims - 1, ceil(corr_dim(beta_slow)))] with
-    `ggml_rope_yarn_corr_dim`(n_rot) = n_dims·logf(n_ctx_orig / (n_rot·2π)) / (2·logf(base)), in float32."""
+    """`ggml_rope_yarn_corr_dims` (with `ggml_rope_yarn_corr_dim`): YaRN's first and last ramped pair, float32."""
     def corr_dim(n_rot):
         arg = F4(n_ctx_orig) / (F4(n_rot) * F4(2) * F4(math.pi))
         return F4(n_dims) * arith.scalar("logf", arg) / (F4(2) * arith.scalar("logf", freq_base))
@@ -1079,18 +1174,10 @@ def rope_yarn_corr_dims(arith, n_dims: int, n_ctx_orig: int, freq_base: float, b
     return (F4(0) if F4(0) > start else start), (F4(n_dims - 1) if F4(n_dims - 1) < end else end)
 
 
-# %% [markdown]
-# Ports `ggml_rope_cache_init`.
-
-# %%
-# | export
 def rope_cache(arith, pos, n_dims: int, freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
                corr_dims, freq_factors=None) -> tuple:
     """`ggml_rope_cache_init` + `rope_yarn` for positions `pos` (int array) and pairs k < n_dims/2:
-    theta starts at (float) p and is multiplied by theta_scale = powf(base, -2/n_dims) once per pair
-    (float32); theta_extrap = theta / ff; theta_interp = freq_scale·theta_extrap; with ext_factor != 0
-    theta mixes both with rope_yarn_ramp·ext_factor and mscale = attn_factor·(1 + 0.1·logf(1/freq_scale));
-    cos = cosf(theta)·mscale, sin = sinf(theta)·mscale. Returns (cos, sin), each (len(pos), n_dims/2)."""
+    (cos, sin), each (len(pos), n_dims/2)."""
     half = n_dims // 2
     theta_scale = arith.scalar("powf", freq_base, F4(-2.0) / F4(n_dims))
     p = np.asarray(pos, dtype=np.int64).astype(F4)
@@ -1116,19 +1203,23 @@ def rope_cache(arith, pos, n_dims: int, freq_base: float, freq_scale: float, ext
             th = theta_interp
         return arith.math("cosf", th) * F4(mscale), arith.math("sinf", th) * F4(mscale)
 
-
 # %% [markdown]
-# Ports `ggml_compute_forward_rope_f32`, `ggml_compute_forward`.
+# ggml.c:14380-14384 (`ggml_compute_forward_rope_f32`):
+# ```c
+# const float x0 = src[0];
+# const float x1 = src[1];
+#
+# dst_data[0] = x0*cos_theta - x1*sin_theta;
+# dst_data[1] = x0*sin_theta + x1*cos_theta;
+# ```
+# Notice that gcc fuses the first product of each line into an FMA (the tier's `fma`). NeoX mode
+# (`mode & 2`) pairs x[k] with x[k + n_dims/2]. The tail from n_dims on is copied in pairs, so an odd
+# `ne0 − n_dims` (ggml would write past the row) and an odd or out-of-range n_dims are refused here.
 
 # %%
 # | export
 def compute_forward_rope(params, node) -> None:
-    """`ggml_compute_forward_rope_f32` / `_rope_f16` (forward): rows of src0 plane i2 use position
-    pos[i2]; normal mode rotates (x[2k], x[2k+1]), NeoX mode (mode & 2) rotates (x[k], x[k + n_dims/2]),
-    by the cached cos/sin of pair k: (x0·cos - x1·sin, x0·sin + x1·cos), each first product through
-    the tier's `fma` (gcc fuses it); elements from n_dims on are copied (in pairs, so ne0 - n_dims must be
-    even: an odd tail makes ggml write past the row, which is refused here). n_dims must be even and in
-    0..ne0 (ggml asserts that it is even and at most ne0; a negative one would copy from before the row)."""
+    """`ggml_compute_forward_rope_f32` / `_rope_f16` (forward)."""
     a, pos = node.src[0], node.src[1]
     ff_t = node.src[2] if len(node.src) > 2 else None
     _need_type(node, a, (F32, F16), "src0")
@@ -1140,7 +1231,7 @@ def compute_forward_rope(params, node) -> None:
     n_dims, mode, n_ctx_orig = p[1], p[2], p[4]
     freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow = (word_to_float(w) for w in p[5:11])
     ne0 = a.ne[0]
-    if not 0 <= n_dims <= ne0 or n_dims % 2:  # (a negative one makes ggml copy from before the row)
+    if not 0 <= n_dims <= ne0 or n_dims % 2:
         raise ShapeError(f"ROPE {describe(node)}: n_dims {n_dims} must be even and in 0..ne0 = {ne0}")
     if (ne0 - n_dims) % 2:
         raise ShapeError(f"ROPE {describe(node)}: ne0 - n_dims = {ne0 - n_dims} is odd; ggml copies the unrotated "
@@ -1174,7 +1265,18 @@ def compute_forward_rope(params, node) -> None:
         y[..., 0:n_dims:2], y[..., 1:n_dims:2] = r0, r1
     params.write(node, y)  # f16: the rotated values are rounded to f16, the copied tail is unchanged
 
+# %% [markdown]
+# The dispatcher, ggml.c:17112-17114 (`ggml_compute_forward`):
+# ```c
+# if (tensor->op == GGML_OP_NONE || ggml_is_empty(tensor)) {
+#     return;
+# }
+# ```
+# Notice: leafs and empty tensors compute nothing, and neither do the view ops, whose cases are empty.
+# Floating-point warnings are off, as C arithmetic has none.
 
+# %%
+# | export
 def compute_forward_none(params, node) -> None:
     """NONE, VIEW, RESHAPE, PERMUTE, TRANSPOSE: nothing to compute (`ggml_compute_forward` skips them)."""
 
@@ -1195,11 +1297,6 @@ _FORWARD = {
 }
 
 
-# %% [markdown]
-# Ports `ggml_compute_forward`.
-
-# %%
-# | export
 def _kernel(node):
     """The kernel of `node`'s op (`ggml_compute_forward`'s switch), or None when there is nothing to compute."""
     fn = _FORWARD.get(node.op)
@@ -1208,28 +1305,31 @@ def _kernel(node):
     return None if fn is compute_forward_none or node.nelements == 0 else fn
 
 
-def compute_forward(node, params: ComputeParams = None) -> None:
-    """`ggml_compute_forward`: compute `node` from `node.src` into the node's memory. `params` says
-    how (default: the numpy tier on host memory); a graph passes one `ComputeParams` to all of its
-    nodes. View-like ops compute nothing; an empty node is skipped. Floating-point warnings are off,
-    as C arithmetic has none (an inf or a NaN is a value like any other)."""
+def compute_forward(node, params: ComputeParams | None = None) -> None:
+    """`ggml_compute_forward`: compute `node` from `node.src` into the node's memory; `params` says how
+    (default: the numpy tier on host memory). A graph passes one `ComputeParams` to all of its nodes."""
     fn = _kernel(node)
     if fn is not None:
         with np.errstate(all="ignore"):
             fn(params or ComputeParams(NUMPY), node)
 
-
-
 # %% [markdown]
-# ## 3 · The backend
+# #### The backend
+# ggml-backend.c:815-817 (`ggml_backend_cpu_graph_compute`):
+# ```c
+# cplan.abort_callback_data = cpu_ctx->abort_callback_data;
+#
+# return ggml_graph_compute(cgraph, &cplan);
+# ```
+# Notice that the backend only prepares a plan and hands the graph to `ggml_graph_compute`, which runs
+# the nodes in order; here one `ComputeParams` per graph plays the plan. An optional `clock` (chapter
+# 08's `SimClock`) advances the host's simulated time, so that the CPU shows on the SIM timelines.
 
 # %%
 # | export
 class CPUBackend(Backend):
     """The CPU backend (`ggml_backend_cpu_init`; `ggml_backend_cpu_name`, `ggml_backend_cpu_free`,
-    `ggml_backend_cpu_get_default_buffer_type`). `clock` (optional, a `sim.SimClock`) makes every
-    `graph_compute` advance the host's simulated time by `cost.op_seconds` per node and record a span,
-    so that the CPU shows on the SIM timelines; without it the CPU keeps no time."""
+    `ggml_backend_cpu_get_default_buffer_type`); `clock` (a `sim.SimClock`) and `cost` are optional."""
 
     name = "CPU"
 
@@ -1266,7 +1366,8 @@ class CPUBackend(Backend):
             for node in graph.nodes:
                 if not self._supports_op(node):
                     raise UnsupportedOpError(f"CPU cannot compute {describe(node)} ({node.op.name}): src1 "
-                                             f"{node.src[1].type.name} is neither f32 nor the dot type of {node.src[0].type.name}")
+                                             f"{node.src[1].type.name} is neither f32 nor the dot type of "
+                                             f"{node.src[0].type.name}")
                 fn = _kernel(node)
                 if fn is not None:
                     fn(params, node)
@@ -1289,17 +1390,45 @@ class CPUBackend(Backend):
 def graph_label(graph) -> str:
     """A graph as the timelines label it: its node count and first/last node names."""
     n = len(graph.nodes)
-    return f"{n} node{'s' if n != 1 else ''}: {graph.nodes[0].name} .. {graph.nodes[-1].name}" if n > 1 else graph.nodes[0].name
-
+    if n > 1:
+        return f"{n} nodes: {graph.nodes[0].name} .. {graph.nodes[-1].name}"
+    return graph.nodes[0].name
 
 # %% [markdown]
-# Ports `ggml_backend_cpu_init`, `ggml_backend_is_cpu`, `ggml_backend_reg_cpu_init`.
+# ggml-backend.c:938-941 (`ggml_backend_reg_cpu_init`):
+# ```c
+# GGML_CALL static ggml_backend_t ggml_backend_reg_cpu_init(const char * params, void * user_data) {
+#     return ggml_backend_cpu_init();
+#
+#     GGML_UNUSED(params);
+# ```
+# Notice that the registry's init ignores its parameters. `cpu_init` takes one of its own, the tier,
+# which registers under a name as a backend does (appendix A2 declares `"exact"`).
 
 # %%
 # | export
+C_MATH: dict[str, Callable[..., float]] = {
+    "expf": math.exp, "expm1f": math.expm1, "logf": math.log, "tanhf": math.tanh, "cosf": math.cos, "sinf": math.sin,
+    "powf": math.pow}
+NUMPY = Arithmetic()
+_TIERS = {NUMPY.name: NUMPY}
+
+
+def declare_tier(arith) -> None:
+    """Makes a numerics tier available by its name (appendix A2 declares `"exact"`)."""
+    _TIERS[arith.name] = arith
+
+
+def tier(name: str):
+    """The numerics tier called `name`."""
+    if name not in _TIERS:
+        raise UnsupportedOpError(f"no numerics tier {name!r}; declared: {', '.join(_TIERS)} "
+                                 f"(the exact tier comes with `import ggml_lite`, appendix A2)")
+    return _TIERS[name]
+
+
 def cpu_init(clock=None, cost=None, exact: bool = False) -> CPUBackend:
-    """`ggml_backend_cpu_init`. `exact=True` computes with the bit-exact tier of appendix A2 (the
-    summation order of ggml's AVX2 build) instead of plain numpy."""
+    """`ggml_backend_cpu_init`; `exact=True` computes with the bit-exact tier of appendix A2."""
     return CPUBackend(clock, cost, tier("exact" if exact else "numpy"))
 
 
@@ -1314,8 +1443,6 @@ def reg_cpu_init(params: str, user_data) -> CPUBackend:
 
 
 declare_builtin("CPU", reg_cpu_init, cpu_buffer_type)  # the registry's first entry (chapter 06)
-
-
 
 # %% [markdown]
 # ## 4 · A plan proven by results
@@ -1381,7 +1508,6 @@ broken = tensor_get(out2)
 print("corrupted plan: max |out - numpy| =", np.abs(broken - reference).max())
 sq2 = by_name["sq"]
 print("and out == sq + sq exactly:", np.array_equal(broken, 2 * tensor_get(sq2)))
-
 
 # %% [markdown]
 # ## 5 · Check
