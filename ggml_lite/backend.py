@@ -9,18 +9,26 @@ and out, copies, events, graph plans, `ggml_backend_graph_copy` and `ggml_backen
 import abc
 import enum
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ggml_lite.bind import method_of
 from ggml_lite.buffer import _DTYPES, buffer_copy_tensor, strided_view, view_init
 from ggml_lite.errors import (
-    BackendError, DataTypeError, LayoutMismatchError, TensorBoundsError, TensorNotAllocatedError,
+    BackendError,
+    DataTypeError,
+    LayoutMismatchError,
+    TensorBoundsError,
+    TensorNotAllocatedError,
 )
 from ggml_lite.graph import Graph, graph_view
 from ggml_lite.tallocr import alloc_ctx_tensors
 from ggml_lite.tensor import Context, are_same_layout, describe, is_view_op, nbytes
 
 log = logging.getLogger("ggml_lite")
+Hook = Callable[..., Any] | None  # an optional entry of `struct ggml_backend_i`: NULL when missing
 
 
 class Status(enum.IntEnum):
@@ -42,7 +50,7 @@ def tensor_buffer(t):
 def _raw_bytes(tensor, data) -> np.ndarray:
     """`data` as uint8 bytes; a numpy array must have `tensor`'s dtype (bytes pass as they are)."""
     if isinstance(data, np.ndarray) and data.dtype != np.uint8:
-        want = _DTYPES[tensor.type.name]
+        want: np.dtype = _DTYPES[tensor.type.name]
         if data.dtype != want:
             raise DataTypeError(f"tensor_set: {describe(tensor)} holds {tensor.type.name} ({want}), the array is "
                                 f"{data.dtype}: convert it first (e.g. .astype(np.{want.name}))")
@@ -63,7 +71,7 @@ def _check_access(tensor, offset: int, size: int, what: str):
     return buf
 
 
-def tensor_set(tensor, data, offset: int = 0, size: int = None) -> None:
+def tensor_set(tensor, data, offset: int = 0, size: int | None = None) -> None:
     """`ggml_backend_tensor_set`: write `size` bytes of `data` (default: all of it) into the tensor from
     byte `offset`, through its buffer's `set_tensor`."""
     raw = _raw_bytes(tensor, data)
@@ -75,7 +83,7 @@ def tensor_set(tensor, data, offset: int = 0, size: int = None) -> None:
         buf.set_tensor(tensor, raw, offset, size)
 
 
-def tensor_get(tensor, offset: int = 0, size: int = None) -> np.ndarray:
+def tensor_get(tensor, offset: int = 0, size: int | None = None) -> np.ndarray:
     """`ggml_backend_tensor_get`: the whole tensor as a new array of its dtype and shape (strides
     followed, so a view reads what it views), or, when `offset` or `size` is given, those raw bytes."""
     whole = offset == 0 and size is None
@@ -109,28 +117,39 @@ class Event:
         self.context = None  # the backend's own state of the event
         self.freed = False
 
-    def record(self) -> None:
-        """`ggml_backend_event_record`."""
-        self._alive()
-        self.backend._event_record(self)
-
-    def synchronize(self) -> None:
-        """`ggml_backend_event_synchronize`."""
-        self._alive()
-        self.backend._event_synchronize(self)
-
-    def free(self) -> None:
-        """`ggml_backend_event_free`."""
-        self._alive()
-        self.backend._event_free(self)
-        self.freed = True
-
     def _alive(self) -> None:
         if self.freed:
             raise BackendError(f"event of backend {self.backend.get_name()} used after it was freed")
 
     def __repr__(self):
         return f"Event({self.backend.get_name()}{', freed' if self.freed else ''})"
+
+    if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
+        def record(event) -> None: ...
+        def synchronize(event) -> None: ...
+        def free(event) -> None: ...
+
+
+@method_of(Event, "record")
+def event_record(event) -> None:
+    """`ggml_backend_event_record`."""
+    event._alive()
+    event.backend._event_record(event)
+
+
+@method_of(Event, "synchronize")
+def event_synchronize(event) -> None:
+    """`ggml_backend_event_synchronize`."""
+    event._alive()
+    event.backend._event_synchronize(event)
+
+
+@method_of(Event, "free")
+def event_free(event) -> None:
+    """`ggml_backend_event_free`."""
+    event._alive()
+    event.backend._event_free(event)
+    event.freed = True
 
 
 # notebooks/06_backends.py
@@ -142,19 +161,19 @@ class Backend(abc.ABC):
 
     name = "backend"
     # optional entries of `struct ggml_backend_i` (NULL in the C when a backend lacks them)
-    _set_tensor_async = None
-    _get_tensor_async = None
-    _cpy_tensor_async = None
-    _synchronize = None
-    _graph_plan_create = None
-    _graph_plan_free = None
-    _graph_plan_compute = None
-    _offload_op = None
-    _event_new = None
-    _event_free = None
-    _event_record = None
-    _event_wait = None
-    _event_synchronize = None
+    _set_tensor_async: Hook = None
+    _get_tensor_async: Hook = None
+    _cpy_tensor_async: Hook = None
+    _synchronize: Hook = None
+    _graph_plan_create: Hook = None
+    _graph_plan_free: Hook = None
+    _graph_plan_compute: Hook = None
+    _offload_op: Hook = None
+    _event_new: Hook = None
+    _event_free: Hook = None
+    _event_record: Hook = None
+    _event_wait: Hook = None
+    _event_synchronize: Hook = None
 
     def __init__(self):
         self.freed = False
@@ -176,16 +195,6 @@ class Backend(abc.ABC):
     def _supports_buft(self, buft) -> bool:
         """`iface.supports_buft`."""
 
-    # -- identity and memory ---------------------------------------------------------------------------
-    def get_name(self) -> str:
-        """`ggml_backend_name`."""
-        return self.name
-
-    def free(self) -> None:
-        """`ggml_backend_free`: the backend cannot be used afterwards."""
-        self._alive()
-        self.freed = True
-
     def _alive(self) -> None:
         if self.freed:
             raise BackendError(f"backend {self.name} was freed")
@@ -193,36 +202,69 @@ class Backend(abc.ABC):
     def __repr__(self):
         return f"{type(self).__name__}({self.name!r}{', freed' if self.freed else ''})"
 
+    if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
+        def get_name(backend) -> str: ...
+        def free(backend) -> None: ...
+        def get_default_buffer_type(backend): ...
+        def alloc_buffer(backend, size: int): ...
+        def get_alignment(backend) -> int: ...
+        def get_max_size(backend) -> int: ...
+        def tensor_set_async(backend, tensor, data, offset: int=..., size: int | None=...) -> None: ...
+        def tensor_get_async(backend, tensor, out: np.ndarray, offset: int=..., size: int | None=...) -> None: ...
+        def synchronize(backend) -> None: ...
+        def graph_plan_create(backend, graph) -> GraphPlan: ...
+        def graph_plan_free(backend, plan: GraphPlan) -> None: ...
+        def graph_plan_compute(backend, plan: GraphPlan) -> Status: ...
+        def graph_compute(backend, graph) -> Status: ...
+        def graph_compute_async(backend, graph) -> Status: ...
+        def supports_op(backend, op) -> bool: ...
+        def supports_buft(backend, buft) -> bool: ...
+        def offload_op(backend, op) -> bool: ...
+        def event_new(backend): ...
+        def event_wait(backend, event: Event) -> None: ...
+
 
 # notebooks/06_backends.py
+@method_of(Backend)
+def get_name(backend) -> str:
+    """`ggml_backend_name`."""
+    return backend.name
+
+
+@method_of(Backend)
+def free(backend) -> None:
+    """`ggml_backend_free`: the backend cannot be used afterwards."""
+    backend._alive()
+    backend.freed = True
+
+
+@method_of(Backend)
 def get_default_buffer_type(backend):
     """`ggml_backend_get_default_buffer_type`."""
     return backend._get_default_buffer_type()
 
 
+@method_of(Backend)
 def alloc_buffer(backend, size: int):
     """`ggml_backend_alloc_buffer`: a buffer of the default buffer type."""
     return backend.get_default_buffer_type().alloc_buffer(size)
 
 
+@method_of(Backend)
 def get_alignment(backend) -> int:
     """`ggml_backend_get_alignment`: the default buffer type's."""
     return backend.get_default_buffer_type().get_alignment()
 
 
+@method_of(Backend)
 def get_max_size(backend) -> int:
     """`ggml_backend_get_max_size`: the default buffer type's."""
     return backend.get_default_buffer_type().get_max_size()
 
 
-Backend.get_default_buffer_type = get_default_buffer_type
-Backend.alloc_buffer = alloc_buffer
-Backend.get_alignment = get_alignment
-Backend.get_max_size = get_max_size
-
-
 # notebooks/06_backends.py
-def tensor_set_async(backend, tensor, data, offset: int = 0, size: int = None) -> None:
+@method_of(Backend)
+def tensor_set_async(backend, tensor, data, offset: int = 0, size: int | None = None) -> None:
     """`ggml_backend_tensor_set_async`: queued on this backend, or `tensor_set` when it has no queue."""
     if backend._set_tensor_async is None:
         tensor_set(tensor, data, offset, size)
@@ -233,7 +275,8 @@ def tensor_set_async(backend, tensor, data, offset: int = 0, size: int = None) -
     backend._set_tensor_async(tensor, raw, offset, size)
 
 
-def tensor_get_async(backend, tensor, out: np.ndarray, offset: int = 0, size: int = None) -> None:
+@method_of(Backend)
+def tensor_get_async(backend, tensor, out: np.ndarray, offset: int = 0, size: int | None = None) -> None:
     """`ggml_backend_tensor_get_async`: the bytes land in `out` (uint8, at least `size` long) once
     the backend has run what was queued before; `tensor_get` at once when it has no queue."""
     size = nbytes(tensor) - offset if size is None else size
@@ -247,18 +290,15 @@ def tensor_get_async(backend, tensor, out: np.ndarray, offset: int = 0, size: in
     backend._get_tensor_async(tensor, out, offset, size)
 
 
+@method_of(Backend)
 def synchronize(backend) -> None:
     """`ggml_backend_synchronize`: wait until everything queued has run (nothing to do without a queue)."""
     if backend._synchronize is not None:
         backend._synchronize()
 
 
-Backend.tensor_set_async = tensor_set_async
-Backend.tensor_get_async = tensor_get_async
-Backend.synchronize = synchronize
-
-
 # notebooks/06_backends.py
+@method_of(Backend)
 def graph_plan_create(backend, graph) -> GraphPlan:
     """`ggml_backend_graph_plan_create`."""
     if backend._graph_plan_create is None:
@@ -266,6 +306,7 @@ def graph_plan_create(backend, graph) -> GraphPlan:
     return backend._graph_plan_create(graph)
 
 
+@method_of(Backend)
 def graph_plan_free(backend, plan: GraphPlan) -> None:
     """`ggml_backend_graph_plan_free`."""
     if backend._graph_plan_free is None:
@@ -273,6 +314,7 @@ def graph_plan_free(backend, plan: GraphPlan) -> None:
     backend._graph_plan_free(plan)
 
 
+@method_of(Backend)
 def graph_plan_compute(backend, plan: GraphPlan) -> Status:
     """`ggml_backend_graph_plan_compute`."""
     if backend._graph_plan_compute is None:
@@ -282,6 +324,7 @@ def graph_plan_compute(backend, plan: GraphPlan) -> Status:
     return backend._graph_plan_compute(plan)
 
 
+@method_of(Backend)
 def graph_compute(backend, graph) -> Status:
     """`ggml_backend_graph_compute`: `graph_compute_async`, then `synchronize`."""
     err = backend.graph_compute_async(graph)
@@ -289,36 +332,34 @@ def graph_compute(backend, graph) -> Status:
     return err
 
 
+@method_of(Backend)
 def graph_compute_async(backend, graph) -> Status:
     """`ggml_backend_graph_compute_async`: the backend's `graph_compute` (it may only queue the work)."""
     backend._alive()
     return backend._graph_compute(graph)
 
 
-Backend.graph_plan_create = graph_plan_create
-Backend.graph_plan_free = graph_plan_free
-Backend.graph_plan_compute = graph_plan_compute
-Backend.graph_compute = graph_compute
-Backend.graph_compute_async = graph_compute_async
-
-
 # notebooks/06_backends.py
+@method_of(Backend)
 def supports_op(backend, op) -> bool:
     """`ggml_backend_supports_op`: can this backend compute the node `op`?"""
     return backend._supports_op(op)
 
 
+@method_of(Backend)
 def supports_buft(backend, buft) -> bool:
     """`ggml_backend_supports_buft`: can this backend use memory of buffer type `buft`?"""
     return backend._supports_buft(buft)
 
 
+@method_of(Backend)
 def offload_op(backend, op) -> bool:
     """`ggml_backend_offload_op`: does this backend want an op whose weight lives elsewhere (False
     when the backend has no opinion)?"""
     return backend._offload_op(op) if backend._offload_op is not None else False
 
 
+@method_of(Backend)
 def event_new(backend):
     """`ggml_backend_event_new`: an Event, or None when the backend has no events."""
     if backend._event_new is None:
@@ -326,19 +367,13 @@ def event_new(backend):
     return backend._event_new()
 
 
+@method_of(Backend)
 def event_wait(backend, event: Event) -> None:
     """`ggml_backend_event_wait`: work queued on this backend after this call waits for `event`."""
     event._alive()
     if backend._event_wait is None:
         raise BackendError(f"backend {backend.name} cannot wait for events (event_wait is NULL)")
     backend._event_wait(event)
-
-
-Backend.supports_op = supports_op
-Backend.supports_buft = supports_buft
-Backend.offload_op = offload_op
-Backend.event_new = event_new
-Backend.event_wait = event_wait
 
 
 # notebooks/06_backends.py
@@ -400,7 +435,8 @@ class GraphCopy:
     __slots__ = ("buffer", "ctx_allocated", "ctx_unallocated", "graph")
 
     def __init__(self, buffer=None, ctx_allocated=None, ctx_unallocated=None, graph=None):
-        self.buffer, self.ctx_allocated, self.ctx_unallocated, self.graph = buffer, ctx_allocated, ctx_unallocated, graph
+        self.buffer, self.ctx_allocated = buffer, ctx_allocated
+        self.ctx_unallocated, self.graph = ctx_unallocated, graph
 
 
 def graph_copy_dup_tensor(node_copies: dict, ctx_allocated, ctx_unallocated, src):
@@ -443,7 +479,8 @@ def graph_copy_init_tensor(node_copies: dict, node_init: set, src) -> None:
 def graph_copy(backend: Backend, graph) -> GraphCopy:
     """`ggml_backend_graph_copy`: `graph` (allocated, with data) duplicated on `backend`; an empty
     GraphCopy when the buffer cannot be allocated."""
-    node_copies, node_init = {}, set()
+    node_copies: dict = {}
+    node_init: set = set()
     ctx_allocated, ctx_unallocated = Context("graph_copy (allocated)"), Context("graph_copy (views)")
     for node in graph.nodes:  # dup nodes
         graph_copy_dup_tensor(node_copies, ctx_allocated, ctx_unallocated, node)

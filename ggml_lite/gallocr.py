@@ -2,18 +2,19 @@
 # Edit the notebook, then run `make export`.
 
 # notebooks/05_gallocr.py
-"""The graph allocator `ggml_gallocr` (ggml-alloc.c, lines 327-930): plan the memory of every tensor of a
+"""The graph allocator `ggml_gallocr`, mirroring ggml-alloc.c (lines 327-930): plan the memory of every tensor of a
 graph with one dynamic allocator per buffer type, keep the plan, and place the tensors from it."""
 
 import logging
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
+from ggml_lite.bind import method_of
 from ggml_lite.buffer import SIZE_MAX, tensor_alloc, view_init
 from ggml_lite.dyn_tallocr import DynTAllocr
 from ggml_lite.errors import BufferIdError, PlanMismatchError
-from ggml_lite.tensor import Op, TensorFlag, are_same_layout, describe
+from ggml_lite.tensor import Op, Tensor, TensorFlag, are_same_layout, describe
 
 log = logging.getLogger("ggml_lite")
 
@@ -21,8 +22,6 @@ INPUT = int(TensorFlag.INPUT)
 OUTPUT = int(TensorFlag.OUTPUT)
 MiB = 1024.0 * 1024.0
 
-
-# notebooks/05_gallocr.py
 CAN_INPLACE = frozenset({
     Op.SCALE, Op.DIAG_MASK_ZERO, Op.DIAG_MASK_INF, Op.ADD, Op.ADD1, Op.SUB, Op.MUL, Op.DIV, Op.SQR,
     Op.SQRT, Op.LOG, Op.UNARY, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX,
@@ -35,15 +34,13 @@ def op_can_inplace(op: Op) -> bool:
 
 
 def is_view(t) -> bool:
-    """`ggml_is_view` (ggml-alloc.c:21): the tensor lives in another tensor's memory. The hot loops
-    below test `t.view_src is not None` inline."""
+    """`ggml_is_view` (ggml-alloc.c:21): `t` lives in another tensor's memory (inlined in hot loops)."""
     return t.view_src is not None
 
 
 # notebooks/05_gallocr.py
 class HashNode:
-    """`struct hash_node`: children and views not yet executed, and where the tensor was put; with
-    `size_max`, the size the plan reserved for it, also the tensor's `struct tensor_alloc`."""
+    """`struct hash_node`; with `size_max` (the size planned) also the tensor's `struct tensor_alloc`."""
 
     __slots__ = ("n_children", "n_views", "buffer_id", "offset", "allocated", "size_max")
 
@@ -82,17 +79,15 @@ class LeafAlloc(NamedTuple):
     leaf: TensorAlloc
 
 
-# notebooks/05_gallocr.py
 def _name(t) -> str:
     return t.name or "<unnamed>"
 
 
+# notebooks/05_gallocr.py
 @dataclass(frozen=True)
 class PlaceEvent:
-    """A tensor got its memory: `how` is "new" (from the dynamic allocator), "inplace" (a parent's
-    memory, `parent`), or "inplace_view" (the view-parent branch). `phase` says which loop of
-    `ggml_gallocr_alloc_graph_impl` asked: "leaf", "input", "parent" or "node"; `node_index` is the
-    node being visited (-1 for the leaf loop)."""
+    """A tensor got memory, `how`: "new", "inplace" (`parent`'s) or "inplace_view"; `phase`: the loop
+    that asked ("leaf", "input", "parent", "node"); `node_index`: the node visited (-1: leaf loop)."""
 
     tensor: object
     node_index: int
@@ -112,7 +107,7 @@ class PlaceEvent:
 
 @dataclass(frozen=True)
 class RejectEvent:
-    """`node` could have taken `parent`'s memory but did not, for `reason` (the AT_PRINTF lines)."""
+    """`node` could have taken `parent`'s memory but did not, for `reason`."""
 
     tensor: object
     parent: object
@@ -124,8 +119,8 @@ class RejectEvent:
 
 @dataclass(frozen=True)
 class FreeNodeEvent:
-    """`ggml_gallocr_free_node` gave `tensor`'s memory back (`via` the view it was freed through,
-    or None); `kept_output`: it is an OUTPUT, so nothing was freed."""
+    """`ggml_gallocr_free_node` gave `tensor`'s memory back (`via`: the view freed through, or None);
+    `kept_output`: an OUTPUT, nothing freed."""
 
     tensor: object
     node_index: int
@@ -144,7 +139,7 @@ class FreeNodeEvent:
 
 @dataclass(frozen=True)
 class PhaseEvent:
-    """One of the three loops of `ggml_gallocr_alloc_graph_impl` begins: "leafs", "count" or "allocate"."""
+    """A loop of `ggml_gallocr_alloc_graph_impl` begins: "leafs", "count" or "allocate"."""
 
     phase: str
 
@@ -153,14 +148,12 @@ class PhaseEvent:
                 "allocate": "visit the nodes in execution order"}[self.phase]
 
 
-# notebooks/05_gallocr.py
 @dataclass(frozen=True)
 class ExecEvent:
-    """Node `index` was visited: its parents after the visit as `(parent, n_children, n_views,
-    allocated)` — the AT_PRINTF "exec:" and "parent ..." lines."""
+    """Node `index` was visited; its parents after it, `(parent, n_children, n_views, allocated)`."""
 
     index: int
-    node: object
+    node: Tensor
     parents: tuple
 
     def describe(self) -> str:
@@ -170,38 +163,35 @@ class ExecEvent:
 
 # notebooks/05_gallocr.py
 class GAllocr:
-    """`struct ggml_gallocr` — `ggml_gallocr_new` (one buffer type) or `ggml_gallocr_new_n` (a list).
+    """`struct ggml_gallocr` — `ggml_gallocr_new` (one buffer type) or `ggml_gallocr_new_n` (a list);
+    `trace` receives the events above and the dynamic allocators'."""
 
-    A buffer type listed twice shares one dynamic allocator and, later, one buffer (the C compares
-    the pointers; here, identity). `trace` receives the events above and those of the dynamic
-    allocators."""
-
-    def __init__(self, bufts, trace=None):
+    def __init__(self, bufts, trace=None) -> None:
         bufts = list(bufts) if isinstance(bufts, (list, tuple)) else [bufts]
         if not bufts:
             raise BufferIdError("a graph allocator needs at least one buffer type")
         self.bufts = bufts
-        self.buffers = [None] * len(bufts)
-        self.buf_tallocs = []
+        self.buffers: list = [None] * len(bufts)
+        self.buf_tallocs: list[DynTAllocr] = []
         self.trace = trace
         for i, buft in enumerate(bufts):  # :379-395
             shared = next((self.buf_tallocs[j] for j in range(i) if bufts[j] is buft), None)
             self.buf_tallocs.append(shared or DynTAllocr(buft.get_alignment(), trace=trace))
         self.n_buffers = len(bufts)
-        self.hash_values = {}
+        self.hash_values: dict[Tensor, HashNode] = {}
         self._take_size_fns()
         # the kept plan (section 2.2): the hash nodes above, and the graph's slots when planned
-        self.planned_nodes, self.planned_srcs, self.planned_leafs = [], [], []
+        self.planned_nodes: list[Tensor] = []
+        self.planned_srcs: list[list] = []
+        self.planned_leafs: list[Tensor] = []
 
     def _take_size_fns(self) -> None:
-        """`ggml_backend_buft_get_alloc_size` of each buffer type, as one callable (`alloc_size_fn`);
-        taken again at every reserve and alloc_graph, so a buffer type changed in between is seen."""
+        """`ggml_backend_buft_get_alloc_size` per buffer type, taken again at every reserve and alloc_graph."""
         self._alloc_size = [buft.alloc_size_fn() for buft in self.bufts]
 
     @property
     def node_allocs(self) -> list:
-        """`galloc->node_allocs` as the C lays it out: per node its own record and one per source
-        slot — rebuilt from the hash nodes and `planned_nodes`/`planned_srcs` on each read."""
+        """`galloc->node_allocs` as the C lays it out, rebuilt from the hash nodes on each read."""
         rec = self._record
         return [NodeAlloc(rec(node), tuple(map(rec, srcs)))
                 for node, srcs in zip(self.planned_nodes, self.planned_srcs)]
@@ -212,25 +202,33 @@ class GAllocr:
         hv = self.hash_values
         return [LeafAlloc(hv[leaf].buffer_id if leaf in hv else 0, self._record(leaf)) for leaf in self.planned_leafs]
 
-    # -- the graph-level calls (defined below, one section each) ----------------------------------
-    def reserve_n(self, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool:
-        """`ggml_gallocr_reserve_n`: see `gallocr_reserve_n`."""
-        return gallocr_reserve_n(self, graph, node_buffer_ids, leaf_buffer_ids)
-
-    def reserve(self, graph) -> bool:
-        """`ggml_gallocr_reserve`: `reserve_n` with every tensor in buffer 0."""
-        return gallocr_reserve_n(self, graph, None, None)
-
-    def alloc_graph(self, graph) -> bool:
-        """`ggml_gallocr_alloc_graph`: see `gallocr_alloc_graph`."""
-        return gallocr_alloc_graph(self, graph)
-
     def __repr__(self):
         names = ", ".join(b.get_name() for b in self.bufts)
         return f"GAllocr([{names}], {len(self.planned_nodes)} nodes planned)"
 
+    if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
+        def hash_get(galloc, t) -> HashNode: ...
+        def is_own(galloc, t) -> bool: ...
+        def is_allocated(galloc, t) -> bool: ...
+        def set_node_offset(galloc, node, buffer_id: int, offset: int) -> None: ...
+        def _known_size(galloc, buffer_id: int, t) -> int: ...
+        def planned_alloc(galloc, t): ...
+        def _record(galloc, t) -> TensorAlloc: ...
+        def allocate_node(galloc, node, buffer_id: int, node_index: int=..., phase: str=...) -> None: ...
+        def free_node(galloc, node, node_index: int=..., via=...) -> None: ...
+        def alloc_graph_impl(galloc, graph, node_buffer_ids=..., leaf_buffer_ids=...) -> None: ...
+        def reserve_n(galloc, graph, node_buffer_ids=..., leaf_buffer_ids=...) -> bool: ...
+        def reserve(galloc, graph) -> bool: ...
+        def init_tensor(galloc, tensor, talloc) -> None: ...
+        def node_needs_realloc(galloc, node, talloc) -> bool: ...
+        def needs_realloc(galloc, graph) -> bool: ...
+        def alloc_graph(galloc, graph) -> bool: ...
+        def free(galloc) -> None: ...
+        def get_buffer_size(galloc, buffer_id: int) -> int: ...
+
 
 # notebooks/05_gallocr.py
+@method_of(GAllocr)
 def hash_get(galloc, t) -> HashNode:
     """`ggml_gallocr_hash_get`: the record of `t`, created (zeroed) on first use."""
     hn = galloc.hash_values.get(t)
@@ -239,58 +237,51 @@ def hash_get(galloc, t) -> HashNode:
     return hn
 
 
+@method_of(GAllocr)
 def is_own(galloc, t) -> bool:
     """`ggml_gallocr_is_own`: `t`'s memory comes from this plan and is still held."""
     return galloc.hash_get(t).allocated
 
 
+@method_of(GAllocr)
 def is_allocated(galloc, t) -> bool:
     """`ggml_gallocr_is_allocated`: pre-allocated (`data`) or placed by this plan."""
     return t.data is not None or galloc.hash_get(t).allocated
 
 
+@method_of(GAllocr)
 def set_node_offset(galloc, node, buffer_id: int, offset: int) -> None:
     """`ggml_gallocr_set_node_offset` (defined but never called in the reference)."""
     hn = galloc.hash_get(node)
     hn.buffer_id, hn.offset, hn.allocated = buffer_id, offset, True
 
 
-GAllocr.hash_get = hash_get
-GAllocr.is_own = is_own
-GAllocr.is_allocated = is_allocated
-GAllocr.set_node_offset = set_node_offset
-
-
-# notebooks/05_gallocr.py
+@method_of(GAllocr)
 def _known_size(galloc, buffer_id: int, t) -> int:
-    """`ggml_backend_buft_get_alloc_size(galloc->bufts[buffer_id], t)`, read from `t`'s record when
-    the plan placed `t` in that buffer (a tensor's shape does not change once it is in a graph, so
-    the size measured when it was placed still holds), computed otherwise."""
+    """`ggml_backend_buft_get_alloc_size(galloc->bufts[buffer_id], t)`: `t`'s record when the plan
+    placed `t` in that buffer (a tensor in a graph keeps its shape), computed otherwise."""
     hn = galloc.hash_values.get(t)
     if hn is not None and hn.size_max is not None and hn.buffer_id == buffer_id:
         return hn.size_max
     return galloc._alloc_size[buffer_id](t)
 
 
+@method_of(GAllocr)
 def planned_alloc(galloc, t):
-    """The plan's `struct tensor_alloc` for `t`: its hash node, which carries `buffer_id`, `offset`
-    and `size_max`, when the plan placed it; NOT_PLACED for None, views and pre-allocated data."""
+    """The plan's `struct tensor_alloc` for `t`: its hash node when the plan placed it, else NOT_PLACED."""
     hn = galloc.hash_values.get(t)
     return hn if hn is not None and hn.size_max is not None else NOT_PLACED
 
 
+@method_of(GAllocr)
 def _record(galloc, t) -> TensorAlloc:
     """`t`'s `tensor_alloc` as the C's value type, for reading."""
     rec = galloc.planned_alloc(t)
     return TensorAlloc(rec.buffer_id, rec.offset, rec.size_max)
 
 
-GAllocr._known_size = _known_size
-GAllocr.planned_alloc = planned_alloc
-GAllocr._record = _record
-
-
 # notebooks/05_gallocr.py
+@method_of(GAllocr)
 def allocate_node(galloc, node, buffer_id: int, node_index: int = -1, phase: str = "node") -> None:
     """`ggml_gallocr_allocate_node` (:475-540): place `node` unless it is pre-allocated, already
     placed, or a view — in a parent's memory when the in-place rules allow, else in a new block."""
@@ -349,10 +340,7 @@ def allocate_node(galloc, node, buffer_id: int, node_index: int = -1, phase: str
         trace(PlaceEvent(node, node_index, phase, hn.buffer_id, hn.offset, size, how, reused))
 
 
-GAllocr.allocate_node = allocate_node
-
-
-# notebooks/05_gallocr.py
+@method_of(GAllocr)
 def free_node(galloc, node, node_index: int = -1, via=None) -> None:
     """`ggml_gallocr_free_node` (:542-557): give the memory back — never for an OUTPUT."""
     hn = galloc.hash_get(node)
@@ -367,51 +355,19 @@ def free_node(galloc, node, node_index: int = -1, via=None) -> None:
         galloc.trace(FreeNodeEvent(node, node_index, hn.buffer_id, hn.offset, size, via))
 
 
-GAllocr.free_node = free_node
-
-
-# notebooks/05_gallocr.py
-def free(galloc) -> None:
-    """`ggml_gallocr_free`: free each distinct buffer once."""
-    seen = []
-    for buf in galloc.buffers:
-        if buf is not None and not any(buf is s for s in seen):
-            buf.free()
-            seen.append(buf)
-    galloc.buffers = [None] * galloc.n_buffers
-
-
-def get_buffer_size(galloc, buffer_id: int) -> int:
-    """`ggml_gallocr_get_buffer_size`: a shared buffer counts once, at its first id."""
-    if not 0 <= buffer_id < galloc.n_buffers:
-        raise BufferIdError(f"buffer id {buffer_id} asked, the allocator has {galloc.n_buffers} buffer(s)")
-    buf = galloc.buffers[buffer_id]
-    if buf is None:
-        return 0
-    if any(galloc.buffers[i] is buf for i in range(buffer_id)):
-        return 0  # the same buffer type used several times: only count it once
-    return buf.get_size()
-
-
-GAllocr.free = free
-GAllocr.get_buffer_size = get_buffer_size
-
-
 # notebooks/05_gallocr.py
 def _buffer_id(ids, i: int) -> int:
     """`get_node_buffer_id`: buffer 0 when no ids are given."""
     return ids[i] if ids is not None else 0
 
 
-def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> None:
-    """`ggml_gallocr_alloc_graph_impl` (:563-668): plan every tensor of `graph` into
-    `galloc.hash_values`, in three loops — leafs; children/views counting with the inputs placed
-    early; then the nodes in execution order, each freeing the parents it was the last user of.
-
-    For speed, `allocate_node`'s first test (pre-allocated, placed, or a view: nothing to do) is
-    also made before each call, which changes nothing but the number of calls."""
-    galloc.hash_values = hv = {}  # "clear hash tables": the previous plan's records go
-    OP_NONE = Op.NONE  # noqa: N806 (a local for the loop)
+@method_of(GAllocr)
+def alloc_graph_impl(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> None:
+    """`ggml_gallocr_alloc_graph_impl` (:563-668): plan `graph` into `galloc.hash_values` in three
+    loops. For speed, `allocate_node`'s first test is also made before each call (same result)."""
+    hv: dict[Tensor, HashNode] = {}
+    galloc.hash_values = hv  # "clear hash tables": the previous plan's records go
+    OP_NONE = Op.NONE  # a local for the loop
     allocate_node, free_node, trace = galloc.allocate_node, galloc.free_node, galloc.trace
 
     # allocate leafs: "these may be tensors that the application is not using in the graph,
@@ -485,10 +441,10 @@ def _check_ids(galloc: GAllocr, ids, n: int, what: str) -> None:
 _SRC = attrgetter("src")
 
 
-def gallocr_reserve_n(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool:
-    """`ggml_gallocr_reserve_n` (:670-779): plan `graph` from scratch, keep the plan (section 2.2:
-    the records were written while placing, the slots are noted here), and (re)allocate every
-    buffer whose planned size exceeds its current size."""
+@method_of(GAllocr)
+def reserve_n(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool:
+    """`ggml_gallocr_reserve_n` (:670-779): plan `graph` from scratch, keep the plan, and grow every
+    buffer the plan outgrew."""
     _check_ids(galloc, node_buffer_ids, len(graph.nodes), "node_buffer_ids")
     _check_ids(galloc, leaf_buffer_ids, len(graph.leafs), "leaf_buffer_ids")
     for talloc in galloc.buf_tallocs:  # reset allocators (a shared one is reset twice, as in C)
@@ -527,12 +483,17 @@ def gallocr_reserve_n(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_
     return True
 
 
+@method_of(GAllocr)
+def reserve(galloc, graph) -> bool:
+    """`ggml_gallocr_reserve` (:781-783): `reserve_n` with every tensor in buffer 0."""
+    return reserve_n(galloc, graph, None, None)
+
+
 # notebooks/05_gallocr.py
-def gallocr_init_tensor(galloc: GAllocr, tensor, talloc) -> None:
-    """`ggml_gallocr_init_tensor` (:785-812): a view takes its root's buffer (`ggml_backend_view_init`),
-    a planned tensor its offset in the buffer (`ggml_backend_tensor_alloc`); pre-allocated tensors
-    and views of memory outside ggml-backend are left alone. `talloc` is the tensor's record in the
-    plan: its hash node (`size_max` None when the plan did not place it) or NOT_PLACED."""
+@method_of(GAllocr)
+def init_tensor(galloc, tensor, talloc) -> None:
+    """`ggml_gallocr_init_tensor` (:785-812): a view takes its root's buffer, a planned tensor its
+    offset; `talloc` is the tensor's record in the plan (its hash node) or NOT_PLACED."""
     if tensor.view_src is not None:
         if tensor.buffer is None:
             if tensor.view_src.buffer is None:
@@ -546,20 +507,18 @@ def gallocr_init_tensor(galloc: GAllocr, tensor, talloc) -> None:
     # ggml_backend_buffer_get_alloc_size(buffer, tensor): the buffer's type is bufts[buffer_id]
     need = galloc._known_size(buffer_id, tensor) if buffer is not None else None
     placed = talloc.size_max is not None  # (a hash node the plan did not place has none)
-    if buffer is None or not placed or talloc.offset == SIZE_MAX or need > talloc.size_max:  # the C's asserts
+    if buffer is None or need is None or not placed or talloc.offset == SIZE_MAX or need > talloc.size_max:  # asserts
+        unplaced = "" if placed and talloc.size_max else " (it was not placed at all)"
         raise PlanMismatchError(
             f"{describe(tensor)} needs {need if need is not None else '?'} bytes, but the plan reserved "
-            f"{talloc.size_max or 0} bytes for it{'' if placed and talloc.size_max else ' (it was not placed at all)'}: "
-            f"call reserve() with this graph")
+            f"{talloc.size_max or 0} bytes for it{unplaced}: call reserve() with this graph")
     tensor_alloc(buffer, tensor, buffer.get_base() + talloc.offset, need)
 
 
-def gallocr_node_needs_realloc(galloc: GAllocr, node, talloc) -> bool:
-    """`ggml_gallocr_node_needs_realloc` (:814-817) — despite its name, True when the planned size
-    *suffices* (`size_max >= node_size`): the caller reads False as "not valid".
-
-    One departure: for a tensor the plan did not place (buffer_id -1) that now needs memory, the C
-    calls `ggml_backend_buft_get_alloc_size(NULL, node)` and crashes; here it is simply not valid."""
+@method_of(GAllocr)
+def node_needs_realloc(galloc, node, talloc) -> bool:
+    """`ggml_gallocr_node_needs_realloc` (:814-817): despite its name, True when the tensor *fits*.
+    A tensor the plan did not place that now needs memory is not valid (the C would crash)."""
     if node.data is not None or node.view_src is not None:
         return True  # node_size is 0
     if talloc.buffer_id == -1 or talloc.size_max is None:  # not placed by the plan
@@ -567,19 +526,17 @@ def gallocr_node_needs_realloc(galloc: GAllocr, node, talloc) -> bool:
     return talloc.size_max >= galloc._known_size(talloc.buffer_id, node)
 
 
-def gallocr_needs_realloc(galloc: GAllocr, graph) -> bool:
-    """`ggml_gallocr_needs_realloc` (:819-860): must the graph be planned again? Yes when the node or
-    leaf count differs from the plan's, or when a node or a source outgrew its planned size."""
+@method_of(GAllocr)
+def needs_realloc(galloc, graph) -> bool:
+    """`ggml_gallocr_needs_realloc` (:819-860): plan again when the counts differ or a tensor outgrew its slot."""
     if len(galloc.planned_nodes) != len(graph.nodes):
         log.info("ggml_gallocr_needs_realloc: graph has different number of nodes")
         return True
     if len(galloc.planned_leafs) != len(graph.leafs):
         log.info("ggml_gallocr_needs_realloc: graph has different number of leafs")
         return True
-    # `fits` is asked only when its answer is not known already: a pre-allocated tensor or a view
-    # needs 0 bytes, and a slot that still holds the very tensor the plan placed fits by construction
-    # (its record was measured from that tensor). Neither shortcut changes a result.
-    fits = gallocr_node_needs_realloc  # True = it fits (see its name)
+    # `fits` is asked only when its answer is not known already (neither shortcut changes a result)
+    fits = node_needs_realloc  # True = it fits (see its name)
     records = galloc.hash_values  # the plan: a placed tensor's hash node is its tensor_alloc (section 2.2)
     for node, planned_node, planned_srcs in zip(graph.nodes, galloc.planned_nodes, galloc.planned_srcs):
         if node.data is None and node.view_src is None:
@@ -591,7 +548,7 @@ def gallocr_needs_realloc(galloc: GAllocr, graph) -> bool:
         for src in node.src:
             if src is not None and src.data is None and src.view_src is None:
                 planned_src = planned_srcs[j] if j < len(planned_srcs) else None
-                rec = records.get(planned_src, NOT_PLACED)
+                rec = NOT_PLACED if planned_src is None else records.get(planned_src, NOT_PLACED)
                 if (src is not planned_src or rec.size_max is None) and not fits(galloc, src, rec):
                     log.info("ggml_gallocr_needs_realloc: src %d (%s) of node %s is not valid", j, src.name, node.name)
                     return True
@@ -600,15 +557,15 @@ def gallocr_needs_realloc(galloc: GAllocr, graph) -> bool:
 
 
 # notebooks/05_gallocr.py
-def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
-    """`ggml_gallocr_alloc_graph` (:862-908): plan again if needed (only with a single buffer — a
-    multi-buffer allocator must be `reserve_n`'ed by its owner), reset the buffers, then place every
-    leaf, and every node's sources and the node itself, from the recorded plan."""
+@method_of(GAllocr)
+def alloc_graph(galloc, graph) -> bool:
+    """`ggml_gallocr_alloc_graph` (:862-908): plan again if needed (single buffer only), reset the
+    buffers, then place every leaf, node source and node from the kept plan."""
     galloc._take_size_fns()
-    if gallocr_needs_realloc(galloc, graph):
+    if needs_realloc(galloc, graph):
         if galloc.n_buffers == 1:
             log.info("ggml_gallocr_alloc_graph: reallocating buffers automatically")
-            if not gallocr_reserve_n(galloc, graph):
+            if not reserve_n(galloc, graph):
                 return False
         else:
             log.info("ggml_gallocr_alloc_graph: cannot reallocate multi buffer graph automatically, call reserve")
@@ -616,7 +573,7 @@ def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
     for buf in galloc.buffers:  # reset buffers
         if buf is not None:
             buf.reset()
-    init, records = gallocr_init_tensor, galloc.hash_values  # the plan's records (section 2.2)
+    init, records = init_tensor, galloc.hash_values  # the plan's records (section 2.2)
     for leaf, planned_leaf in zip(graph.leafs, galloc.planned_leafs):
         if leaf.data is None or (leaf.view_src is not None and leaf.buffer is None):  # else init does nothing
             init(galloc, leaf, records.get(planned_leaf, NOT_PLACED))
@@ -630,3 +587,27 @@ def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
         if node.data is None or (node.view_src is not None and node.buffer is None):
             init(galloc, node, records.get(planned_node, NOT_PLACED))
     return True
+
+
+@method_of(GAllocr)
+def free(galloc) -> None:
+    """`ggml_gallocr_free`: free each distinct buffer once."""
+    seen: list = []
+    for buf in galloc.buffers:
+        if buf is not None and not any(buf is s for s in seen):
+            buf.free()
+            seen.append(buf)
+    galloc.buffers = [None] * galloc.n_buffers
+
+
+@method_of(GAllocr)
+def get_buffer_size(galloc, buffer_id: int) -> int:
+    """`ggml_gallocr_get_buffer_size`: a shared buffer counts once, at its first id."""
+    if not 0 <= buffer_id < galloc.n_buffers:
+        raise BufferIdError(f"buffer id {buffer_id} asked, the allocator has {galloc.n_buffers} buffer(s)")
+    buf = galloc.buffers[buffer_id]
+    if buf is None:
+        return 0
+    if any(galloc.buffers[i] is buf for i in range(buffer_id)):
+        return 0  # the same buffer type used several times: only count it once
+    return buf.get_size()

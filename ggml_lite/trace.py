@@ -2,9 +2,8 @@
 # Edit the notebook, then run `make export`.
 
 # notebooks/05_gallocr.py
-"""The analysis of a graph-allocator plan (chapter 05): the plan's trace recorded, its blocks and their
-lifetimes, the bytes live at each node (the peak-live lower bound), and the trace cut into one step per
-node with its decisions in words. Computation only: `viz.timeline` draws from it."""
+"""The analysis of a graph-allocator plan (chapter 05): its trace, blocks and lifetimes, the bytes live
+at each node (the peak-live lower bound), and one step per node in words. `viz.timeline` draws it."""
 
 from dataclasses import dataclass
 
@@ -14,8 +13,7 @@ from ggml_lite.gallocr import ExecEvent, FreeNodeEvent, GAllocr, PhaseEvent, Pla
 
 
 def trace_plan(graph, bufts=None) -> tuple:
-    """Plan `graph` (`GAllocr.reserve`, CPU buffer type by default) while recording every event;
-    returns `(galloc, events)`."""
+    """`(galloc, events)`: `graph` planned by `GAllocr.reserve` (CPU buffer type by default), traced."""
     events: list = []
     galloc = GAllocr(bufts if bufts is not None else cpu_buffer_type(), trace=events.append)
     galloc.reserve(graph)
@@ -24,11 +22,9 @@ def trace_plan(graph, bufts=None) -> tuple:
 
 @dataclass
 class Lifetime:
-    """A block of the plan: `tensor` held `[offset, offset + size)` from node `start` to node `end`
-    (inclusive). `how`: "leaf", "input", "new" or "inplace" (then `parent` handed it over);
-    `kind` "tensor" or "view" (a view spans part of its root's block, for drawing only).
-    `handed_at`: the node from which an in-place child holds the block (None: never handed over);
-    `superseded`: the tensor was placed again later and lives there, not here (chapter 05, §4)."""
+    """A block: `tensor` held `[offset, offset + size)` from node `start` to `end` (inclusive); `how`
+    "leaf", "input", "new" or "inplace" (from `parent`); `kind` "tensor" or "view" (drawn only);
+    `handed_at`: the node from which an in-place child holds it; `superseded`: placed again later."""
 
     tensor: object
     buffer_id: int
@@ -43,66 +39,11 @@ class Lifetime:
     superseded: bool = False
 
 
-# notebooks/05_gallocr.py
-def lifetimes(graph, events) -> list:
-    """The blocks of a plan from its trace: one per placement, ending where it was freed, where an
-    in-place child took it over (the child's step), or at the last node (outputs, never-freed). A
-    tensor placed twice lives at its last placement: the earlier one is marked `superseded`. Views
-    of placed tensors are added from the graph: from their node to their last consumer."""
-    n = len(graph.nodes)
-    open_, out, latest = {}, [], {}
-    aligned = {}
-    for ev in events:
-        if isinstance(ev, AllocEvent):
-            aligned[ev.tensor] = ev.size
-        elif isinstance(ev, PlaceEvent):
-            start = max(ev.node_index, 0) if ev.phase in ("parent", "node") else 0
-            how = ev.phase if ev.phase in ("leaf", "input") and ev.how == "new" else ev.how
-            size = aligned.get(ev.tensor, ev.size)
-            if ev.parent is not None and ev.parent in open_:
-                par = open_.pop(ev.parent)
-                par.end, par.handed_at = ev.node_index, start
-                size = par.size
-            if ev.tensor in latest:  # placed again (an INPUT node took it in place while counting)
-                latest[ev.tensor].superseded = True
-            lt = Lifetime(ev.tensor, ev.buffer_id, ev.offset, size, start, max(n - 1, start), how, ev.parent)
-            open_[ev.tensor] = latest[ev.tensor] = lt
-            out.append(lt)
-        elif isinstance(ev, FreeNodeEvent) and not ev.kept_output and ev.tensor in open_:
-            open_.pop(ev.tensor).end = ev.node_index
-    last_use = {}
-    for i, node in enumerate(graph.nodes):
-        for s in node.src:
-            if s is not None:
-                last_use[s] = i
-    placed = {lt.tensor: lt for lt in out}
-    for i, node in enumerate(graph.nodes):
-        root = placed.get(node.view_src) if node.view_src is not None else None
-        if root is not None:
-            out.append(Lifetime(node, root.buffer_id, root.offset + node.view_offs, node.nbytes, i,
-                                last_use.get(node, i), "view", node.view_src, "view"))
-    return out
-
-
-def live_bytes(lts, n_nodes: int) -> list:
-    """Bytes of the plan in use during each node: the sum over blocks alive at that step. Views are
-    not counted (they share their root's block), nor superseded placements (the tensor lives at its
-    last one); a block handed over in place counts once: the parent holds it until its child does."""
-    live = [0] * max(n_nodes, 1)
-    for lt in lts:
-        if lt.kind != "tensor" or lt.superseded:
-            continue
-        end = lt.end if lt.handed_at is None else min(lt.end, lt.handed_at - 1)
-        for i in range(lt.start, end + 1):
-            live[i] += lt.size
-    return live
-
-
-# notebooks/05_gallocr.py
 def plan_steps(events) -> list:
-    """The trace cut into steps for the stepper: step 0 holds the leaf and counting loops, step i+1
-    node i's visit. Each step: `{"title", "events", "exec", "free_blocks"}` (the free list after it)."""
-    steps, cur = [], {"title": "leafs and INPUT tensors", "events": [], "exec": None, "free_blocks": ()}
+    """The trace in steps: 0 the leaf and counting loops, i+1 node i's visit; each
+    `{"title", "events", "exec", "free_blocks"}` (the free list after it)."""
+    steps: list[dict] = []
+    cur: dict = {"title": "leafs and INPUT tensors", "events": [], "exec": None, "free_blocks": ()}
     free_blocks = ()
     for ev in events:
         if isinstance(ev, PhaseEvent) and ev.phase == "allocate":
@@ -123,8 +64,7 @@ def plan_steps(events) -> list:
 
 
 def decision_lines(step) -> list:
-    """A step's decisions in words: placements (each followed by the dynamic allocator's block
-    choice), refusals with their reasons, and frees."""
+    """A step's decisions in words: placements (with the block chosen), refusals and frees."""
     lines, choice = [], None
     for ev in step["events"]:
         if isinstance(ev, AllocEvent):  # comes just before the PlaceEvent of the same tensor
@@ -137,3 +77,58 @@ def decision_lines(step) -> list:
         elif isinstance(ev, (RejectEvent, FreeNodeEvent)):
             lines.append(ev.describe())
     return lines
+
+
+# notebooks/05_gallocr.py
+def lifetimes(graph, events) -> list:
+    """The blocks of a plan: one per placement, ending where it was freed, handed to an in-place child,
+    or at the last node; an earlier placement of a tensor placed twice is `superseded`. Views of placed
+    tensors are added from the graph, from their node to their last consumer."""
+    n = len(graph.nodes)
+    open_: dict[object, Lifetime] = {}
+    latest: dict[object, Lifetime] = {}
+    out: list[Lifetime] = []
+    aligned: dict[object, int] = {}
+    for ev in events:
+        if isinstance(ev, AllocEvent):
+            aligned[ev.tensor] = ev.size
+        elif isinstance(ev, PlaceEvent):
+            start = max(ev.node_index, 0) if ev.phase in ("parent", "node") else 0
+            how = ev.phase if ev.phase in ("leaf", "input") and ev.how == "new" else ev.how
+            size = aligned.get(ev.tensor, ev.size)
+            if ev.parent is not None and ev.parent in open_:
+                par = open_.pop(ev.parent)
+                par.end, par.handed_at = ev.node_index, start
+                size = par.size
+            if ev.tensor in latest:  # placed again (an INPUT node took it in place while counting)
+                latest[ev.tensor].superseded = True
+            lt = Lifetime(ev.tensor, ev.buffer_id, ev.offset, size, start, max(n - 1, start), how, ev.parent)
+            open_[ev.tensor] = latest[ev.tensor] = lt
+            out.append(lt)
+        elif isinstance(ev, FreeNodeEvent) and not ev.kept_output and ev.tensor in open_:
+            open_.pop(ev.tensor).end = ev.node_index
+    last_use: dict[object, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for s in node.src:
+            if s is not None:
+                last_use[s] = i
+    placed = {lt.tensor: lt for lt in out}
+    for i, node in enumerate(graph.nodes):
+        root = placed.get(node.view_src) if node.view_src is not None else None
+        if root is not None:
+            out.append(Lifetime(node, root.buffer_id, root.offset + node.view_offs, node.nbytes, i,
+                                last_use.get(node, i), "view", node.view_src, "view"))
+    return out
+
+
+def live_bytes(lts, n_nodes: int) -> list:
+    """Bytes in use during each node: the blocks alive then, views and superseded placements left out;
+    a block handed over in place counts once (the parent holds it until its child does)."""
+    live = [0] * max(n_nodes, 1)
+    for lt in lts:
+        if lt.kind != "tensor" or lt.superseded:
+            continue
+        end = lt.end if lt.handed_at is None else min(lt.end, lt.handed_at - 1)
+        for i in range(lt.start, end + 1):
+            live[i] += lt.size
+    return live

@@ -13,72 +13,38 @@
 # %% [markdown]
 # # 05 · The graph allocator
 #
-# A compute graph of a 7B LLaMA has a thousand intermediate tensors, but only a handful are alive
-# at any moment: each dies once its last consumer has run. ggml's graph allocator `ggml_gallocr`
-# walks the graph in execution order, gives each node memory from the dynamic allocator of
-# chapter 04, lets a node **overwrite its parent** when that is safe, and frees a parent as soon as
-# its last child has run. The highest offset ever handed out becomes the compute buffer's size.
-# For Llama-2 7B on one GPU with `n_gpu_layers` 33 (its 32 layers and the output), `n_ctx` 512 and
-# batches of 512 tokens, the GPU's compute buffer is 70.50 MiB, where one buffer per tensor would take
-# gigabytes. This chapter plans a LLaMA block; chapter 10 builds the whole 7B graph in that
-# configuration and shows where the 70.50 MiB come from.
+# A 7B LLaMA's compute graph has a thousand intermediate tensors, but only a handful are alive at
+# any moment: each dies once its last consumer has run. ggml's graph allocator `ggml_gallocr` walks
+# the graph in execution order, gives each node memory from chapter 04's dynamic allocator, lets a
+# node **overwrite its parent** when that is safe, and frees a parent once its last child has run.
+# The highest offset handed out becomes the compute buffer's size: 70.50 MiB for Llama-2 7B on one
+# GPU (`n_gpu_layers` 33, `n_ctx` 512, batches of 512 tokens), where one buffer per tensor would
+# take gigabytes. This chapter plans one LLaMA block; chapter 10 explains the 70.50 MiB.
 #
 # **Learning goals**
 #
-# 1. The two phases: `reserve` *plans* (offsets only, from scratch, buffers grown when needed);
-#    `alloc_graph` *places* the tensors of a graph from the kept plan, and plans again only when the
-#    graph no longer fits it.
-# 2. The per-tensor bookkeeping — children and views not yet run — and the exact rules for freeing
-#    and for in-place reuse, with the quirks they have.
+# 1. The two phases: `reserve` *plans* (offsets only, buffers grown when needed); `alloc_graph`
+#    *places* a graph's tensors from the kept plan, and plans again only when the graph outgrew it.
+# 2. The per-tensor bookkeeping (children and views not yet run) and the exact rules for freeing and
+#    for in-place reuse, quirks included.
 # 3. Reading a plan: a memory timeline of a LLaMA block, and a stepper that replays each decision.
 #
-# Exported: `ggml_lite.gallocr`, `ggml_lite.trace` (the analysis of a plan), `ggml_lite.viz.timeline`
-# (its pictures).
+# Exported: `ggml_lite.gallocr`; `ggml_lite.trace`, the analysis of a plan; `ggml_lite.viz.timeline`.
 
 # %% [markdown]
 # ## 1 · The C
 #
-# `ggml-alloc.c:330-930`. The allocator owns one buffer type per buffer, one dynamic allocator per
-# *distinct* buffer type, and, per plan, three tables:
+# `ggml-alloc.c:330-930`. One dynamic allocator per *distinct* buffer type; `ggml_gallocr_alloc_graph_impl`
+# plans in three loops: (1) every leaf gets memory; (2) children and views are counted, INPUT tensors
+# placed early; (3) in execution order, each node's parents and the node are placed, then every
+# parent whose last child has run is freed — unless a child took its memory in place. Section 2
+# ports each function right after the C it follows.
 #
-# ```c
-# struct hash_node { int n_children; int n_views; int buffer_id; size_t offset; bool allocated; };
-# struct tensor_alloc { int buffer_id; size_t offset; size_t size_max; }; // 0 = pre-allocated, unused, or view
-# struct node_alloc { struct tensor_alloc dst; struct tensor_alloc src[GGML_MAX_SRC]; };
-# struct leaf_alloc { int buffer_id; struct tensor_alloc leaf; };
-# ```
-#
-# The plan is made by `ggml_gallocr_alloc_graph_impl` (:563-668) in three loops:
-#
-# ```c
-# for (int i = 0; i < graph->n_leafs; i++)                 // 1. every leaf gets memory
-#     ggml_gallocr_allocate_node(galloc, leaf, ...);
-# for (int i = 0; i < graph->n_nodes; i++) {               // 2. count children and views;
-#     if (ggml_is_view(node) && node->op != GGML_OP_NONE)  //    place INPUT tensors early
-#         ggml_gallocr_hash_get(galloc, view_src)->n_views += 1;
-#     if (node->flags & GGML_TENSOR_FLAG_INPUT) ggml_gallocr_allocate_node(...);
-#     for (int j = 0; j < GGML_MAX_SRC; j++) { ... ->n_children += 1; if (src is INPUT) allocate ... }
-# }
-# for (int i = 0; i < graph->n_nodes; i++) {               // 3. in execution order:
-#     /* allocate parents */ /* allocate node */           //    place, then free every parent
-#     /* update parents: n_children -= 1; free at 0 children and 0 views (a view frees its view_src) */
-# }
-# ```
-#
-# `ggml_gallocr_allocate_node` (:475-540) skips pre-allocated tensors, tensors already placed and
-# views (a view lives in its `view_src`). For an op that `ggml_op_can_inplace`, it scans the sources
-# in slot order and takes the first one that is the allocator's own (`allocated`), not an OUTPUT
-# (nor a view of one), of the same layout, and has `n_children == 1 && n_views == 0` — this node is
-# its last user. Otherwise `ggml_dyn_tallocr_alloc`. `ggml_gallocr_free_node` (:542-557) never frees
-# an OUTPUT.
-#
-# **INPUT and OUTPUT, the one rule.** Only OUTPUT keeps a tensor's memory: an OUTPUT is never freed
-# and never overwritten in place. INPUT decides only *when* a tensor is placed — leafs in loop 1,
-# INPUT nodes and INPUT sources in loop 2, before any node is computed, so nothing computed earlier
-# can be sitting in its memory when the user fills it. After that an INPUT is like any tensor: its
-# last consumer frees it, and a sole consumer that can work in place takes its memory. Below, the
-# INPUT `x` is scaled in place by its only child `s`, and `y` then takes the same block: all three
-# at offset 0.
+# **INPUT and OUTPUT, the one rule.** Only OUTPUT keeps a tensor's memory: never freed, never
+# overwritten in place. INPUT decides only *when* a tensor is placed (loops 1-2, before any node is
+# computed, so nothing computed earlier sits in its memory when the user fills it); after that its
+# last consumer frees it, or takes it in place. Below, the INPUT `x` is scaled in place by its only
+# child `s`, and `y` then takes the same block: all three at offset 0.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -101,23 +67,34 @@ print({t.name: t.data - ga_rule.buffers[0].get_base() for t in (x, s, y)})
 # %% [markdown]
 # ## 2 · The port
 #
-# One module, `ggml_lite.gallocr`, in the C's order: the helpers, the records, the trace events, the
-# allocator with its per-tensor steps, then the graph-level functions.
+# ### 2.1 · Which ops may write over a source (one module, `ggml_lite.gallocr`, in the C's order)
+#
+# ```c
+# static bool ggml_op_can_inplace(enum ggml_op op) {
+#     switch (op) {
+#         case GGML_OP_SCALE:
+#         case GGML_OP_DIAG_MASK_ZERO:
+# ```
+#
+# (`ggml-alloc.c:40-43`; the list goes on to `GGML_OP_SOFT_MAX` at :56.) Notice what the ops share:
+# each kernel reads a source element before it writes the same element of the result, so result and
+# source may share memory. MUL_MAT, CPY and CONT are not on the list.
 
 # %%
 # | export
-"""The graph allocator `ggml_gallocr` (ggml-alloc.c, lines 327-930): plan the memory of every tensor of a
+"""The graph allocator `ggml_gallocr`, mirroring ggml-alloc.c (lines 327-930): plan the memory of every tensor of a
 graph with one dynamic allocator per buffer type, keep the plan, and place the tensors from it."""
 
 import logging
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
+from ggml_lite.bind import method_of
 from ggml_lite.buffer import SIZE_MAX, tensor_alloc, view_init
 from ggml_lite.dyn_tallocr import DynTAllocr
 from ggml_lite.errors import BufferIdError, PlanMismatchError
-from ggml_lite.tensor import Op, TensorFlag, are_same_layout, describe
+from ggml_lite.tensor import Op, Tensor, TensorFlag, are_same_layout, describe
 
 log = logging.getLogger("ggml_lite")
 
@@ -125,14 +102,6 @@ INPUT = int(TensorFlag.INPUT)
 OUTPUT = int(TensorFlag.OUTPUT)
 MiB = 1024.0 * 1024.0
 
-# %% [markdown]
-# ### 2.1 · Which ops may write over a source
-#
-# `ggml_op_can_inplace` (`ggml-alloc.c:40-62`) lists the ops whose kernels read each source element
-# before they write the same element of the result, so result and source may share memory:
-
-# %%
-# | export
 CAN_INPLACE = frozenset({
     Op.SCALE, Op.DIAG_MASK_ZERO, Op.DIAG_MASK_INF, Op.ADD, Op.ADD1, Op.SUB, Op.MUL, Op.DIV, Op.SQR,
     Op.SQRT, Op.LOG, Op.UNARY, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX,
@@ -145,36 +114,33 @@ def op_can_inplace(op: Op) -> bool:
 
 
 def is_view(t) -> bool:
-    """`ggml_is_view` (ggml-alloc.c:21): the tensor lives in another tensor's memory. The hot loops
-    below test `t.view_src is not None` inline."""
+    """`ggml_is_view` (ggml-alloc.c:21): `t` lives in another tensor's memory (inlined in hot loops)."""
     return t.view_src is not None
-
 
 # %% [markdown]
 # ### 2.2 · The bookkeeping
 #
-# Three small records. `hash_node` is what the allocator knows of a tensor *while planning*; the
-# other two are the plan it keeps *after* planning, one per node (its own place and each source's)
-# and one per leaf. A `tensor_alloc` is `{buffer_id, offset, size_max}`: `size_max` is the size the
-# plan reserved; 0 means "not placed by the allocator" (pre-allocated, a view, or an empty source
-# slot), with `offset = SIZE_MAX`.
+# ```c
+# struct hash_node {
+#     int n_children;
+#     int n_views;
+#     int buffer_id;
+#     size_t offset; // offset within the buffer
+#     bool allocated;
+# };
+# ```
 #
-# The C copies a `tensor_alloc` into every node slot and source slot that holds a tensor, so a
-# tensor read by five nodes is recorded six times. The port keeps one record per tensor: the hash
-# node itself carries the planned size (`size_max`, None until the plan places the tensor), so its
-# `buffer_id`, `offset` and `size_max` *are* the tensor's `tensor_alloc`. Next to it the plan keeps
-# the graph's *shape* at planning time — which tensor sat in each node slot, source slot and leaf
-# slot (`planned_nodes`, `planned_srcs`, `planned_leafs`). The C's `node_allocs[i].src[j]` is then
-# the hash node of `planned_srcs[i][j]` (`GAllocr.planned_alloc`), or `NOT_PLACED`; the properties
-# `node_allocs` and `leaf_allocs` rebuild the C's arrays for reading. Like the C's records, these
-# lookups are by *position*: a later graph with new tensor objects in the same slots is placed from
-# them.
+# (`ggml-alloc.c:330-336`.) What the allocator knows of a tensor *while planning*. The plan it
+# *keeps* is a `tensor_alloc` `{buffer_id, offset, size_max}` per node slot, source slot and leaf
+# (:338-352; `size_max` 0: not placed by it). Notice that the C copies a tensor read by five nodes
+# into six slots; the port keeps one record — the hash node, with `size_max`, *is* its `tensor_alloc`
+# — and which tensor sat in each slot (`planned_nodes`, `planned_srcs`, `planned_leafs`), so lookups
+# stay by *position*, as in the C: a later graph with new tensors in the same slots is placed from them.
 
 # %%
 # | export
 class HashNode:
-    """`struct hash_node`: children and views not yet executed, and where the tensor was put; with
-    `size_max`, the size the plan reserved for it, also the tensor's `struct tensor_alloc`."""
+    """`struct hash_node`; with `size_max` (the size planned) also the tensor's `struct tensor_alloc`."""
 
     __slots__ = ("n_children", "n_views", "buffer_id", "offset", "allocated", "size_max")
 
@@ -213,25 +179,29 @@ class LeafAlloc(NamedTuple):
     leaf: TensorAlloc
 
 
-# %% [markdown]
-# ### 2.3 · Trace events
-#
-# The allocator tells an optional `trace` callable what it decides, as small events; the
-# stepper and the timeline below are built from them. Without a trace nothing is built. The
-# dynamic allocators underneath report to the same sink (chapter 04's `AllocEvent`, `FreeEvent`).
-
-# %%
-# | export
 def _name(t) -> str:
     return t.name or "<unnamed>"
 
+# %% [markdown]
+# ### 2.3 · Trace events
+#
+# ```c
+# //#define AT_PRINTF(...) fprintf(stderr, __VA_ARGS__)
+# #define AT_PRINTF(...)
+# ...
+#         AT_PRINTF("exec: %s (%s) <= ", ggml_op_desc(node), node->name);
+# ```
+#
+# (`ggml-alloc.c:17-18` and :625.) The C explains its decisions only in debug prints,
+# compiled out by default. Notice that each becomes an event here, sent to an optional `trace`
+# callable (none, no cost); the dynamic allocators report to the same sink (chapter 04).
 
+# %%
+# | export
 @dataclass(frozen=True)
 class PlaceEvent:
-    """A tensor got its memory: `how` is "new" (from the dynamic allocator), "inplace" (a parent's
-    memory, `parent`), or "inplace_view" (the view-parent branch). `phase` says which loop of
-    `ggml_gallocr_alloc_graph_impl` asked: "leaf", "input", "parent" or "node"; `node_index` is the
-    node being visited (-1 for the leaf loop)."""
+    """A tensor got memory, `how`: "new", "inplace" (`parent`'s) or "inplace_view"; `phase`: the loop
+    that asked ("leaf", "input", "parent", "node"); `node_index`: the node visited (-1: leaf loop)."""
 
     tensor: object
     node_index: int
@@ -251,7 +221,7 @@ class PlaceEvent:
 
 @dataclass(frozen=True)
 class RejectEvent:
-    """`node` could have taken `parent`'s memory but did not, for `reason` (the AT_PRINTF lines)."""
+    """`node` could have taken `parent`'s memory but did not, for `reason`."""
 
     tensor: object
     parent: object
@@ -263,8 +233,8 @@ class RejectEvent:
 
 @dataclass(frozen=True)
 class FreeNodeEvent:
-    """`ggml_gallocr_free_node` gave `tensor`'s memory back (`via` the view it was freed through,
-    or None); `kept_output`: it is an OUTPUT, so nothing was freed."""
+    """`ggml_gallocr_free_node` gave `tensor`'s memory back (`via`: the view freed through, or None);
+    `kept_output`: an OUTPUT, nothing freed."""
 
     tensor: object
     node_index: int
@@ -283,7 +253,7 @@ class FreeNodeEvent:
 
 @dataclass(frozen=True)
 class PhaseEvent:
-    """One of the three loops of `ggml_gallocr_alloc_graph_impl` begins: "leafs", "count" or "allocate"."""
+    """A loop of `ggml_gallocr_alloc_graph_impl` begins: "leafs", "count" or "allocate"."""
 
     phase: str
 
@@ -292,65 +262,63 @@ class PhaseEvent:
                 "allocate": "visit the nodes in execution order"}[self.phase]
 
 
-# %%
-# | export
 @dataclass(frozen=True)
 class ExecEvent:
-    """Node `index` was visited: its parents after the visit as `(parent, n_children, n_views,
-    allocated)` — the AT_PRINTF "exec:" and "parent ..." lines."""
+    """Node `index` was visited; its parents after it, `(parent, n_children, n_views, allocated)`."""
 
     index: int
-    node: object
+    node: Tensor
     parents: tuple
 
     def describe(self) -> str:
         ps = ", ".join(f"{_name(p)} ({c} {'child' if c == 1 else 'children'} left)" for p, c, _, _ in self.parents)
         return f"exec {self.index}: {_name(self.node)} ({self.node.op.name}) <= {ps or 'nothing'}"
 
-
-
 # %% [markdown]
 # ### 2.4 · The allocator
 #
-# The C keeps `hash_values` in an open-addressing table keyed by the tensor pointer and clears it
-# with `memset` before every plan; here it is a dict keyed by the tensor object (identity), made
-# anew. Everything else follows the C line by line; the comments give the C line numbers.
+# ```c
+#         for (int j = 0; j < i; j++) {
+#             if (bufts[i] == bufts[j]) {
+#                 galloc->buf_tallocs[i] = galloc->buf_tallocs[j];
+#                 break;
+# ```
+#
+# (`ggml-alloc.c:388-391`, in `ggml_gallocr_new_n`.) Notice the pointer comparison: a buffer type
+# listed twice shares one dynamic allocator, and later one buffer; identity (`is`) does the same here.
 
 # %%
 # | export
 class GAllocr:
-    """`struct ggml_gallocr` — `ggml_gallocr_new` (one buffer type) or `ggml_gallocr_new_n` (a list).
+    """`struct ggml_gallocr` — `ggml_gallocr_new` (one buffer type) or `ggml_gallocr_new_n` (a list);
+    `trace` receives the events above and the dynamic allocators'."""
 
-    A buffer type listed twice shares one dynamic allocator and, later, one buffer (the C compares
-    the pointers; here, identity). `trace` receives the events above and those of the dynamic
-    allocators."""
-
-    def __init__(self, bufts, trace=None):
+    def __init__(self, bufts, trace=None) -> None:
         bufts = list(bufts) if isinstance(bufts, (list, tuple)) else [bufts]
         if not bufts:
             raise BufferIdError("a graph allocator needs at least one buffer type")
         self.bufts = bufts
-        self.buffers = [None] * len(bufts)
-        self.buf_tallocs = []
+        self.buffers: list = [None] * len(bufts)
+        self.buf_tallocs: list[DynTAllocr] = []
         self.trace = trace
         for i, buft in enumerate(bufts):  # :379-395
             shared = next((self.buf_tallocs[j] for j in range(i) if bufts[j] is buft), None)
             self.buf_tallocs.append(shared or DynTAllocr(buft.get_alignment(), trace=trace))
         self.n_buffers = len(bufts)
-        self.hash_values = {}
+        self.hash_values: dict[Tensor, HashNode] = {}
         self._take_size_fns()
         # the kept plan (section 2.2): the hash nodes above, and the graph's slots when planned
-        self.planned_nodes, self.planned_srcs, self.planned_leafs = [], [], []
+        self.planned_nodes: list[Tensor] = []
+        self.planned_srcs: list[list] = []
+        self.planned_leafs: list[Tensor] = []
 
     def _take_size_fns(self) -> None:
-        """`ggml_backend_buft_get_alloc_size` of each buffer type, as one callable (`alloc_size_fn`);
-        taken again at every reserve and alloc_graph, so a buffer type changed in between is seen."""
+        """`ggml_backend_buft_get_alloc_size` per buffer type, taken again at every reserve and alloc_graph."""
         self._alloc_size = [buft.alloc_size_fn() for buft in self.bufts]
 
     @property
     def node_allocs(self) -> list:
-        """`galloc->node_allocs` as the C lays it out: per node its own record and one per source
-        slot — rebuilt from the hash nodes and `planned_nodes`/`planned_srcs` on each read."""
+        """`galloc->node_allocs` as the C lays it out, rebuilt from the hash nodes on each read."""
         rec = self._record
         return [NodeAlloc(rec(node), tuple(map(rec, srcs)))
                 for node, srcs in zip(self.planned_nodes, self.planned_srcs)]
@@ -361,30 +329,24 @@ class GAllocr:
         hv = self.hash_values
         return [LeafAlloc(hv[leaf].buffer_id if leaf in hv else 0, self._record(leaf)) for leaf in self.planned_leafs]
 
-    # -- the graph-level calls (defined below, one section each) ----------------------------------
-    def reserve_n(self, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool:
-        """`ggml_gallocr_reserve_n`: see `gallocr_reserve_n`."""
-        return gallocr_reserve_n(self, graph, node_buffer_ids, leaf_buffer_ids)
-
-    def reserve(self, graph) -> bool:
-        """`ggml_gallocr_reserve`: `reserve_n` with every tensor in buffer 0."""
-        return gallocr_reserve_n(self, graph, None, None)
-
-    def alloc_graph(self, graph) -> bool:
-        """`ggml_gallocr_alloc_graph`: see `gallocr_alloc_graph`."""
-        return gallocr_alloc_graph(self, graph)
-
     def __repr__(self):
         names = ", ".join(b.get_name() for b in self.bufts)
         return f"GAllocr([{names}], {len(self.planned_nodes)} nodes planned)"
 
-
 # %% [markdown]
-# The hash table: `ggml_gallocr_hash_get` (a zeroed record on first use), `ggml_gallocr_is_own`,
-# `ggml_gallocr_is_allocated` and `ggml_gallocr_set_node_offset`.
+# ```c
+# static struct hash_node * ggml_gallocr_hash_get(ggml_gallocr_t galloc, struct ggml_tensor * t) {
+#     size_t i = ggml_hash_find_or_insert(&galloc->hash_set, t);
+#     return &galloc->hash_values[i];
+# }
+# ```
+#
+# (`ggml-alloc.c:455-458`.) A record is created zeroed on first use; the table is cleared before
+# every plan (:566). Here it is a dict keyed by the tensor object, made anew. Then the plan's records.
 
 # %%
 # | export
+@method_of(GAllocr)
 def hash_get(galloc, t) -> HashNode:
     """`ggml_gallocr_hash_get`: the record of `t`, created (zeroed) on first use."""
     hn = galloc.hash_values.get(t)
@@ -393,69 +355,65 @@ def hash_get(galloc, t) -> HashNode:
     return hn
 
 
+@method_of(GAllocr)
 def is_own(galloc, t) -> bool:
     """`ggml_gallocr_is_own`: `t`'s memory comes from this plan and is still held."""
     return galloc.hash_get(t).allocated
 
 
+@method_of(GAllocr)
 def is_allocated(galloc, t) -> bool:
     """`ggml_gallocr_is_allocated`: pre-allocated (`data`) or placed by this plan."""
     return t.data is not None or galloc.hash_get(t).allocated
 
 
+@method_of(GAllocr)
 def set_node_offset(galloc, node, buffer_id: int, offset: int) -> None:
     """`ggml_gallocr_set_node_offset` (defined but never called in the reference)."""
     hn = galloc.hash_get(node)
     hn.buffer_id, hn.offset, hn.allocated = buffer_id, offset, True
 
 
-GAllocr.hash_get = hash_get
-GAllocr.is_own = is_own
-GAllocr.is_allocated = is_allocated
-GAllocr.set_node_offset = set_node_offset
-
-
-# %% [markdown]
-# The plan's records (section 2.2): a placed tensor's hash node *is* its `tensor_alloc`.
-
-# %%
-# | export
+@method_of(GAllocr)
 def _known_size(galloc, buffer_id: int, t) -> int:
-    """`ggml_backend_buft_get_alloc_size(galloc->bufts[buffer_id], t)`, read from `t`'s record when
-    the plan placed `t` in that buffer (a tensor's shape does not change once it is in a graph, so
-    the size measured when it was placed still holds), computed otherwise."""
+    """`ggml_backend_buft_get_alloc_size(galloc->bufts[buffer_id], t)`: `t`'s record when the plan
+    placed `t` in that buffer (a tensor in a graph keeps its shape), computed otherwise."""
     hn = galloc.hash_values.get(t)
     if hn is not None and hn.size_max is not None and hn.buffer_id == buffer_id:
         return hn.size_max
     return galloc._alloc_size[buffer_id](t)
 
 
+@method_of(GAllocr)
 def planned_alloc(galloc, t):
-    """The plan's `struct tensor_alloc` for `t`: its hash node, which carries `buffer_id`, `offset`
-    and `size_max`, when the plan placed it; NOT_PLACED for None, views and pre-allocated data."""
+    """The plan's `struct tensor_alloc` for `t`: its hash node when the plan placed it, else NOT_PLACED."""
     hn = galloc.hash_values.get(t)
     return hn if hn is not None and hn.size_max is not None else NOT_PLACED
 
 
+@method_of(GAllocr)
 def _record(galloc, t) -> TensorAlloc:
     """`t`'s `tensor_alloc` as the C's value type, for reading."""
     rec = galloc.planned_alloc(t)
     return TensorAlloc(rec.buffer_id, rec.offset, rec.size_max)
 
-
-GAllocr._known_size = _known_size
-GAllocr.planned_alloc = planned_alloc
-GAllocr._record = _record
-
-
 # %% [markdown]
-# `ggml_gallocr_allocate_node`: nothing to do for a pre-allocated tensor, one already placed, or a
-# view. An op that can work in place scans its sources in slot order and takes the first whose
-# memory is the allocator's own, that is not an OUTPUT (nor a view of one), has the same layout and
-# has this node as its last user; otherwise a new block from the dynamic allocator.
+# ```c
+#                         AT_PRINTF("reusing parent %s for %s\n", parent->name, node->name);
+#                         hn->buffer_id = p_hn->buffer_id;
+#                         hn->offset = p_hn->offset;
+#                         p_hn->allocated = false; // avoid freeing the parent
+# ```
+#
+# (`ggml-alloc.c:522-525`, in `ggml_gallocr_allocate_node`.) An op that can work in place takes the
+# first source (in slot order) whose memory is the allocator's own, not an OUTPUT (nor a view of
+# one), of the same layout, with this node as its last user; otherwise a new block. Notice
+# `allocated = false`: the parent's later free does nothing, the block is the child's.
+# `ggml_gallocr_free_node` gives a block back, never an OUTPUT's (:543-547).
 
 # %%
 # | export
+@method_of(GAllocr)
 def allocate_node(galloc, node, buffer_id: int, node_index: int = -1, phase: str = "node") -> None:
     """`ggml_gallocr_allocate_node` (:475-540): place `node` unless it is pre-allocated, already
     placed, or a view — in a parent's memory when the in-place rules allow, else in a new block."""
@@ -514,14 +472,7 @@ def allocate_node(galloc, node, buffer_id: int, node_index: int = -1, phase: str
         trace(PlaceEvent(node, node_index, phase, hn.buffer_id, hn.offset, size, how, reused))
 
 
-GAllocr.allocate_node = allocate_node
-
-
-# %% [markdown]
-# `ggml_gallocr_free_node`: give the memory back to the dynamic allocator, never an OUTPUT's.
-
-# %%
-# | export
+@method_of(GAllocr)
 def free_node(galloc, node, node_index: int = -1, via=None) -> None:
     """`ggml_gallocr_free_node` (:542-557): give the memory back — never for an OUTPUT."""
     hn = galloc.hash_get(node)
@@ -536,47 +487,20 @@ def free_node(galloc, node, node_index: int = -1, via=None) -> None:
         galloc.trace(FreeNodeEvent(node, node_index, hn.buffer_id, hn.offset, size, via))
 
 
-GAllocr.free_node = free_node
-
-
-# %% [markdown]
-# `ggml_gallocr_free` and `ggml_gallocr_get_buffer_size` (a buffer shared by two buffer ids counts
-# once, for the first).
-
-# %%
-# | export
-def free(galloc) -> None:
-    """`ggml_gallocr_free`: free each distinct buffer once."""
-    seen = []
-    for buf in galloc.buffers:
-        if buf is not None and not any(buf is s for s in seen):
-            buf.free()
-            seen.append(buf)
-    galloc.buffers = [None] * galloc.n_buffers
-
-
-def get_buffer_size(galloc, buffer_id: int) -> int:
-    """`ggml_gallocr_get_buffer_size`: a shared buffer counts once, at its first id."""
-    if not 0 <= buffer_id < galloc.n_buffers:
-        raise BufferIdError(f"buffer id {buffer_id} asked, the allocator has {galloc.n_buffers} buffer(s)")
-    buf = galloc.buffers[buffer_id]
-    if buf is None:
-        return 0
-    if any(galloc.buffers[i] is buf for i in range(buffer_id)):
-        return 0  # the same buffer type used several times: only count it once
-    return buf.get_size()
-
-
-GAllocr.free = free
-GAllocr.get_buffer_size = get_buffer_size
-
-
 # %% [markdown]
 # ### 2.5 · Planning a graph
 #
-# The three loops of `ggml_gallocr_alloc_graph_impl`, then `ggml_gallocr_reserve_n`, which resets
-# the allocators, plans, keeps the plan as `node_allocs`/`leaf_allocs`, and grows a buffer only
-# when the plan needs more than it has — it never shrinks one.
+# ```c
+#                     if (view_src_hn->n_views == 0 && view_src_hn->n_children == 0 && view_src_hn->allocated) {
+#                         ggml_gallocr_free_node(galloc, view_src);
+# ...
+#                 else if (p_hn->allocated) {
+#                     ggml_gallocr_free_node(galloc, parent);
+# ```
+#
+# (`ggml-alloc.c:657-662`, the end of the third loop of `ggml_gallocr_alloc_graph_impl`.) Notice
+# the two ways a block is freed: a parent whose last child has run, or the root of a view whose last
+# user has; `allocated`, false for a block already handed to a child in place, guards both.
 
 # %%
 # | export
@@ -585,15 +509,13 @@ def _buffer_id(ids, i: int) -> int:
     return ids[i] if ids is not None else 0
 
 
-def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> None:
-    """`ggml_gallocr_alloc_graph_impl` (:563-668): plan every tensor of `graph` into
-    `galloc.hash_values`, in three loops — leafs; children/views counting with the inputs placed
-    early; then the nodes in execution order, each freeing the parents it was the last user of.
-
-    For speed, `allocate_node`'s first test (pre-allocated, placed, or a view: nothing to do) is
-    also made before each call, which changes nothing but the number of calls."""
-    galloc.hash_values = hv = {}  # "clear hash tables": the previous plan's records go
-    OP_NONE = Op.NONE  # noqa: N806 (a local for the loop)
+@method_of(GAllocr)
+def alloc_graph_impl(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> None:
+    """`ggml_gallocr_alloc_graph_impl` (:563-668): plan `graph` into `galloc.hash_values` in three
+    loops. For speed, `allocate_node`'s first test is also made before each call (same result)."""
+    hv: dict[Tensor, HashNode] = {}
+    galloc.hash_values = hv  # "clear hash tables": the previous plan's records go
+    OP_NONE = Op.NONE  # a local for the loop
     allocate_node, free_node, trace = galloc.allocate_node, galloc.free_node, galloc.trace
 
     # allocate leafs: "these may be tensors that the application is not using in the graph,
@@ -652,6 +574,17 @@ def alloc_graph_impl(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_i
             trace(ExecEvent(i, node, tuple((p, hv[p].n_children, hv[p].n_views, hv[p].allocated)
                                            for p in srcs if p is not None)))
 
+# %% [markdown]
+# ```c
+#         size_t cur_size = galloc->buffers[i] ? ggml_backend_buffer_get_size(galloc->buffers[i]) : 0;
+#         size_t new_size = ggml_dyn_tallocr_max_size(galloc->buf_tallocs[i]);
+#
+#         // even if there are no tensors allocated in this buffer, we still need to allocate it to initialize views
+#         if (new_size > cur_size || galloc->buffers[i] == NULL) {
+# ```
+#
+# (`ggml-alloc.c:759-763`, in `ggml_gallocr_reserve_n`.) Notice `new_size > cur_size`: after
+# planning, a buffer grows when the plan needs more than it has, and never shrinks.
 
 # %%
 # | export
@@ -668,10 +601,10 @@ def _check_ids(galloc: GAllocr, ids, n: int, what: str) -> None:
 _SRC = attrgetter("src")
 
 
-def gallocr_reserve_n(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool:
-    """`ggml_gallocr_reserve_n` (:670-779): plan `graph` from scratch, keep the plan (section 2.2:
-    the records were written while placing, the slots are noted here), and (re)allocate every
-    buffer whose planned size exceeds its current size."""
+@method_of(GAllocr)
+def reserve_n(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool:
+    """`ggml_gallocr_reserve_n` (:670-779): plan `graph` from scratch, keep the plan, and grow every
+    buffer the plan outgrew."""
     _check_ids(galloc, node_buffer_ids, len(graph.nodes), "node_buffer_ids")
     _check_ids(galloc, leaf_buffer_ids, len(graph.leafs), "leaf_buffer_ids")
     for talloc in galloc.buf_tallocs:  # reset allocators (a shared one is reset twice, as in C)
@@ -710,22 +643,31 @@ def gallocr_reserve_n(galloc: GAllocr, graph, node_buffer_ids=None, leaf_buffer_
     return True
 
 
+@method_of(GAllocr)
+def reserve(galloc, graph) -> bool:
+    """`ggml_gallocr_reserve` (:781-783): `reserve_n` with every tensor in buffer 0."""
+    return reserve_n(galloc, graph, None, None)
+
 # %% [markdown]
 # ### 2.6 · From the plan to the tensors
 #
-# `ggml_gallocr_alloc_graph` uses the recorded plan, not the hash table: a later graph of the same
-# shape (the next batch, with new tensor objects) is placed without planning again. Before that it
-# asks whether the plan still fits the graph (`ggml_gallocr_needs_realloc`). The C measures the
-# tensor of every slot; the port skips a slot that still holds the very tensor the plan placed, whose
-# size is its record's `size_max` by construction — the same answer, without the work.
+# ```c
+# static bool ggml_gallocr_node_needs_realloc(ggml_gallocr_t galloc, struct ggml_tensor * node, struct tensor_alloc * talloc) {
+#     size_t node_size = (node->data || node->view_src) ? 0 : ggml_backend_buft_get_alloc_size(galloc->bufts[talloc->buffer_id], node);
+#     return talloc->size_max >= node_size;
+# }
+# ```
+#
+# (`ggml-alloc.c:814-817`.) Notice the name: it returns true when the tensor *fits* its record.
+# `ggml_gallocr_needs_realloc` asks it for every node and source slot; the port skips a slot that
+# still holds the very tensor the plan placed (its `size_max` is its size by construction).
 
 # %%
 # | export
-def gallocr_init_tensor(galloc: GAllocr, tensor, talloc) -> None:
-    """`ggml_gallocr_init_tensor` (:785-812): a view takes its root's buffer (`ggml_backend_view_init`),
-    a planned tensor its offset in the buffer (`ggml_backend_tensor_alloc`); pre-allocated tensors
-    and views of memory outside ggml-backend are left alone. `talloc` is the tensor's record in the
-    plan: its hash node (`size_max` None when the plan did not place it) or NOT_PLACED."""
+@method_of(GAllocr)
+def init_tensor(galloc, tensor, talloc) -> None:
+    """`ggml_gallocr_init_tensor` (:785-812): a view takes its root's buffer, a planned tensor its
+    offset; `talloc` is the tensor's record in the plan (its hash node) or NOT_PLACED."""
     if tensor.view_src is not None:
         if tensor.buffer is None:
             if tensor.view_src.buffer is None:
@@ -739,20 +681,18 @@ def gallocr_init_tensor(galloc: GAllocr, tensor, talloc) -> None:
     # ggml_backend_buffer_get_alloc_size(buffer, tensor): the buffer's type is bufts[buffer_id]
     need = galloc._known_size(buffer_id, tensor) if buffer is not None else None
     placed = talloc.size_max is not None  # (a hash node the plan did not place has none)
-    if buffer is None or not placed or talloc.offset == SIZE_MAX or need > talloc.size_max:  # the C's asserts
+    if buffer is None or need is None or not placed or talloc.offset == SIZE_MAX or need > talloc.size_max:  # asserts
+        unplaced = "" if placed and talloc.size_max else " (it was not placed at all)"
         raise PlanMismatchError(
             f"{describe(tensor)} needs {need if need is not None else '?'} bytes, but the plan reserved "
-            f"{talloc.size_max or 0} bytes for it{'' if placed and talloc.size_max else ' (it was not placed at all)'}: "
-            f"call reserve() with this graph")
+            f"{talloc.size_max or 0} bytes for it{unplaced}: call reserve() with this graph")
     tensor_alloc(buffer, tensor, buffer.get_base() + talloc.offset, need)
 
 
-def gallocr_node_needs_realloc(galloc: GAllocr, node, talloc) -> bool:
-    """`ggml_gallocr_node_needs_realloc` (:814-817) — despite its name, True when the planned size
-    *suffices* (`size_max >= node_size`): the caller reads False as "not valid".
-
-    One departure: for a tensor the plan did not place (buffer_id -1) that now needs memory, the C
-    calls `ggml_backend_buft_get_alloc_size(NULL, node)` and crashes; here it is simply not valid."""
+@method_of(GAllocr)
+def node_needs_realloc(galloc, node, talloc) -> bool:
+    """`ggml_gallocr_node_needs_realloc` (:814-817): despite its name, True when the tensor *fits*.
+    A tensor the plan did not place that now needs memory is not valid (the C would crash)."""
     if node.data is not None or node.view_src is not None:
         return True  # node_size is 0
     if talloc.buffer_id == -1 or talloc.size_max is None:  # not placed by the plan
@@ -760,19 +700,17 @@ def gallocr_node_needs_realloc(galloc: GAllocr, node, talloc) -> bool:
     return talloc.size_max >= galloc._known_size(talloc.buffer_id, node)
 
 
-def gallocr_needs_realloc(galloc: GAllocr, graph) -> bool:
-    """`ggml_gallocr_needs_realloc` (:819-860): must the graph be planned again? Yes when the node or
-    leaf count differs from the plan's, or when a node or a source outgrew its planned size."""
+@method_of(GAllocr)
+def needs_realloc(galloc, graph) -> bool:
+    """`ggml_gallocr_needs_realloc` (:819-860): plan again when the counts differ or a tensor outgrew its slot."""
     if len(galloc.planned_nodes) != len(graph.nodes):
         log.info("ggml_gallocr_needs_realloc: graph has different number of nodes")
         return True
     if len(galloc.planned_leafs) != len(graph.leafs):
         log.info("ggml_gallocr_needs_realloc: graph has different number of leafs")
         return True
-    # `fits` is asked only when its answer is not known already: a pre-allocated tensor or a view
-    # needs 0 bytes, and a slot that still holds the very tensor the plan placed fits by construction
-    # (its record was measured from that tensor). Neither shortcut changes a result.
-    fits = gallocr_node_needs_realloc  # True = it fits (see its name)
+    # `fits` is asked only when its answer is not known already (neither shortcut changes a result)
+    fits = node_needs_realloc  # True = it fits (see its name)
     records = galloc.hash_values  # the plan: a placed tensor's hash node is its tensor_alloc (section 2.2)
     for node, planned_node, planned_srcs in zip(graph.nodes, galloc.planned_nodes, galloc.planned_srcs):
         if node.data is None and node.view_src is None:
@@ -784,28 +722,36 @@ def gallocr_needs_realloc(galloc: GAllocr, graph) -> bool:
         for src in node.src:
             if src is not None and src.data is None and src.view_src is None:
                 planned_src = planned_srcs[j] if j < len(planned_srcs) else None
-                rec = records.get(planned_src, NOT_PLACED)
+                rec = NOT_PLACED if planned_src is None else records.get(planned_src, NOT_PLACED)
                 if (src is not planned_src or rec.size_max is None) and not fits(galloc, src, rec):
                     log.info("ggml_gallocr_needs_realloc: src %d (%s) of node %s is not valid", j, src.name, node.name)
                     return True
             j += 1
     return False
 
-
 # %% [markdown]
-# Ports `ggml_gallocr_alloc_graph`.
+# ```c
+# bool ggml_gallocr_alloc_graph(ggml_gallocr_t galloc, struct ggml_cgraph * graph) {
+#     if (ggml_gallocr_needs_realloc(galloc, graph)) {
+#         if (galloc->n_buffers == 1) {
+# ```
+#
+# (`ggml-alloc.c:862-864`.) `ggml_gallocr_alloc_graph` places a graph from the kept plan, not the
+# hash table, so the next batch (new tensor objects, same shape) is placed without planning. Notice
+# `n_buffers == 1`: only a single-buffer allocator plans again by itself. Then `ggml_gallocr_free`
+# and `ggml_gallocr_get_buffer_size`, which count a buffer shared by two buffer ids once.
 
 # %%
 # | export
-def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
-    """`ggml_gallocr_alloc_graph` (:862-908): plan again if needed (only with a single buffer — a
-    multi-buffer allocator must be `reserve_n`'ed by its owner), reset the buffers, then place every
-    leaf, and every node's sources and the node itself, from the recorded plan."""
+@method_of(GAllocr)
+def alloc_graph(galloc, graph) -> bool:
+    """`ggml_gallocr_alloc_graph` (:862-908): plan again if needed (single buffer only), reset the
+    buffers, then place every leaf, node source and node from the kept plan."""
     galloc._take_size_fns()
-    if gallocr_needs_realloc(galloc, graph):
+    if needs_realloc(galloc, graph):
         if galloc.n_buffers == 1:
             log.info("ggml_gallocr_alloc_graph: reallocating buffers automatically")
-            if not gallocr_reserve_n(galloc, graph):
+            if not reserve_n(galloc, graph):
                 return False
         else:
             log.info("ggml_gallocr_alloc_graph: cannot reallocate multi buffer graph automatically, call reserve")
@@ -813,7 +759,7 @@ def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
     for buf in galloc.buffers:  # reset buffers
         if buf is not None:
             buf.reset()
-    init, records = gallocr_init_tensor, galloc.hash_values  # the plan's records (section 2.2)
+    init, records = init_tensor, galloc.hash_values  # the plan's records (section 2.2)
     for leaf, planned_leaf in zip(graph.leafs, galloc.planned_leafs):
         if leaf.data is None or (leaf.view_src is not None and leaf.buffer is None):  # else init does nothing
             init(galloc, leaf, records.get(planned_leaf, NOT_PLACED))
@@ -829,22 +775,43 @@ def gallocr_alloc_graph(galloc: GAllocr, graph) -> bool:
     return True
 
 
+@method_of(GAllocr)
+def free(galloc) -> None:
+    """`ggml_gallocr_free`: free each distinct buffer once."""
+    seen: list = []
+    for buf in galloc.buffers:
+        if buf is not None and not any(buf is s for s in seen):
+            buf.free()
+            seen.append(buf)
+    galloc.buffers = [None] * galloc.n_buffers
+
+
+@method_of(GAllocr)
+def get_buffer_size(galloc, buffer_id: int) -> int:
+    """`ggml_gallocr_get_buffer_size`: a shared buffer counts once, at its first id."""
+    if not 0 <= buffer_id < galloc.n_buffers:
+        raise BufferIdError(f"buffer id {buffer_id} asked, the allocator has {galloc.n_buffers} buffer(s)")
+    buf = galloc.buffers[buffer_id]
+    if buf is None:
+        return 0
+    if any(galloc.buffers[i] is buf for i in range(buffer_id)):
+        return 0  # the same buffer type used several times: only count it once
+    return buf.get_size()
+
 
 # %% [markdown]
 # ## 3 · A worked example: one LLaMA block
 #
 # The block llama.cpp built in mid-2024, at toy size (n_embd 128, 4 heads, n_ff 344, 10 tokens, no
-# KV cache): rms_norm and mul, Q/K/V projections, rope, attention with a masked soft_max, the output
-# projection and residual, and the SiLU-gated feed-forward. The weights live in their own buffer
-# (allocated with `alloc_ctx_tensors`, as llama.cpp loads a model), so the graph allocator plans
-# only the compute tensors. Fixture 06 recorded real ggml doing exactly this.
+# KV cache). The weights live in their own buffer, as llama.cpp loads a model, so the graph
+# allocator plans only the compute tensors. Fixture 06 recorded real ggml doing exactly this.
 
 # %%
+# NBVAL_CHECK_OUTPUT
 import json  # noqa: E402
 import math  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import ggml_lite as gl  # noqa: E402
 from ggml_lite.dyn_tallocr import captured_log  # noqa: E402
 
 
@@ -904,29 +871,17 @@ with captured_log() as lines:
 base = galloc.buffers[0].get_base()
 print(f"{len(graph.nodes)} nodes, {len(graph.leafs)} leafs; compute buffer {galloc.get_buffer_size(0)} bytes")
 print("log:", *lines, sep="\n  ")
-
-# %% [markdown]
-# Where everything went (`offset = data - base`; views show the offset they point at):
-
-# %%
-# NBVAL_CHECK_OUTPUT
-for i, node in enumerate(graph.nodes):
+for i, node in enumerate(graph.nodes):  # where everything went (a view: the offset it points at)
     kind = "view" if node.view_src is not None else ""
     print(f"{i:2d} {node.name:28s} {node.op.name:9s} {node.nbytes:6d} B  offset {node.data - base:6d} {kind}")
 
 # %% [markdown]
-# Read a few lines against the rules. `inp_x`, `inp_pos` and `KQ_mask` are INPUT leafs: the leaf
-# loop places them, with the other leafs, before any node (offsets 0, 5120, 5184). `norm-0` gets a
-# new block; `attn_norm-0` (MUL, can-inplace, same layout, `norm-0`'s only child) **takes `norm-0`'s
-# memory**. The three
-# projections cannot work in place (MUL_MAT); `Qcur-0` is consumed only through its reshape view, so
-# its block is freed when `Qcur_rope-0` (ROPE, which *could* run in place) has used the view — a view
-# is never the allocator's own (`allocated` stays false for views), so the in-place test refuses
-# it and rope gets a new block. `l_out-0` is the graph's OUTPUT; the final `add` takes `ffn_down-0`'s
-# block (offset 0), and that block is never freed.
-#
-# The project carries what ggml recorded for this very graph (`tests/fixtures/ggml-seed/06_llama_block.json`);
-# this cell compares every offset and the buffer size with it:
+# Read a few lines against the rules. The INPUT leafs `inp_x`, `inp_pos`, `KQ_mask` are placed with
+# the other leafs, before any node (0, 5120, 5184). `attn_norm-0` (MUL, `norm-0`'s only child)
+# **takes `norm-0`'s memory**. `Qcur-0` is read only through its reshape view, and a view is never
+# the allocator's own, so `Qcur_rope-0` (ROPE) refuses it and gets a new block. The OUTPUT `l_out-0`
+# takes `ffn_down-0`'s block (offset 0), which is never freed. Against what ggml recorded
+# (`tests/fixtures/ggml-seed/06_llama_block.json`):
 
 # %%
 rec = json.loads(Path("../tests/fixtures/ggml-seed/06_llama_block.json").read_text())
@@ -938,26 +893,31 @@ print(f"fixture 06: all {len(want)} compute tensors at ggml's offsets; buffer si
 # %% [markdown]
 # ## 4 · The memory timeline
 #
-# Each rectangle is a block of the plan: x from the node where it is placed to the node where it is
-# freed (or handed to an in-place child), y its offsets. Orange blocks were taken over from a parent
-# in place; dotted outlines are views, which live inside their root's block. The dashed line is the
-# peak of bytes live at one time — no placement with these lifetimes can do with less — and the solid
-# line the buffer the plan needs. The gap between them is what best fit loses to fragmentation.
+# Each rectangle is a block of the plan: x from the node that places it to the node that frees it
+# (or hands it to an in-place child, orange), y its offsets; views are dotted outlines inside their
+# root's block. The dashed line is the peak of bytes live at once — no placement of these lifetimes
+# needs less — and the solid line the buffer the plan needs: the gap is what best fit loses to
+# fragmentation. The analysis is its own module, `ggml_lite.trace` (`viz.timeline` only draws): it
+# traces the call every plan goes through, and cuts the trace into steps, in words, as the C's debug
+# prints would:
 #
-# Counting live bytes meets one ggml quirk. Loop 2 places an INPUT node *before* it counts that
-# node's own sources, so a parent read by one earlier node still shows `n_children == 1`, and the
-# in-place test passes: the INPUT node takes the parent's block, and the parent is no longer
-# `allocated`. ggml then finds the parent unplaced and places it a second time, in new memory (in
-# loop 2 when the parent is INPUT too, otherwise in loop 3 at its first reader). A tensor lives where
-# it was placed last, so `lifetimes` marks the first placement `superseded`: it is neither drawn nor
-# counted, and its block belongs to the INPUT node from the start. A block handed over in place is
-# counted once. The parent holds it until the node from which the child holds it (`handed_at`).
+# ```c
+# bool ggml_gallocr_reserve(ggml_gallocr_t galloc, struct ggml_cgraph *graph) {
+#     return ggml_gallocr_reserve_n(galloc, graph, NULL, NULL);
+# }
+# ...
+#     AT_PRINTF("%s: allocating %s (%zu bytes) - ", __func__, tensor->name, size);
+# ...
+#     AT_PRINTF("block %d, offset %zu\n", best_fit_block, offset);
+# ```
+#
+# (`ggml-alloc.c:781-783`, :151 and :193.) Notice the last two: the dynamic allocator's choice of a
+# block comes right before the allocator's decision it serves.
 
 # %%
 # | export trace
-"""The analysis of a graph-allocator plan (chapter 05): the plan's trace recorded, its blocks and their
-lifetimes, the bytes live at each node (the peak-live lower bound), and the trace cut into one step per
-node with its decisions in words. Computation only: `viz.timeline` draws from it."""
+"""The analysis of a graph-allocator plan (chapter 05): its trace, blocks and lifetimes, the bytes live
+at each node (the peak-live lower bound), and one step per node in words. `viz.timeline` draws it."""
 
 from dataclasses import dataclass
 
@@ -967,8 +927,7 @@ from ggml_lite.gallocr import ExecEvent, FreeNodeEvent, GAllocr, PhaseEvent, Pla
 
 
 def trace_plan(graph, bufts=None) -> tuple:
-    """Plan `graph` (`GAllocr.reserve`, CPU buffer type by default) while recording every event;
-    returns `(galloc, events)`."""
+    """`(galloc, events)`: `graph` planned by `GAllocr.reserve` (CPU buffer type by default), traced."""
     events: list = []
     galloc = GAllocr(bufts if bufts is not None else cpu_buffer_type(), trace=events.append)
     galloc.reserve(graph)
@@ -977,11 +936,9 @@ def trace_plan(graph, bufts=None) -> tuple:
 
 @dataclass
 class Lifetime:
-    """A block of the plan: `tensor` held `[offset, offset + size)` from node `start` to node `end`
-    (inclusive). `how`: "leaf", "input", "new" or "inplace" (then `parent` handed it over);
-    `kind` "tensor" or "view" (a view spans part of its root's block, for drawing only).
-    `handed_at`: the node from which an in-place child holds the block (None: never handed over);
-    `superseded`: the tensor was placed again later and lives there, not here (chapter 05, §4)."""
+    """A block: `tensor` held `[offset, offset + size)` from node `start` to `end` (inclusive); `how`
+    "leaf", "input", "new" or "inplace" (from `parent`); `kind` "tensor" or "view" (drawn only);
+    `handed_at`: the node from which an in-place child holds it; `superseded`: placed again later."""
 
     tensor: object
     buffer_id: int
@@ -996,16 +953,72 @@ class Lifetime:
     superseded: bool = False
 
 
+def plan_steps(events) -> list:
+    """The trace in steps: 0 the leaf and counting loops, i+1 node i's visit; each
+    `{"title", "events", "exec", "free_blocks"}` (the free list after it)."""
+    steps: list[dict] = []
+    cur: dict = {"title": "leafs and INPUT tensors", "events": [], "exec": None, "free_blocks": ()}
+    free_blocks = ()
+    for ev in events:
+        if isinstance(ev, PhaseEvent) and ev.phase == "allocate":
+            cur["free_blocks"] = free_blocks
+            steps.append(cur)
+            cur = {"title": None, "events": [], "exec": None, "free_blocks": ()}
+            continue
+        if isinstance(ev, (AllocEvent, FreeEvent)):
+            free_blocks = ev.free_blocks
+        if isinstance(ev, ExecEvent):
+            cur.update(title=ev.describe(), exec=ev, free_blocks=free_blocks)
+            steps.append(cur)
+            cur = {"title": None, "events": [], "exec": None, "free_blocks": ()}
+            continue
+        if not isinstance(ev, PhaseEvent):
+            cur["events"].append(ev)
+    return steps
+
+
+def decision_lines(step) -> list:
+    """A step's decisions in words: placements (with the block chosen), refusals and frees."""
+    lines, choice = [], None
+    for ev in step["events"]:
+        if isinstance(ev, AllocEvent):  # comes just before the PlaceEvent of the same tensor
+            grows = f", max_size grows to {ev.max_size} B" if ev.max_size > ev.max_size_before else ""
+            choice = (f"best fit: block {ev.block} of {ev.n_blocks} ({ev.block_size} B)" if ev.how == "best_fit"
+                      else "the last block" + grows)
+        elif isinstance(ev, PlaceEvent):
+            lines.append(ev.describe() + (f" — {choice}" if ev.how == "new" and choice else ""))
+            choice = None
+        elif isinstance(ev, (RejectEvent, FreeNodeEvent)):
+            lines.append(ev.describe())
+    return lines
+
+
+# %% [markdown]
+# ```c
+#     ggml_backend_buffer_type_t buft = galloc->bufts[buffer_id];
+#     size_t size = ggml_backend_buft_get_alloc_size(buft, node);
+#     ggml_dyn_tallocr_free_tensor(alloc, offset, size, node);
+#     hn->allocated = false;
+# ```
+#
+# (`ggml-alloc.c:553-556`, in `ggml_gallocr_free_node`.) A block lives from the
+# `ggml_dyn_tallocr_alloc` that placed it to this `ggml_dyn_tallocr_free_tensor`, or to the node
+# that took it in place (a block handed over counts once). One quirk: loop 2 places an INPUT node
+# *before* counting its own sources, so a parent read by an earlier node still shows one child; the
+# INPUT node takes its block in place, and ggml later places the parent again, in new memory. A
+# tensor lives where it was placed last: `lifetimes` marks the first placement `superseded`.
+
 # %%
 # | export trace
 def lifetimes(graph, events) -> list:
-    """The blocks of a plan from its trace: one per placement, ending where it was freed, where an
-    in-place child took it over (the child's step), or at the last node (outputs, never-freed). A
-    tensor placed twice lives at its last placement: the earlier one is marked `superseded`. Views
-    of placed tensors are added from the graph: from their node to their last consumer."""
+    """The blocks of a plan: one per placement, ending where it was freed, handed to an in-place child,
+    or at the last node; an earlier placement of a tensor placed twice is `superseded`. Views of placed
+    tensors are added from the graph, from their node to their last consumer."""
     n = len(graph.nodes)
-    open_, out, latest = {}, [], {}
-    aligned = {}
+    open_: dict[object, Lifetime] = {}
+    latest: dict[object, Lifetime] = {}
+    out: list[Lifetime] = []
+    aligned: dict[object, int] = {}
     for ev in events:
         if isinstance(ev, AllocEvent):
             aligned[ev.tensor] = ev.size
@@ -1024,7 +1037,7 @@ def lifetimes(graph, events) -> list:
             out.append(lt)
         elif isinstance(ev, FreeNodeEvent) and not ev.kept_output and ev.tensor in open_:
             open_.pop(ev.tensor).end = ev.node_index
-    last_use = {}
+    last_use: dict[object, int] = {}
     for i, node in enumerate(graph.nodes):
         for s in node.src:
             if s is not None:
@@ -1039,9 +1052,8 @@ def lifetimes(graph, events) -> list:
 
 
 def live_bytes(lts, n_nodes: int) -> list:
-    """Bytes of the plan in use during each node: the sum over blocks alive at that step. Views are
-    not counted (they share their root's block), nor superseded placements (the tensor lives at its
-    last one); a block handed over in place counts once: the parent holds it until its child does."""
+    """Bytes in use during each node: the blocks alive then, views and superseded placements left out;
+    a block handed over in place counts once (the parent holds it until its child does)."""
     live = [0] * max(n_nodes, 1)
     for lt in lts:
         if lt.kind != "tensor" or lt.superseded:
@@ -1051,6 +1063,17 @@ def live_bytes(lts, n_nodes: int) -> list:
             live[i] += lt.size
     return live
 
+# %% [markdown]
+# ```c
+#     alloc->max_size = MAX(alloc->max_size, offset + size);
+#
+#     return offset;
+#
+#     GGML_UNUSED(tensor);
+# ```
+#
+# (`ggml-alloc.c:225-229`, the end of `ggml_dyn_tallocr_alloc`.) The solid line of the timeline is
+# this `max_size`: the highest end of any block, the buffer the plan needs. Notice it only grows.
 
 # %%
 # | export viz.timeline
@@ -1069,12 +1092,10 @@ def _rect(x0, x1, y0, y1):
     return [x0, x1, x1, x0, x0, None], [y0, y0, y1, y1, y0, None]
 
 
-def memory_timeline(graph, events, buffer_size: int = None, title: str = "memory timeline",
+def memory_timeline(graph, events, buffer_size: int | None = None, title: str = "memory timeline",
                     height: int = 520) -> go.Figure:
-    """x = node index, y = offset: one rectangle per block of the plan over its lifetime (colour by
-    how it was placed; views as dotted outlines), hover with name/op/size/decision, and two lines —
-    the peak of live bytes (a lower bound for any placement with these lifetimes) and the buffer
-    size (`max_size`, what the plan actually needs)."""
+    """x = node, y = offset: one rectangle per block over its lifetime (views dotted), with the peak of
+    live bytes (a lower bound for these lifetimes) and the buffer size (`max_size`) as lines."""
     lts = lifetimes(graph, events)
     fig = go.Figure()
     for how, color in COLORS.items():
@@ -1095,7 +1116,7 @@ def memory_timeline(graph, events, buffer_size: int = None, title: str = "memory
                                      fillcolor=color, name=how, hoverinfo="skip"))
             fig.add_trace(go.Scatter(x=hx, y=hy, mode="markers", marker=dict(size=6, color=color, opacity=0.01),
                                      hovertext=text, hoverinfo="text", showlegend=False))
-    xs, ys, text = [], [], []
+    xs, ys = [], []
     for lt in lts:
         if lt.kind == "view":
             x, y = _rect(lt.start - 0.3, lt.end + 0.3, lt.offset, lt.offset + lt.size)
@@ -1129,10 +1150,9 @@ print(f"peak live {peak} B, plan {traced.buf_tallocs[0].max_size} B: ratio {trac
 memory_timeline(graph2, events, traced.buf_tallocs[0].max_size, title="LLaMA block, 10 tokens: the plan").show()
 
 # %% [markdown]
-# The quirk in four tensors. `x` is INPUT, node 0 (`r`) reads it, and node 1 (`u`, INPUT) scales it.
-# `u` takes `x`'s block at 0 in place, and `x` is placed again at 256. Counting `x` at both offsets
-# would give 1,024 B at node 0, above the plan's 768 B. Counted once, the peak is 768 B, the plan's
-# own size:
+# The quirk in four tensors: the INPUT `u` takes `x`'s block at 0, `x` is placed again at 256.
+# Counted at both offsets `x` would give 1,024 B at node 0, above the plan's 768 B; counted once,
+# the peak is the plan's own size:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -1154,57 +1174,23 @@ print("live bytes per node:", live_bytes(lts_tw, len(g_tw.nodes)), "plan:", ga_t
 # %% [markdown]
 # ## 5 · Stepping through the plan
 #
-# Step 0 is the first two loops (leafs, then INPUT tensors while counting children). Every later step
-# visits one node: its parents' children left after it, the decisions with their reasons (a new
-# block from the best-fit search, a parent reused in place, a refusal and why, a parent freed), the
-# free list, and the memory bar.
-
-# %%
-# | export trace
-def plan_steps(events) -> list:
-    """The trace cut into steps for the stepper: step 0 holds the leaf and counting loops, step i+1
-    node i's visit. Each step: `{"title", "events", "exec", "free_blocks"}` (the free list after it)."""
-    steps, cur = [], {"title": "leafs and INPUT tensors", "events": [], "exec": None, "free_blocks": ()}
-    free_blocks = ()
-    for ev in events:
-        if isinstance(ev, PhaseEvent) and ev.phase == "allocate":
-            cur["free_blocks"] = free_blocks
-            steps.append(cur)
-            cur = {"title": None, "events": [], "exec": None, "free_blocks": ()}
-            continue
-        if isinstance(ev, (AllocEvent, FreeEvent)):
-            free_blocks = ev.free_blocks
-        if isinstance(ev, ExecEvent):
-            cur.update(title=ev.describe(), exec=ev, free_blocks=free_blocks)
-            steps.append(cur)
-            cur = {"title": None, "events": [], "exec": None, "free_blocks": ()}
-            continue
-        if not isinstance(ev, PhaseEvent):
-            cur["events"].append(ev)
-    return steps
-
-
-def decision_lines(step) -> list:
-    """A step's decisions in words: placements (each followed by the dynamic allocator's block
-    choice), refusals with their reasons, and frees."""
-    lines, choice = [], None
-    for ev in step["events"]:
-        if isinstance(ev, AllocEvent):  # comes just before the PlaceEvent of the same tensor
-            grows = f", max_size grows to {ev.max_size} B" if ev.max_size > ev.max_size_before else ""
-            choice = (f"best fit: block {ev.block} of {ev.n_blocks} ({ev.block_size} B)" if ev.how == "best_fit"
-                      else "the last block" + grows)
-        elif isinstance(ev, PlaceEvent):
-            lines.append(ev.describe() + (f" — {choice}" if ev.how == "new" and choice else ""))
-            choice = None
-        elif isinstance(ev, (RejectEvent, FreeNodeEvent)):
-            lines.append(ev.describe())
-    return lines
+# Step 0 is loops 1-2 (leafs, then INPUT tensors); every later step visits one node: its parents'
+# children left, the decisions and why, the free list that the best-fit loop searches, a memory bar.
+#
+# ```c
+#     for (int i = 0; i < alloc->n_free_blocks - 1; i++) {
+# ...
+#         if (block->size >= size && block->size <= best_fit_size) {
+#             best_fit_block = i;
+#             best_fit_size = block->size;
+# ```
+#
+# (`ggml-alloc.c:158-163`, in `ggml_dyn_tallocr_alloc`.) Notice `<=`: of equal blocks the *last* wins.
 
 # %%
 # | export viz.timeline
-def alloc_stepper(graph, events, end: int = None):
-    """A stepper through a plan: at each node, the node and its parents' remaining children, the
-    decisions with their reasons, the free list, and a memory bar."""
+def alloc_stepper(graph, events, end: int | None = None):
+    """A stepper through a plan: per node its parents' children left, the decisions, the free list, a memory bar."""
     from IPython.display import display
 
     steps = plan_steps(events)
@@ -1233,10 +1219,9 @@ def alloc_stepper(graph, events, end: int = None):
 alloc_stepper(graph2, events)
 
 # %% [markdown]
-# The same decisions as text, for node 1 (`attn_norm-0`), node 4 (`Qcur_rope-0`) and node 5.
-# `attn_norm-0` takes `norm-0`'s block at 6,464 in place; `Qcur_rope-0` refuses its view parent and
-# the positions, and gets 5,120 new bytes at 16,704 from the last block (the buffer grows to 21,824),
-# after which `Qcur-0`'s block at 11,584 is freed:
+# The same as text for nodes 1, 4 and 5: `attn_norm-0` takes `norm-0`'s block in place;
+# `Qcur_rope-0` refuses its view parent and the positions, gets 5,120 new bytes from the last block
+# (the buffer grows to 21,824), and `Qcur-0`'s block at 11,584 is freed:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -1248,11 +1233,9 @@ for k in (2, 5, 6):
 # %% [markdown]
 # ## 6 · Keeping a plan: `alloc_graph` on the next batch
 #
-# llama.cpp builds a new graph for every batch. `alloc_graph` compares it with the kept plan
-# (`ggml_gallocr_needs_realloc`): same node and leaf counts, and every node and source no larger than
-# its `size_max` — then it places the new tensors at the old offsets without planning. Note the C's
-# naming: `ggml_gallocr_node_needs_realloc` returns **true when the tensor fits**, and its caller
-# negates it ("node %s is not valid"); the port keeps the name and the meaning.
+# llama.cpp builds a new graph for every batch. `alloc_graph` places it at the kept offsets when
+# `ggml_gallocr_needs_realloc` finds the same node and leaf counts and every tensor within its
+# `size_max` (§2.6); otherwise it plans again.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -1267,13 +1250,9 @@ for n_tokens in (10, 4, 16, 16):
     print(f"{n_tokens:2d} tokens: buffer {seq.get_buffer_size(0)} B ({same}); log: {lines or 'nothing (plan kept)'}")
 
 # %% [markdown]
-# 10 tokens plan from nothing; 4 tokens fit the kept plan (no message, nothing moves); 16 tokens do
-# not — the first node that outgrew its plan is named, the graph is planned again, and the buffer
-# grows. The buffer never shrinks: a later small batch keeps the large buffer.
-#
-# A multi-buffer allocator (`GAllocr([buft0, buft1])`) will not re-plan by itself: `alloc_graph`
-# logs "cannot reallocate multi buffer graph automatically, call reserve" and returns False, because
-# only its owner (the scheduler of chapter 09) knows which node goes to which buffer.
+# 10 tokens plan from nothing; 4 tokens fit the kept plan; 16 do not: the first node that outgrew
+# its plan is named, and the buffer grows — and never shrinks. A multi-buffer allocator does not
+# re-plan by itself: only its owner (chapter 09's scheduler) knows which node goes to which buffer.
 
 # %%
 two = GAllocr([gl.cpu_buffer_type(), gl.BufferType("OTHER", 64, is_host=True)])
@@ -1286,40 +1265,23 @@ print(refused, refusal_log)
 # %% [markdown]
 # ## 7 · The quirks, collected
 #
-# * **The view-parent branch cannot run.** In `allocate_node` the in-place loop first asks
-#   `ggml_gallocr_is_own(parent)`; a view is never marked `allocated` (allocate_node returns early
-#   for views), so a view parent is always refused before the branch that would reuse it. The port
-#   keeps the branch, unreachable, as in the C.
-# * **In-place can take `src[1]`** (or any slot): the sources are tried in order and the first that
-#   passes wins. Below, `mul(a, b)` where `a` has another user takes `b`'s memory.
-# * **Leafs of the compute context can be overwritten.** A leaf the allocator placed is its own; an
-#   in-place op may write over it when it is the leaf's last user (fixtures 01-05 do this with their
-#   weights). Flagging it INPUT does not prevent that (§1's rule); flag it OUTPUT or keep it in
-#   another buffer.
-# * **A planned graph looks pre-allocated.** After `alloc_graph`, every tensor has `data`; reserving
-#   the *same* tensors again plans nothing (they count as external). Plans are for fresh graphs.
-# * **The buffer is `max_size + 32`** (the CPU buffer type's alignment slack, chapter 03), and it is
-#   reallocated only to grow, never to shrink.
-# * **A tensor can be placed twice.** An INPUT node placed in loop 2, before its sources are
-#   counted, can take a parent that an earlier node also reads; the parent is then placed again in new
-#   memory (§4). The plan stays valid, but the first placement must not be counted.
-# * **`GGML_OP_NONE` nodes are not view users**: the scheduler adds such nodes to hold dependencies
-#   (chapter 09), and they must not keep a view's root alive.
-# * Also §6's inverted name, and one departure: a node the plan did not place that now needs memory
-#   is "not valid" here (the C dereferences a NULL buffer type).
+# Met above: the view-parent branch that cannot run (§3), a tensor placed twice (§4), the inverted
+# name of `node_needs_realloc` (§2.6), `GGML_OP_NONE` nodes that are not view users, a buffer that
+# never shrinks. And: **leafs of the compute context can be overwritten** by an in-place op that is
+# their last user (fixtures 01-05 do it to their weights), INPUT or not — flag them OUTPUT or keep
+# them in another buffer; a planned graph looks pre-allocated (reserving the *same* tensors again
+# plans nothing); **in-place can take `src[1]`** (or any slot): the first source that passes wins.
+# Below, `mul(a, b)`, where `a` has another user, takes `b`'s memory.
 
 # %%
 # NBVAL_CHECK_OUTPUT
 ctx = gl.Context()
-a = ctx.new_tensor_1d(gl.F32, 64, name="a")
-b = ctx.new_tensor_1d(gl.F32, 64, name="b")
+a, b = ctx.new_tensor_1d(gl.F32, 64, name="a"), ctx.new_tensor_1d(gl.F32, 64, name="b")
 gl.set_input(a)
-prod = gl.mul(ctx, a, b).set_name("prod")  # a is INPUT (not refused for that) but has a second user
-total = gl.add(ctx, prod, a).set_name("total")
+total = gl.add(ctx, gl.mul(ctx, a, b).set_name("prod"), a).set_name("total")  # a: INPUT, with a second user
 gl.set_output(total)
-g = gl.build_forward(total)
-ev = []
-GAllocr(gl.cpu_buffer_type(), trace=ev.append).reserve(g)
+ev: list = []
+GAllocr(gl.cpu_buffer_type(), trace=ev.append).reserve(gl.build_forward(total))
 print(*[e.describe() for e in ev if isinstance(e, (PlaceEvent, RejectEvent))], sep="\n")
 
 # %% [markdown]
@@ -1329,7 +1291,7 @@ print(*[e.describe() for e in ev if isinstance(e, (PlaceEvent, RejectEvent))], s
 assert galloc.get_buffer_size(0) == 42912 and galloc.buf_tallocs[0].max_size == 42912 - 32
 assert graph.nodes[1].data == graph.nodes[0].data  # attn_norm-0 in place of norm-0
 assert graph.nodes[-1].data - base == 0 and graph.nodes[-1].flags & gl.TensorFlag.OUTPUT
-assert gallocr_node_needs_realloc(galloc, graph.nodes[0], galloc.node_allocs[0].dst)  # "true" = it fits
+assert node_needs_realloc(galloc, graph.nodes[0], galloc.node_allocs[0].dst)  # "true" = it fits
 assert refused is False and "cannot reallocate multi buffer graph" in refusal_log[-1]
 assert peak <= traced.buf_tallocs[0].max_size
 assert max(live_bytes(lts_tw, len(g_tw.nodes))) == ga_tw.buf_tallocs[0].max_size == 768

@@ -17,12 +17,10 @@ def _rect(x0, x1, y0, y1):
     return [x0, x1, x1, x0, x0, None], [y0, y0, y1, y1, y0, None]
 
 
-def memory_timeline(graph, events, buffer_size: int = None, title: str = "memory timeline",
+def memory_timeline(graph, events, buffer_size: int | None = None, title: str = "memory timeline",
                     height: int = 520) -> go.Figure:
-    """x = node index, y = offset: one rectangle per block of the plan over its lifetime (colour by
-    how it was placed; views as dotted outlines), hover with name/op/size/decision, and two lines —
-    the peak of live bytes (a lower bound for any placement with these lifetimes) and the buffer
-    size (`max_size`, what the plan actually needs)."""
+    """x = node, y = offset: one rectangle per block over its lifetime (views dotted), with the peak of
+    live bytes (a lower bound for these lifetimes) and the buffer size (`max_size`) as lines."""
     lts = lifetimes(graph, events)
     fig = go.Figure()
     for how, color in COLORS.items():
@@ -43,7 +41,7 @@ def memory_timeline(graph, events, buffer_size: int = None, title: str = "memory
                                      fillcolor=color, name=how, hoverinfo="skip"))
             fig.add_trace(go.Scatter(x=hx, y=hy, mode="markers", marker=dict(size=6, color=color, opacity=0.01),
                                      hovertext=text, hoverinfo="text", showlegend=False))
-    xs, ys, text = [], [], []
+    xs, ys = [], []
     for lt in lts:
         if lt.kind == "view":
             x, y = _rect(lt.start - 0.3, lt.end + 0.3, lt.offset, lt.offset + lt.size)
@@ -66,9 +64,8 @@ def memory_timeline(graph, events, buffer_size: int = None, title: str = "memory
 
 
 # notebooks/05_gallocr.py
-def alloc_stepper(graph, events, end: int = None):
-    """A stepper through a plan: at each node, the node and its parents' remaining children, the
-    decisions with their reasons, the free list, and a memory bar."""
+def alloc_stepper(graph, events, end: int | None = None):
+    """A stepper through a plan: per node its parents' children left, the decisions, the free list, a memory bar."""
     from IPython.display import display
 
     steps = plan_steps(events)
