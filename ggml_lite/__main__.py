@@ -256,7 +256,7 @@ def _check_numerics(path: str, doc: dict, max_bytes: int, exact: bool = False) -
 
 
 def cmd_sched(args) -> int:
-    from ggml_lite.scenario import replay, scenario_printout  # appendix A3, only here
+    from ggml_lite.scenario_replay import replay, scenario_printout  # appendix A3, only here
 
     doc = _load(args.file)  # checked by the printout and by the replay, before they build anything
     if args.limit < 1:

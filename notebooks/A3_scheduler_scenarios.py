@@ -13,23 +13,17 @@
 # %% [markdown]
 # # A3 · Replaying the recorded scheduler scenarios
 #
-# `tests/fixtures/ggml-seed-sched/` holds 14 runs of the real `ggml_backend_sched`, recorded with two
-# FAKE accelerators in front of the CPU: a 4-layer LLaMA-style model placed in different ways, every
-# assignment and its cause, the splits, the scheduler's graph copy with its offsets, the compute
-# buffer sizes, the `GGML_SCHED_DEBUG` printout, every backend call, and the logits. This appendix
-# rebuilds each set-up exactly and replays it through chapter 09's scheduler; the tests and
-# `python -m ggml_lite sched SCENARIO.json --check` use the same code. Nothing in chapters 00–09
-# depends on it.
+# `tests/fixtures/ggml-seed-sched/` holds 14 runs of the real `ggml_backend_sched` with two FAKE accelerators in
+# front of the CPU: a 4-layer LLaMA-style model placed in different ways, every assignment and its cause, the
+# splits, the scheduler's graph copy with its offsets, the buffer sizes, the `GGML_SCHED_DEBUG` printout, every
+# backend call, and the logits. This appendix rebuilds each set-up and replays it through chapter 09's scheduler, as
+# the tests and `python -m ggml_lite sched SCENARIO.json --check` do. Nothing in chapters 00–09 needs it.
 #
-# **What it takes to replay a scenario**
-#
-# 1. The model: chapter 10's LLaMA builder at toy size, in the variant the recorder used (§1).
-# 2. The set-up: SIM configured as each FAKE backend, the weight and KV-cache buffers, the weights
-#    regenerated from a hash of their names (§2).
-# 3. The check: every field of the file validated before anything is built (§3).
-# 4. The replay: every recorded step run again, every fact compared (§4), then all 14 at once (§5).
-#
-# Exported: `ggml_lite.scenario`.
+# **What it takes**: the model, chapter 10's LLaMA builder at toy size (§1); the set-up, SIM configured as each FAKE
+# backend, the buffers, the weights regenerated from a hash of their names (§2); every field of the file checked
+# before anything is built (§3); every recorded step run again and every fact compared (§4), for all 14 (§5).
+# Exported, one idea per module: `ggml_lite.scenario` (the set-up), `ggml_lite.scenario_check` (the file validated,
+# form and meaning) and `ggml_lite.scenario_replay` (the replay and its comparisons).
 
 # %%
 # | default_exp scenario
@@ -37,48 +31,39 @@
 # %% [markdown]
 # ## 1 · The scenarios' model
 #
-# The scenarios' model is a 4-layer LLaMA at toy size, built by chapter 10's builder with
-# `recorded=True` — the variant the fixtures were recorded with (one more RESHAPE per layer than
-# llama.cpp's graph, and a few other names). `build_llama` creates its weights and cache in one
-# context per backend, in the recorder's order; `build_graph` builds one batch's graph over them.
-
-# %% [markdown]
+# A 4-layer LLaMA at toy size, built by chapter 10's builder in the variant the fixtures were recorded with
+# (`recorded=True`): `build_llama` makes its weights and cache in one context per backend, `build_graph` a graph.
+#
 # ## 2 · The set-up: backends, buffers and weights
 #
-# Each FAKE backend of a scenario becomes a SIM device with the same alignment, `max_size`,
-# deny-list and offload rule, synchronous as the FAKE backends were. The weight contexts get WEIGHTS
-# buffers on their backends and the KV cache is cleared; every weight is regenerated from the
-# 32-bit FNV-1a hash of its name, which seeds the LCG of appendix A1's numerics generator.
+# A replay compares logits bit for bit, so the weights must be the very numbers the recorder used. The file carries
+# how to make them: the 32-bit FNV-1a hash of a weight's name seeds the LCG of appendix A1's generator; element *k*
+# takes the state after *k*+1 steps, keeps its top 24 bits as *u* in [0, 1), and becomes `offset + scale·(2u − 1)`,
+# rounded once to float32. The recorder also wrote the FNV-1a checksum of each weight's stored bytes, so a weight
+# generated or converted to f16 differently is caught before any logit is. The FAKE backends' offload rules are
+# texts; `offload_rule` maps one to the rule SIM knows.
 
 # %%
 # | export
-"""Replaying a recorded scheduler scenario (tests/fixtures/ggml-seed-sched/README.md): the FAKE
-backends as SIM, the weight and KV-cache buffers, the weight and input generators, and the replay
-of every recorded step with the differences it finds."""
+"""What a recorded scheduler scenario sets up (tests/fixtures/ggml-seed-sched/README.md): the FAKE backends
+as SIM, buffers, weights, the scheduler and its pins (checks: `scenario_check`; replay: `scenario_replay`)."""
 
-import json
-import logging
-import math
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from ggml_lite.backend import tensor_get, tensor_set
-from ggml_lite.buffer import TENSOR_ALIGNMENT, BufferUsage
+from ggml_lite.backend import Backend, tensor_set
+from ggml_lite.buffer import BufferUsage
 from ggml_lite.cpu import cpu_init
-from ggml_lite.errors import GraphFileError, GraphFullError, SchedulerError
-from ggml_lite.dyn_tallocr import captured_log
+from ggml_lite.errors import GraphFileError
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE
-from ggml_lite.graphio import MAX_QUOTE, graph_document, quote, read_graph_file
-from ggml_lite.models.llama import LAYER_WEIGHTS, batch_inputs, build_llama, build_graph, model_tensors
+from ggml_lite.graphio import GraphFile, read_graph_file
+from ggml_lite.models.llama import build_llama
 from ggml_lite.numerics import lcg_states
-from ggml_lite.sched import GGML_SCHED_MAX_BACKENDS, GGML_SCHED_MAX_COPIES, GGML_SCHED_MAX_SPLIT_INPUTS, BackendSched
+from ggml_lite.sched import BackendSched
 from ggml_lite.sim import sim_init
-from ggml_lite.tallocr import alloc_ctx_tensors
-from ggml_lite.tallocr import alloc_ctx_tensors_from_buft
-from ggml_lite.tensor import F16, GGML_MAX_SRC, Op, TensorFlag, nelements
-from ggml_lite.tensor import nbytes
+from ggml_lite.tallocr import alloc_ctx_tensors, alloc_ctx_tensors_from_buft
+from ggml_lite.tensor import F16, nelements
 
 FNV_OFFSET, FNV_PRIME = 2166136261, 16777619
 
@@ -91,28 +76,17 @@ def fnv1a32(data: bytes) -> int:
     return h
 
 
-
-
 def weight_values(seed: int, n: int, offset: float, scale: float) -> np.ndarray:
-    """The README's weight generator: element k uses the LCG state after k+1 steps from `seed`,
-    u = (s >> 8) / 2^24, value = offset + scale·(2u − 1) in double, rounded once to float32."""
+    """The README's weight generator: `offset + scale·(2u − 1)` per element, u from the LCG of `seed` (§2)."""
     u = (lcg_states(seed, n) >> np.uint64(8)).astype(np.float64) / 2.0**24
     return (offset + scale * (2.0 * u - 1.0)).astype(np.float32)
 
 
-
-
 def weight_gen(name: str) -> tuple:
     """(seed, offset, scale) of a weight, from its name."""
-    if "norm.weight" in name:
-        offset, scale = 1.0, 0.25
-    elif name == "token_embd.weight":
-        offset, scale = 0.0, 1.0
-    else:
-        offset, scale = 0.0, 0.125
+    offset, scale = ((1.0, 0.25) if "norm.weight" in name else (0.0, 1.0) if name == "token_embd.weight"
+                     else (0.0, 0.125))
     return fnv1a32(name.encode()), offset, scale
-
-
 
 
 OFFLOAD_RULES = {  # the `offload_op` strings of the fixtures → SIM's rule names
@@ -122,21 +96,22 @@ OFFLOAD_RULES = {  # the `offload_op` strings of the fixtures → SIM's rule nam
 CUDA_RULE = "ne[1] >= 32 && op != GET_ROWS"  # the CUDA rule's text starts so (the rest is a comment)
 
 
-# %%
-# | export
 def offload_rule(text):
     """SIM's rule name for a scenario's `offload_op` text."""
-    if text is not None and text.startswith(CUDA_RULE):
-        return "cuda"
-    return OFFLOAD_RULES[text]
+    return "cuda" if text is not None and text.startswith(CUDA_RULE) else OFFLOAD_RULES[text]
 
+# %% [markdown]
+# From the file to live objects. Each FAKE backend becomes a synchronous SIM device with its alignment, `max_size`,
+# deny-list and offload rule, the CPU last, both on appendix A2's bit-exact tier. `load_scenario` reads the round-0
+# graph (`validate=False`: `check_scenario` found it equal to the model's) and allocates each weight and cache
+# context on its backend. Only a replay (`fill=True`) clears the KV cache (a new SIM buffer holds 0xFF, NaN when
+# read) and generates the weights; the debug printout needs neither.
 
-
-
+# %%
+# | export
 def make_backends(doc: dict, clock=None) -> list:
-    """The scenario's backends in priority order: SIM as FAKE (synchronous, its alignment, max_size,
-    deny-list and offload rule), and the CPU last."""
-    out = []
+    """The scenario's backends in priority order: SIM as each FAKE backend, the CPU last (§2)."""
+    out: list[Backend] = []
     for b in doc["backends"]:
         if b["is_cpu"]:
             out.append(cpu_init(exact=True))  # the recorded logits are compared bit for bit
@@ -147,29 +122,21 @@ def make_backends(doc: dict, clock=None) -> list:
     return out
 
 
-
-
 @dataclass
 class Scenario:
     doc: dict
     backends: list
-    gf: object  # graphio.GraphFile of the round-0 graph
+    gf: GraphFile  # the round-0 graph
     buffers: dict  # external context label -> Buffer
 
 
-
-
-# %%
-# | export
 def load_scenario(doc: dict, clock=None, fill: bool = True) -> Scenario:
-    """Backends, the graph, and the external buffers allocated; with `fill` (a replay) the KV cache
-    cleared and the weights filled, else their memory is never touched (the printout needs none)."""
+    """Backends, round-0 graph and external buffers; with `fill` (a replay) the cache cleared, the weights made."""
     if "graph" not in doc:
         raise GraphFileError(f"scenario {doc.get('fixture')} records no graph (outcome {doc.get('outcome')}); "
                                 "build it with the LLaMA builder of the scenario's model")
     backends = make_backends(doc, clock)
     by_name = {b.get_name(): b for b in backends}
-    # (validate=False: check_scenario found the graph equal to the one the builder makes of the model)
     gf = read_graph_file(doc, graph_size=doc["sched_params"]["graph_size"], validate=False)
     buffers = {}
     for ext in doc["external_buffers"]:
@@ -192,51 +159,95 @@ def fill_weights(doc: dict, tensors: dict) -> None:
         values = weight_values(seed, nelements(t), offset, scale)
         tensor_set(t, values.astype(np.float16) if t.type is F16 else values)
 
+# %% [markdown]
+# The scheduler and its pins. `new_sched` is `ggml_backend_sched_new` with the scenario's `sched_params`;
+# `apply_pins` makes the recorded `ggml_backend_sched_set_tensor_backend` calls, again after every reset, which
+# forgets them (chapter 09, §2.2). Scenario 13 recorded no graph, as the reference aborted in its first call:
+# `built_scenario` builds its set-up from the model alone, with the README's round-0 batch `ROUND0` (16 tokens, 32
+# cells of cache attended, one output).
 
+# %%
+# | export
+ROUND0 = {"n_tokens": 16, "n_kv": 32, "kv_head": 0, "n_outputs": 1}  # the README's round-0 batch
+
+
+def new_sched(doc, backends, debug: bool | None = None) -> BackendSched:
+    """`ggml_backend_sched_new` as the scenario's `sched_params` say (graph size, parallel, debug)."""
+    sp = doc.get("sched_params", {})
+    return BackendSched(backends, graph_size=sp.get("graph_size", GGML_DEFAULT_GRAPH_SIZE),
+                        parallel=sp.get("parallel", False),
+                        debug=sp.get("GGML_SCHED_DEBUG", True) if debug is None else debug)
+
+
+def apply_pins(sched, graph, doc, backends) -> None:
+    """The scenario's `ggml_backend_sched_set_tensor_backend` calls, on the tensors of `graph`."""
+    by_name = {b.get_name(): b for b in backends}
+    for p in doc.get("pins", []):
+        sched.set_tensor_backend(graph.get_tensor(p["tensor"]), by_name[p["backend"]])
+
+
+def built_scenario(doc, buffers: dict | None = None) -> tuple:
+    """`(backends, round-0 graph)` built from the model alone, for a scenario that recorded no graph (13)."""
+    backends = make_backends(doc)
+    by_name = {b.get_name(): b for b in backends}
+    usage = {e["ctx"]: e["usage"] for e in doc.get("external_buffers", [])}
+    ctxs, graph, _ = build_llama(doc["model"], doc["placement"], ROUND0, recorded=True)
+    for ctx in ctxs[:-1]:
+        buf = alloc_ctx_tensors(ctx, by_name[ctx.name.split(":")[1]])
+        kind = BufferUsage.WEIGHTS if ctx.name.startswith("weights") else BufferUsage.ANY
+        buf.set_usage(BufferUsage[usage[ctx.name]] if ctx.name in usage else kind)
+        if buffers is not None:
+            buffers[ctx.name] = buf
+    return backends, graph
 
 # %% [markdown]
 # ## 3 · Validation: nothing is built from a field before it is checked
 #
-# A scenario file is input like any other: someone may hand `sched` a file with a pin naming no tensor,
-# an `n_head` of 0, a `max_size` of `NaN` or an empty `steps` list. `check_scenario` reads every field
-# before anything is built and refuses the file with a `GraphFileError` that names the file, the field
-# as a JSON path, what was expected and what was found. It checks, in this order:
+# A scenario file is input like any other: a pin may name no tensor, `n_head` may be 0, `max_size` `NaN`.
+# `check_scenario` reads every field before anything is built and refuses the file with a `GraphFileError` naming
+# the file, the field as a JSON path, what was expected and what was found. In order: **the form** of every field
+# (§3.1); **the constants** (`schema_version` 1, ggml_lite's `GGML_SCHED_MAX_*`: other limits cannot be replayed);
+# **the cross references** (§3.2); **the recorded graph** against the model's; and, for a replay, **the work**. What
+# passes is replayed: a recorded fact that differs is a *difference* (exit 1), and so is an abort of ggml_lite's
+# scheduler where the recorded run completed; a field of the wrong form or meaning is an *error* (exit 2).
 #
-# 1. **The form** of every field (`SCENARIO_SCHEMA` below): its JSON type (a bool is not an integer,
-#    `2.0` is not an integer), its range (every count and size has an upper bound; NaN and Infinity
-#    are not numbers anyone recorded), and no field ggml_lite does not know (it would be ignored).
-# 2. **The constants**: `schema_version` 1, and `sched_params`' `GGML_SCHED_MAX_*` equal to ggml_lite's
-#    (a file recorded with other limits cannot be replayed by this scheduler); a `graph_size` too small
-#    for ggml's hash set to hold every tensor and copy is refused, since ggml would abort where
-#    ggml_lite's dict would not.
-# 3. **The cross references**: every backend, pin, placement, weight and external buffer names
-#    something that exists; the buffer types are ones SIM and the CPU can be (CPU: alignment 32, no
-#    `max_size`); the model is a LLaMA the builder can build (`n_head` divides `n_embd`, ...).
-# 4. **The recorded graph against the model**: the round-0 graph must be the one chapter 10's
-#    builder makes from `model`, `placement` and the first batch, record for record.
-# 5. **The work**: a replay allocates the weights, the KV cache and compute buffers, generates and
-#    checksums every weight, and multiplies every weight by every token; a file that asks for more than
-#    `REPLAY_MAX_BYTES` (2 GiB), `REPLAY_MAX_WEIGHT_BYTES` (64 MiB) or `REPLAY_MAX_MACS` (2^31) is
-#    refused before anything is allocated.
+# ### 3.1 · The form
 #
-# What passes is either replayed or compared: a recorded fact that differs (a cause, an offset, a
-# logit, a checksum, a FAKE allocation) is a *difference* (exit 1), and so is a valid set-up under which
-# ggml_lite's scheduler aborts while the recorded run completed; a field of the wrong form, a name of
-# nothing or a set-up that contradicts the recorded graph is an *error* (exit 2).
-#
-# The form is declared with small checkers: `Int`, `Num`, `Str`, `Bool`, `Opt` (or null), `List`,
-# `Obj` (unknown keys refused), `Map` (an object whose keys are names), `Tagged` (a step's form depends
-# on its `call`) and `Deferred` (the graph, compared with the model's as a whole in step 4). Step 5
-# concerns `sched --check` only (`check_replay_work`): the printout needs no weight bytes.
+# The form is declared, not programmed: small checkers, each with one method `check(value, path, where)` that
+# returns quietly or raises. First what every refusal needs: `found` describes a value in a few words (a number's
+# size, a string quoted to 60 characters, a long list by its length), `refuse` builds the one message every check
+# gives, and `same_json` is an equality that tells `true` from 1 and 1 from 1.0 (`==` does not).
 
 # %%
-# | export
-_ABSENT = object()
+# | export scenario_check
+"""Validation of a scheduler scenario file before anything is built from it: the form of every field
+(`SCENARIO_SCHEMA`), what the fields must mean (`check_scenario`) and the work a replay would take
+(`check_replay_work`); every refusal a `GraphFileError` naming the field by its JSON path."""
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import numpy as np
+
+from ggml_lite.buffer import TENSOR_ALIGNMENT, BufferUsage
+from ggml_lite.errors import GraphFileError, GraphFullError
+from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE
+from ggml_lite.graphio import graph_document
+from ggml_lite.models.llama import LAYER_WEIGHTS, build_graph, build_llama, model_tensors
+from ggml_lite.scenario import CUDA_RULE, OFFLOAD_RULES, ROUND0, weight_gen
+from ggml_lite.sched import GGML_SCHED_MAX_BACKENDS, GGML_SCHED_MAX_COPIES, GGML_SCHED_MAX_SPLIT_INPUTS
+from ggml_lite.tensor import GGML_MAX_SRC, Op, TensorFlag, nbytes, nelements
+from ggml_lite.untrusted import MAX_QUOTE, quote
+
+ABSENT = object()  # a field the file does not have
 
 
-def _found(v) -> str:
+def found(v) -> str:
     """A short description of a JSON value, for error messages."""
-    if v is _ABSENT:
+    if v is ABSENT:
         return "nothing (the field is missing)"
     if v is None or isinstance(v, bool):
         return json.dumps(v)
@@ -246,16 +257,15 @@ def _found(v) -> str:
         return repr(v) + ("" if math.isfinite(v) else " (not a finite number)")
     if isinstance(v, str):
         return "the string " + quote(v)
-    text = json.dumps(v)
-    if len(text) <= 60:
+    if len(text := json.dumps(v)) <= 60:
         return text
     if isinstance(v, list):
         return f"a list of {len(v)} item{'s' if len(v) != 1 else ''}"
     return f"an object with keys {', '.join(quote(k) for k in list(v)[:6])}"
 
 
-def _fail(where: str, path: str, expected: str, v=_ABSENT):
-    raise GraphFileError(f"{where}: {path}: expected {expected}, found {_found(v)}")
+def refuse(where: str, path: str, expected: str, v=ABSENT) -> NoReturn:
+    raise GraphFileError(f"{where}: {path}: expected {expected}, found {found(v)}")
 
 
 def _at(path: str, key) -> str:
@@ -263,6 +273,24 @@ def _at(path: str, key) -> str:
     return f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else key)
 
 
+def same_json(a, b) -> bool:
+    """JSON equality that tells a bool from an integer and an integer from a float (and NaN from itself)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(same_json, a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    return a == b
+
+# %% [markdown]
+# The scalars. `Int` refuses a bool (Python's `True` is an integer, JSON's `true` is not) and a float (`2.0`); `Num`
+# takes both, inside its bounds, and since every comparison with NaN is false, NaN fails `lo <= v <= hi` with no
+# test of its own, as do the infinities. `Str` bounds the length (a name of a million characters is refused, not
+# quoted); `Opt` admits null and says so in the message.
+
+# %%
+# | export scenario_check
 @dataclass(frozen=True)
 class Int:
     lo: int
@@ -270,7 +298,7 @@ class Int:
 
     def check(self, v, path, where):
         if isinstance(v, bool) or not isinstance(v, int) or not self.lo <= v <= self.hi:
-            _fail(where, path, f"an integer in [{self.lo}, {self.hi}]", v)
+            refuse(where, path, f"an integer in [{self.lo}, {self.hi}]", v)
 
 
 @dataclass(frozen=True)
@@ -280,24 +308,24 @@ class Num:
 
     def check(self, v, path, where):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not self.lo <= v <= self.hi:
-            _fail(where, path, f"a finite number in [{self.lo:g}, {self.hi:g}]", v)
+            refuse(where, path, f"a finite number in [{self.lo:g}, {self.hi:g}]", v)
 
 
 @dataclass(frozen=True)
 class Str:
-    choices: tuple = None
+    choices: tuple | None = None
     maxlen: int = 4096
 
     def check(self, v, path, where):
         if self.choices is not None and v not in self.choices:
-            _fail(where, path, "one of " + ", ".join(json.dumps(c) for c in self.choices), v)
+            refuse(where, path, "one of " + ", ".join(json.dumps(c) for c in self.choices), v)
         if not isinstance(v, str) or len(v) > self.maxlen:
-            _fail(where, path, f"a string of at most {self.maxlen} characters", v)
+            refuse(where, path, f"a string of at most {self.maxlen} characters", v)
 
 
 @dataclass(frozen=True)
 class Opt:
-    of: object
+    of: Any  # a checker
 
     def check(self, v, path, where):
         if v is not None:
@@ -307,23 +335,28 @@ class Opt:
                 raise GraphFileError(str(e).replace(": expected ", ": expected null or ", 1)) from None
 
 
-# %%
-# | export
 class Bool:
     def check(self, v, path, where):
         if not isinstance(v, bool):
-            _fail(where, path, "true or false", v)
+            refuse(where, path, "true or false", v)
 
+# %% [markdown]
+# The containers nest them. `List` bounds its length and checks each item at its own path (`steps[3].splits[0]`);
+# `Obj` names a missing field and refuses one it does not declare: a misspelt optional field would be ignored, and
+# the replay would check less than its author thinks. `Map` is an object keyed by names. `Deferred` only asks for an
+# object, since the graph is compared whole with the model's (§3.2), and `Tagged` picks a step's form by its `call`.
 
+# %%
+# | export scenario_check
 @dataclass(frozen=True)
 class List:
-    of: object
+    of: Any  # a checker
     lo: int = 0
     hi: int = 1 << 20
 
     def check(self, v, path, where):
         if not isinstance(v, list) or not self.lo <= len(v) <= self.hi:
-            _fail(where, path, f"a list of {self.lo} to {self.hi} items", v)
+            refuse(where, path, f"a list of {self.lo} to {self.hi} items", v)
         for i, x in enumerate(v):
             self.of.check(x, _at(path, i), where)
 
@@ -335,27 +368,27 @@ class Obj:
 
     def check(self, v, path, where):
         if not isinstance(v, dict):
-            _fail(where, path or "the top level", "an object", v)
+            refuse(where, path or "the top level", "an object", v)
         for k in v:
             if k not in self.fields:
-                _fail(where, _at(path, k), f"no such field (a field ggml_lite does not know would be ignored; "
-                      f"the fields here are {', '.join(self.fields)})", v[k])
+                refuse(where, _at(path, k), f"no such field (a field ggml_lite does not know would be ignored; "
+                       f"the fields here are {', '.join(self.fields)})", v[k])
         for k, spec in self.fields.items():
             if k in v:
                 spec.check(v[k], _at(path, k), where)
             elif k not in self.optional:
-                _fail(where, _at(path, k), "this field", _ABSENT)
+                refuse(where, _at(path, k), "this field", ABSENT)
 
 
 @dataclass(frozen=True)
 class Map:
     """An object whose keys are names (a backend's name -> its buffer size)."""
-    of: object
+    of: Any  # a checker
     hi: int = 64
 
     def check(self, v, path, where):
         if not isinstance(v, dict) or len(v) > self.hi:
-            _fail(where, path, f"an object of at most {self.hi} names", v)
+            refuse(where, path, f"an object of at most {self.hi} names", v)
         for k, x in v.items():
             self.of.check(x, _at(path, k), where)
 
@@ -367,7 +400,7 @@ class Deferred:
 
     def check(self, v, path, where):
         if not isinstance(v, dict):
-            _fail(where, path, self.what, v)
+            refuse(where, path, self.what, v)
 
 
 @dataclass(frozen=True)
@@ -378,18 +411,18 @@ class Tagged:
 
     def check(self, v, path, where):
         if not isinstance(v, dict):
-            _fail(where, path, "an object", v)
-        Str(tuple(self.forms)).check(v.get(self.tag, _ABSENT), _at(path, self.tag), where)
+            refuse(where, path, "an object", v)
+        Str(tuple(self.forms)).check(v.get(self.tag, ABSENT), _at(path, self.tag), where)
         self.forms[v[self.tag]].check(v, path, where)
 
+# %% [markdown]
+# The schema of a step. Every count has a bound with a reason: `MAX_CTX` (2^20 cells or tokens), `MAX_ROUNDS` (16),
+# `MAX_GRAPH_SIZE` (the scheduler allocates four arrays of 21 times it), the scheduler's `GGML_SCHED_MAX_*`. A
+# reserve step records its batch, buffer sizes and stderr; an alloc_graph step adds the splits, every tensor's
+# backend, cause and place, and the scheduler's graph copy.
 
 # %%
-# | export
-SCENARIO_FIELDS = {  # what a replay reads, by kind of scenario (the README's top-level keys)
-    "completed": ("sched_params", "backends", "model", "placement", "external_buffers", "weights", "pins",
-                  "graph", "steps"),
-    "aborted": ("backends", "model", "placement"),
-}
+# | export scenario_check
 LLAMA_MAX_LAYERS = 512  # llama.cpp's limit on n_layer
 MAX_CTX = 1 << 20  # cells of KV cache (and tokens of a batch)
 MAX_ROUNDS = 16  # alloc_graph + graph_compute pairs after the reserve
@@ -398,7 +431,6 @@ SIZE, COUNT, NAME, TEXT = Int(0, 1 << 48), Int(0, 1 << 20), Str(maxlen=128), Str
 OP_NAMES = tuple(op.name for op in Op)
 USAGES = tuple(u.name for u in BufferUsage)
 KQ_MASK_TEXT = "0 where row i < n_tokens and column j <= kv_head + i, else -inf"
-
 BATCH = Obj({"n_tokens": Int(1, MAX_CTX), "n_kv": Int(1, MAX_CTX), "kv_head": Int(0, MAX_CTX - 1),
              "n_outputs": Int(1, MAX_CTX)})
 COPY_NAMES = List(NAME, 0, GGML_SCHED_MAX_COPIES)
@@ -420,9 +452,13 @@ ALLOC_GRAPH = Obj({
         "i": COUNT, "name": NAME, "op": Str(OP_NAMES), "backend": Opt(NAME), "view_src": Opt(NAME),
         "flags_value": Int(0, 7), "nbytes": SIZE, **PLACED})) for k in ("nodes", "leafs")}})})
 
+# %% [markdown]
+# A graph_compute step records the inputs (the mask in words: it is causal), the backend calls in order, and the
+# logits, each within float32's range. The top level lists the set-up and the steps; a field only some files have is
+# optional.
 
 # %%
-# | export
+# | export scenario_check
 INT32S = List(Int(-(1 << 31), (1 << 31) - 1), 0, MAX_CTX)
 F32_MAX = float(np.finfo(np.float32).max)  # a recorded logit is a float32
 GRAPH_COMPUTE = Obj({
@@ -453,46 +489,54 @@ SCENARIO_SCHEMA = Obj({
                   "rms_norm_eps": Num(1e-12, 1.0),
                   "rope": Obj({"mode": Int(0, 0), "n_dims": Int(2, 1 << 16), "n_ctx_orig": Int(1, 1 << 24),
                                "freq_base": Num(1e-6, 1e9), "freq_scale": Num(1e-6, 1e6),
-                               **{k: Num(-1e6, 1e6) for k in ("ext_factor", "attn_factor", "beta_fast", "beta_slow")}})}),
+                               **{k: Num(-1e6, 1e6)
+                                  for k in ("ext_factor", "attn_factor", "beta_fast", "beta_slow")}})}),
     "placement": Obj({"token_embd": NAME, "output": NAME, "layers": List(NAME, 1, LLAMA_MAX_LAYERS),
                       "kv_cache": List(NAME, 1, LLAMA_MAX_LAYERS)}),
     "external_buffers": List(Obj({"ctx": NAME, "buffer_type": NAME, "usage": Str(USAGES), "size": SIZE,
-                                  "is_multi_buffer": Bool(), "parts": List(Obj({"size": SIZE, "usage": Str(USAGES)}), 1)},
+                                  "is_multi_buffer": Bool(),
+                                  "parts": List(Obj({"size": SIZE, "usage": Str(USAGES)}), 1)},
                                  optional=("parts",)), 1, 2 * GGML_SCHED_MAX_BACKENDS),
     "weights": List(Obj({"name": NAME, "type": Str(("f16", "f32")), "ne": List(Int(1, 1 << 21), 1, 4), "buffer": NAME,
                          "ext_offset": SIZE, "gen": Obj({"seed": Int(0, 2**32 - 1), "offset": Num(-1e6, 1e6),
-                                                         "scale": Num(-1e6, 1e6)}), "fnv1a32_of_bytes": Int(0, 2**32 - 1)}),
+                                                         "scale": Num(-1e6, 1e6)}),
+                         "fnv1a32_of_bytes": Int(0, 2**32 - 1)}),
                     1, 3 + len(LAYER_WEIGHTS) * LLAMA_MAX_LAYERS),
     "pins": List(Obj({"tensor": NAME, "backend": NAME, "rule": TEXT}, optional=("rule",)), 0, 1 << 16),
     "graph": Deferred("an object (the round-0 graph, checked against the model below)"),
     "fake_buffer_allocations": List(TEXT, 0, 1 << 16),
-    "steps": List(Tagged("call", {"ggml_backend_sched_reserve": Obj(RESERVE), "ggml_backend_sched_alloc_graph": ALLOC_GRAPH,
+    "steps": List(Tagged("call", {"ggml_backend_sched_reserve": Obj(RESERVE),
+                                  "ggml_backend_sched_alloc_graph": ALLOC_GRAPH,
                                   "ggml_backend_sched_graph_compute": GRAPH_COMPUTE}), 0, 1 + 2 * MAX_ROUNDS),
     "outcome": Obj({"completed": Bool(), "failed_call": Str(("ggml_backend_sched_reserve",)), "signal": Int(6, 6),
                     "signal_name": Str(("SIGABRT",)), "stderr_until_abort": List(TEXT, 1)},
                    optional=("failed_call", "signal", "signal_name", "stderr_until_abort")),
 }, optional=("fixture", "description", "ggml_commit", "ggml_build", "sched_params", "external_buffers", "weights",
              "pins", "graph", "fake_buffer_allocations", "steps"))
+POST_ALLOC: dict[str, Any] = {  # what the recorder saw after round 0
+    "preallocated": Bool(), "buffer": Opt(NAME), "offset": Opt(SIZE), "ext_offset": Opt(SIZE),
+    "sched_backend": Opt(NAME), "sched_cause": Opt(Str(maxlen=16))}
 
+# %% [markdown]
+# ### 3.2 · What the fields must mean
+#
+# The form says nothing of meaning: a backend list may put the CPU first, a placement may name no backend. Backends:
+# `index` is the position, names are unique identifiers, the CPU is last and only there, and what the replay cannot
+# vary (host memory, events, how copies work) must be what a FAKE backend or the CPU *is* here (`CPU_BACKEND`,
+# `FAKE_BACKEND`); an alignment is a power of two, an offload rule one SIM knows. Names: the placement (one backend
+# per layer) and the pins name backends, and `n_copies` is what `parallel` makes it.
 
 # %%
-# | export
+# | export scenario_check
 CPU_BACKEND = {"name": "CPU", "buffer_type": "CPU", "is_host": True, "alignment": TENSOR_ALIGNMENT, "max_size": None,
-               "supports_op": "ggml_backend_cpu_supports_op", "supports_op_denied": [], "supports_buft": "host buffer types",
+               "supports_op": "ggml_backend_cpu_supports_op", "supports_op_denied": [],
+               "supports_buft": "host buffer types",
                "offload_op": None, "events": False, "cpy_tensor": "memcpy when the source is host memory, else false"}
-FAKE_BACKEND = {"is_host": False, "supports_op": "all ops except the deny-list", "supports_buft": "only its own buffer type",
+FAKE_BACKEND = {"is_host": False, "supports_op": "all ops except the deny-list",
+                "supports_buft": "only its own buffer type",
                 "events": True, "cpy_tensor": "memcpy when the source is in any FAKE buffer, else false"}
 
 
-def _same(a, b) -> bool:
-    """JSON equality that tells a bool from an integer and an integer from a float (and NaN from itself)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, list):
-        return len(a) == len(b) and all(map(_same, a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return a == b
 
 
 def _check_backends(doc, where) -> list:
@@ -502,25 +546,26 @@ def _check_backends(doc, where) -> list:
     for i, b in enumerate(bs):
         p = f"backends[{i}]"
         if b["index"] != i:
-            _fail(where, p + ".index", f"{i} (its position in the list)", b["index"])
+            refuse(where, p + ".index", f"{i} (its position in the list)", b["index"])
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", b["name"]) or names.index(b["name"]) != i:
-            _fail(where, p + ".name", "a name of letters, digits and _ that no other backend has", b["name"])
+            refuse(where, p + ".name", "a name of letters, digits and _ that no other backend has", b["name"])
         if b["is_cpu"] != (i == len(bs) - 1):
-            _fail(where, p + ".is_cpu", f"{json.dumps(i == len(bs) - 1)} (the CPU comes last, and only there)", b["is_cpu"])
+            refuse(where, p + ".is_cpu", f"{json.dumps(i == len(bs) - 1)} (the CPU comes last, and only there)",
+                   b["is_cpu"])
         want = CPU_BACKEND if b["is_cpu"] else {**FAKE_BACKEND, "buffer_type": b["name"]}
         for k, v in want.items():
-            if not _same(b[k], v):
-                _fail(where, f"{p}.{k}", f"{json.dumps(v)} (what a{' CPU' if b['is_cpu'] else ' FAKE'} backend is "
-                      "in ggml_lite's replay)", b[k])
+            if not same_json(b[k], v):
+                refuse(where, f"{p}.{k}", f"{json.dumps(v)} (what a{' CPU' if b['is_cpu'] else ' FAKE'} backend is "
+                       "in ggml_lite's replay)", b[k])
         if b["alignment"] & (b["alignment"] - 1):
-            _fail(where, p + ".alignment", "a power of two", b["alignment"])
+            refuse(where, p + ".alignment", "a power of two", b["alignment"])
         deny = b["supports_op_denied"]
         if len(set(deny)) != len(deny):
-            _fail(where, p + ".supports_op_denied", "op names, each once", deny)
+            refuse(where, p + ".supports_op_denied", "op names, each once", deny)
         if b["offload_op"] is not None and b["offload_op"] not in OFFLOAD_RULES and \
                 not b["offload_op"].startswith(CUDA_RULE):
-            _fail(where, p + ".offload_op", f"null, {json.dumps(next(k for k in OFFLOAD_RULES if k))} or a text "
-                  f"starting {json.dumps(CUDA_RULE)} (the rules SIM has)", b["offload_op"])
+            refuse(where, p + ".offload_op", f"null, {json.dumps(next(k for k in OFFLOAD_RULES if k))} or a text "
+                   f"starting {json.dumps(CUDA_RULE)} (the rules SIM has)", b["offload_op"])
     return names
 
 
@@ -529,164 +574,176 @@ def _check_names(doc, where, names) -> None:
     pl, model = doc["placement"], doc["model"]
     for key in ("token_embd", "output"):
         if pl[key] not in names:
-            _fail(where, f"placement.{key}", f"a backend's name ({', '.join(names)})", pl[key])
+            refuse(where, f"placement.{key}", f"a backend's name ({', '.join(names)})", pl[key])
     for key in ("layers", "kv_cache"):
         if len(pl[key]) != model["n_layer"]:
-            _fail(where, f"placement.{key}", f"a list of model.n_layer = {model['n_layer']} backend names", pl[key])
+            refuse(where, f"placement.{key}", f"a list of model.n_layer = {model['n_layer']} backend names", pl[key])
         for i, name in enumerate(pl[key]):
             if name not in names:
-                _fail(where, f"placement.{key}[{i}]", f"a backend's name ({', '.join(names)})", name)
+                refuse(where, f"placement.{key}[{i}]", f"a backend's name ({', '.join(names)})", name)
     for i, pin in enumerate(doc.get("pins", [])):
         if pin["backend"] not in names:
-            _fail(where, f"pins[{i}].backend", f"a backend's name ({', '.join(names)})", pin["backend"])
+            refuse(where, f"pins[{i}].backend", f"a backend's name ({', '.join(names)})", pin["backend"])
     sp = doc.get("sched_params", {})
     if "n_copies" in sp and sp["n_copies"] != (GGML_SCHED_MAX_COPIES if sp["parallel"] else 1):
-        _fail(where, "sched_params.n_copies", f"{GGML_SCHED_MAX_COPIES if sp['parallel'] else 1} (ggml's n_copies "
-              f"for parallel {json.dumps(sp['parallel'])})", sp["n_copies"])
+        refuse(where, "sched_params.n_copies", f"{GGML_SCHED_MAX_COPIES if sp['parallel'] else 1} (ggml's n_copies "
+               f"for parallel {json.dumps(sp['parallel'])})", sp["n_copies"])
 
+# %% [markdown]
+# The model must be a LLaMA chapter 10's builder can build (the checks of `LlamaParams`, by JSON path). The steps
+# come in ggml's order: the reserve, then an alloc_graph and a graph_compute per round, each numbered by its
+# position and round; an aborted scenario has no steps and ends with ggml's abort line. A batch fits the cache
+# (`kv_head + n_tokens ≤ n_kv ≤ n_ctx`) and asks for no more outputs than tokens.
 
 # %%
-# | export
+# | export scenario_check
 def _check_model(doc, where) -> None:
     """A LLaMA chapter 10's builder can build (the checks of `LlamaParams`, by JSON path)."""
     m = doc["model"]
     if not m["arch"].startswith("llama"):
-        _fail(where, "model.arch", "a text starting \"llama\" (the only builder of the replay)", m["arch"])
+        refuse(where, "model.arch", "a text starting \"llama\" (the only builder of the replay)", m["arch"])
     if m["n_embd"] % m["n_head"]:
-        _fail(where, "model.n_head", f"a divisor of model.n_embd = {m['n_embd']}", m["n_head"])
+        refuse(where, "model.n_head", f"a divisor of model.n_embd = {m['n_embd']}", m["n_head"])
     if m["n_head"] % m["n_head_kv"]:
-        _fail(where, "model.n_head_kv", f"a divisor of model.n_head = {m['n_head']}", m["n_head_kv"])
+        refuse(where, "model.n_head_kv", f"a divisor of model.n_head = {m['n_head']}", m["n_head_kv"])
     head = m["n_embd"] // m["n_head"]
     if m["rope"]["n_dims"] > head or m["rope"]["n_dims"] % 2:
-        _fail(where, "model.rope.n_dims", f"an even number of at most the head size n_embd / n_head = {head}",
-              m["rope"]["n_dims"])
+        refuse(where, "model.rope.n_dims", f"an even number of at most the head size n_embd / n_head = {head}",
+               m["rope"]["n_dims"])
 
 
 def _check_steps(doc, where) -> list:
-    """The steps in ggml's order (reserve, then alloc_graph and graph_compute per round), each batch in
-    the cache; returns the batches the replay builds graphs for (the reserve's first)."""
+    """The steps in ggml's order, each batch within the cache; the batches, the reserve's first (§3.2)."""
     steps, n_ctx = doc.get("steps", []), doc["model"]["n_ctx"]
     outcome = doc["outcome"]
     if not outcome["completed"]:
         for key in ("failed_call", "signal", "signal_name", "stderr_until_abort"):
             if key not in outcome:
-                _fail(where, f"outcome.{key}", "this field (the scenario did not complete)")
+                refuse(where, f"outcome.{key}", "this field (the scenario did not complete)")
         if steps:
-            _fail(where, "steps", "an empty list (the reference aborted in its first call)", steps)
+            refuse(where, "steps", "an empty list (the reference aborted in its first call)", steps)
         if not outcome["stderr_until_abort"][-1].partition(": ")[2].strip():
-            _fail(where, f"outcome.stderr_until_abort[{len(outcome['stderr_until_abort']) - 1}]",
-                  "ggml's abort line, `file:line: message`", outcome["stderr_until_abort"][-1])
+            refuse(where, f"outcome.stderr_until_abort[{len(outcome['stderr_until_abort']) - 1}]",
+                   "ggml's abort line, `file:line: message`", outcome["stderr_until_abort"][-1])
         batches = [ROUND0]
     else:
         extra = [k for k in outcome if k != "completed"]
         if extra:
-            _fail(where, f"outcome.{extra[0]}", "no such field in a scenario that completed", outcome[extra[0]])
+            refuse(where, f"outcome.{extra[0]}", "no such field in a scenario that completed", outcome[extra[0]])
         if len(steps) % 2 == 0:
-            _fail(where, "steps", "the reserve, then an alloc_graph and a graph_compute step per round (there must "
-                  "be something to replay)" if steps else "at least the reserve step: nothing to compare", steps)
-        calls = ["ggml_backend_sched_reserve"] + ["ggml_backend_sched_alloc_graph", "ggml_backend_sched_graph_compute"] * (
-            len(steps) // 2)
+            refuse(where, "steps", "the reserve, then an alloc_graph and a graph_compute step per round (there must "
+                   "be something to replay)" if steps else "at least the reserve step: nothing to compare", steps)
+        calls = ["ggml_backend_sched_reserve"] + [
+            "ggml_backend_sched_alloc_graph", "ggml_backend_sched_graph_compute"] * (len(steps) // 2)
         for k, (st, call) in enumerate(zip(steps, calls)):
             if st["call"] != call:
-                _fail(where, f"steps[{k}].call", json.dumps(call), st["call"])
+                refuse(where, f"steps[{k}].call", json.dumps(call), st["call"])
             if st["step"] != k:
-                _fail(where, f"steps[{k}].step", f"{k} (its position)", st["step"])
+                refuse(where, f"steps[{k}].step", f"{k} (its position)", st["step"])
             if st["round"] != max(0, (k - 1) // 2):
-                _fail(where, f"steps[{k}].round", f"{max(0, (k - 1) // 2)}", st["round"])
+                refuse(where, f"steps[{k}].round", f"{max(0, (k - 1) // 2)}", st["round"])
         batches = [st["batch"] for st in steps if "batch" in st]
     if not outcome["completed"] and ROUND0["n_kv"] > n_ctx:
-        _fail(where, "model.n_ctx", f"at least {ROUND0['n_kv']} (the round-0 batch of the README has n_kv "
-              f"{ROUND0['n_kv']})", n_ctx)
+        refuse(where, "model.n_ctx", f"at least {ROUND0['n_kv']} (the round-0 batch of the README has n_kv "
+               f"{ROUND0['n_kv']})", n_ctx)
     for k, b in enumerate(batches if outcome["completed"] else []):
         p = f"steps[{2 * k - 1 if k else 0}].batch"
         if b["n_outputs"] > b["n_tokens"]:
-            _fail(where, p + ".n_outputs", f"at most n_tokens = {b['n_tokens']}", b["n_outputs"])
+            refuse(where, p + ".n_outputs", f"at most n_tokens = {b['n_tokens']}", b["n_outputs"])
         if not b["kv_head"] + b["n_tokens"] <= b["n_kv"] <= n_ctx:
-            _fail(where, p + ".n_kv", f"at least kv_head + n_tokens = {b['kv_head'] + b['n_tokens']} (the cells the "
-                  f"batch writes are attended to) and at most model.n_ctx = {n_ctx}", b["n_kv"])
+            refuse(where, p + ".n_kv", f"at least kv_head + n_tokens = {b['kv_head'] + b['n_tokens']} (the cells the "
+                   f"batch writes are attended to) and at most model.n_ctx = {n_ctx}", b["n_kv"])
     return batches
 
+# %% [markdown]
+# The recorded round-0 graph is not trusted to describe the model: `_check_graph` compares it, record for record,
+# with the one the model, placement and first batch give (`graph_document`, appendix A1's writer), so the replay
+# computes the very graph the recorder did (`POST_ALLOC`, written after round 0, is compared by the replay).
+# `_check_weights` wants one record per weight of the model, of its type, shape, context and generator, and one
+# external buffer per context, on its backend.
 
 # %%
-# | export
-POST_ALLOC = {"preallocated": Bool(), "buffer": Opt(NAME), "offset": Opt(SIZE), "ext_offset": Opt(SIZE),
-              "sched_backend": Opt(NAME), "sched_cause": Opt(Str(maxlen=16))}  # what the recorder saw after round 0
-
-
+# | export scenario_check
 def _check_graph(doc, where, ctxs, graph, roots) -> None:
-    """The recorded round-0 graph is the one the builder makes of `model`, `placement` and the first
-    batch, record for record (parallel: ggml's scheduler also flagged the inputs OUTPUT)."""
+    """The recorded round-0 graph is the one the builder makes of the model, record for record (§3.2)."""
     want = graph_document(graph, ctxs, roots)["graph"]
     got = doc["graph"]
     by = "model, placement" + (", steps[0].batch" if doc.get("steps") else "") + " and sched_params.parallel"
     for key in want:
-        if key != "tensors" and not _same(got.get(key, _ABSENT), want[key]):
-            _fail(where, f"graph.{key}", f"{_found(want[key])} (what the {by} give)",
-                  got.get(key, _ABSENT))
+        if key != "tensors" and not same_json(got.get(key, ABSENT), want[key]):
+            refuse(where, f"graph.{key}", f"{found(want[key])} (what the {by} give)",
+                   got.get(key, ABSENT))
     extra = set(got) - set(want)
     if extra:
-        _fail(where, f"graph.{min(extra)}", "no such field", got[min(extra)])
+        refuse(where, f"graph.{min(extra)}", "no such field", got[min(extra)])
     recs = got.get("tensors")
     if not isinstance(recs, list) or len(recs) != len(want["tensors"]):
-        _fail(where, "graph.tensors", f"a list of the {len(want['tensors'])} tensors the model gives", recs)
+        refuse(where, "graph.tensors", f"a list of the {len(want['tensors'])} tensors the model gives", recs)
     parallel = doc.get("sched_params", {}).get("parallel", False)
     for i, (rec, w) in enumerate(zip(recs, want["tensors"])):
         p = f"graph.tensors[{i}]"
         if not isinstance(rec, dict):
-            _fail(where, p, "an object", rec)
+            refuse(where, p, "an object", rec)
         if parallel and "INPUT" in w["flags"]:
             w = {**w, "flags": ["INPUT", "OUTPUT"], "flags_value": int(TensorFlag.INPUT | TensorFlag.OUTPUT)}
         for key, spec in POST_ALLOC.items():
-            spec.check(rec.get(key, _ABSENT), f"{p}.{key}", where)
+            spec.check(rec.get(key, ABSENT), f"{p}.{key}", where)
         for key, value in rec.items():
-            if key not in POST_ALLOC and not _same(value, w.get(key, _ABSENT)):
-                _fail(where, f"{p}.{key}", f"{_found(w[key]) if key in w else 'no such field'} (what the {by} give)",
-                      value)
+            if key not in POST_ALLOC and not same_json(value, w.get(key, ABSENT)):
+                refuse(where, f"{p}.{key}", f"{found(w[key]) if key in w else 'no such field'} (what the {by} give)",
+                       value)
         for key in w.keys() - rec.keys() - POST_ALLOC.keys():
-            _fail(where, f"{p}.{key}", f"{_found(w[key])} (what the {by} give)")
+            refuse(where, f"{p}.{key}", f"{found(w[key])} (what the {by} give)")
 
 
 def _check_weights(doc, where, ctxs) -> None:
-    """One record per weight of the model, of its type, shape, context and generator; one external
-    buffer per context of weights or cache, on that context's backend."""
+    """One record per weight of the model and one external buffer per context, as the model gives (§3.2)."""
     model_w = {t.name: (t, c.name) for c in ctxs if c.name.startswith("weights:") for t in c.tensors}
     seen = set()
     for i, w in enumerate(doc.get("weights", [])):
         p = f"weights[{i}]"
         if w["name"] not in model_w or w["name"] in seen:
-            _fail(where, p + ".name", "the name of a weight of the model (e.g. blk.0.attn_q.weight), each once", w["name"])
+            refuse(where, p + ".name", "the name of a weight of the model (e.g. blk.0.attn_q.weight), each once",
+                   w["name"])
         seen.add(w["name"])
         t, label = model_w[w["name"]]
         ne = list(t.ne)
         part = re.fullmatch(re.escape(label) + r"\[\d{1,5}\]", w["buffer"])  # a multi-buffer's part: a fact
-        for key, value in (("type", t.type.name), ("ne", ne[:len(w["ne"])]), ("buffer", w["buffer"] if part else label)):
-            if not _same(w[key], value) or (key == "ne" and any(n != 1 for n in ne[len(w["ne"]):])):
-                _fail(where, f"{p}.{key}", f"{_found(value)} (what the model and placement give)", w[key])
+        facts = (("type", t.type.name), ("ne", ne[:len(w["ne"])]), ("buffer", w["buffer"] if part else label))
+        for key, value in facts:
+            if not same_json(w[key], value) or (key == "ne" and any(n != 1 for n in ne[len(w["ne"]):])):
+                refuse(where, f"{p}.{key}", f"{found(value)} (what the model and placement give)", w[key])
         gen = dict(zip(("seed", "offset", "scale"), weight_gen(w["name"])))
         for key, value in gen.items():
             if w["gen"][key] != value:
-                _fail(where, f"{p}.gen.{key}", f"{value:g} (the README's generator, from the name)", w["gen"][key])
+                refuse(where, f"{p}.gen.{key}", f"{value:g} (the README's generator, from the name)", w["gen"][key])
     if doc.get("weights") is not None and len(seen) != len(model_w):
-        _fail(where, "weights", f"a record of each of the model's {len(model_w)} weights; "
-              f"{next(n for n in model_w if n not in seen)} has none", doc["weights"])
+        refuse(where, "weights", f"a record of each of the model's {len(model_w)} weights; "
+               f"{next(n for n in model_w if n not in seen)} has none", doc["weights"])
     labels = [c.name for c in ctxs[:-1]]
     exts = doc.get("external_buffers", [])
     for i, ext in enumerate(exts):
         p = f"external_buffers[{i}]"
         if ext["ctx"] not in labels or [e["ctx"] for e in exts].index(ext["ctx"]) != i:
-            _fail(where, p + ".ctx", f"one of the model's contexts ({', '.join(labels)}), each once", ext["ctx"])
+            refuse(where, p + ".ctx", f"one of the model's contexts ({', '.join(labels)}), each once", ext["ctx"])
         if ext["buffer_type"] != ext["ctx"].split(":")[1]:
-            _fail(where, p + ".buffer_type", json.dumps(ext["ctx"].split(":")[1]) + " (the context's backend)",
-                  ext["buffer_type"])
+            refuse(where, p + ".buffer_type", json.dumps(ext["ctx"].split(":")[1]) + " (the context's backend)",
+                   ext["buffer_type"])
         if ext["is_multi_buffer"] != ("parts" in ext):
-            _fail(where, p + (".parts" if "parts" in ext else ".is_multi_buffer"), "parts exactly when "
-                  "is_multi_buffer is true", ext.get("parts", ext["is_multi_buffer"]))
+            refuse(where, p + (".parts" if "parts" in ext else ".is_multi_buffer"), "parts exactly when "
+                   "is_multi_buffer is true", ext.get("parts", ext["is_multi_buffer"]))
     if "external_buffers" in doc and len(exts) != len(labels):
-        _fail(where, "external_buffers", f"a buffer for each of the model's contexts ({', '.join(labels)})", exts)
+        refuse(where, "external_buffers", f"a buffer for each of the model's contexts ({', '.join(labels)})", exts)
 
+# %% [markdown]
+# The work. A file's model dimensions can ask for anything: `check_replay_work` estimates, before anything is
+# allocated, the bytes of weights, cache, compute buffers and the generator's temporaries, the weight bytes to
+# generate and checksum, and the multiply-adds of all rounds, and refuses a file past 2 GiB, 64 MiB or 2^31.
+# `_check_graph_size` refuses a `graph_size` without room in ggml's hash set for every tensor and copy: ggml would
+# abort where ggml_lite's dict would not.
 
 # %%
-# | export
+# | export scenario_check
 REPLAY_MAX_BYTES = 2 << 30  # what `sched --check` may allocate: weights, KV cache, compute buffers, generators
 REPLAY_MAX_WEIGHT_BYTES = 64 << 20  # weights it generates and checksums (about 10 and 12 MB/s: some 10 s)
 REPLAY_MAX_MACS = 1 << 31  # multiply-adds of all its rounds (the bit-exact tier does about 5e8 a second)
@@ -697,30 +754,25 @@ def _built(doc, where, batch) -> tuple:
     try:
         return build_llama(doc["model"], doc["placement"], batch, recorded=True)
     except GraphFullError:
-        _fail(where, "model.n_layer", f"a model whose graph fits the recorder's {GGML_DEFAULT_GRAPH_SIZE} nodes",
-              doc["model"]["n_layer"])
+        refuse(where, "model.n_layer", f"a model whose graph fits the recorder's {GGML_DEFAULT_GRAPH_SIZE} nodes",
+               doc["model"]["n_layer"])
 
 
 def _check_graph_size(doc, where, graph, n_backends) -> None:
-    """ggml's scheduler hashes every tensor it meets (and, in the recorder's build, every copy) in a
-    hash set of at least `graph_size` slots and aborts when it is full; ggml_lite's keeps them in a dict.
-    A graph size that leaves room for every tensor and every copy of it is honoured, a smaller one
-    refused (ggml_lite would not reproduce the abort)."""
+    """Refuse a graph size with no room in ggml's hash set for every tensor and copy (§3.2)."""
     sp = doc.get("sched_params")
     if sp is None:
         return
     n_copies = GGML_SCHED_MAX_COPIES if sp["parallel"] else 1
     need = (len(graph.nodes) + len(graph.leafs)) * (1 + n_copies * n_backends)
     if sp["graph_size"] < need:
-        _fail(where, "sched_params.graph_size", f"at least {need}: room in ggml's hash set for the graph's "
-              f"{len(graph.nodes) + len(graph.leafs)} tensors and each of their {n_copies} x {n_backends} possible "
-              "copies (ggml aborts when it is full; ggml_lite's scheduler would not)", sp["graph_size"])
+        refuse(where, "sched_params.graph_size", f"at least {need}: room in ggml's hash set for the graph's "
+               f"{len(graph.nodes) + len(graph.leafs)} tensors and each of their {n_copies} x {n_backends} possible "
+               "copies (ggml aborts when it is full; ggml_lite's scheduler would not)", sp["graph_size"])
 
 
 def check_replay_work(doc, where: str = "the scenario") -> None:
-    """Refuse, before anything is allocated, a replay that needs more than `REPLAY_MAX_BYTES` of memory,
-    `REPLAY_MAX_WEIGHT_BYTES` of weights to generate and checksum, or `REPLAY_MAX_MACS` multiply-adds (a
-    file's model dimensions can ask for anything)."""
+    """Refuse, before anything is allocated, a replay past the memory, weight or work bounds (§3.2)."""
     m, batches = doc["model"], [s["batch"] for s in doc.get("steps", []) if "batch" in s] or [ROUND0]
     ctxs, _, _ = _built(doc, where, batches[0])
     weights = [t for c in ctxs if c.name.startswith("weights:") for t in c.tensors]
@@ -736,32 +788,42 @@ def check_replay_work(doc, where: str = "the scenario") -> None:
                for b in batches[1:])
     if need > REPLAY_MAX_BYTES:
         raise GraphFileError(f"{where}: model: the replay would need {need / 2**30:.2f} GiB (weights and KV cache "
-                             f"{stored / 2**20:.1f} MiB, compute buffers up to {2 * n_copies * compute / 2**20:.1f} MiB); "
+                             f"{stored / 2**20:.1f} MiB, compute buffers up to "
+                             f"{2 * n_copies * compute / 2**20:.1f} MiB); "
                              f"expected at most {REPLAY_MAX_BYTES / 2**30:g} GiB")
     weight_bytes = sum(map(nbytes, weights))
     if weight_bytes > REPLAY_MAX_WEIGHT_BYTES:
-        raise GraphFileError(f"{where}: model: the replay would generate and checksum {weight_bytes / 2**20:.1f} MiB of "
-                             f"weights; expected at most {REPLAY_MAX_WEIGHT_BYTES / 2**20:g} MiB (about 10 s)")
+        raise GraphFileError(f"{where}: model: the replay would generate and checksum {weight_bytes / 2**20:.1f} "
+                             f"MiB of weights; expected at most {REPLAY_MAX_WEIGHT_BYTES / 2**20:g} MiB (about 10 s)")
     if macs > REPLAY_MAX_MACS:
-        raise GraphFileError(f"{where}: steps: the rounds' replay would need {macs:.3g} multiply-adds; expected at most "
-                             f"{REPLAY_MAX_MACS:.3g} (about 4 s of the bit-exact tier)")
+        raise GraphFileError(f"{where}: steps: the rounds' replay would need {macs:.3g} multiply-adds; expected "
+                             f"at most {REPLAY_MAX_MACS:.3g} (about 4 s of the bit-exact tier)")
 
+# %% [markdown]
+# `check_scenario` runs it all. Before the form it reads only what says which kind of file this is, the schema's
+# name and `outcome.completed` (a completed scenario needs its set-up and steps, an aborted one its backends, model,
+# placement and the stderr up to the abort), so that a file missing a whole part is told so in one sentence.
 
 # %%
-# | export
+# | export scenario_check
+SCENARIO_FIELDS = {  # what a replay reads, by kind of scenario (the README's top-level keys)
+    "completed": ("sched_params", "backends", "model", "placement", "external_buffers", "weights", "pins",
+                  "graph", "steps"),
+    "aborted": ("backends", "model", "placement"),
+}
 
 
 def check_scenario(doc, where: str = "the scenario") -> dict:
-    """`doc` if it is a scheduler scenario a replay can use, every field checked (§3); else `GraphFileError`
-    naming the file, the field's JSON path, what was expected and what was found."""
+    """`doc` if it is a scheduler scenario a replay can use, every field checked (§3); else `GraphFileError`."""
     if not isinstance(doc, dict) or doc.get("schema") != "ggml-sched-fixture":
         schema = doc.get("schema") if isinstance(doc, dict) else None
-        raise GraphFileError(f"{where}: not a scheduler scenario (schema {quote(schema)}, expected 'ggml-sched-fixture')")
+        raise GraphFileError(f"{where}: not a scheduler scenario (schema {quote(schema)}, "
+                             "expected 'ggml-sched-fixture')")
     outcome = doc.get("outcome")
     if not isinstance(outcome, dict):
         raise GraphFileError(f"{where}: no `outcome` object (`{{\"completed\": true}}`, or false with the "
                              "reference's abort); every recorded scenario has one")
-    Bool().check(outcome.get("completed", _ABSENT), "outcome.completed", where)  # it says which kind the file is
+    Bool().check(outcome.get("completed", ABSENT), "outcome.completed", where)  # it says which kind the file is
     kind = "completed" if outcome["completed"] else "aborted"
     missing = [k for k in SCENARIO_FIELDS[kind] if k not in doc]
     if kind == "aborted" and not outcome.get("stderr_until_abort"):
@@ -779,20 +841,16 @@ def check_scenario(doc, where: str = "the scenario") -> dict:
     in_graph = {t.name for t in (*graph.nodes, *graph.leafs)}
     for i, pin in enumerate(doc.get("pins", [])):
         if pin["tensor"] not in in_graph:
-            _fail(where, f"pins[{i}].tensor", "the name of a node or leaf of the round-0 graph", pin["tensor"])
+            refuse(where, f"pins[{i}].tensor", "the name of a node or leaf of the round-0 graph", pin["tensor"])
     if "graph" in doc:
         _check_graph(doc, where, ctxs, graph, roots)
     _check_weights(doc, where, ctxs)
     return doc
 
-
 # %% [markdown]
-# Two refused files: scenario 04 with its first pin naming a tensor the graph does not have, and
-# scenario 03 with a model of `n_head` 0. Each message names the field by its path, says what was
-# expected and what was found; nothing was built. A replay (`sched --check`) also states its cost first:
-# `check_replay_work` refuses a file whose weights, cache and compute buffers would pass 2 GiB, whose
-# weights pass 64 MiB, or whose rounds would pass 2^31 multiply-adds; the printout (`sched FILE`) fills
-# no weight at all.
+# Two refused files: scenario 04 with its first pin naming a tensor the graph does not have, and scenario 03 with a
+# model of `n_head` 0. Each message names the field by its path, what was expected and what was found; nothing was
+# built.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -811,119 +869,63 @@ for bad in (bad_pin, bad_head):
     except GraphFileError as e:
         print(e)
 
-
 # %% [markdown]
 # ## 4 · The replay
 #
-# The replay listens to the `ggml_lite` logger — pass 1's warnings, the debug printout, the graph
-# allocator's messages — and rebuilds from them the text the C wrote to stderr, which the fixtures
-# recorded line for line. Then it runs the recorded steps — reserve, and per round reset, a fresh
-# graph, pins, alloc_graph, inputs, graph_compute — and lists every difference.
+# The C writes its messages to stderr and the recorder kept them line for line. ggml_lite sends the same messages to
+# its logger, so the replay listens (`captured_log`) and rebuilds the text: a message per line, the printout's split
+# headers with their own leading newline. Every comparison goes through `_compare`, which appends a *difference*
+# instead of stopping, and reports a long list or text from its first differing item or line.
+#
+# Where a tensor is, as the recorder wrote it. It named buffers by what they hold: `compute:BACKEND`, the context's
+# label (`weights:FAKE`, `kv_cache:CPU`), and `label[i]` for a multi-buffer's parts (`_labels`). A tensor's place is
+# `(buffer, offset, ext_offset)`: an offset in a compute buffer, an `ext_offset` in a weight or cache buffer, which
+# tells planned memory from memory given before the scheduler ran.
 
 # %%
-# | export
-ROUND0 = {"n_tokens": 16, "n_kv": 32, "kv_head": 0, "n_outputs": 1}  # the README's round-0 batch
+# | export scenario_replay
+"""Replaying a recorded scheduler scenario: every recorded step run again, every recorded fact compared
+(`replay`); and a scenario's `GGML_SCHED_DEBUG` printout (`scenario_printout`)."""
 
+import logging
+import math
+from contextlib import ExitStack
+from unittest.mock import patch
 
+import numpy as np
+
+from ggml_lite.backend import tensor_get, tensor_set
+from ggml_lite.dyn_tallocr import captured_log
+from ggml_lite.errors import SchedulerError
+from ggml_lite.models.llama import batch_inputs, build_graph, model_tensors
+from ggml_lite.scenario import apply_pins, built_scenario, fill_weights, fnv1a32, load_scenario, new_sched
+from ggml_lite.scenario_check import check_replay_work, check_scenario
+from ggml_lite.sim import SimBackend, SimBuffer, SimBufferType, computes_nothing
+from ggml_lite.tensor import nbytes
+from ggml_lite.untrusted import quote
 
 
 def _stderr_text(lines) -> str:
-    """Captured messages as the C wrote them to stderr: one per line; the debug printout's split
-    headers bring their own leading newline."""
+    """Captured messages as the C wrote them to stderr (split headers bring their own newline)."""
     return "".join(m if m.startswith("\n## SPLIT") else m + "\n" for m in lines)
 
 
-def _stderr_of(step) -> str:
-    return "\n".join(step["stderr"]) + "\n" if step.get("stderr") else ""
-
-
-
-
-def new_sched(doc, backends, debug: bool = None) -> BackendSched:
-    """`ggml_backend_sched_new` as the scenario's `sched_params` say (graph size, parallel, debug)."""
-    sp = doc.get("sched_params", {})
-    return BackendSched(backends, graph_size=sp.get("graph_size", GGML_DEFAULT_GRAPH_SIZE),
-                        parallel=sp.get("parallel", False), debug=sp.get("GGML_SCHED_DEBUG", True) if debug is None else debug)
-
-
-def apply_pins(sched, graph, doc, backends) -> None:
-    """The scenario's `ggml_backend_sched_set_tensor_backend` calls, on the tensors of `graph`."""
-    by_name = {b.get_name(): b for b in backends}
-    for p in doc.get("pins", []):
-        sched.set_tensor_backend(graph.get_tensor(p["tensor"]), by_name[p["backend"]])
-
-
-
-
-def built_scenario(doc, buffers: dict = None) -> tuple:
-    """`(backends, round-0 graph)` of a scenario that recorded no graph (13: it aborted first): the
-    graph built by `build_llama`, its weight and cache contexts allocated on their backends with the
-    recorded usages (into `buffers`, by context, when given)."""
-    backends = make_backends(doc)
-    by_name = {b.get_name(): b for b in backends}
-    usage = {e["ctx"]: e["usage"] for e in doc.get("external_buffers", [])}
-    ctxs, graph, _ = build_llama(doc["model"], doc["placement"], ROUND0, recorded=True)
-    for ctx in ctxs[:-1]:
-        buf = alloc_ctx_tensors(ctx, by_name[ctx.name.split(":")[1]])
-        kind = BufferUsage.WEIGHTS if ctx.name.startswith("weights") else BufferUsage.ANY
-        buf.set_usage(BufferUsage[usage[ctx.name]] if ctx.name in usage else kind)
-        if buffers is not None:
-            buffers[ctx.name] = buf
-    return backends, graph
-
-
-
-
-def _replay_abort(doc) -> list:
-    """Scenario 13: the reference aborted in the reserve; ggml_lite must print the same messages before
-    it (pass 1's warnings) and raise the same error (the abort's message, without ggml's file:line)."""
-    buffers, out = {}, []
-    backends, graph = built_scenario(doc, buffers)
-    sched = new_sched(doc, backends)
-    if "weights" in doc and "external_buffers" in doc:  # the set-up before the abort, as recorded
-        tensors = {t.name: t for t in graph.leafs}
-        fill_weights(doc, tensors)
-        _check_setup(doc, buffers, tensors, sched, out)
-    apply_pins(sched, graph, doc, backends)
-    *before, last = doc["outcome"]["stderr_until_abort"]
-    want = last.split(": ", 1)[-1]
-    with captured_log(logging.WARNING) as err:
-        try:
-            sched.reserve(graph)
-        except SchedulerError as e:
-            if want not in str(e):
-                out.append(f"reserve: aborted with {quote(str(e), 240)}, the reference with {quote(want, 240)}")
-            _compare("reserve: stderr before the abort", list(err), before, out)
-            return out
-    return out + [f"reserve: completed, the reference aborted ({want})"]
-
-
-
-# %%
-# | export
-def _short(v) -> str:
-    return quote(v, 240)
-
-
 def _compare(what, got, want, out) -> None:
-    """Append a difference to `out` when `got` (ggml_lite's) is not `want` (the record's); long lists and
-    texts are shown from their first differing item or line."""
+    """Append to `out` how `got` (ggml_lite's) differs from `want` (the record's), if it does."""
     if got == want:
         return
     if type(got) is type(want) and isinstance(got, (list, str)) and max(len(repr(got)), len(repr(want))) > 240:
         unit, g, w = ("line", got.splitlines(), want.splitlines()) if isinstance(got, str) else ("item", got, want)
         k = next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
+        mine, theirs = (quote(g[k], 240) if k < len(g) else "(none)"), (quote(w[k], 240) if k < len(w) else "(none)")
         out.append(f"{what}: first difference at {unit} {k} ({len(g)} in ggml_lite, {len(w)} in ggml): ggml_lite "
-                   f"{_short(g[k]) if k < len(g) else '(none)'}, ggml {_short(w[k]) if k < len(w) else '(none)'}")
+                   f"{mine}, ggml {theirs}")
     else:
-        out.append(f"{what}: ggml_lite {_short(got)}, ggml {_short(want)}")
-
-
+        out.append(f"{what}: ggml_lite {quote(got, 240)}, ggml {quote(want, 240)}")
 
 
 def _labels(sched, buffers: dict) -> dict:
-    """id(buffer) -> the name the recorder gave it: `compute:BACKEND`, or the weight or cache context
-    (a multi-buffer's parts as `ctx[i]`)."""
+    """id(buffer) -> the recorder's name for it: `compute:BACKEND`, a context's label, or `label[i]`."""
     labels = {}
     for label, buf in buffers.items():
         labels[id(buf)] = label
@@ -936,16 +938,11 @@ def _labels(sched, buffers: dict) -> dict:
 
 
 def _placed(t, labels: dict) -> tuple:
-    """(buffer, offset, ext_offset) of a tensor as the recorder wrote them: an offset in a compute
-    buffer, an ext_offset in a weight or cache buffer."""
+    """(buffer, offset, ext_offset) of a tensor as the recorder wrote them (§4)."""
     if t.buffer is None or t.data is None:
         return None, None, None
     label, off = labels.get(id(t.buffer), t.buffer.get_name()), t.data - t.buffer.get_base()
     return (label, off, None) if label.startswith("compute:") else (label, None, off)
-
-
-# %%
-# | export
 
 
 def _splits_and_inputs(sched) -> tuple:
@@ -962,10 +959,20 @@ def _splits_and_inputs(sched) -> tuple:
               for t in sched.graph_inputs]
     return splits, inputs
 
+# %% [markdown]
+# One alloc_graph step. The recorder wrote down everything the scheduler decided: the counts, the splits and graph
+# inputs, every tensor of the round in id order with its backend, cause, place and sources, the scheduler's graph
+# copy, and the buffer sizes; `_check_alloc` compares them tensor by tensor. `_check_setup` compares the external
+# buffers and every weight's place and checksum; `_check_compute` a round's inputs and its logits, bit for bit: FAKE
+# computed with the CPU's kernels, SIM with the bit-exact tier.
+
+# %%
+# | export scenario_replay
+COPY_FIELDS = ("i", "name", "op", "backend", "view_src", "flags_value", "nbytes", "buffer", "offset", "ext_offset")
+
 
 def _check_alloc(sched, step, out, buffers: dict, order: list) -> None:
-    """A round's alloc_graph as recorded; `order`: the round's tensors in id order (weights and cache,
-    then the compute context)."""
+    """A round's alloc_graph as recorded; `order`: the round's tensors in id order."""
     k = f"round {step['round']} alloc_graph"
     _compare(f"{k}: n_splits", sched.n_splits, step["n_splits"], out)
     _compare(f"{k}: n_copies", sched.n_copies, step["n_copies"], out)
@@ -987,123 +994,24 @@ def _check_alloc(sched, step, out, buffers: dict, order: list) -> None:
     for kind, tensors_, ids in (("nodes", sched.graph.nodes, sched.node_backend_ids),
                                 ("leafs", sched.graph.leafs, sched.leaf_backend_ids)):
         recs = step["sched_graph"][kind]
-        _compare(f"{k}: graph copy {kind}", (len(tensors_), len(tensors_)), (len(recs), step["sched_graph"][f"n_{kind}"]), out)
+        _compare(f"{k}: graph copy {kind}", (len(tensors_), len(tensors_)),
+                 (len(recs), step["sched_graph"][f"n_{kind}"]), out)
         for i, (t, b, rec) in enumerate(zip(tensors_, ids, recs)):
             got = (i, t.name, t.op.name, sched.backends[b].get_name() if b != -1 else None,
                    t.view_src.name if t.view_src is not None else None, int(t.flags), nbytes(t), *_placed(t, labels))
-            _compare(f"{k}: graph copy {kind}[{rec['i']}]", got, tuple(rec[f] for f in (
-                "i", "name", "op", "backend", "view_src", "flags_value", "nbytes", "buffer", "offset", "ext_offset")), out)
+            _compare(f"{k}: graph copy {kind}[{rec['i']}]", got, tuple(rec[f] for f in COPY_FIELDS), out)
     _compare(f"{k}: buffer sizes", {b.get_name(): sched.get_buffer_size(b) for b in sched.backends},
              step["buffer_sizes"], out)
 
 
-
-# %%
-# | export
-def scenario_printout(doc: dict, where: str = "the scenario") -> str:
-    """The GGML_SCHED_DEBUG printout of the scenario's round-0 graph after its pins (the text the
-    reserve step recorded, pass 1's warnings first); the file checked first, no weight filled."""
-    check_scenario(doc, where)
-    if not doc["outcome"]["completed"]:
-        backends, graph = built_scenario(doc)
-    else:
-        sc = load_scenario(doc, fill=False)  # the assignments need no weight bytes
-        backends, graph = sc.backends, sc.gf.graph
-    sched = new_sched(doc, backends, debug=True)
-    apply_pins(sched, graph, doc, backends)
-    with captured_log(logging.DEBUG) as err:
-        try:
-            sched.split_graph(graph)
-        except SchedulerError as e:
-            return _stderr_text(err) + f"error: {e}\n"
-    return _stderr_text(err)
-
-
-
-# %%
-# | export
-class _Trace:
-    """Records the backend calls made while it is active, in the fixtures' trace format: every call of
-    the SIM backends (and their buffers) and the CPU's graph_compute. The hooks are wrapped on the
-    backend objects and on the SimBuffer class, and restored on exit."""
-
-    def __init__(self, sched):
-        self.sched, self.lines, self.undo = sched, [], []
-        self.event_names = {id(e): f"ev{c}" for row in sched.events for c, e in enumerate(row) if e is not None}
-
-    def _wrap(self, obj, name, make):
-        """Replace `obj.name` by `make(current)`; remember what `obj` itself held, to restore it."""
-        self.undo.append((obj, name, obj.__dict__.get(name, _MISSING)))
-        setattr(obj, name, make(getattr(obj, name)))
-
-    def __enter__(self):
-        from ggml_lite.sim import SimBackend, SimBuffer, computes_nothing
-
-        lines, ev = self.lines, self.event_names
-        for b in self.sched.backends:
-            name = b.get_name()
-
-            def gc(orig, name=name):
-                def run(graph):
-                    nodes = graph.nodes
-                    real = [n for n in nodes if not computes_nothing(n.op)]
-                    shown = real or nodes  # first and last name the non-view nodes
-                    lines.append(f"{name}.graph_compute n_nodes={len(nodes)} ({len(real)} non-view) "
-                                 f"first={shown[0].name} last={shown[-1].name}")
-                    return orig(graph)
-                return run
-            self._wrap(b, "_graph_compute", gc)
-            if not isinstance(b, SimBackend):
-                continue
-            self._wrap(b, "_synchronize", lambda orig, name=name: lambda: (lines.append(f"{name}.synchronize"), orig())[1])
-            self._wrap(b, "_event_record", lambda orig, name=name: lambda e: (
-                lines.append(f"{name}.event_record {ev.get(id(e), '?')}"), orig(e))[1])
-            self._wrap(b, "_event_synchronize", lambda orig, name=name: lambda e: (
-                lines.append(f"{name}.event_synchronize {ev.get(id(e), '?')}"), orig(e))[1])
-            self._wrap(b, "_event_wait", lambda orig, name=name: lambda e: (
-                lines.append(f"{name}.event_wait {e.backend.get_name()}.{ev.get(id(e), '?')}"), orig(e))[1])
-        self._wrap(SimBuffer, "set_tensor", lambda orig: lambda buf, t, data, offset, size: (
-            lines.append(f"{buf.buft.get_name()}.set_tensor {t.name} offset={offset} size={size}"),
-            orig(buf, t, data, offset, size))[1])
-        self._wrap(SimBuffer, "get_tensor", lambda orig: lambda buf, t, offset, size: (
-            lines.append(f"{buf.buft.get_name()}.get_tensor {t.name} offset={offset} size={size}"),
-            orig(buf, t, offset, size))[1])
-
-        def cpy(orig):
-            def run(buf, src, dst):
-                done = orig(buf, src, dst)
-                sbuf = src.view_src.buffer if src.view_src is not None else src.buffer
-                lines.append(f"{buf.buft.get_name()}.cpy_tensor {src.name} ({sbuf.get_name()}) -> {dst.name} "
-                             f"{'size=' + str(nbytes(src)) if done else 'declined'}")
-                return done
-            return run
-        self._wrap(SimBuffer, "cpy_tensor", cpy)
-        return self
-
-    def __exit__(self, *exc):
-        for obj, name, old in reversed(self.undo):
-            if old is _MISSING:
-                delattr(obj, name)
-            else:
-                setattr(obj, name, old)
-
-
-
-
-_MISSING = object()
-
-
-
-# %%
-# | export
 def _check_setup(doc, buffers, tensors, sched, out) -> None:
-    """The weight and cache buffers as recorded (sizes, parts), every weight where it was and with the
-    recorded checksum of its bytes (`tensors`: name -> tensor)."""
+    """The external buffers and every weight's place and checksum as recorded (`tensors`: by name)."""
     labels = _labels(sched, buffers)
     for ext in doc["external_buffers"]:
         buf = buffers[ext["ctx"]]
-        parts = [{"size": p.get_size(), "usage": p.get_usage().name} for p in buf.buffers] if buf.is_multi_buffer() else None
-        _compare(f"external buffer {ext['ctx']}: size, multi-buffer and parts", (buf.get_size(), buf.is_multi_buffer(), parts),
+        multi = buf.is_multi_buffer()
+        parts = [{"size": p.get_size(), "usage": p.get_usage().name} for p in buf.buffers] if multi else None
+        _compare(f"external buffer {ext['ctx']}: size, multi-buffer and parts", (buf.get_size(), multi, parts),
                  (ext["size"], ext["is_multi_buffer"], ext.get("parts")), out)
     for w in doc["weights"]:
         t = tensors[w["name"]]
@@ -1138,45 +1046,102 @@ def _check_compute(graph, batch, step, out) -> None:
         if not math.isclose(value, rec[key], rel_tol=1e-9, abs_tol=1e-9):
             out.append(f"{r}: {key} of the logits: ggml_lite {value!r}, ggml {rec[key]!r}")
 
+# %% [markdown]
+# Every backend call. The recorder logged each call the scheduler made on a FAKE backend or its buffers
+# (graph_compute, synchronize, events, tensor set/get/copy) and the CPU's graph_compute: the order of copies and
+# waits that chapter 09's `compute_splits` ports. `_Trace` wraps the same hooks of SIM and the CPU for a round with
+# `unittest.mock.patch.object`, which puts the originals back on exit.
 
 # %%
-# | export
-class _Allocations:
-    """Records every SIM buffer allocation while active, as the fixtures' `fake_buffer_allocations`
-    write them: `NAME.alloc_buffer size=N (why)`; `why` is set by the caller as the replay goes on."""
+# | export scenario_replay
+class _Trace:
+    """Records, while active, the backend calls of a round in the fixtures' trace format (`lines`)."""
 
-    def __init__(self, why: str):
-        self.why, self.lines = why, []
+    def __init__(self, sched):
+        self.sched, self.lines, self.patches = sched, list[str](), ExitStack()
+
+    def _log(self, obj, name: str, text, after: bool = False) -> None:
+        """Until exit, each call of `obj.name` appends `text(*args)` (`after`: `text(result, *args)`)."""
+        orig = getattr(obj, name)
+
+        def run(*args):
+            if not after:
+                self.lines.append(text(*args))
+                return orig(*args)
+            result = orig(*args)
+            self.lines.append(text(result, *args))
+            return result
+        self.patches.enter_context(patch.object(obj, name, run))
 
     def __enter__(self):
-        from ggml_lite.sim import SimBufferType
-
-        orig, lines = SimBufferType.alloc_buffer, self.lines
-
-        def alloc_buffer(buft, size):
-            lines.append(f"{buft.get_name()}.alloc_buffer size={size} ({self.why})")
-            return orig(buft, size)
-        self.undo = lambda: setattr(SimBufferType, "alloc_buffer", orig)
-        SimBufferType.alloc_buffer = alloc_buffer
+        ev = {id(e): f"ev{c}" for row in self.sched.events for c, e in enumerate(row) if e is not None}
+        for b in self.sched.backends:
+            name = b.get_name()
+            self._log(b, "_graph_compute", lambda graph, name=name: _compute_line(name, graph.nodes))
+            if isinstance(b, SimBackend):
+                self._log(b, "_synchronize", lambda name=name: f"{name}.synchronize")
+                self._log(b, "_event_record", lambda e, name=name: f"{name}.event_record {ev.get(id(e), '?')}")
+                self._log(b, "_event_synchronize",
+                          lambda e, name=name: f"{name}.event_synchronize {ev.get(id(e), '?')}")
+                self._log(b, "_event_wait",
+                          lambda e, name=name: f"{name}.event_wait {e.backend.get_name()}.{ev.get(id(e), '?')}")
+        self._log(SimBuffer, "set_tensor", lambda buf, t, data, offset, size:
+                  f"{buf.buft.get_name()}.set_tensor {t.name} offset={offset} size={size}")
+        self._log(SimBuffer, "get_tensor", lambda buf, t, offset, size:
+                  f"{buf.buft.get_name()}.get_tensor {t.name} offset={offset} size={size}")
+        self._log(SimBuffer, "cpy_tensor", _copy_line, after=True)
         return self
 
     def __exit__(self, *exc):
-        self.undo()
+        self.patches.close()
+
+
+def _compute_line(name: str, nodes) -> str:
+    real = [n for n in nodes if not computes_nothing(n.op)]
+    shown = real or nodes  # first and last name the non-view nodes
+    return (f"{name}.graph_compute n_nodes={len(nodes)} ({len(real)} non-view) "
+            f"first={shown[0].name} last={shown[-1].name}")
+
+
+def _copy_line(done: bool, buf, src, dst) -> str:
+    sbuf = src.view_src.buffer if src.view_src is not None else src.buffer
+    return (f"{buf.buft.get_name()}.cpy_tensor {src.name} ({sbuf.get_name()}) -> {dst.name} "
+            f"{'size=' + str(nbytes(src)) if done else 'declined'}")
+
+# %% [markdown]
+# `replay` itself, under `_Allocations` (which records each SIM buffer allocation, as `fake_buffer_allocations` do):
+# check the file and the work, load the scenario, compare the set-up, then the reserve's stderr, counts and buffer
+# sizes. A scheduler error where the reference completed is a difference, not a crash.
+
+# %%
+# | export scenario_replay
+class _Allocations:
+    """Records every SIM buffer allocation while active: `NAME.alloc_buffer size=N (why)`."""
+
+    def __init__(self, why: str):
+        self.why, self.lines = why, list[str]()
+        orig = SimBufferType.alloc_buffer
+
+        def alloc_buffer(buft, size):
+            self.lines.append(f"{buft.get_name()}.alloc_buffer size={size} ({self.why})")
+            return orig(buft, size)
+        self.patch = patch.object(SimBufferType, "alloc_buffer", alloc_buffer)
+
+    def __enter__(self):
+        self.patch.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.patch.stop()
 
 
 def replay(doc: dict, where: str = "the scenario") -> list:
-    """Every difference between a recorded scenario and ggml_lite's replay of it (empty: identical):
-    the set-up (buffers, weights and their checksums, the FAKE allocations), the reserve (stderr:
-    warnings, GGML_SCHED_DEBUG printout, allocator messages; n_splits, n_copies, buffer sizes), and per
-    round alloc_graph (stderr, splits and their inputs and copies, the graph inputs, every tensor's
-    backend, cause, buffer and offset, the graph copy, buffer sizes) and graph_compute (status,
-    cur_copy, inputs, the logits bit for bit, and every backend call in order). Scenario 13 must end
-    in the reference's abort. The file is checked first (§3), and so is the work it asks for."""
+    """Every difference between a recorded scenario and ggml_lite's replay of it (empty: identical; A3 §4)."""
     check_scenario(doc, where)
     if not doc["outcome"]["completed"]:
         return _replay_abort(doc)
     check_replay_work(doc, where)
-    out = []
+    out: list[str] = []
     with _Allocations("model weights and KV cache") as allocs:
         sc = load_scenario(doc)
         sched = new_sched(doc, sc.backends)
@@ -1190,8 +1155,9 @@ def replay(doc: dict, where: str = "the scenario") -> list:
                 return out + [f"reserve: ggml_lite aborts ({e}), the reference completed"]
         res = doc["steps"][0]
         _compare("reserve: ok", ok, res["ok"], out)
-        _compare("reserve: stderr", _stderr_text(err), _stderr_of(res), out)
-        _compare("reserve: n_splits, n_copies", (sched.n_splits, sched.n_copies), (res["n_splits"], res["n_copies"]), out)
+        _compare("reserve: stderr", _stderr_text(err), _stderr_text(res["stderr"]), out)
+        _compare("reserve: n_splits, n_copies", (sched.n_splits, sched.n_copies),
+                 (res["n_splits"], res["n_copies"]), out)
         _compare("reserve: buffer sizes", {b.get_name(): sched.get_buffer_size(b) for b in sc.backends},
                  res["buffer_sizes"], out)
         allocs.why = "ggml_backend_sched_alloc_graph"
@@ -1200,11 +1166,14 @@ def replay(doc: dict, where: str = "the scenario") -> list:
         _compare("FAKE buffer allocations", allocs.lines, doc["fake_buffer_allocations"], out)
     return out
 
+# %% [markdown]
+# The rounds, each as llama.cpp runs one: reset, a fresh graph for the round's batch over the same weights and
+# cache, the pins again, `alloc_graph` and its comparison, the inputs, `graph_compute` under `_Trace`, and the
+# calls, status, `cur_copy` and logits compared. After round 0, `_check_graph_facts` compares the `POST_ALLOC` facts
+# of the recorded graph too.
 
 # %%
-# | export
-
-
+# | export scenario_replay
 def _replay_rounds(doc, sc, sched, out) -> None:
     """Every round after the reserve: a fresh graph, the pins, alloc_graph, the inputs, graph_compute."""
     steps = doc["steps"]
@@ -1222,7 +1191,8 @@ def _replay_rounds(doc, sc, sched, out) -> None:
                 out.append(f"round {alloc_step['round']} alloc_graph: ggml_lite aborts ({e}), the reference completed")
                 return
         _compare(f"round {alloc_step['round']} alloc_graph: ok", ok, alloc_step["ok"], out)
-        _compare(f"round {alloc_step['round']} alloc_graph: stderr", _stderr_text(err), _stderr_of(alloc_step), out)
+        _compare(f"round {alloc_step['round']} alloc_graph: stderr", _stderr_text(err),
+                 _stderr_text(alloc_step["stderr"]), out)
         _check_alloc(sched, alloc_step, out, sc.buffers, stored + ctx.tensors)
         if k == 1:
             _check_graph_facts(sched, graph, doc, sc.buffers, out)
@@ -1234,13 +1204,12 @@ def _replay_rounds(doc, sc, sched, out) -> None:
         _compare(f"{r}: backend calls", trace.lines, compute_step["trace"], out)
         _compare(f"{r}: status", int(status), compute_step["status"], out)
         _compare(f"{r}: cur_copy after", sched.cur_copy, compute_step["cur_copy_after"], out)
-        _compare(f"{r}: stderr", "", _stderr_of(compute_step), out)
+        _compare(f"{r}: stderr", "", _stderr_text(compute_step["stderr"]), out)
         _check_compute(graph, alloc_step["batch"], compute_step, out)
 
 
 def _check_graph_facts(sched, graph, doc, buffers, out) -> None:
-    """What the recorder wrote into the round-0 graph's records after its alloc_graph: each tensor's
-    backend, cause, buffer, offsets and whether it was preallocated."""
+    """What the recorder wrote into the round-0 graph's records after round 0 (`POST_ALLOC`)."""
     labels = _labels(sched, buffers)
     tensors = {t.name: t for t in (*graph.nodes, *graph.leafs)}
     for rec in doc["graph"]["tensors"]:
@@ -1253,14 +1222,60 @@ def _check_graph_facts(sched, graph, doc, buffers, out) -> None:
         _compare(f"graph.tensors[{rec['id']}] ({rec['name']}): after round 0", got, tuple(rec[k] for k in (
             "sched_backend", "sched_cause", "buffer", "offset", "ext_offset", "preallocated")), out)
 
+# %% [markdown]
+# `scenario_printout` is what `sched FILE` prints: one `split_graph` of the set-up, built without a weight byte,
+# with the printout on (and the scheduler's error after it if it aborts). `_replay_abort` replays scenario 13, whose
+# reference aborted in the reserve (a pre-allocated KV-cache view in a FAKE buffer whose backend denies the copy
+# op): the same warnings first, then the same error without ggml's `file:line`.
 
+# %%
+# | export scenario_replay
+def scenario_printout(doc: dict, where: str = "the scenario") -> str:
+    """The GGML_SCHED_DEBUG text of the scenario's round-0 graph after its pins; no weight filled."""
+    check_scenario(doc, where)
+    if not doc["outcome"]["completed"]:
+        backends, graph = built_scenario(doc)
+    else:
+        sc = load_scenario(doc, fill=False)  # the assignments need no weight bytes
+        backends, graph = sc.backends, sc.gf.graph
+    sched = new_sched(doc, backends, debug=True)
+    apply_pins(sched, graph, doc, backends)
+    with captured_log(logging.DEBUG) as err:
+        try:
+            sched.split_graph(graph)
+        except SchedulerError as e:
+            return _stderr_text(err) + f"error: {e}\n"
+    return _stderr_text(err)
+
+
+def _replay_abort(doc) -> list:
+    """Scenario 13: the same warnings, then the same error as the reference's abort in the reserve."""
+    buffers: dict = {}
+    out: list[str] = []
+    backends, graph = built_scenario(doc, buffers)
+    sched = new_sched(doc, backends)
+    if "weights" in doc and "external_buffers" in doc:  # the set-up before the abort, as recorded
+        tensors = {t.name: t for t in graph.leafs}
+        fill_weights(doc, tensors)
+        _check_setup(doc, buffers, tensors, sched, out)
+    apply_pins(sched, graph, doc, backends)
+    *before, last = doc["outcome"]["stderr_until_abort"]
+    want = last.split(": ", 1)[-1]
+    with captured_log(logging.WARNING) as err:
+        try:
+            sched.reserve(graph)
+        except SchedulerError as e:
+            if want not in str(e):
+                out.append(f"reserve: aborted with {quote(str(e), 240)}, the reference with {quote(want, 240)}")
+            _compare("reserve: stderr before the abort", list(err), before, out)
+            return out
+    return out + [f"reserve: completed, the reference aborted ({want})"]
 
 # %% [markdown]
 # ## 5 · All 14 scenarios
 #
-# All 14 recorded scenarios, replayed from the copies the project carries (`tests/fixtures/`): every
-# recorded fact — assignments and causes, splits, the graph copy with its offsets, buffer sizes, the
-# printout, every backend call, the logits bit for bit, and scenario 13's abort — must come out the same.
+# All 14 recorded scenarios, replayed from the project's copies (`tests/fixtures/`): every recorded fact, from the
+# causes to the logits' bits and scenario 13's abort, must come out the same.
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -8,7 +8,8 @@ import pytest
 
 import ggml_lite as gl
 from helpers import SCHED_FILES, fixture_path, load_json
-from ggml_lite.scenario import batch_inputs, fnv1a32, load_scenario, make_backends, offload_rule, weight_gen
+from ggml_lite.models.llama import batch_inputs
+from ggml_lite.scenario import fnv1a32, load_scenario, make_backends, offload_rule, weight_gen
 
 
 def _doc(name):

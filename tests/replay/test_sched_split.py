@@ -155,7 +155,7 @@ def test_a_changed_record_is_reported(tmp_path, capsys):
     import json
 
     from ggml_lite.__main__ import main
-    from ggml_lite.scenario import replay
+    from ggml_lite.scenario_replay import replay
 
     doc = copy.deepcopy(load_json(fixture_path("ggml-seed-sched", "03_partial_offload")))
     alloc = doc["steps"][1]
