@@ -31,7 +31,7 @@ FIXTURE = ROOT / "tests" / "fixtures" / "ggml-seed" / "07_llama4_kvcache.json"
 
 import ggml_lite as gl  # noqa: E402
 from ggml_lite.buffer import tensor_array  # noqa: E402
-from ggml_lite.graphio import run_plan  # noqa: E402
+from ggml_lite.plancheck import run_plan  # noqa: E402
 from ggml_lite.numerics import fill_leaf  # noqa: E402
 from ggml_lite.tensor import Op, word_to_float  # noqa: E402
 

@@ -30,9 +30,8 @@ from ggml_lite.tensor import (  # noqa: F401
     nelements, nrows, op_by_name, row_size, set_input, set_output, set_param, type_by_name,
     word_to_float,
 )
-from ggml_lite.graphio import (  # noqa: F401,E402
-    GraphFile, Plan, check_plan_file, graph_document, load_graph, plan_of, read_graph_file, run_plan, save_graph_file,
-)
+from ggml_lite.graphio import GraphFile, graph_document, load_graph, read_graph_file, save_graph_file  # noqa: F401,E402
+from ggml_lite.plancheck import Plan, check_plan_file, plan_of, run_plan  # noqa: F401,E402
 from ggml_lite.align import GGML_PAD, aligned_offset, is_power_of_two  # noqa: F401,E402
 from ggml_lite.buffer import (  # noqa: F401,E402
     SIZE_MAX, TENSOR_ALIGNMENT, Buffer, BufferType, BufferUsage, CPUBuffer, CPUBufferType, MultiBuffer,

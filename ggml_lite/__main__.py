@@ -45,11 +45,11 @@ import os
 import sys
 
 from ggml_lite.errors import AllocationError, GGMLLiteError, GraphFileError, TensorError, UnsupportedOpError
-from ggml_lite.graphio import (
-    RecordedBufferType, buffer_type_of, check_plan_file, plan_of, read_json, run_plan, validate_document,
-)
 from ggml_lite.numerics import validate_numerics, verify_numerics
+from ggml_lite.plancheck import check_plan_file, plan_of, run_plan
 from ggml_lite.planners import DEFAULT_BUDGET, PLANNER_NAMES
+from ggml_lite.schema import RecordedBufferType, buffer_type_of, validate_document
+from ggml_lite.untrusted import read_json
 
 
 def _positive(unit: str, most: float = float("inf")):
@@ -103,13 +103,13 @@ def _count(what: str, least: int):
 
 def _load(path: str) -> dict:
     """The JSON object in the file at `path`, or `GraphFileError` saying why it cannot be one (not JSON,
-    NaN or Infinity, nesting too deep: `graphio.read_json`)."""
+    NaN or Infinity, nesting too deep: `untrusted.read_json`)."""
     return read_json(path)
 
 
 def _load_graph_file(path: str, record: bool = False) -> dict:
     """A graph file (ggml-seed schema) for `plan` and `check`, validated field by field before anything
-    is built (`graphio.validate_document`; `record`: with the results `check` compares, and the
+    is built (`schema.validate_document`; `record`: with the results `check` compares, and the
     `numerics` block when there is one); a scheduler scenario is pointed to `sched`."""
     doc = _load(path)
     if doc.get("schema") == "ggml-sched-fixture":

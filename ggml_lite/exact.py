@@ -30,9 +30,6 @@ from ggml_lite.tensor import F16, F32, Q4_0, Q8_0
 
 
 # notebooks/A2_exact_arithmetic.py
-LIBM_EXACT = False  # True: array math calls the C library per element (bit-exact with glibc, slow)
-
-
 @contextlib.contextmanager
 def libm_exact(enabled: bool = True):
     """Within the block, array math uses the C library per element (`LIBM_EXACT`)."""
@@ -42,6 +39,9 @@ def libm_exact(enabled: bool = True):
         yield
     finally:
         LIBM_EXACT = saved
+
+
+LIBM_EXACT = False  # True: array math calls the C library per element (bit-exact with glibc, slow)
 
 
 def _math_f32(name: str, f64, x) -> np.ndarray:
@@ -97,15 +97,15 @@ def _libm():
 
 
 # notebooks/A2_exact_arithmetic.py
-def libm_f32(name: str, *args) -> F4:
+def libm_f32(name: str, *args) -> np.float32:
     """One scalar call of the C library's float function `name` (expf, logf, tanhf, powf, cosf, sinf),
     through ctypes; without a loadable libm, the float64 function rounded to float32."""
     lib = _libm()
-    args = [float(F4(a)) for a in args]
+    vals = [float(F4(a)) for a in args]
     if lib is not None:
-        return F4(getattr(lib, name)(*args))
+        return F4(getattr(lib, name)(*vals))
     try:
-        return F4(C_MATH[name](*args))
+        return F4(C_MATH[name](*vals))
     except (OverflowError, ValueError):
         return F4(np.nan)
 
@@ -180,7 +180,7 @@ def _q_ints(blocks, type) -> np.ndarray:
 
 
 # notebooks/A2_exact_arithmetic.py
-def _c(h: str) -> F4:
+def _c(h: str) -> np.float32:
     return F4(float.fromhex(h))
 
 

@@ -3,615 +3,25 @@
 
 # notebooks/A1_graph_files.py
 """Graph files in the fixture schema (`tests/fixtures/ggml-seed/README.md`): load a recorded graph
-into ggml_lite tensors by replaying ggml's op constructors, check it against the record, and write it
-back. Also writes a fixture-schema file for a graph built with the ggml_lite API."""
+into ggml_lite tensors by replaying ggml's op constructors (chapter 01's op table), check each tensor
+against the record, and write a graph back — a loaded one, or one built with the ggml_lite API; place a
+file's external buffers as the recorder did. A file is checked as data first (`ggml_lite.schema`, which
+reads JSON through `ggml_lite.untrusted`)."""
 
 import json
-import math
-import os
 import re
-import stat
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ggml_lite import ops
-from ggml_lite.buffer import HEAP, TENSOR_ALIGNMENT, Buffer, BufferType, CPUBufferType, cpu_buffer_type
-from ggml_lite.errors import (
-    DanglingSourceError, GGMLLiteError, GraphCycleError, GraphFileError, InvalidSizeError, RecordMismatchError,
-    UnknownOpError,
-)
-from ggml_lite.dyn_tallocr import captured_log
-from ggml_lite.gallocr import GAllocr
+from ggml_lite.errors import GGMLLiteError, GraphFileError, RecordMismatchError
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
+from ggml_lite.schema import SCHEMAS, buffer_type_of, creation_order, entry_label, validate_document
 from ggml_lite.tallocr import alloc_ctx_tensors
-from ggml_lite.tensor import (
-    GGML_MAX_OP_PARAMS, GGML_MAX_SRC, Context, Op, Tensor, TensorFlag, UnaryOp, op_by_name, type_by_name,
-)
+from ggml_lite.tensor import Context, Op, Tensor, TensorFlag, op_by_name, type_by_name
+from ggml_lite.untrusted import quote, read_json
 
-SCHEMAS = ("ggml-gallocr-fixture", "ggml-sched-fixture")
 _AUTO_GRAPH_NAME = re.compile(r"(node|leaf)_\d+")
-
-
-# notebooks/A1_graph_files.py
-INT64_MAX = 2**63 - 1
-MAX_ALIGNMENT = 2**20  # the largest buffer-type alignment accepted (ggml's are 32..256)
-_INT32 = (-(2**31), 2**31 - 1)
-
-
-def _bound(x: int) -> str:
-    return {INT64_MAX: "2^63-1", _INT32[0]: "-2^31", _INT32[1]: "2^31-1"}.get(x, str(x))
-
-
-MAX_QUOTE = 60  # the characters of a name or string a message quotes (a 100,000-character name made 100 KB lines)
-
-
-def quote(s, most: int = MAX_QUOTE) -> str:
-    """A name or string as every message quotes it: in full up to `most` characters, else its first `most`
-    and its length (`'blk.0.…'... (100,000 chars)`)."""
-    if not isinstance(s, str):  # (a number, a list...: its repr, cut the same way)
-        r = repr(s)
-        return r if len(r) <= most else f"{r[:most]}... ({len(r):,} chars)"
-    return repr(s) if len(s) <= most else f"{s[:most]!r}... ({len(s):,} chars)"
-
-
-def json_kind(v) -> str:
-    """The JSON name of a parsed value's kind: object, array, string, number, true/false or null."""
-    if v is None or isinstance(v, bool):
-        return "null" if v is None else "true/false"
-    return ("number" if isinstance(v, (int, float)) else "string" if isinstance(v, str) else
-            "array" if isinstance(v, list) else "object" if isinstance(v, dict) else "value of no JSON kind")
-
-
-def found(v) -> str:
-    """A JSON value as an error message names it: its kind and (a prefix of) its value."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return f"the boolean {str(v).lower()}"
-    if isinstance(v, int):
-        bits = f"about {'-' if v < 0 else ''}2^{abs(v).bit_length() - 1}"
-        return str(v) if abs(v) < 2**53 else f"{v} ({bits})" if abs(v) < 2**128 else f"an integer of {bits}"
-    if isinstance(v, float):
-        return f"the number {v!r}, not an integer" if v == int(v) else f"the number {v!r}"
-    if isinstance(v, str):
-        return f"the string {quote(v)}" + ("" if _is_text(v) else " (not Unicode text)")
-    if isinstance(v, list):
-        return f"a list of {len(v)} item(s)"
-    return "an object" if isinstance(v, dict) else f"a {json_kind(v)}"
-
-
-def fail(path: str, expected: str, v, cls=GraphFileError):
-    """Raise `cls` naming the field `path`, what was `expected` and what was found."""
-    raise cls(f"{path}: expected {expected}, found {found(v)}")
-
-
-def check_int(v, path: str, lo: int = 0, hi: int = INT64_MAX, cls=GraphFileError) -> int:
-    """`v` must be a JSON integer in `[lo, hi]` (a float, boolean or string is refused)."""
-    if not isinstance(v, int) or isinstance(v, bool):
-        fail(path, f"an integer in [{_bound(lo)}, {_bound(hi)}]", v)
-    if not lo <= v <= hi:
-        fail(path, f"an integer in [{_bound(lo)}, {_bound(hi)}]", v, cls)
-    return v
-
-
-def check_size(v, path: str, nullable: bool = False):
-    """A byte count, stride or offset: an integer in `[0, 2^63)`; a negative one is an `InvalidSizeError`."""
-    return None if v is None and nullable else check_int(v, path, 0, INT64_MAX, InvalidSizeError)
-
-
-# notebooks/A1_graph_files.py
-def _is_text(s: str) -> bool:
-    """Whether a JSON string is Unicode text (JSON's `\\ud800` escapes can make lone surrogates, which
-    cannot be printed or written)."""
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def check_type(v, path: str, kind, what: str, nullable: bool = False):
-    """`v` must be of JSON kind `kind` (str, bool, list, dict), or null when `nullable`; a string must be
-    Unicode text."""
-    if (v is None and nullable) or (isinstance(v, kind) and not (kind is int and isinstance(v, bool))
-                                    and not (kind is str and not _is_text(v))):
-        return v
-    fail(path, what + (" or null" if nullable else ""), v)
-
-
-def need(d: dict, key: str, path: str):
-    """`d[key]`, or `GraphFileError` saying that the field at `path` is missing."""
-    if key not in d:
-        raise GraphFileError(f"{path}: missing")
-    return d[key]
-
-
-def check_list(v, path: str, most: int = None, length: int = None) -> list:
-    check_type(v, path, list, "a list")
-    if length is not None and len(v) != length:
-        fail(path, f"a list of {length} items", v)
-    if most is not None and len(v) > most:
-        fail(path, f"a list of at most {most} items", v)
-    return v
-
-
-# notebooks/A1_graph_files.py
-MAX_JSON_BYTES = 32 * 2**20  # 20x the 80-layer LLaMA's 1.5 MB; at most ~0.9 GB to parse, whatever the text
-
-
-class _NonFinite:
-    """What the parser puts where the text says NaN or Infinity, to be found and reported."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-
-class _Repeated(dict):
-    """What the parser makes of an object whose text gives a key twice (`repeated`: that key)."""
-
-    repeated = None
-
-
-def _object(pairs: list) -> dict:
-    d = dict(pairs)
-    if len(d) == len(pairs):
-        return d
-    seen = set()
-    out = _Repeated(d)
-    out.repeated = next(k for k, _ in pairs if k in seen or seen.add(k))
-    return out
-
-
-def _find(doc, bad):
-    """(path, value) of the first value of a parsed document for which `bad` holds (iterative: depth is
-    unbounded; keys in the path cut to MAX_QUOTE characters)."""
-    stack = [("", doc)]
-    while stack:
-        path, v = stack.pop()
-        if bad(v):
-            return path or "the top level", v
-        if isinstance(v, dict):
-            stack.extend((f"{path}.{k[:MAX_QUOTE]}" if path else k[:MAX_QUOTE], x) for k, x in reversed(list(v.items())))
-        elif isinstance(v, list):
-            stack.extend((f"{path}[{k}]", x) for k, x in reversed(list(enumerate(v))))
-    return None
-
-
-def parse_json(text: str, where: str = "the document"):
-    """Parse JSON text as untrusted input: `GraphFileError` (naming `where`) for text that is not JSON,
-    a NaN or Infinity literal (with its path), a key given twice in one object (with the object's path)
-    and nesting too deep to parse."""
-    seen, repeated = [], []
-
-    def constant(name):
-        seen.append(name)
-        return _NonFinite(name)
-
-    def number(text):
-        x = float(text)
-        return x if math.isfinite(x) else constant(text)
-
-    def pairs(items):
-        d = _object(items)
-        if isinstance(d, _Repeated):
-            repeated.append(d)
-        return d
-
-    try:
-        doc = json.loads(text, parse_constant=constant, parse_float=number, object_pairs_hook=pairs)
-    except json.JSONDecodeError as e:
-        raise GraphFileError(f"{where}: not JSON ({e})") from None
-    except ValueError as e:  # an integer of more digits than Python converts
-        raise GraphFileError(f"{where}: not JSON that can be read ({e})") from None
-    except RecursionError:
-        raise GraphFileError(f"{where}: JSON nested too deeply to read (more than about "
-                             f"{sys.getrecursionlimit()} levels)") from None
-    if seen:
-        path, v = _find(doc, lambda v: isinstance(v, _NonFinite))
-        raise GraphFileError(f"{where}: {path}: expected a finite number, found {v.text[:40]} "
-                             "(JSON has no NaN or Infinity)")
-    if repeated:
-        path, v = _find(doc, lambda v: isinstance(v, _Repeated))
-        raise GraphFileError(f"{where}: {path}: expected each key once in an object, found the key "
-                             f"{quote(v.repeated)} more than once (which value counts would be a guess)")
-    return doc
-
-
-# notebooks/A1_graph_files.py
-_NOT_REGULAR = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                (stat.S_ISFIFO, "a FIFO, a named pipe"), (stat.S_ISSOCK, "a socket"))
-
-
-def _regular(st: os.stat_result, path) -> None:
-    """Refuse what `st` says is not a regular file of at most MAX_JSON_BYTES, naming what it is."""
-    if stat.S_ISDIR(st.st_mode):
-        raise GraphFileError(f"{path} is a directory; give one JSON file (e.g. {str(path).rstrip('/')}/NAME.json)")
-    if not stat.S_ISREG(st.st_mode):
-        what = next((name for test, name in _NOT_REGULAR if test(st.st_mode)), "not a file")
-        raise GraphFileError(f"{path}: not a regular file ({what}); give a JSON file")
-    if st.st_size > MAX_JSON_BYTES:
-        raise GraphFileError(f"{path}: expected a JSON file of at most {MAX_JSON_BYTES // 2**20} MiB, found "
-                             f"{st.st_size:,} bytes (the largest graph ggml_lite writes, an 80-layer LLaMA, is "
-                             f"1.5 MB; the limit keeps parsing within about 0.9 GB of memory)")
-
-
-def read_json(path) -> dict:
-    """The JSON object in the file at `path`, read as untrusted input (`parse_json`); `GraphFileError`
-    says why it cannot be one. The file is looked at (`os.stat`) before it is opened, and opened without
-    blocking: a FIFO, a device or a file above MAX_JSON_BYTES is refused before a byte is read."""
-    try:
-        _regular(os.stat(path), path)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except (FileNotFoundError, NotADirectoryError):
-        hint = " (standard input is not read: give a file)" if str(path) == "-" else ""
-        raise GraphFileError(f"{path}: no such file{hint}") from None
-    except OSError as e:
-        raise GraphFileError(f"{path}: cannot be read ({e.strerror or e})") from None
-    with os.fdopen(fd, "rb") as f:
-        _regular(os.fstat(f.fileno()), path)  # (the file opened is the file looked at)
-        try:
-            data = f.read(MAX_JSON_BYTES + 1)
-        except OSError as e:  # (/proc/self/mem is a regular file that cannot be read)
-            raise GraphFileError(f"{path}: cannot be read ({e.strerror or e})") from None
-    if len(data) > MAX_JSON_BYTES:  # (it grew since)
-        _regular(os.stat_result((stat.S_IFREG, 0, 0, 0, 0, 0, len(data), 0, 0, 0)), path)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise GraphFileError(f"{path}: not a text file (JSON expected, in UTF-8)") from None
-    doc = parse_json(text, str(path))
-    if not isinstance(doc, dict):
-        raise GraphFileError(f"{path}: the top level is a JSON {json_kind(doc)}, expected an object (a graph file "
-                             "or a scheduler scenario)")
-    return doc
-
-
-# notebooks/A1_graph_files.py
-TENSOR_FIELDS = ("id", "name", "ctx", "graph_role", "type", "ne", "nb", "nbytes", "alloc_size", "op", "op_params",
-                 "src", "src_names", "view_src", "view_src_name", "view_offs", "flags", "flags_value",
-                 "preallocated", "buffer", "offset", "ext_offset")
-REQUIRED_FIELDS = TENSOR_FIELDS  # (and `unary_op` for a UNARY tensor)
-ROLES = ("node", "leaf", "none")
-_FLAG_BITS = {"INPUT": int(TensorFlag.INPUT), "OUTPUT": int(TensorFlag.OUTPUT), "PARAM": int(TensorFlag.PARAM)}
-
-
-def _tname(e: dict) -> str:
-    name = e.get("name")
-    return f"tensor #{str(e.get('id'))[:20]} " + (quote(name) if isinstance(name, str) else "(no name)")
-
-
-def _check_layout(e: dict, p: str) -> None:
-    """`type`, `ne`, `nb`: known type, four sizes each, whole blocks, a span below 2^63 bytes."""
-    try:
-        tp = type_by_name(check_type(e["type"], f"{p}.type", str, "a type name"))
-    except KeyError as err:
-        raise type(err)(f"{p}.type: {_tname(e)}: {err}") from None
-    for f in ("ne", "nb"):
-        for k, x in enumerate(check_list(e[f], f"{p}.{f}", length=4)):
-            check_size(x, f"{p}.{f}[{k}]")
-    ne, nb = e["ne"], e["nb"]
-    if ne[0] % tp.blck_size:
-        fail(f"{p}.ne[0]", f"a multiple of {tp.blck_size} (the block size of {tp.name})", ne[0])
-    span = tp.type_size * (ne[0] // tp.blck_size) * ne[1] * ne[2] * ne[3]
-    reach = sum((n - 1) * s for n, s in zip(ne, nb) if n > 0)
-    if max(span, reach) > INT64_MAX:
-        raise InvalidSizeError(f"{p}.ne: expected a shape whose bytes ggml's int64 can count (below 2^63), found "
-                               f"ne {ne} (nb {nb}), about 2^{max(span, reach).bit_length() - 1} bytes ({_tname(e)})")
-
-
-# notebooks/A1_graph_files.py
-def _check_entry(e: dict, i: int, n: int, p: str) -> None:
-    """Every field of the entry at position `i` of `n` (JSON path `p`): presence, type, range, ids."""
-    for f in TENSOR_FIELDS + (("unary_op",) if e.get("op") == "UNARY" else ()):
-        if f not in e:
-            raise GraphFileError(f"{p}.{f}: missing ({_tname(e)}; every tensor entry has the fields of "
-                                 f"tests/fixtures/ggml-seed/README.md)")
-    if check_int(e["id"], f"{p}.id") != i:
-        raise GraphFileError(f"{p}.id: {_tname(e)} is at position {i}: ids must be 0..n-1 in creation order")
-    check_type(e["name"], f"{p}.name", str, "a string")
-    check_type(e["ctx"], f"{p}.ctx", str, "a context label (a string)")
-    if e["graph_role"] not in ROLES:
-        fail(f"{p}.graph_role", f"one of {ROLES}", e["graph_role"])
-    _check_layout(e, p)
-    for f in ("nbytes", "alloc_size", "view_offs"):
-        check_size(e[f], f"{p}.{f}")
-    try:
-        op = op_by_name(check_type(e["op"], f"{p}.op", str, "an op name"))
-    except KeyError as err:
-        raise type(err)(f"{p}.op: {_tname(e)}: {err}") from None
-    if "unary_op" in e:
-        if op is not Op.UNARY:
-            fail(f"{p}.unary_op", "no unary_op on a tensor whose op is not UNARY", e["unary_op"])
-        if check_type(e["unary_op"], f"{p}.unary_op", str, "a unary op name") not in UnaryOp.__members__:
-            fail(f"{p}.unary_op", "a unary op name of ggml", e["unary_op"], UnknownOpError)
-    for k, w in enumerate(check_list(e["op_params"], f"{p}.op_params", most=GGML_MAX_OP_PARAMS // 4)):
-        check_int(w, f"{p}.op_params[{k}]", *_INT32)
-    if op is Op.UNARY:  # the unary op is op_params[0]
-        w = e["op_params"][0] if e["op_params"] else 0
-        if w not in UnaryOp._value2member_map_:
-            fail(f"{p}.op_params[0]", f"a unary op code of ggml (0..{max(UnaryOp)})", w)
-        if e["unary_op"] != UnaryOp(w).name:
-            fail(f"{p}.unary_op", f"{UnaryOp(w).name!r}, the unary op of op_params[0] = {w}", e["unary_op"])
-    for k, ref in enumerate(check_list(e["src"], f"{p}.src", most=GGML_MAX_SRC)):
-        _check_ref(ref, f"{p}.src[{k}]", n)
-    needed = 0 if op is Op.NONE else ops.OPS[op].n_required  # (SOFT_MAX's mask, ROPE's freq factors may be null)
-    for k in range(needed):  # (an op rebuilt from a missing source ended in "'NoneType' object has no attribute")
-        if k >= len(e["src"]) or e["src"][k] is None:
-            fail(f"{p}.src[{k}]", f"the id of a tensor ({op.name} takes {needed} source(s); {_tname(e)})",
-                 e["src"][k] if k < len(e["src"]) else None)
-    _check_ref(e["view_src"], f"{p}.view_src", n)
-    check_list(e["src_names"], f"{p}.src_names", length=len(e["src"]))
-    bits = 0
-    for k, flag in enumerate(check_list(e["flags"], f"{p}.flags", most=len(_FLAG_BITS))):
-        if not isinstance(flag, str) or flag not in _FLAG_BITS or bits & _FLAG_BITS[flag]:
-            fail(f"{p}.flags[{k}]", f"one of {tuple(_FLAG_BITS)}, each once", flag)
-        bits |= _FLAG_BITS[flag]
-    if check_int(e["flags_value"], f"{p}.flags_value", 0, sum(_FLAG_BITS.values())) != bits:
-        fail(f"{p}.flags_value", f"{bits}, the value of flags {e['flags']}", e["flags_value"])
-    check_type(e["preallocated"], f"{p}.preallocated", bool, "true or false")
-    check_type(e["buffer"], f"{p}.buffer", str, "a buffer label (a string)", nullable=True)
-    for f in ("offset", "ext_offset"):
-        check_size(e[f], f"{p}.{f}", nullable=True)
-
-
-def _check_ref(ref, path: str, n: int) -> None:
-    if ref is None:
-        return
-    if not isinstance(ref, int) or isinstance(ref, bool):
-        fail(path, "a tensor id (an integer) or null", ref)
-    if not 0 <= ref < n:
-        raise DanglingSourceError(f"{path}: refers to tensor id {ref}, which is not in the file (ids 0..{n - 1})")
-
-
-# notebooks/A1_graph_files.py
-def creation_order(entries: list) -> list:
-    """The order to rebuild tensors in: by id, except that a tensor waits for its sources and view
-    source (Kahn's algorithm, smallest id first). A cycle raises `GraphCycleError` naming its tensors."""
-    import heapq
-
-    n = len(entries)
-    deps = [{r for r in [*e["src"], e.get("view_src")] if r is not None} for e in entries]
-    users = [[] for _ in range(n)]
-    for i, d in enumerate(deps):
-        for r in d:
-            users[r].append(i)
-    waiting = [len(d) for d in deps]
-    ready = [i for i in range(n) if waiting[i] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users[i]:
-            waiting[u] -= 1
-            if waiting[u] == 0:
-                heapq.heappush(ready, u)
-    if len(order) < n:
-        raise GraphCycleError("the tensors depend on each other in a cycle: "
-                              + " -> ".join(_tname(entries[i]) for i in _a_cycle(deps, waiting)))
-    return order
-
-
-def _a_cycle(deps: list, waiting: list) -> list:
-    """One cycle among the tensors Kahn's algorithm could not order (each has a waiting dependency)."""
-    stuck = {i for i, w in enumerate(waiting) if w > 0}
-    i, path, seen = min(stuck), [], {}
-    while i not in seen:
-        seen[i] = len(path)
-        path.append(i)
-        i = min(d for d in deps[i] if d in stuck)
-    return path[seen[i]:] + [i]
-
-
-# notebooks/A1_graph_files.py
-def _check_names(entries: list, where: str) -> None:
-    """Names are unique (the writer appends `#id`), and `src_names` / `view_src_name` name the sources."""
-    first = {}
-    for i, e in enumerate(entries):
-        j = first.setdefault(e["name"], i)
-        if j != i:
-            raise GraphFileError(f"{where}.tensors[{i}].name: {quote(e['name'])} is also the name of tensors[{j}]; "
-                                 "names in a graph file are unique (the writer appends #id to shared names)")
-    for i, e in enumerate(entries):
-        refs = [(f"src_names[{k}]", r, nm) for k, (r, nm) in enumerate(zip(e["src"], e["src_names"]))]
-        for field_, r, nm in refs + [("view_src_name", e["view_src"], e["view_src_name"])]:
-            want = None if r is None else entries[r]["name"]
-            if nm != want:
-                fail(f"{where}.tensors[{i}].{field_}", "null" if want is None else f"{quote(want)}, the name of tensor #{r}", nm)
-
-
-def _check_lists(g: dict, where: str, n: int) -> None:
-    """`nodes`, `leafs` (ids, each once, in neither both), `n_nodes`, `n_leafs`, `expand_roots`, and
-    each tensor's `graph_role` against the lists."""
-    role = {}
-    for key in ("nodes", "leafs"):
-        for k, ref in enumerate(check_list(need(g, key, f"{where}.{key}"), f"{where}.{key}")):
-            _check_ref(check_int(ref, f"{where}.{key}[{k}]", 0, INT64_MAX), f"{where}.{key}[{k}]", n)
-            if ref in role:
-                fail(f"{where}.{key}[{k}]", "a tensor id not listed before", ref)
-            role[ref] = key[:-1]
-        if check_int(need(g, f"n_{key}", f"{where}.n_{key}"), f"{where}.n_{key}") != len(g[key]):
-            fail(f"{where}.n_{key}", f"{len(g[key])}, the length of {key}", g[f"n_{key}"])
-    if "expand_roots" in g:
-        for k, ref in enumerate(check_list(g["expand_roots"], f"{where}.expand_roots")):
-            _check_ref(check_int(ref, f"{where}.expand_roots[{k}]"), f"{where}.expand_roots[{k}]", n)
-    else:  # the recorded lists are the graph: a node's sources come before it, leafs have no op
-        done = set(g["leafs"])
-        for k, ref in enumerate(g["nodes"]):
-            for s in g["tensors"][ref]["src"]:
-                if s is not None and s not in done:
-                    fail(f"{where}.nodes[{k}]", f"a node whose sources are leafs or earlier nodes (no expand_roots); "
-                         f"its source #{s} is not", ref)
-            done.add(ref)
-        for k, ref in enumerate(g["leafs"]):
-            if g["tensors"][ref]["op"] != "NONE":
-                fail(f"{where}.leafs[{k}]", "a tensor of op NONE", ref)
-    for i, e in enumerate(g["tensors"]):
-        if e["graph_role"] != role.get(i, "none"):
-            fail(f"{where}.tensors[{i}].graph_role", f"{role.get(i, 'none')!r} ({where}.nodes and .leafs say so)",
-                 e["graph_role"])
-
-
-def validate_graph_doc(g: dict, where: str = "graph") -> list:
-    """Check a `graph` section (at JSON path `where`) field by field: every tensor entry, names, node and
-    leaf lists, references and cycles, before anything is built. Returns the rebuild order."""
-    if not isinstance(g, dict):
-        fail(where, "an object (a graph section)", g)
-    entries = check_list(need(g, "tensors", f"{where}.tensors"), f"{where}.tensors")
-    if not entries:
-        fail(f"{where}.tensors", "at least one tensor", entries)
-    for i, e in enumerate(entries):
-        check_type(e, f"{where}.tensors[{i}]", dict, "an object (a tensor entry)")
-        try:
-            _check_entry(e, i, len(entries), f"{where}.tensors[{i}]")
-        except GraphFileError as err:  # name the tensor too, when the message does not
-            raise err if "tensor #" in str(err) else type(err)(f"{err} ({_tname(e)})") from None
-    try:
-        order = creation_order(entries)
-    except GraphCycleError as err:
-        raise GraphCycleError(f"{where}.tensors[*].src: {err}") from None
-    _check_names(entries, where)
-    _check_lists(g, where, len(entries))
-    return order
-
-
-# notebooks/A1_graph_files.py
-class RecordedBufferType(CPUBufferType):
-    """A buffer type like ggml's CPU type (`ggml_backend_cpu_buffer_type`: host memory, a buffer padded by
-    its alignment so that its base can be aligned) with the name, alignment and maximum size a graph file
-    records in `buffer_type`."""
-
-    def __init__(self, name: str, alignment: int, max_size: int = None):
-        BufferType.__init__(self, name, alignment, max_size, True)
-
-    def alloc_buffer(self, size: int) -> Buffer:
-        """`ggml_backend_cpu_buffer_type_alloc_buffer` with this type's alignment for the CPU's 32."""
-        size += self.alignment
-        return Buffer(self, size, HEAP.malloc(size), base_alignment=self.alignment, name=self.name)
-
-
-def _check_buffer_type(bt) -> None:
-    check_type(bt, "buffer_type", dict, "an object {name, alignment, max_size, alloc_size}")
-    check_type(need(bt, "name", "buffer_type.name"), "buffer_type.name", str, "a string")
-    a = check_int(need(bt, "alignment", "buffer_type.alignment"), "buffer_type.alignment", 1, MAX_ALIGNMENT)
-    if a & (a - 1):
-        fail("buffer_type.alignment", "a power of two", a)
-    if need(bt, "max_size", "buffer_type.max_size") is not None:
-        check_int(bt["max_size"], "buffer_type.max_size", 1)
-    if bt.get("alloc_size", "ggml_nbytes") != "ggml_nbytes":
-        fail("buffer_type.alloc_size", "'ggml_nbytes' (the only allocation size ggml_lite knows)", bt["alloc_size"])
-
-
-def buffer_type_of(doc: dict) -> BufferType:
-    """The buffer type a file records: ggml's CPU type itself, or a `RecordedBufferType` like it."""
-    bt = doc.get("buffer_type")
-    if bt is None or (bt["name"], bt["alignment"], bt["max_size"]) == ("CPU", TENSOR_ALIGNMENT, None):
-        return cpu_buffer_type()
-    return RecordedBufferType(bt["name"], bt["alignment"], bt["max_size"])
-
-
-def _check_external(doc: dict, sections: list) -> None:
-    labels = {}
-    for k, ext in enumerate(check_list(doc.get("external_buffers", []), "external_buffers")):
-        p = f"external_buffers[{k}]"
-        check_type(ext, p, dict, "an object {ctx, size}")
-        label = check_type(need(ext, "ctx", f"{p}.ctx"), f"{p}.ctx", str, "a context label")
-        if labels.setdefault(label, k) != k:
-            fail(f"{p}.ctx", f"a label not used before (external_buffers[{labels[label]}] has it)", label)
-        check_size(need(ext, "size", f"{p}.size"), f"{p}.size")
-    for where, g in sections:
-        ents = g["tensors"]
-        ctxs = {e["ctx"] for e in ents}
-        for label, k in labels.items():
-            if label not in ctxs:
-                fail(f"external_buffers[{k}].ctx", f"a context of {where}", label)
-        roots = _root_ctxs(ents)
-        for i, e in enumerate(ents):
-            if e["preallocated"] != (roots[i] in labels):
-                ext = roots[i] in labels
-                fail(f"{where}.tensors[{i}].preallocated", f"{str(ext).lower()}: its memory (its view root's) is in "
-                     f"context {quote(roots[i])}, {'an' if ext else 'not an'} external buffer", e["preallocated"])
-
-
-def _root_ctxs(ents: list) -> list:
-    """The context of the tensor that owns each tensor's memory (its view root), in creation order."""
-    out = [None] * len(ents)
-    for i in creation_order(ents):
-        v = ents[i]["view_src"]
-        out[i] = ents[i]["ctx"] if v is None else out[v]
-    return out
-
-
-def _sections(doc: dict) -> list:
-    """[(JSON path, graph section)] of a validated document."""
-    if "graph" in doc:
-        return [("graph", doc["graph"])]
-    return [(f"steps[{k}].graph", s["graph"]) for k, s in enumerate(doc["steps"]) if "graph" in s]
-
-
-# notebooks/A1_graph_files.py
-def validate_document(doc, record: bool = False) -> None:
-    """Check a fixture-schema document before anything is built: schema and version, buffer type,
-    external buffers, `graph` or a non-empty `steps`, every graph section; with `record`, also every
-    recorded result `check` compares. Raises `GraphFileError` (or a subclass) naming the field."""
-    check_type(doc, "the top level", dict, "an object")
-    schema = need(doc, "schema", "schema")
-    if schema not in SCHEMAS:
-        fail("schema", f"one of {SCHEMAS}", schema)
-    v = need(doc, "schema_version", "schema_version")
-    if v != 1 or isinstance(v, bool) or not isinstance(v, int):
-        fail("schema_version", "1 (the only version of the schema)", v)
-    if schema != SCHEMAS[0]:  # a scheduler scenario: appendix A3 checks the rest; its graph here
-        if "graph" in doc:
-            validate_graph_doc(doc["graph"], "graph")
-        return
-    if "buffer_type" in doc:
-        _check_buffer_type(doc["buffer_type"])
-    if ("graph" in doc) == ("steps" in doc):
-        raise GraphFileError("the top level: expected either `graph` (one graph) or `steps` (a sequence), "
-                             f"found {'both' if 'graph' in doc else 'neither'}")
-    if "steps" in doc:
-        for k, st in enumerate(check_list(doc["steps"], "steps")):
-            check_type(st, f"steps[{k}]", dict, "an object (a step)")
-        if not doc["steps"]:
-            fail("steps", "at least one step", doc["steps"])
-    sections = _sections(doc)
-    for where, g in sections:
-        validate_graph_doc(g, where)
-    _check_external(doc, sections)
-    if record:
-        _check_record(doc)
-
-
-def _check_call(c: dict, p: str, keys: tuple) -> None:
-    check_type(c, p, dict, "an object (a call's record)")
-    for key in keys:
-        v = need(c, key, f"{p}.{key}")
-        if key == "ok":
-            check_type(v, f"{p}.ok", bool, "true or false")
-        elif key == "log":
-            for k, line in enumerate(check_list(v, f"{p}.log")):
-                check_type(line, f"{p}.log[{k}]", str, "a string")
-        elif key == "compute_buffer_replaced":
-            check_type(v, f"{p}.{key}", bool, "true or false", nullable=True)
-        else:
-            check_size(v, f"{p}.{key}")
-
-
-def _check_record(doc: dict) -> None:
-    """The results `check` compares: each call's ok, buffer sizes and log; every step's graph."""
-    if "steps" not in doc:
-        _check_call(doc, "the top level", ("buffer_size",))
-        for call in ("reserve", "alloc_graph"):
-            _check_call(need(doc, call, call), call, ("ok", "buffer_size", "log"))
-        return
-    for k, st in enumerate(doc["steps"]):
-        p = f"steps[{k}]"
-        if check_type(need(st, "call", f"{p}.call"), f"{p}.call", str, "a call name") not in _CALLS:
-            fail(f"{p}.call", f"one of {tuple(_CALLS)}", st["call"])
-        need(st, "graph", f"{p}.graph")
-        _check_call(st, p, ("ok", "buffer_size_before", "buffer_size", "compute_buffer_replaced", "log"))
 
 
 # notebooks/A1_graph_files.py
@@ -637,7 +47,7 @@ def rebuild_tensor(ctx: Context, e: dict, T: dict) -> Tensor:
     except GGMLLiteError:
         raise
     except (TypeError, IndexError, AttributeError, ValueError) as err:  # missing sources, wrong arity, bad params
-        raise GraphFileError(f"{_tname(e)}: cannot rebuild op {op.name} from sources {e['src']} and op_params "
+        raise GraphFileError(f"{entry_label(e)}: cannot rebuild op {op.name} from sources {e['src']} and op_params "
                              f"{e['op_params']}: {err}") from None
 
 
@@ -649,7 +59,7 @@ def _trimmed(words) -> list:
     return words
 
 
-def _compare(e: dict, t: Tensor, T: dict) -> None:
+def _compare(e: dict, t: Tensor, T: "_Ids") -> None:
     """Raise RecordMismatchError at the first field where the rebuilt tensor differs from the record."""
     got = {
         "type": t.type.name, "ne": list(t.ne), "nb": list(t.nb), "nbytes": t.nbytes, "alloc_size": t.nbytes,
@@ -659,7 +69,7 @@ def _compare(e: dict, t: Tensor, T: dict) -> None:
     }
     for f, v in got.items():
         if f in e and e[f] != v:
-            raise RecordMismatchError(f"{_tname(e)} ({e['op']}): ggml recorded {f} = {e[f]}, ggml_lite gives {v}")
+            raise RecordMismatchError(f"{entry_label(e)} ({e['op']}): ggml recorded {f} = {e[f]}, ggml_lite gives {v}")
 
 
 # notebooks/A1_graph_files.py
@@ -668,7 +78,7 @@ class _Ids(dict):
 
     def __init__(self):
         super().__init__()
-        self.id_of = {}
+        self.id_of: dict[Tensor, int] = {}
 
     def add(self, i: int, t: Tensor) -> None:
         self[i] = t
@@ -695,12 +105,12 @@ class GraphFile:
 
     doc: dict
     graph: Graph
-    tensors: dict
+    tensors: _Ids
     contexts: dict
     records: dict
     auto_names: dict
     expand_roots: list = field(default_factory=list)
-    step: int = None
+    step: int | None = None
 
     def id_of(self, t: Tensor) -> int:
         """The fixture id of a tensor of this file."""
@@ -740,7 +150,7 @@ def load_document(source, record: bool = False) -> dict:
 
 
 # notebooks/A1_graph_files.py
-def read_graph_file(source, step: int = None, graph_size: int = GGML_DEFAULT_GRAPH_SIZE,
+def read_graph_file(source, step: int | None = None, graph_size: int = GGML_DEFAULT_GRAPH_SIZE,
                     validate: bool = True) -> GraphFile:
     """Load a fixture-schema file (a path, or an already parsed dict): validate it (`validate_document`;
     `validate=False`: a dict the caller has just validated), rebuild every tensor with ggml_lite's ops,
@@ -751,7 +161,7 @@ def read_graph_file(source, step: int = None, graph_size: int = GGML_DEFAULT_GRA
     order = creation_order(g["tensors"])
     entries = g["tensors"]
     roots = g.get("expand_roots")
-    contexts, T, auto_names = {}, _Ids(), {}
+    contexts, T, auto_names = dict[str, Context](), _Ids(), {}
     for e in entries:  # contexts in order of first appearance
         contexts.setdefault(e["ctx"], Context(e["ctx"]))
     for i in order:
@@ -761,7 +171,7 @@ def read_graph_file(source, step: int = None, graph_size: int = GGML_DEFAULT_GRA
             T.add(i, t)
             _compare(e, t, T)
         except GGMLLiteError as err:  # an op refused the recorded sources, or the record differs
-            named = "" if "tensor #" in str(err) else f" ({_tname(e)})"
+            named = "" if "tensor #" in str(err) else f" ({entry_label(e)})"
             raise type(err)(f"{where}.tensors[{i}]{named}: {err}") from None
         auto_names[i] = t.name
         t.set_name(_recorded_name(e, roots is not None))
@@ -794,10 +204,10 @@ def _check_graph(gf: GraphFile, g: dict) -> None:
     for i, t in gf.tensors.items():
         want = _recorded_name(gf.records[i], False)
         if t.name != want:
-            raise RecordMismatchError(f"{_tname(gf.records[i])}: the graph named it {quote(t.name)}")
+            raise RecordMismatchError(f"{entry_label(gf.records[i])}: the graph named it {quote(t.name)}")
 
 
-def load_graph(source, step: int = None):
+def load_graph(source, step: int | None = None):
     """`(Graph, {fixture id: Tensor})` of a fixture-schema file (DESIGN §4); see `read_graph_file`."""
     gf = read_graph_file(source, step)
     return gf.graph, gf.tensors
@@ -809,13 +219,13 @@ _FLAG_NAMES = [(TensorFlag.INPUT, "INPUT"), (TensorFlag.OUTPUT, "OUTPUT"), (Tens
 
 def _file_names(tensors: dict) -> dict:
     """`#id` suffixes as the fixture writer adds them: to empty names and names used more than once."""
-    count = {}
+    count: dict[str, int] = {}
     for t in tensors.values():
         count[t.name] = count.get(t.name, 0) + 1
     return {i: (t.name + f"#{i}" if not t.name or count[t.name] > 1 else t.name) for i, t in tensors.items()}
 
 
-def tensor_entry(t: Tensor, i: int, ids: dict, names: dict, record: dict = None, role: str = "none") -> dict:
+def tensor_entry(t: Tensor, i: int, ids: dict, names: dict, record: dict | None = None, role: str = "none") -> dict:
     """One `graph.tensors` entry for tensor `t` with fixture id `i`; `ids` maps tensors to ids and
     `names` ids to file names. Tensor fields are derived from `t`; the rest comes from `record`."""
     src = [None if s is None else ids[s] for s in t.src]
@@ -845,7 +255,7 @@ def tensor_entry(t: Tensor, i: int, ids: dict, names: dict, record: dict = None,
     return entry
 
 
-def graph_section(graph: Graph, tensors: dict, expand_roots: list, records: dict = None) -> dict:
+def graph_section(graph: Graph, tensors: dict, expand_roots: list, records: dict | None = None) -> dict:
     """The `graph` section for `graph`, whose tensors are `tensors` ({id: Tensor})."""
     ids = {t: i for i, t in tensors.items()}
     names = _file_names(tensors)
@@ -864,7 +274,7 @@ def graph_document(graph: Graph, contexts: list, expand_roots: list, fixture: st
     """A fixture-schema document for a graph built with the ggml_lite API. `contexts` lists the contexts
     in id order (their tensors in creation order give the ids); `expand_roots` the tensors passed to
     `build_forward_expand`, in call order."""
-    tensors = {}
+    tensors: dict[int, Tensor] = {}
     for ctx in contexts:
         for t in ctx.tensors:
             tensors[len(tensors)] = t
@@ -921,7 +331,8 @@ def allocate_external(gf: GraphFile, buft=None) -> dict:
         buf = alloc_ctx_tensors(ctx, buft)
         size = buf.get_size() if buf is not None else 0
         if size != ext["size"]:
-            raise RecordMismatchError(f"context {quote(label)}: ggml's buffer held {ext['size']} bytes, ggml_lite's {size}")
+            raise RecordMismatchError(f"context {quote(label)}: ggml's buffer held {ext['size']} bytes, "
+                                      f"ggml_lite's {size}")
         for t in ctx.tensors:
             want = gf.records[gf.id_of(t)].get("ext_offset")
             if want is not None and t.view_src is None and t.data - buf.get_base() != want:
@@ -929,142 +340,3 @@ def allocate_external(gf: GraphFile, buft=None) -> dict:
                                           f"ggml_lite at {t.data - buf.get_base()}")
         buffers[label] = buf
     return buffers
-
-
-# notebooks/A1_graph_files.py
-@dataclass
-class Plan:
-    """A compute-buffer plan: the buffer size and each tensor's offset in it (None: not in it),
-    keyed by fixture id; and where every tensor is: `buffers[id]`, the label of its buffer ("compute",
-    an external context's, None: no buffer yet), and `ext_offsets[id]`, its offset in an external one."""
-
-    buffer_size: int
-    offsets: dict
-    buffers: dict = None
-    ext_offsets: dict = None
-
-
-def plan_of(gf: GraphFile, galloc) -> Plan:
-    """The plan `galloc` carried out on `gf`'s tensors: `data - base` of the compute buffer, and of
-    the external buffers."""
-    buf = galloc.buffers[0]
-    base = buf.get_base() if buf is not None else None
-    offsets, labels, ext = {}, {}, {}
-    for i, t in gf.tensors.items():
-        holder = t.view_src.buffer if t.view_src is not None else t.buffer
-        offsets[i] = t.data - base if buf is not None and holder is buf and t.data is not None else None
-        root = t
-        while root.view_src is not None:
-            root = root.view_src
-        labels[i] = None if t.buffer is None else "compute" if t.buffer is buf else root.ctx.name
-        own = root.buffer
-        ext[i] = t.data - own.get_base() if own is not None and own is not buf and t.data is not None else None
-    return Plan(galloc.get_buffer_size(0), offsets, labels, ext)
-
-
-def recorded_plan(gf: GraphFile) -> Plan:
-    """The plan the file recorded (for a sequence file: that of `gf.step`)."""
-    where = gf.doc["steps"][gf.step] if gf.step is not None else gf.doc
-    rec = gf.records.items()
-    return Plan(where["buffer_size"], {i: r.get("offset") for i, r in rec}, {i: r.get("buffer") for i, r in rec},
-                {i: r.get("ext_offset") for i, r in rec})
-
-
-def plan_differences(want: Plan, got: Plan, gf: GraphFile, limit: int = 10) -> list:
-    """The first `limit` differences between two plans (None: all), in id order, each naming the
-    tensor: its offset, and when both plans know them, its buffer and its offset in an external buffer."""
-    out = []
-    if want.buffer_size != got.buffer_size:
-        out.append(f"buffer size: ggml {want.buffer_size}, ggml_lite {got.buffer_size}")
-    for i in sorted(want.offsets):
-        facts = [("offset", want.offsets, got.offsets), ("buffer", want.buffers, got.buffers),
-                 ("ext_offset", want.ext_offsets, got.ext_offsets)]
-        diff = [f"{f} {quote(w[i])}, ggml_lite {quote(g.get(i))}" for f, w, g in facts
-                if w is not None and g is not None and w[i] != g.get(i)]
-        if diff:
-            r = gf.records[i]
-            out.append(f"tensor #{i} {quote(r['name'])} ({r['op']}, {r.get('nbytes')} B): ggml " + "; ggml ".join(diff))
-            if limit and len(out) >= limit:
-                break
-    return out
-
-
-def _call(galloc, name: str, graph):
-    with captured_log() as lines:
-        ok = getattr(galloc, name)(graph)
-    return ok, lines
-
-
-# notebooks/A1_graph_files.py
-def run_plan(source, step: int = None, galloc=None, call: str = None, validate: bool = True) -> tuple:
-    """Load `source` (path or document, `step` of a sequence), allocate its external contexts, and
-    run `call` ("reserve" or "alloc_graph"; default both, as the single-graph files record) on
-    `galloc` (when None, a new `GAllocr` on the file's buffer type: `buffer_type_of`). Returns `(GraphFile, galloc, {call: result})`, where
-    a result holds ok, buffer_size_before, buffer_size, the compute buffer's `handle` (the address
-    of its C struct) before and after, and the log lines. (`validate=False`: a dict already validated.)"""
-
-    gf = read_graph_file(source, step, validate=validate)
-    allocate_external(gf)
-    galloc = galloc or GAllocr(buffer_type_of(gf.doc))
-    results = {}
-    for name in ([call] if call else ["reserve", "alloc_graph"]):
-        before = galloc.buffers[0]
-        handle, size_before = (before.handle, galloc.get_buffer_size(0)) if before is not None else (None, 0)
-        ok, lines = _call(galloc, name, gf.graph)
-        after = galloc.buffers[0]
-        results[name] = {"ok": ok, "buffer_size_before": size_before, "buffer_size": galloc.get_buffer_size(0),
-                         "handle_before": handle, "handle": after.handle if after is not None else None,
-                         "log": lines}
-    return gf, galloc, results
-
-
-_CALLS = {"ggml_gallocr_reserve": "reserve", "ggml_gallocr_alloc_graph": "alloc_graph"}
-
-
-def _compare_call(label: str, want: dict, got: dict) -> list:
-    out = []
-    for key, gkey in (("ok", "ok"), ("buffer_size", "buffer_size"), ("buffer_size_before", "buffer_size_before"),
-                      ("compute_buffer_replaced", "replaced"), ("log", "log")):
-        if key in want and want[key] != got[gkey] and key == "log" and isinstance(want[key], list):
-            w, g = want[key], got[gkey]  # (the first differing line, quoted long enough to show it)
-            k = next((k for k, (a, b) in enumerate(zip(w, g)) if a != b), min(len(w), len(g)))
-            out.append(f"{label}: log[{k}]: ggml {quote(w[k], 200) if k < len(w) else '(no more lines)'}, "
-                       f"ggml_lite {quote(g[k], 200) if k < len(g) else '(no more lines)'}")
-        elif key in want and want[key] != got[gkey]:
-            out.append(f"{label}: {key}: ggml {quote(want[key])}, ggml_lite {quote(got[gkey])}")
-    return out
-
-
-# notebooks/A1_graph_files.py
-def check_plan_file(source, limit: int = 10) -> list:
-    """Every difference between the file's recorded plan(s) and ggml_lite's (empty: identical):
-    offsets, buffer sizes, ok flags, logs; for a sequence file, each step on one allocator. The first
-    `limit` differences (an integer >= 1; 0 or None: all of them). The document is validated first,
-    with every recorded result (`validate_document(record=True)`)."""
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
-        raise GraphFileError(f"limit: expected an integer >= 1 (0 or None: every difference), found {quote(limit)}")
-    limit = limit or None
-    doc = load_document(source, record=True)
-    if doc["schema"] != SCHEMAS[0]:
-        raise GraphFileError(f"not a graph-allocator fixture (schema {quote(doc['schema'])})")
-    out = []
-    if "steps" in doc:
-        galloc = seen = None  # seen: the compute buffer's address after the last alloc_graph step
-        for k, st in enumerate(doc["steps"]):
-            call = _CALLS[st["call"]]
-            gf, galloc, res = run_plan(doc, k, galloc, call, validate=False)
-            got = res[call]
-            # the recorder saw the buffer through a tensor's `buffer`, which only alloc_graph sets
-            got["replaced"] = None if call != "alloc_graph" or seen is None else got["handle"] != seen
-            if call == "alloc_graph":
-                seen = got["handle"]
-            out += _compare_call(f"step {k} ({call})", st, got)
-            if st["ok"]:  # (after a reserve nothing is placed yet: every recorded offset must be null)
-                out += [f"step {k}: {d}" for d in plan_differences(recorded_plan(gf), plan_of(gf, galloc), gf, limit)]
-    else:
-        gf, galloc, res = run_plan(doc, validate=False)
-        for call in ("reserve", "alloc_graph"):
-            res[call]["replaced"] = None
-            out += _compare_call(call, doc[call], res[call])
-        out += plan_differences(recorded_plan(gf), plan_of(gf, galloc), gf, limit)
-    return out[:limit]

@@ -79,9 +79,6 @@ from ggml_lite.tensor import F16, F32, Q4_0, Q8_0
 
 # %%
 # | export
-LIBM_EXACT = False  # True: array math calls the C library per element (bit-exact with glibc, slow)
-
-
 @contextlib.contextmanager
 def libm_exact(enabled: bool = True):
     """Within the block, array math uses the C library per element (`LIBM_EXACT`)."""
@@ -91,6 +88,9 @@ def libm_exact(enabled: bool = True):
         yield
     finally:
         LIBM_EXACT = saved
+
+
+LIBM_EXACT = False  # True: array math calls the C library per element (bit-exact with glibc, slow)
 
 
 def _math_f32(name: str, f64, x) -> np.ndarray:
@@ -148,15 +148,15 @@ def _libm():
 
 # %%
 # | export
-def libm_f32(name: str, *args) -> F4:
+def libm_f32(name: str, *args) -> np.float32:
     """One scalar call of the C library's float function `name` (expf, logf, tanhf, powf, cosf, sinf),
     through ctypes; without a loadable libm, the float64 function rounded to float32."""
     lib = _libm()
-    args = [float(F4(a)) for a in args]
+    vals = [float(F4(a)) for a in args]
     if lib is not None:
-        return F4(getattr(lib, name)(*args))
+        return F4(getattr(lib, name)(*vals))
     try:
-        return F4(C_MATH[name](*args))
+        return F4(C_MATH[name](*vals))
     except (OverflowError, ValueError):
         return F4(np.nan)
 
@@ -261,7 +261,7 @@ def _q_ints(blocks, type) -> np.ndarray:
 
 # %%
 # | export
-def _c(h: str) -> F4:
+def _c(h: str) -> np.float32:
     return F4(float.fromhex(h))
 
 
@@ -605,7 +605,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import ggml_lite as gl  # noqa: E402
-from ggml_lite.graphio import run_plan  # noqa: E402
+from ggml_lite.plancheck import run_plan  # noqa: E402
 from ggml_lite.numerics import fill_leaf  # noqa: E402
 
 doc = json.loads(Path("../tests/fixtures/ggml-seed/07_llama4_kvcache.json").read_text())

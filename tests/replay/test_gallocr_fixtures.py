@@ -1,12 +1,12 @@
 """The graph allocator against the 14 ggml-seed fixtures: every offset, every buffer size, and for the
-sequence files every step's size, buffer replacement and log lines (graphio.check_plan_file)."""
+sequence files every step's size, buffer replacement and log lines (plancheck.check_plan_file)."""
 
 import copy
 
 import pytest
 
 from helpers import SEED_FILES, fixture_path, load_json
-from ggml_lite.graphio import check_plan_file, plan_of, recorded_plan, run_plan
+from ggml_lite.plancheck import check_plan_file, plan_of, recorded_plan, run_plan
 
 
 @pytest.mark.parametrize("name", SEED_FILES)

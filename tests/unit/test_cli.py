@@ -157,22 +157,22 @@ def test_a_file_above_the_size_cap_is_refused_before_it_is_read(tmp_path, capsys
     """A sparse file of 1 TiB (os.truncate: no disk, no memory) is refused by its size, before a byte is
     read (reading it is made to fail)."""
     import os
-    from ggml_lite import graphio
+    from ggml_lite import untrusted
 
     p = tmp_path / "huge.json"
     p.write_text("{}")
     os.truncate(p, 2**40)
-    monkeypatch.setattr(graphio.os, "open", lambda *a, **k: pytest.fail("opened a file above the cap"))
+    monkeypatch.setattr(untrusted.os, "open", lambda *a, **k: pytest.fail("opened a file above the cap"))
     assert main([command, str(p)]) == 2
     err = capsys.readouterr().err
     assert f"expected a JSON file of at most 32 MiB, found {2**40:,} bytes" in err, err
-    assert graphio.MAX_JSON_BYTES == 32 * 2**20
+    assert untrusted.MAX_JSON_BYTES == 32 * 2**20
 
 
 def test_a_file_at_the_size_cap_is_read(tmp_path, capsys):
     """The cap refuses only what is above it: a document of exactly MAX_JSON_BYTES parses (and is then
     judged as a graph file)."""
-    from ggml_lite.graphio import MAX_JSON_BYTES
+    from ggml_lite.untrusted import MAX_JSON_BYTES
 
     p = tmp_path / "padded.json"
     text = '{"pad": ""}'
@@ -393,7 +393,7 @@ def test_check_limit_must_be_positive(limit, capsys):
 def test_check_limit_1_still_reports_a_difference(tmp_path, capsys):
     """--limit 1 on a file with one difference prints that one (before, a limit of -1 sliced it away and
     printed "identical")."""
-    from ggml_lite.graphio import check_plan_file
+    from ggml_lite.plancheck import check_plan_file
 
     doc = copy.deepcopy(load_json(fixture_path("ggml-seed", "01_mlp_small")))
     doc["graph"]["tensors"][-1]["offset"] += 32

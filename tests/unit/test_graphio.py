@@ -206,7 +206,8 @@ def test_an_empty_steps_list_is_refused(doc):
 def test_the_recorded_buffer_type_is_honoured(doc):
     """A file recording a CPU-like buffer type of alignment 256 is planned on that type: every offset is a
     multiple of 256 (the CPU type's 32 would pack them tighter)."""
-    from ggml_lite.graphio import RecordedBufferType, plan_of, run_plan
+    from ggml_lite.plancheck import plan_of, run_plan
+    from ggml_lite.schema import RecordedBufferType
 
     bt = {"name": "CPU_256", "alignment": 256, "max_size": None, "alloc_size": "ggml_nbytes"}
     gf, galloc, res = run_plan({**doc, "buffer_type": bt})
@@ -252,7 +253,7 @@ def test_recorded_lists_without_expand_roots_must_be_a_graph(doc):
     ('[{"x": {"y": 1, "y": 1}}]', "[0].x", "y"),
 ])
 def test_parse_json_refuses_a_repeated_key_naming_the_object(text, path, key):
-    from ggml_lite.graphio import parse_json
+    from ggml_lite.untrusted import parse_json
 
     with pytest.raises(errors.GraphFileError) as info:
         parse_json(text, "F")
@@ -274,7 +275,7 @@ def test_a_repeated_key_of_a_graph_file_is_refused_not_last_wins(doc, tmp_path):
 
 
 def test_quote_cuts_long_strings_and_says_how_long():
-    from ggml_lite.graphio import found, quote
+    from ggml_lite.untrusted import found, quote
 
     assert quote("w2") == "'w2'" and quote("x" * 60) == repr("x" * 60)
     assert quote("y" * 100_000) == f"{'y' * 60!r}... (100,000 chars)"
@@ -295,7 +296,7 @@ def test_a_long_name_is_quoted_in_part_in_every_message(doc):
 @pytest.mark.parametrize("value, kind", [(None, "null"), (True, "true/false"), (1, "number"), (1.5, "number"),
                                          ("s", "string"), ([], "array"), ({}, "object")])
 def test_json_kinds_are_named_as_json_names_them(value, kind, tmp_path):
-    from ggml_lite.graphio import json_kind, read_json
+    from ggml_lite.untrusted import json_kind, read_json
 
     assert json_kind(value) == kind
     p = tmp_path / "top.json"
