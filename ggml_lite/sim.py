@@ -8,10 +8,12 @@ of the scheduler fixtures."""
 
 import dataclasses
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ggml_lite.backend import Backend, Event, Status, tensor_buffer
+from ggml_lite.bind import method_of
 from ggml_lite.buffer import HEAP, Buffer, BufferType
 from ggml_lite.cpu import NUMPY, ComputeParams, compute_forward, graph_label, mul_mat_supported, tier
 from ggml_lite.errors import BackendError, UnsupportedOpError
@@ -108,7 +110,8 @@ class SimBufferType(BufferType):
     exactly the requested size, base aligned to `alignment`, bytes starting as 0xFF. It carries the
     device's `clock`, `cost` model and copy counters `bytes_h2d`, `bytes_d2h`, `bytes_d2d`."""
 
-    def __init__(self, name: str = "SIM", alignment: int = 128, max_size: int = None, clock=None, cost=None):
+    def __init__(self, name: str = "SIM", alignment: int = 128, max_size: int | None = None, clock=None,
+                 cost=None):
         super().__init__(name, alignment, max_size, is_host=False)
         self.clock = clock if clock is not None else SimClock()
         self.cost = cost if cost is not None else CostModel()
@@ -121,7 +124,13 @@ class SimBufferType(BufferType):
         return buf
 
     def count(self, kind: str, n: int) -> None:
-        setattr(self, f"bytes_{kind}", getattr(self, f"bytes_{kind}") + n)
+        """Add `n` bytes to the counter of `kind`: "h2d", "d2h" or "d2d"."""
+        if kind == "h2d":
+            self.bytes_h2d += n
+        elif kind == "d2h":
+            self.bytes_d2h += n
+        else:
+            self.bytes_d2d += n
 
 
 BLOCKING_LANE = "host copies"  # blocking copies are the host thread's time, not a device queue's
@@ -130,6 +139,8 @@ BLOCKING_LANE = "host copies"  # blocking copies are the host thread's time, not
 class SimBuffer(Buffer):
     """A buffer in a SIM device's memory: `set_tensor`/`get_tensor` are blocking copies (host time,
     on the lane `BLOCKING_LANE`), `cpy_tensor` is a device-to-device copy from any SIM memory."""
+
+    buft: SimBufferType  # (a SIM buffer's type is always a SIM buffer type)
 
     def memory(self) -> np.ndarray:
         """The device bytes, 0xFF until written (NaN for f32 and f16)."""
@@ -196,7 +207,8 @@ class SimBackend(Backend):
         self.buft = buft if buft is not None else SimBufferType(name, alignment, max_size, clock, cost)
         self.deny_ops = frozenset(op_by_name(o) for o in deny_ops)
         if not callable(offload) and offload not in OFFLOAD_RULES:
-            raise BackendError(f"unknown offload rule {offload!r}: use None, 'mul_mat', 'cuda' or a function of the node")
+            raise BackendError(f"unknown offload rule {offload!r}: use None, 'mul_mat', 'cuda' or a function "
+                               f"of the node")
         self.offload_rule = offload
         self._offload = offload if callable(offload) else OFFLOAD_RULES[offload]
         self.asynchronous = asynchronous
@@ -239,7 +251,8 @@ class SimBackend(Backend):
         """Queue the graph: it runs the CPU kernels on the device's memory when the queue runs."""
         for node in graph.nodes:
             if not self._supports_op(node):
-                raise UnsupportedOpError(f"{self.name} does not support {node.op.name}: cannot compute {describe(node)}")
+                raise UnsupportedOpError(f"{self.name} does not support {node.op.name}: "
+                                         f"cannot compute {describe(node)}")
         nodes = list(graph.nodes)
         if not nodes:
             return Status.SUCCESS
@@ -260,9 +273,27 @@ class SimBackend(Backend):
         mode = "async" if self.asynchronous else "sync"
         return f"SimBackend({self.name!r}, {mode}, alignment={self.buft.alignment}, {len(self.queue)} queued)"
 
+    if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
+        def _enqueue(sim, item: _Item) -> None: ...
+        def _execute(sim, item: _Item) -> None: ...
+        def _drain(sim, until=...) -> None: ...
+        def _reach(sim, event: Event, gen: int) -> float: ...
+        def _synchronize(sim) -> None: ...
+        def _own(sim, t, what: str): ...
+        def _set_tensor_async(sim, tensor, raw, offset: int, size: int) -> None: ...
+        def _get_tensor_async(sim, tensor, out, offset: int, size: int) -> None: ...
+        def _cpy_tensor_async(sim, backend_src, src, dst) -> bool: ...
+        def _offload_op(sim, op) -> bool: ...
+        def _event_new(sim) -> Event: ...
+        def _event_free(sim, event: Event) -> None: ...
+        def _event_record(sim, event: Event) -> None: ...
+        def _event_synchronize(sim, event: Event) -> None: ...
+        def _event_wait(sim, event: Event) -> None: ...
+
 
 # notebooks/08_sim.py
-def _enqueue(sim, item: _Item) -> None:
+@method_of(SimBackend, "_enqueue")
+def enqueue(sim, item: _Item) -> None:
     sim._alive()
     item.issued = sim.clock.host
     if sim.asynchronous:
@@ -272,7 +303,8 @@ def _enqueue(sim, item: _Item) -> None:
         sim.clock.wait_until(sim.free_at)
 
 
-def _execute(sim, item: _Item) -> None:
+@method_of(SimBackend, "_execute")
+def execute(sim, item: _Item) -> None:
     ready = 0.0
     if item.wait is not None:
         event, gen = item.wait
@@ -288,26 +320,30 @@ def _execute(sim, item: _Item) -> None:
         sim.clock.record(sim.name, item.kind, item.label, start, sim.free_at)
 
 
-def _drain(sim, until=None) -> None:
+@method_of(SimBackend, "_drain")
+def drain(sim, until=None) -> None:
     """Run queued items in order (all, or until the predicate `until()` holds)."""
     while sim.queue and (until is None or not until()):
         sim._execute(sim.queue.pop(0))
 
 
-def _reach(sim, event: Event, gen: int) -> float:
+@method_of(SimBackend, "_reach")
+def reach(sim, event: Event, gen: int) -> float:
     """Run this queue until `event`'s record number `gen` has run; its time (0 if never recorded)."""
     times = event.context["times"]
     sim._drain(lambda: gen in times)
     return times.get(gen, 0.0)
 
 
-def _synchronize(sim) -> None:
+@method_of(SimBackend, "_synchronize")
+def synchronize(sim) -> None:
     """Run everything queued; the host waits for the device."""
     sim._drain()
     sim.clock.wait_until(sim.free_at)
 
 
-def _own(sim, t, what: str):
+@method_of(SimBackend, "_own")
+def own(sim, t, what: str):
     buf = tensor_buffer(t)
     if buf is None or buf.buft is not sim.buft:
         where = buf.get_name() if buf is not None else "no"
@@ -315,16 +351,9 @@ def _own(sim, t, what: str):
     return buf
 
 
-SimBackend._enqueue = _enqueue
-SimBackend._execute = _execute
-SimBackend._drain = _drain
-SimBackend._reach = _reach
-SimBackend._synchronize = _synchronize
-SimBackend._own = _own
-
-
 # notebooks/08_sim.py
-def _set_tensor_async(sim, tensor, raw, offset: int, size: int) -> None:
+@method_of(SimBackend, "_set_tensor_async")
+def set_tensor_async(sim, tensor, raw, offset: int, size: int) -> None:
     buf = sim._own(tensor, "write")
 
     def run():
@@ -333,7 +362,8 @@ def _set_tensor_async(sim, tensor, raw, offset: int, size: int) -> None:
     sim._enqueue(_Item("h2d", f"h2d {tensor.name}", sim.cost.copy_seconds(size), run))
 
 
-def _get_tensor_async(sim, tensor, out, offset: int, size: int) -> None:
+@method_of(SimBackend, "_get_tensor_async")
+def get_tensor_async(sim, tensor, out, offset: int, size: int) -> None:
     buf = sim._own(tensor, "read")
 
     def run():
@@ -342,7 +372,8 @@ def _get_tensor_async(sim, tensor, out, offset: int, size: int) -> None:
     sim._enqueue(_Item("d2h", f"d2h {tensor.name}", sim.cost.copy_seconds(size), run))
 
 
-def _cpy_tensor_async(sim, backend_src, src, dst) -> bool:
+@method_of(SimBackend, "_cpy_tensor_async")
+def cpy_tensor_async(sim, backend_src, src, dst) -> bool:
     """Device to device between SIM backends (as CUDA's `cpy_tensor_async`: both sides must be
     devices), ordered after the work queued on `backend_src`; False otherwise."""
     sbuf, dbuf = tensor_buffer(src), tensor_buffer(dst)
@@ -362,48 +393,39 @@ def _cpy_tensor_async(sim, backend_src, src, dst) -> bool:
     return True
 
 
-SimBackend._set_tensor_async = _set_tensor_async
-SimBackend._get_tensor_async = _get_tensor_async
-SimBackend._cpy_tensor_async = _cpy_tensor_async
-
-
 # notebooks/08_sim.py
-def _offload_op(sim, op) -> bool:
+@method_of(SimBackend, "_offload_op")
+def offload_op(sim, op) -> bool:
     return bool(sim._offload(op))
 
 
-SimBackend._offload_op = _offload_op
-
-
 # notebooks/08_sim.py
-def _event_new(sim) -> Event:
+@method_of(SimBackend, "_event_new")
+def event_new(sim) -> Event:
     event = Event(sim)
     event.context = {"gen": 0, "times": {}}
     return event
 
 
-def _event_free(sim, event: Event) -> None:
+@method_of(SimBackend, "_event_free")
+def event_free(sim, event: Event) -> None:
     event.context = None
 
 
-def _event_record(sim, event: Event) -> None:
+@method_of(SimBackend, "_event_record")
+def event_record(sim, event: Event) -> None:
     event.context["gen"] += 1
     sim._enqueue(_Item("record", "record", 0.0, record=(event, event.context["gen"])))
 
 
-def _event_synchronize(sim, event: Event) -> None:
+@method_of(SimBackend, "_event_synchronize")
+def event_synchronize(sim, event: Event) -> None:
     sim.clock.wait_until(sim._reach(event, event.context["gen"]))
 
 
-def _event_wait(sim, event: Event) -> None:
+@method_of(SimBackend, "_event_wait")
+def event_wait(sim, event: Event) -> None:
     sim._enqueue(_Item("wait", f"wait {event.backend.name}", 0.0, wait=(event, event.context["gen"])))
-
-
-SimBackend._event_new = _event_new
-SimBackend._event_free = _event_free
-SimBackend._event_record = _event_record
-SimBackend._event_synchronize = _event_synchronize
-SimBackend._event_wait = _event_wait
 
 
 # notebooks/08_sim.py
@@ -422,7 +444,7 @@ def is_sim(backend) -> bool:
     return isinstance(backend, SimBackend)
 
 
-_DEFAULT_DEVICE = []
+_DEFAULT_DEVICE: list[SimBufferType] = []
 
 
 def sim_default_buffer_type() -> SimBufferType:
@@ -432,7 +454,7 @@ def sim_default_buffer_type() -> SimBufferType:
     return _DEFAULT_DEVICE[0]
 
 
-_PINNED = []
+_PINNED: list[BufferType] = []
 
 
 def sim_host_buffer_type() -> BufferType:

@@ -72,10 +72,12 @@ of the scheduler fixtures."""
 
 import dataclasses
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ggml_lite.backend import Backend, Event, Status, tensor_buffer
+from ggml_lite.bind import method_of
 from ggml_lite.buffer import HEAP, Buffer, BufferType
 from ggml_lite.cpu import NUMPY, ComputeParams, compute_forward, graph_label, mul_mat_supported, tier
 from ggml_lite.errors import BackendError, UnsupportedOpError
@@ -190,7 +192,8 @@ class SimBufferType(BufferType):
     exactly the requested size, base aligned to `alignment`, bytes starting as 0xFF. It carries the
     device's `clock`, `cost` model and copy counters `bytes_h2d`, `bytes_d2h`, `bytes_d2d`."""
 
-    def __init__(self, name: str = "SIM", alignment: int = 128, max_size: int = None, clock=None, cost=None):
+    def __init__(self, name: str = "SIM", alignment: int = 128, max_size: int | None = None, clock=None,
+                 cost=None):
         super().__init__(name, alignment, max_size, is_host=False)
         self.clock = clock if clock is not None else SimClock()
         self.cost = cost if cost is not None else CostModel()
@@ -203,7 +206,13 @@ class SimBufferType(BufferType):
         return buf
 
     def count(self, kind: str, n: int) -> None:
-        setattr(self, f"bytes_{kind}", getattr(self, f"bytes_{kind}") + n)
+        """Add `n` bytes to the counter of `kind`: "h2d", "d2h" or "d2d"."""
+        if kind == "h2d":
+            self.bytes_h2d += n
+        elif kind == "d2h":
+            self.bytes_d2h += n
+        else:
+            self.bytes_d2d += n
 
 
 BLOCKING_LANE = "host copies"  # blocking copies are the host thread's time, not a device queue's
@@ -212,6 +221,8 @@ BLOCKING_LANE = "host copies"  # blocking copies are the host thread's time, not
 class SimBuffer(Buffer):
     """A buffer in a SIM device's memory: `set_tensor`/`get_tensor` are blocking copies (host time,
     on the lane `BLOCKING_LANE`), `cpy_tensor` is a device-to-device copy from any SIM memory."""
+
+    buft: SimBufferType  # (a SIM buffer's type is always a SIM buffer type)
 
     def memory(self) -> np.ndarray:
         """The device bytes, 0xFF until written (NaN for f32 and f16)."""
@@ -289,7 +300,8 @@ class SimBackend(Backend):
         self.buft = buft if buft is not None else SimBufferType(name, alignment, max_size, clock, cost)
         self.deny_ops = frozenset(op_by_name(o) for o in deny_ops)
         if not callable(offload) and offload not in OFFLOAD_RULES:
-            raise BackendError(f"unknown offload rule {offload!r}: use None, 'mul_mat', 'cuda' or a function of the node")
+            raise BackendError(f"unknown offload rule {offload!r}: use None, 'mul_mat', 'cuda' or a function "
+                               f"of the node")
         self.offload_rule = offload
         self._offload = offload if callable(offload) else OFFLOAD_RULES[offload]
         self.asynchronous = asynchronous
@@ -332,7 +344,8 @@ class SimBackend(Backend):
         """Queue the graph: it runs the CPU kernels on the device's memory when the queue runs."""
         for node in graph.nodes:
             if not self._supports_op(node):
-                raise UnsupportedOpError(f"{self.name} does not support {node.op.name}: cannot compute {describe(node)}")
+                raise UnsupportedOpError(f"{self.name} does not support {node.op.name}: "
+                                         f"cannot compute {describe(node)}")
         nodes = list(graph.nodes)
         if not nodes:
             return Status.SUCCESS
@@ -355,13 +368,18 @@ class SimBackend(Backend):
 
 
 # %% [markdown]
-# The queue: work is enqueued with its duration; `_execute` runs one item when the device is free,
-# its waits are over and it was issued; `_drain` runs everything, `_reach` runs up to an event;
-# `_own` refuses bytes of another device.
+# The queue: work is enqueued with its duration; `execute` runs one item when the device is free,
+# its waits are over and it was issued; `drain` runs everything, `reach` runs up to an event; `own`
+# refuses bytes of another device. These functions, and the entries of `struct ggml_backend_i` below,
+# are attached to `SimBackend` with `@method_of` (chapter 00), under the hook names that chapter 06's
+# `Backend` calls (`_enqueue`, `_set_tensor_async`, `_event_new`, ...). Each function is named as the
+# naming rule says: the C entry minus `ggml_backend_` and the backend's name (CUDA's
+# `ggml_backend_cuda_event_new` is `event_new`), callable also as a plain function of the module.
 
 # %%
 # | export
-def _enqueue(sim, item: _Item) -> None:
+@method_of(SimBackend, "_enqueue")
+def enqueue(sim, item: _Item) -> None:
     sim._alive()
     item.issued = sim.clock.host
     if sim.asynchronous:
@@ -371,7 +389,8 @@ def _enqueue(sim, item: _Item) -> None:
         sim.clock.wait_until(sim.free_at)
 
 
-def _execute(sim, item: _Item) -> None:
+@method_of(SimBackend, "_execute")
+def execute(sim, item: _Item) -> None:
     ready = 0.0
     if item.wait is not None:
         event, gen = item.wait
@@ -387,39 +406,36 @@ def _execute(sim, item: _Item) -> None:
         sim.clock.record(sim.name, item.kind, item.label, start, sim.free_at)
 
 
-def _drain(sim, until=None) -> None:
+@method_of(SimBackend, "_drain")
+def drain(sim, until=None) -> None:
     """Run queued items in order (all, or until the predicate `until()` holds)."""
     while sim.queue and (until is None or not until()):
         sim._execute(sim.queue.pop(0))
 
 
-def _reach(sim, event: Event, gen: int) -> float:
+@method_of(SimBackend, "_reach")
+def reach(sim, event: Event, gen: int) -> float:
     """Run this queue until `event`'s record number `gen` has run; its time (0 if never recorded)."""
     times = event.context["times"]
     sim._drain(lambda: gen in times)
     return times.get(gen, 0.0)
 
 
-def _synchronize(sim) -> None:
+@method_of(SimBackend, "_synchronize")
+def synchronize(sim) -> None:
     """Run everything queued; the host waits for the device."""
     sim._drain()
     sim.clock.wait_until(sim.free_at)
 
 
-def _own(sim, t, what: str):
+@method_of(SimBackend, "_own")
+def own(sim, t, what: str):
     buf = tensor_buffer(t)
     if buf is None or buf.buft is not sim.buft:
         where = buf.get_name() if buf is not None else "no"
         raise BackendError(f"{sim.name} cannot {what} {describe(t)}: it lives in {where} memory, not {sim.name}'s")
     return buf
 
-
-SimBackend._enqueue = _enqueue
-SimBackend._execute = _execute
-SimBackend._drain = _drain
-SimBackend._reach = _reach
-SimBackend._synchronize = _synchronize
-SimBackend._own = _own
 
 
 # %% [markdown]
@@ -428,7 +444,8 @@ SimBackend._own = _own
 
 # %%
 # | export
-def _set_tensor_async(sim, tensor, raw, offset: int, size: int) -> None:
+@method_of(SimBackend, "_set_tensor_async")
+def set_tensor_async(sim, tensor, raw, offset: int, size: int) -> None:
     buf = sim._own(tensor, "write")
 
     def run():
@@ -437,7 +454,8 @@ def _set_tensor_async(sim, tensor, raw, offset: int, size: int) -> None:
     sim._enqueue(_Item("h2d", f"h2d {tensor.name}", sim.cost.copy_seconds(size), run))
 
 
-def _get_tensor_async(sim, tensor, out, offset: int, size: int) -> None:
+@method_of(SimBackend, "_get_tensor_async")
+def get_tensor_async(sim, tensor, out, offset: int, size: int) -> None:
     buf = sim._own(tensor, "read")
 
     def run():
@@ -446,7 +464,8 @@ def _get_tensor_async(sim, tensor, out, offset: int, size: int) -> None:
     sim._enqueue(_Item("d2h", f"d2h {tensor.name}", sim.cost.copy_seconds(size), run))
 
 
-def _cpy_tensor_async(sim, backend_src, src, dst) -> bool:
+@method_of(SimBackend, "_cpy_tensor_async")
+def cpy_tensor_async(sim, backend_src, src, dst) -> bool:
     """Device to device between SIM backends (as CUDA's `cpy_tensor_async`: both sides must be
     devices), ordered after the work queued on `backend_src`; False otherwise."""
     sbuf, dbuf = tensor_buffer(src), tensor_buffer(dst)
@@ -466,10 +485,6 @@ def _cpy_tensor_async(sim, backend_src, src, dst) -> bool:
     return True
 
 
-SimBackend._set_tensor_async = _set_tensor_async
-SimBackend._get_tensor_async = _get_tensor_async
-SimBackend._cpy_tensor_async = _cpy_tensor_async
-
 
 # %% [markdown]
 # Computing: `graph_compute` enqueues the CPU kernels on this device's bytes (the mandatory
@@ -477,11 +492,10 @@ SimBackend._cpy_tensor_async = _cpy_tensor_async
 
 # %%
 # | export
-def _offload_op(sim, op) -> bool:
+@method_of(SimBackend, "_offload_op")
+def offload_op(sim, op) -> bool:
     return bool(sim._offload(op))
 
-
-SimBackend._offload_op = _offload_op
 
 
 # %% [markdown]
@@ -490,34 +504,33 @@ SimBackend._offload_op = _offload_op
 
 # %%
 # | export
-def _event_new(sim) -> Event:
+@method_of(SimBackend, "_event_new")
+def event_new(sim) -> Event:
     event = Event(sim)
     event.context = {"gen": 0, "times": {}}
     return event
 
 
-def _event_free(sim, event: Event) -> None:
+@method_of(SimBackend, "_event_free")
+def event_free(sim, event: Event) -> None:
     event.context = None
 
 
-def _event_record(sim, event: Event) -> None:
+@method_of(SimBackend, "_event_record")
+def event_record(sim, event: Event) -> None:
     event.context["gen"] += 1
     sim._enqueue(_Item("record", "record", 0.0, record=(event, event.context["gen"])))
 
 
-def _event_synchronize(sim, event: Event) -> None:
+@method_of(SimBackend, "_event_synchronize")
+def event_synchronize(sim, event: Event) -> None:
     sim.clock.wait_until(sim._reach(event, event.context["gen"]))
 
 
-def _event_wait(sim, event: Event) -> None:
+@method_of(SimBackend, "_event_wait")
+def event_wait(sim, event: Event) -> None:
     sim._enqueue(_Item("wait", f"wait {event.backend.name}", 0.0, wait=(event, event.context["gen"])))
 
-
-SimBackend._event_new = _event_new
-SimBackend._event_free = _event_free
-SimBackend._event_record = _event_record
-SimBackend._event_synchronize = _event_synchronize
-SimBackend._event_wait = _event_wait
 
 
 # %% [markdown]
@@ -540,7 +553,7 @@ def is_sim(backend) -> bool:
     return isinstance(backend, SimBackend)
 
 
-_DEFAULT_DEVICE = []
+_DEFAULT_DEVICE: list[SimBufferType] = []
 
 
 def sim_default_buffer_type() -> SimBufferType:
@@ -550,7 +563,7 @@ def sim_default_buffer_type() -> SimBufferType:
     return _DEFAULT_DEVICE[0]
 
 
-_PINNED = []
+_PINNED: list[BufferType] = []
 
 
 def sim_host_buffer_type() -> BufferType:
@@ -723,7 +736,8 @@ def backends_figure(backends, bufts, buffers=(), title: str = "backends, buffer 
     type → buffer for every buffer of that type."""
     bnames = [b.get_name() for b in backends]
     tnames = [f"{t.get_name()} ({'host' if t.is_host() else 'device'}, align {t.get_alignment()})" for t in bufts]
-    fnames = [f"{buf.get_name()} #{k}: {buf.get_size()} B, {buf.get_usage().name.lower()}" for k, buf in enumerate(buffers)]
+    fnames = [f"{buf.get_name()} #{k}: {buf.get_size()} B, {buf.get_usage().name.lower()}"
+              for k, buf in enumerate(buffers)]
     pos = {**_column(bnames, 0), **_column(tnames, 1), **_column(fnames, 2)}
     fig = go.Figure()
     for b, bname in zip(backends, bnames):
@@ -735,9 +749,9 @@ def backends_figure(backends, bufts, buffers=(), title: str = "backends, buffer 
                                          line=dict(color="#444" if default else "#999", width=2 if default else 1,
                                                    dash="solid" if default else "dot")))
     for buf, fname in zip(buffers, fnames):
-        tname = next((tn for t, tn in zip(bufts, tnames) if t is buf.get_type()), None)
-        if tname is not None:
-            (x0, y0), (x1, y1) = pos[tname], pos[fname]
+        owner = next((tn for t, tn in zip(bufts, tnames) if t is buf.get_type()), None)
+        if owner is not None:
+            (x0, y0), (x1, y1) = pos[owner], pos[fname]
             fig.add_trace(go.Scatter(x=[x0, x1], y=[y0, y1], mode="lines", hoverinfo="skip", showlegend=False,
                                      line=dict(color="#bbb", width=1)))
     for names, color, what in ((bnames, "#636efa", "backend"), (tnames, "#ef553b", "buffer type"),

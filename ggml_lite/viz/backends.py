@@ -20,7 +20,8 @@ def backends_figure(backends, bufts, buffers=(), title: str = "backends, buffer 
     type → buffer for every buffer of that type."""
     bnames = [b.get_name() for b in backends]
     tnames = [f"{t.get_name()} ({'host' if t.is_host() else 'device'}, align {t.get_alignment()})" for t in bufts]
-    fnames = [f"{buf.get_name()} #{k}: {buf.get_size()} B, {buf.get_usage().name.lower()}" for k, buf in enumerate(buffers)]
+    fnames = [f"{buf.get_name()} #{k}: {buf.get_size()} B, {buf.get_usage().name.lower()}"
+              for k, buf in enumerate(buffers)]
     pos = {**_column(bnames, 0), **_column(tnames, 1), **_column(fnames, 2)}
     fig = go.Figure()
     for b, bname in zip(backends, bnames):
@@ -32,9 +33,9 @@ def backends_figure(backends, bufts, buffers=(), title: str = "backends, buffer 
                                          line=dict(color="#444" if default else "#999", width=2 if default else 1,
                                                    dash="solid" if default else "dot")))
     for buf, fname in zip(buffers, fnames):
-        tname = next((tn for t, tn in zip(bufts, tnames) if t is buf.get_type()), None)
-        if tname is not None:
-            (x0, y0), (x1, y1) = pos[tname], pos[fname]
+        owner = next((tn for t, tn in zip(bufts, tnames) if t is buf.get_type()), None)
+        if owner is not None:
+            (x0, y0), (x1, y1) = pos[owner], pos[fname]
             fig.add_trace(go.Scatter(x=[x0, x1], y=[y0, y1], mode="lines", hoverinfo="skip", showlegend=False,
                                      line=dict(color="#bbb", width=1)))
     for names, color, what in ((bnames, "#636efa", "backend"), (tnames, "#ef553b", "buffer type"),
