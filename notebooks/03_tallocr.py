@@ -448,8 +448,9 @@ def buffer_reset(buffer) -> None:
 # Its bytes: `ggml_backend_buffer_clear` and the CPU buffer's `set_tensor`, `get_tensor` and
 # `cpy_tensor` (ggml-backend.c:572-596), which in C are one `memcpy` each. The numpy array behind the
 # buffer is made on first access (`memory`), so planning a large model allocates nothing. What to
-# notice: the C copies without a check; here every access is checked against the tensor and the
-# buffer first, and `cpy_tensor` declines (False) a source that is not host memory, as in C.
+# notice: in C these copy without a check (`ggml_backend_tensor_set` checked the range before calling
+# them); here the buffer's functions check the range against the tensor and the buffer themselves,
+# and `cpy_tensor` declines (False) a source that is not host memory, as in C.
 
 # %%
 # | export
@@ -513,10 +514,10 @@ def buffer_cpy_tensor(buffer, src: Tensor, dst: Tensor) -> bool:
 
 # %% [markdown]
 # A CPU buffer is a buffer whose base is its malloc'ed address rounded up to 32
-# (`ggml_backend_cpu_buffer_get_base`, :557-566) and whose name is "CPU". It can also wrap memory
-# that already exists (`ggml_backend_cpu_buffer_from_ptr`, :933-936), as llama.cpp wraps a model
-# file it has mmap'ed: what to notice is that such a buffer does not own its bytes, so freeing it
-# leaves them alone, and the pointer must already be 32-byte aligned.
+# (`ggml_backend_cpu_buffer_get_base`, ggml-backend.c:557-566) and whose name is "CPU". It can also
+# wrap memory that already exists (`ggml_backend_cpu_buffer_from_ptr`, ggml-backend.c:933-936), as
+# llama.cpp wraps a model file it has mmap'ed. What to notice: such a buffer does not own its
+# bytes, so freeing it leaves them alone, and the pointer must already be 32-byte aligned.
 
 # %%
 # | export
