@@ -564,6 +564,11 @@ def pass_snapshots(sched: BackendSched, graph, passes=PASSES) -> list:
     return snaps
 
 
+def changed_nodes(prev: list, state: list) -> list:
+    """`[(i, backend, cause)]` of the nodes whose state differs between two `node_states`."""
+    return [(i, b, c) for i, ((b, c), p) in enumerate(zip(state, prev)) if (b, c) != p]
+
+
 # notebooks/09_scheduler.py
 @method_of(BackendSched)
 def reserve(sched: BackendSched, measure_graph) -> bool:

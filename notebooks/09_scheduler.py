@@ -222,10 +222,9 @@ class BackendSched:
 #             return i;
 # ```
 #
-# Notice the loop order: the first backend in priority order wins, so a host buffer that a GPU can
-# read sends the op to the GPU. `ggml_backend_sched_backend_id_from_cur` (:1153-1217) is pass 1 for
-# one tensor; its abort (a pre-allocated tensor where no backend runs its op: scenario 13) is a
-# `SchedulerError`.
+# Notice the loop order: the first backend in priority order wins, so a host buffer that a GPU can read
+# sends the op to the GPU. `ggml_backend_sched_backend_id_from_cur` (:1153-1217) is pass 1 for one
+# tensor; its abort (a pre-allocated tensor where no backend runs its op) is a `SchedulerError`.
 
 # %%
 # | export
@@ -702,8 +701,7 @@ def split_graph(sched: BackendSched, graph) -> None:
 # Notice the printf widths: `%20.20s` **cuts** a longer name (`k_cache_view-0 (copy of Kcur-0)`
 # shows as `k_cache_view-0 (copy`), and views are skipped. Copies have no backend id: `NULL`, cause
 # `4.cpy`. `print_assignments` returns the text (the C writes it to stderr). For the pictures,
-# `node_states` gives the same facts as a list; `pass_snapshots` runs the passes one at a time and
-# keeps the states after each (section 6.2).
+# `node_states` gives the same facts as a list, `pass_snapshots` the states after each pass (§6.2).
 
 # %%
 # | export
@@ -757,6 +755,11 @@ def pass_snapshots(sched: BackendSched, graph, passes=PASSES) -> list:
     return snaps
 
 
+def changed_nodes(prev: list, state: list) -> list:
+    """`[(i, backend, cause)]` of the nodes whose state differs between two `node_states`."""
+    return [(i, b, c) for i, ((b, c), p) in enumerate(zip(state, prev)) if (b, c) != p]
+
+
 # %% [markdown]
 # ### 3.5 · Reserve
 #
@@ -800,8 +803,7 @@ def synchronize(sched: BackendSched) -> None:
 # ## 4 · Allocating and running the splits
 #
 # `ggml_backend_sched_alloc_graph` (:1974-1987) splits the graph and places it with the kept plan
-# (`ggml_backend_sched_alloc_splits`, :1738-1772), which first asks whether any tensor moved
-# (ggml-backend.c:1740-1745):
+# (`ggml_backend_sched_alloc_splits`, :1738-1772), asking first whether a tensor moved (ggml-backend.c:1740-1745):
 #
 # ```c
 #     for (int i = 0; i < sched->graph.n_nodes; i++) {
@@ -1057,7 +1059,7 @@ states drawn come from `ggml_lite.sched` (`node_states`, `pass_snapshots`)."""
 
 import plotly.graph_objects as go
 
-from ggml_lite.sched import node_states
+from ggml_lite.sched import changed_nodes, node_states
 from ggml_lite.viz.memory import step_widget
 
 PALETTE = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"]
@@ -1108,8 +1110,7 @@ def pass_stepper(sched, graph, snaps):
 
     def render(k):
         title, state = snaps[k]
-        prev = snaps[k - 1][1] if k else [(None, "")] * len(state)
-        changed = [(i, b, c) for i, ((b, c), p) in enumerate(zip(state, prev)) if (b, c) != p]
+        changed = changed_nodes(snaps[k - 1][1] if k else [(None, "")] * len(state), state)
         print(f"{title}: {len(changed)} node(s) changed")
         for i, b, c in changed[:12]:
             print(f"  #{i:3d} {graph.nodes[i].name:24s} -> {b} ({c})")
@@ -1195,16 +1196,15 @@ for title, state in snaps:
 # %% [markdown]
 # ### 6.3 · Time, and what pipeline parallelism buys
 #
-# Now SIM is asynchronous and shares a simulated clock with the CPU (cost model: 0.5 TFLOP/s,
-# 60 GB/s). Three evaluations are queued back to back with `graph_compute_async`, as llama.cpp does
-# with micro-batches. An input that is not a user INPUT is copied once the split's backend is done
-# with the previous use of its copy buffer: with `parallel=False` the host **synchronizes SIM**,
-# waiting for the whole previous evaluation; with `parallel=True` it waits for an event recorded
-# four evaluations ago. For scenario 03's placement that buys **nothing**: its last split (the
-# output head) runs on the CPU and needs `norm_out` from SIM, so each evaluation ends with the host
-# waiting for SIM before the blocking copy. Put the head on SIM too and the host no longer waits at
-# the end of an evaluation: with `parallel=True` the CPU computes evaluation *k+1*'s first layers
-# while SIM still runs evaluation *k*.
+# Now SIM is asynchronous and shares a simulated clock with the CPU (0.5 TFLOP/s, 60 GB/s). Three evaluations
+# are queued with `graph_compute_async`, as llama.cpp queues micro-batches. An input that is not a user INPUT is
+# copied once the split's backend is done with the previous use of its copy buffer: with `parallel=False` the
+# host **synchronizes SIM**, waiting for the whole previous evaluation; with `parallel=True` it waits for an
+# event recorded four evaluations ago. For scenario 03's placement that buys **nothing**: its last split (the
+# output head) runs on the CPU and needs `norm_out` from SIM, so each evaluation ends with the host waiting for
+# SIM before the blocking copy. Put the head on SIM too and the host no longer waits at the end of an
+# evaluation: with `parallel=True` the CPU computes evaluation *k+1*'s first layers while SIM still runs
+# evaluation *k*.
 
 # %%
 from ggml_lite.models.llama import build_graph, model_tensors  # noqa: E402

@@ -7,7 +7,7 @@ states drawn come from `ggml_lite.sched` (`node_states`, `pass_snapshots`)."""
 
 import plotly.graph_objects as go
 
-from ggml_lite.sched import node_states
+from ggml_lite.sched import changed_nodes, node_states
 from ggml_lite.viz.memory import step_widget
 
 PALETTE = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a"]
@@ -58,8 +58,7 @@ def pass_stepper(sched, graph, snaps):
 
     def render(k):
         title, state = snaps[k]
-        prev = snaps[k - 1][1] if k else [(None, "")] * len(state)
-        changed = [(i, b, c) for i, ((b, c), p) in enumerate(zip(state, prev)) if (b, c) != p]
+        changed = changed_nodes(snaps[k - 1][1] if k else [(None, "")] * len(state), state)
         print(f"{title}: {len(changed)} node(s) changed")
         for i, b, c in changed[:12]:
             print(f"  #{i:3d} {graph.nodes[i].name:24s} -> {b} ({c})")
