@@ -497,7 +497,8 @@ def _trace_label(tensor) -> str:
 
 # %%
 # | export viz.memory
-"""Plotly memory bars and an ipywidgets stepper for allocator traces (chapters 04, 05, 09)."""
+"""Plotly memory bars and an ipywidgets stepper for allocator traces (chapters 04, 05, 09). This module
+only draws: what is live at each step of a trace comes from `ggml_lite.dyn_tallocr.replay`."""
 
 import plotly.graph_objects as go
 

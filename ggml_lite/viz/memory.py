@@ -2,7 +2,8 @@
 # Edit the notebook, then run `make export`.
 
 # notebooks/04_dyn_allocator.py
-"""Plotly memory bars and an ipywidgets stepper for allocator traces (chapters 04, 05, 09)."""
+"""Plotly memory bars and an ipywidgets stepper for allocator traces (chapters 04, 05, 09). This module
+only draws: what is live at each step of a trace comes from `ggml_lite.dyn_tallocr.replay`."""
 
 import plotly.graph_objects as go
 
