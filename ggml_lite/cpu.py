@@ -269,8 +269,7 @@ def compute_forward_binary(params, node) -> None:
             raise ShapeError(f"{op.name} {describe(node)}: {describe(b)} does not broadcast to {describe(a)}")
         x = params.read_f32(a)
         y = _broadcast_src1(node, x.shape, params.read_f32(b))
-        with np.errstate(all="ignore"):
-            params.write(node, _BINARY[op](x, y).astype(F4))
+        params.write(node, _BINARY[op](x, y).astype(F4))
         return
     if op is not Op.ADD:
         raise DataTypeError(f"{op.name} {describe(node)}: ggml's {op.name.lower()} kernel takes f32 src0 only, "
@@ -282,8 +281,7 @@ def compute_forward_binary(params, node) -> None:
         _need_type(node, node, (F16,) if b.type is F16 else (F16, F32), "the result")
         _need_nb0(node, b, "src1")
         _need_nb0(node, node, "the result")
-        with np.errstate(all="ignore"):
-            params.write(node, params.read_f32(a) + params.read_f32(b))
+        params.write(node, params.read_f32(a) + params.read_f32(b))
         return
     if a.type.is_quantized:
         _need_type(node, b, (F32,), "src1")
@@ -291,8 +289,7 @@ def compute_forward_binary(params, node) -> None:
         _need_type(node, node, (a.type,), "the result")
         if not (node.nb[0] <= node.nb[1] <= node.nb[2] <= node.nb[3]):
             raise LayoutError(f"ADD {describe(node)}: the destination cannot be transposed or permuted")
-        with np.errstate(all="ignore"):
-            rows = (params.read_f32(a) + params.read_f32(b)).astype(F4)
+        rows = (params.read_f32(a) + params.read_f32(b)).astype(F4)
         params.view(node)[...] = params.arith.from_float(node.type, rows)
         return
     raise DataTypeError(f"ADD {describe(node)}: no kernel for {a.type.name} + {b.type.name}")
@@ -314,8 +311,7 @@ def compute_forward_add1(params, node) -> None:
     _need_nb0(node, a, "src0")
     _need_nb0(node, node, "the result")
     v = params.read_f32(b).reshape(())
-    with np.errstate(all="ignore"):
-        params.write(node, params.read_f32(a) + v)
+    params.write(node, params.read_f32(a) + v)
 
 
 # notebooks/07_cpu_backend.py
@@ -327,8 +323,7 @@ def _unary_rows(params, node, fn, strict: bool = False) -> None:
     _same_shape(node, a, node)
     _need_rows(node, a, "src0", strict)
     _need_rows(node, node, "the result", strict)
-    with np.errstate(all="ignore"):
-        params.write(node, fn(params.read_f32(a)))
+    params.write(node, fn(params.read_f32(a)))
 
 
 def compute_forward_sqr(params, node) -> None:
@@ -397,8 +392,7 @@ def compute_forward_scale(params, node) -> None:
         if not is_contiguous(t):
             raise LayoutError(f"SCALE {describe(node)}: {what} {describe(t)} must be contiguous (ggml asserts)")
     s = F4(word_to_float(node.op_params[0]))
-    with np.errstate(all="ignore"):
-        params.write(node, params.read_f32(a) * s)
+    params.write(node, params.read_f32(a) * s)
 
 
 # notebooks/07_cpu_backend.py
@@ -474,22 +468,20 @@ def _norm_input(params, node) -> tuple:
 def compute_forward_norm(params, node) -> None:
     """`ggml_compute_forward_norm_f32`: y = (x - mean)·(1/sqrtf(variance + eps)) per row."""
     x, eps, n = _norm_input(params, node)
-    with np.errstate(all="ignore"):
-        mean = (params.arith.sum_f64(x.astype(F8)) / n).astype(F4)
-        v = x - mean[..., None]
-        var = (params.arith.sum_f64((v * v).astype(F8)) / n).astype(F4)
-        scale = F4(1) / np.sqrt(var + eps)
-        params.write(node, v * scale[..., None])
+    mean = (params.arith.sum_f64(x.astype(F8)) / n).astype(F4)
+    v = x - mean[..., None]
+    var = (params.arith.sum_f64((v * v).astype(F8)) / n).astype(F4)
+    scale = F4(1) / np.sqrt(var + eps)
+    params.write(node, v * scale[..., None])
 
 
 # notebooks/07_cpu_backend.py
 def compute_forward_rms_norm(params, node) -> None:
     """`ggml_compute_forward_rms_norm_f32`: y = x·(1/sqrtf(mean(x·x) + eps)) per row."""
     x, eps, n = _norm_input(params, node)
-    with np.errstate(all="ignore"):
-        mean = (params.arith.sum_f64((x * x).astype(F8)) / n).astype(F4)
-        scale = F4(1) / np.sqrt(mean + eps)
-        params.write(node, x * scale[..., None])
+    mean = (params.arith.sum_f64((x * x).astype(F8)) / n).astype(F4)
+    scale = F4(1) / np.sqrt(mean + eps)
+    params.write(node, x * scale[..., None])
 
 
 # notebooks/07_cpu_backend.py
@@ -590,20 +582,19 @@ def compute_forward_soft_max(params, node) -> None:
     max_bias = word_to_float(node.op_params[1])
     x = params.read_f32(a)  # (ne03, ne02, ne01, ne00)
     ne00, ne01, ne02 = a.ne[0], a.ne[1], a.ne[2]
-    with np.errstate(all="ignore"):
-        w = x * scale
-        if mask is not None:
-            _need_type(node, mask, (F32, F16), "the mask")
-            if not is_contiguous(mask) or mask.ne[0] != ne00 or mask.ne[1] < ne01:
-                raise LayoutError(f"SOFT_MAX {describe(node)}: the mask {describe(mask)} must be a contiguous "
-                                  f"[{ne00}, >= {ne01}] matrix")
-            m = params.read_f32(mask)[0, 0, :ne01, :]  # row i1 % ne01 of the mask
-            slopes = _alibi_slopes(params.arith, ne02, max_bias)[None, :, None, None]
-            w = params.arith.fma(slopes, m, w) if max_bias > 0 else w + m  # slope 1 without ALiBi
-        mx = np.max(w, axis=-1) if ne00 else np.full(w.shape[:-1], -np.inf, F4)
-        y, s = params.arith.soft_max(w, mx.astype(F4))
-        inv = (1.0 / s).astype(F4)
-        params.write(node, y * inv[..., None])
+    w = x * scale
+    if mask is not None:
+        _need_type(node, mask, (F32, F16), "the mask")
+        if not is_contiguous(mask) or mask.ne[0] != ne00 or mask.ne[1] < ne01:
+            raise LayoutError(f"SOFT_MAX {describe(node)}: the mask {describe(mask)} must be a contiguous "
+                              f"[{ne00}, >= {ne01}] matrix")
+        m = params.read_f32(mask)[0, 0, :ne01, :]  # row i1 % ne01 of the mask
+        slopes = _alibi_slopes(params.arith, ne02, max_bias)[None, :, None, None]
+        w = params.arith.fma(slopes, m, w) if max_bias > 0 else w + m  # slope 1 without ALiBi
+    mx = np.max(w, axis=-1) if ne00 else np.full(w.shape[:-1], -np.inf, F4)
+    y, s = params.arith.soft_max(w, mx.astype(F4))
+    inv = (1.0 / s).astype(F4)
+    params.write(node, y * inv[..., None])
 
 
 # notebooks/07_cpu_backend.py
@@ -612,9 +603,8 @@ def rope_yarn_corr_dims(arith, n_dims: int, n_ctx_orig: int, freq_base: float, b
     def corr_dim(n_rot):
         arg = F4(n_ctx_orig) / (F4(n_rot) * F4(2) * F4(math.pi))
         return F4(n_dims) * arith.scalar("logf", arg) / (F4(2) * arith.scalar("logf", freq_base))
-    with np.errstate(all="ignore"):
-        start = np.floor(corr_dim(beta_fast))
-        end = np.ceil(corr_dim(beta_slow))
+    start = np.floor(corr_dim(beta_fast))
+    end = np.ceil(corr_dim(beta_slow))
     # MAX(0, start) and MIN(n_dims - 1, end) as the C macros evaluate them (a NaN stays NaN)
     return (F4(0) if F4(0) > start else start), (F4(n_dims - 1) if F4(n_dims - 1) < end else end)
 
@@ -629,24 +619,22 @@ def rope_cache(arith, pos, n_dims: int, freq_base: float, freq_scale: float, ext
     steps = np.empty((p.size, max(half, 1)), dtype=F4)
     steps[:, 0] = p
     steps[:, 1:] = theta_scale
-    with np.errstate(all="ignore"):
-        theta = np.multiply.accumulate(steps, axis=1, dtype=F4)[:, :half]
+    theta = np.multiply.accumulate(steps, axis=1, dtype=F4)[:, :half]
     ff = np.ones(half, dtype=F4) if freq_factors is None else np.asarray(freq_factors, dtype=F4)[:half]
     fs, ef, mscale = F4(freq_scale), F4(ext_factor), F4(attn_factor)
-    with np.errstate(all="ignore"):
-        theta_extrap = theta / ff[None, :]
-        theta_interp = fs * theta_extrap
-        if ef != 0:
-            low, high = corr_dims
-            i0 = np.arange(half) * 2
-            yv = ((i0 // 2).astype(F4) - F4(low)) / max(F4(0.001), F4(high) - F4(low))
-            ramp = F4(1) - np.minimum(F4(1), np.maximum(F4(0), yv))
-            ramp_mix = (ramp * ef).astype(F4)
-            th = arith.fma(theta_interp, (F4(1) - ramp_mix)[None, :], theta_extrap * ramp_mix[None, :])
-            mscale = mscale * arith.fma(F4(0.1), arith.scalar("logf", F4(1) / fs), F4(1))
-        else:
-            th = theta_interp
-        return arith.math("cosf", th) * F4(mscale), arith.math("sinf", th) * F4(mscale)
+    theta_extrap = theta / ff[None, :]
+    theta_interp = fs * theta_extrap
+    if ef != 0:
+        low, high = corr_dims
+        i0 = np.arange(half) * 2
+        yv = ((i0 // 2).astype(F4) - F4(low)) / max(F4(0.001), F4(high) - F4(low))
+        ramp = F4(1) - np.minimum(F4(1), np.maximum(F4(0), yv))
+        ramp_mix = (ramp * ef).astype(F4)
+        th = arith.fma(theta_interp, (F4(1) - ramp_mix)[None, :], theta_extrap * ramp_mix[None, :])
+        mscale = mscale * arith.fma(F4(0.1), arith.scalar("logf", F4(1) / fs), F4(1))
+    else:
+        th = theta_interp
+    return arith.math("cosf", th) * F4(mscale), arith.math("sinf", th) * F4(mscale)
 
 
 # notebooks/07_cpu_backend.py
@@ -688,9 +676,8 @@ def compute_forward_rope(params, node) -> None:
         x0, x1 = x[..., :half], x[..., half:n_dims]
     else:
         x0, x1 = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
-    with np.errstate(all="ignore"):
-        r0 = params.arith.fma(x0, cos, -(x1 * sin))
-        r1 = params.arith.fma(x0, sin, x1 * cos)
+    r0 = params.arith.fma(x0, cos, -(x1 * sin))
+    r1 = params.arith.fma(x0, sin, x1 * cos)
     if mode & 2:
         y[..., :half], y[..., half:n_dims] = r0, r1
     else:
