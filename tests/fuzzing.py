@@ -26,7 +26,8 @@ from ggml_lite.__main__ import main
 TIME_LIMIT = 20.0        # seconds one case may take before it counts as a hang
 MEMORY_LIMIT_MIB = 400   # new peak memory one case may add
 
-ERROR_NAMES = {name for name, obj in vars(errors).items() if isinstance(obj, type) and issubclass(obj, errors.GGMLLiteError)}
+ERROR_NAMES = {name for name, obj in vars(errors).items()
+               if isinstance(obj, type) and issubclass(obj, errors.GGMLLiteError)}
 _ERROR_LINE = re.compile(r"^error: (?:(\w+Error): )?")
 
 

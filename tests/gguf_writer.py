@@ -28,7 +28,8 @@ def llama_shapes(p: LlamaParams) -> dict:
     for il in range(p.n_layer):
         for name, ne in (("attn_norm", [p.n_embd]), ("attn_q", [p.n_embd, p.n_embd]), ("attn_k", [p.n_embd, gqa]),
                          ("attn_v", [p.n_embd, gqa]), ("attn_output", [p.n_embd, p.n_embd]), ("ffn_norm", [p.n_embd]),
-                         ("ffn_gate", [p.n_embd, p.n_ff]), ("ffn_down", [p.n_ff, p.n_embd]), ("ffn_up", [p.n_embd, p.n_ff])):
+                         ("ffn_gate", [p.n_embd, p.n_ff]), ("ffn_down", [p.n_ff, p.n_embd]),
+                         ("ffn_up", [p.n_embd, p.n_ff])):
             shapes[f"blk.{il}.{name}.weight"] = ne
     return shapes
 
@@ -38,13 +39,15 @@ def llama_kv(p: LlamaParams) -> dict:
     return {"llama.vocab_size": (p.n_vocab, VT.UINT32), "llama.context_length": (p.n_ctx_train, VT.UINT32),
             "llama.embedding_length": (p.n_embd, VT.UINT32), "llama.block_count": (p.n_layer, VT.UINT32),
             "llama.feed_forward_length": (p.n_ff, VT.UINT32), "llama.rope.dimension_count": (p.n_rot, VT.UINT32),
-            "llama.attention.head_count": (p.n_head, VT.UINT32), "llama.attention.head_count_kv": (p.n_head_kv, VT.UINT32),
+            "llama.attention.head_count": (p.n_head, VT.UINT32),
+            "llama.attention.head_count_kv": (p.n_head_kv, VT.UINT32),
             "llama.attention.layer_norm_rms_epsilon": (p.rms_norm_eps, VT.FLOAT32),
             "llama.rope.freq_base": (p.rope_freq_base, VT.FLOAT32)}
 
 
-def write_llama_gguf(path, p: LlamaParams = TINY, matrix_type=None, sparse: bool = False, kv: dict = None,
-                     drop: tuple = (), shapes: dict = None, types: dict = None, extra: dict = None,
+def write_llama_gguf(path, p: LlamaParams = TINY, matrix_type=None, sparse: bool = False, kv: dict | None = None,
+                     drop: tuple = (), shapes: dict | None = None, types: dict | None = None,
+                     extra: dict | None = None,
                      arch: str = "llama", tokens: int = 0):
     """Write a LLaMA's GGUF header to `path`: a header-only file (it ends before its data section), or with
     `sparse` the data region as a hole, the file as long as the real one. Matrices are of `matrix_type`
@@ -86,13 +89,16 @@ class _HeaderOnly(gguf.GGUFReader):
     """gguf's reader, stopped before the data (so header-only files read too): `infos` holds (name, type
     code, ne, offset) per tensor."""
 
+    tensor_fields: list
+    infos: list
+
     def _build_tensors(self, start_offs, fields) -> None:
         self.tensor_fields = fields
         self.infos = [(bytes(name).decode(), int(raw_type[0]), [int(d) for d in dims], int(offset[0]))
                       for _, name, _, dims, raw_type, offset in (f.parts for f in fields)]
 
 
-def header_reader(path) -> gguf.GGUFReader:
+def header_reader(path) -> _HeaderOnly:
     """The `gguf` package's reader on the file at `path`, its header only (`fields`, `infos`, `data_offset`)."""
     return _HeaderOnly(str(path), "r")
 
@@ -179,7 +185,8 @@ def tensor_info(name, ne, type_code: int = 0, offset: int = 0) -> bytes:
         struct.pack("<IQ", type_code, offset)
 
 
-def raw_gguf(kvs: list, tensors: list = (), version: int = 3, n_kv: int = None, n_tensors: int = None) -> bytes:
+def raw_gguf(kvs: list, tensors: list | tuple = (), version: int = 3, n_kv: int | None = None,
+             n_tensors: int | None = None) -> bytes:
     """A GGUF header from raw pieces: `kvs` and `tensors` are byte strings (kv_u32, tensor_info, ...); the
     counts default to their lengths."""
     head = b"GGUF" + struct.pack("<IQQ", version, len(tensors) if n_tensors is None else n_tensors,

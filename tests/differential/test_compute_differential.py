@@ -50,20 +50,20 @@ threads write the overlapping rows in no order) are counted and skipped.
 """
 
 import collections
-import sys
 import time
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 import ggml_lite as gl
 import ggml_oracle as O
-from ggml_oracle import normwise_error, version_dependent
 from ggml_lite.exact import compute_forward_exact as compute_forward  # bit-exact where the build matches
 from ggml_lite.exact import libm_exact
 from ggml_lite.quants import Q8_0_DTYPE, dequantize_row_q8_0, quantize_row_q4_0_ref, quantize_row_q8_0_ref
 from ggml_lite.tensor import VIEW_OPS, Op, TensorFlag
+from ggml_oracle import normwise_error, version_dependent
 
 pytestmark = pytest.mark.skipif(
     not O.available(), reason=f"the real ggml is not available: `import ggml` (ggml-python) failed: {O.IMPORT_ERROR}")
@@ -74,7 +74,7 @@ BATCH = 25              # graphs computed by ggml in one forked child
 MAX_SEED = 10**7        # seeds tried before a test gives up finding enough comparable graphs
 VERSION_TOL = 1e-6      # normwise tolerance of the three version-dependent op families (worst seen: 5.9e-7)
 ELEMENTWISE = frozenset({Op.SQR, Op.SQRT, Op.LOG, Op.UNARY, Op.LEAKY_RELU})
-REPORT = {}             # test name -> counters and worst errors (printed by `python test_compute_differential.py`)
+REPORT: dict = {}       # test name -> counters and worst errors (printed by `python test_compute_differential.py`)
 
 
 # What the comparison may expect of the installed oracle (ggml_oracle.build_info). Built like
@@ -474,9 +474,13 @@ def _rope(ctx, x, n_dims, mode, ff=None, n_ctx_orig=4096, freq_scale=1.0, ext_fa
     return gl.rope_ext(ctx, x, pos, ff, n_dims, mode, n_ctx_orig, 10000.0, freq_scale, ext_factor, 1.0, 32.0, 1.0)
 
 
+def _unary(u: gl.UnaryOp) -> Callable[[gl.Context], gl.Tensor]:
+    return lambda ctx: gl.unary(ctx, _x(ctx, [37, 3]), u)
+
+
 # name -> (builder(ctx) -> result, value range of the f32/f16 inputs)
-ZOO = {f"unary_{u.name.lower()}": (lambda ctx, u=u: gl.unary(ctx, _x(ctx, [37, 3]), u), (-12, 12))
-       for u in gl.UnaryOp}
+ZOO: dict[str, tuple[Callable[[gl.Context], gl.Tensor], tuple[float, float]]] = {
+    f"unary_{u.name.lower()}": (_unary(u), (-12, 12)) for u in gl.UnaryOp}
 ZOO.update({
     "silu_long_rows": (lambda ctx: gl.silu(ctx, _x(ctx, [1003, 4])), (-30, 30)),
     "sqr": (lambda ctx: gl.sqr(ctx, _x(ctx, [37, 3])), (-3, 3)),
@@ -488,13 +492,15 @@ ZOO.update({
     "add_q8_0_f32": (lambda ctx: gl.add(ctx, _x(ctx, [64, 3], gl.Q8_0), _x(ctx, [64, 3], name="y")), (-4, 4)),
     "add1_f16_f32": (lambda ctx: gl.add1(ctx, _x(ctx, [33, 3], gl.F16), _x(ctx, [1], name="y")), (-4, 4)),
     "cpy_f32_q8_0": (lambda ctx: gl.cpy(ctx, _x(ctx, [64, 4]), ctx.new_tensor(gl.Q8_0, [64, 4], name="q")), (-3, 3)),
-    "cpy_f16_q8_0": (lambda ctx: gl.cpy(ctx, _x(ctx, [64, 4], gl.F16), ctx.new_tensor(gl.Q8_0, [64, 4], name="q")), (-3, 3)),
+    "cpy_f16_q8_0": (lambda ctx: gl.cpy(ctx, _x(ctx, [64, 4], gl.F16), ctx.new_tensor(gl.Q8_0, [64, 4], name="q")),
+                     (-3, 3)),
     "cpy_f32_q4_0": (lambda ctx: gl.cpy(ctx, _x(ctx, [64, 4]), ctx.new_tensor(gl.Q4_0, [64, 4], name="q")), (-3, 3)),
     "cpy_f16_transposed": (lambda ctx: gl.cpy(ctx, gl.transpose(ctx, _x(ctx, [6, 5], gl.F16)),
                                               ctx.new_tensor(gl.F16, [5, 6], name="d")), (-3, 3)),
     "dup_permuted": (lambda ctx: gl.dup(ctx, gl.permute(ctx, _x(ctx, [8, 4, 3]), 2, 0, 1, 3)), (-3, 3)),
     "get_rows_q4_0": (lambda ctx: gl.get_rows(ctx, _x(ctx, [64, 10], gl.Q4_0), _x(ctx, [5], gl.I32, "ids")), (-3, 3)),
-    "get_rows_f16_3d": (lambda ctx: gl.get_rows(ctx, _x(ctx, [16, 10, 2], gl.F16), _x(ctx, [4, 2], gl.I32, "ids")), (-3, 3)),
+    "get_rows_f16_3d": (lambda ctx: gl.get_rows(ctx, _x(ctx, [16, 10, 2], gl.F16), _x(ctx, [4, 2], gl.I32, "ids")),
+                        (-3, 3)),
     "mul_mat_q4_0": (lambda ctx: gl.mul_mat(ctx, _x(ctx, [64, 8], gl.Q4_0), _x(ctx, [64, 5], name="y")), (-1, 1)),
     "mul_mat_f16_f16": (lambda ctx: gl.mul_mat(ctx, _x(ctx, [64, 8], gl.F16), _x(ctx, [64, 5], gl.F16, "y")), (-1, 1)),
     "mul_mat_f32_gqa_k96": (lambda ctx: gl.mul_mat(ctx, _x(ctx, [96, 8, 2]), _x(ctx, [96, 5, 4], name="y")), (-1, 1)),
@@ -531,9 +537,13 @@ def test_op_zoo_matches_ggml(name):
     for t in list(data):  # the case's value range
         if t.type in (gl.F32, gl.F16, gl.Q8_0, gl.Q4_0):
             v = rng.uniform(lo, hi, t.nelements).astype(np.float32)
-            data[t] = {gl.F32: lambda: v.tobytes(), gl.F16: lambda: v.astype(np.float16).tobytes(),
-                       gl.Q8_0: lambda: quantize_row_q8_0_ref(v.reshape(-1, t.ne[0])).tobytes(),
-                       gl.Q4_0: lambda: quantize_row_q4_0_ref(v.reshape(-1, t.ne[0])).tobytes()}[t.type]()
+            if t.type is gl.F32:
+                data[t] = v.tobytes()
+            elif t.type is gl.F16:
+                data[t] = v.astype(np.float16).tobytes()
+            else:
+                quantize = quantize_row_q8_0_ref if t.type is gl.Q8_0 else quantize_row_q4_0_ref
+                data[t] = quantize(v.reshape(-1, t.ne[0])).tobytes()
     rg = O.RandomGraph(gf, [y], [ctx], [])
     with libm_exact():
         galloc = lite_compute(rg, data)

@@ -21,9 +21,9 @@ from hypothesis import given
 
 import ggml_lite as gl
 import ggml_oracle as O
+from ggml_lite.tensor import Op
 from ggml_oracle import bindings
 from helpers import fixture_path
-from ggml_lite.tensor import Op
 
 pytestmark = pytest.mark.skipif(
     not O.available(), reason=f"the real ggml is not available: `import ggml` (ggml-python) failed: {O.IMPORT_ERROR}")
@@ -47,7 +47,7 @@ def test_ctypes_fixes_make_pointer_results_pointer_wide():
     import ggml
 
     O.apply_ctypes_fixes()
-    for name, kinds in bindings.FIXED.items():
+    for name in bindings.FIXED:
         fn = getattr(ggml, name)
         assert fn.restype is ctypes.c_void_p, name
         assert all(bindings.is_pointer_wide(a) for a in fn.argtypes), (name, fn.argtypes)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import ggml_lite as gl
-from helpers import fixture_path, load_json
 from ggml_lite.numerics import LCG_A, LCG_C, MASK, fill_leaf, lcg_states, leaf_values
+from helpers import fixture_path, load_json
 
 
 def _loop(seed, n):
@@ -295,7 +295,8 @@ def test_the_generator_is_chunked_and_equals_the_recurrence():
     got = leaf_values(3, 1, n, "float")
     assert got.tolist() == ((want - 2**23) / 2**23).astype(np.float32).tolist()
     ints = leaf_values(3, 1, n, "int", (-5, 1000))
-    assert ints.dtype == np.int32 and ints.tolist() == (-5 + (want.astype(np.uint64) % 1005).astype(np.int64)).astype(np.int32).tolist()
+    expected = (-5 + (want.astype(np.uint64) % 1005).astype(np.int64)).astype(np.int32)
+    assert ints.dtype == np.int32 and ints.tolist() == expected.tolist()
 
 
 def test_a_numerics_check_taking_too_long_is_refused():

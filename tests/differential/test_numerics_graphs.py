@@ -25,8 +25,8 @@ import pytest
 
 import ggml_lite as gl
 import ggml_oracle as O
-from ggml_oracle import normwise_error, version_dependent
 from ggml_lite.cpu import Arithmetic
+from ggml_oracle import normwise_error, version_dependent
 
 pytestmark = pytest.mark.skipif(
     not O.available(), reason=f"the real ggml is not available: `import ggml` (ggml-python) failed: {O.IMPORT_ERROR}")
@@ -101,7 +101,8 @@ def _check(main, capsys, path, *flags) -> tuple:
     code = main(["check", str(path), *flags])
     cap = capsys.readouterr()
     out = cap.out + cap.err
-    errors = {m[1]: float(m[2]) for m in re.finditer(r"^\s+(?:ok  |FAIL) (\S+)\s+worst relative error (\S+)$", out, re.M)}
+    rows = re.finditer(r"^\s+(?:ok  |FAIL) (\S+)\s+worst relative error (\S+)$", out, re.M)
+    errors = {m[1]: float(m[2]) for m in rows}
     return code, errors, out
 
 

@@ -11,7 +11,6 @@ keep: non-view OUTPUT tensors, and nodes nothing consumes. (An OUTPUT *view* doe
 alive — the ggml quirk of tests/differential/test_differential.py — so views are not compared.) Same kernels, same
 inputs: the comparison is exact (NaN equal to NaN)."""
 
-import numpy as np
 import pytest
 
 import ggml_lite as gl

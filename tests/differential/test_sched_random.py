@@ -77,7 +77,7 @@ def _stale_copies(sched, graph, srcs) -> list:
     def base(t):
         return t.view_src if t.view_src is not None else t
 
-    made = {}  # (tensor, backend id) -> index of the node before which the copy is made
+    made: dict = {}  # (tensor, backend id) -> index of the node before which the copy is made
     for split in sched.splits:
         for x in split.inputs:
             made.setdefault((id(x), split.backend_id), split.i_start)

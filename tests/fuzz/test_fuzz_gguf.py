@@ -20,14 +20,23 @@ import time
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fuzzing import assert_sound, run_cli
 from ggml_lite.models.llama import KV_TYPES, PRESETS
 from ggml_lite.report import memory_report
 from ggml_lite.tensor import TYPES, type_by_code
 from gguf_writer import (
-    QT, TINY, VT, llama_shapes, number_slots, oracle_params, set_offset, tensor_layout, write_llama_gguf,
+    QT,
+    TINY,
+    VT,
+    llama_shapes,
+    number_slots,
+    oracle_params,
+    set_offset,
+    tensor_layout,
+    write_llama_gguf,
 )
 
 NAMED = re.compile(r"header[.:]|kv\[|tensors\[|missing \S+\.weight|a '.*' model")  # the field or the tensor it names
@@ -38,7 +47,8 @@ class Tally:
     """Counts a fuzz test's cases by outcome and prints them (visible in pytest's output)."""
 
     def __init__(self, kind: str):
-        self.kind, self.counts, self.t0 = kind, Counter(), time.perf_counter()
+        self.kind, self.t0 = kind, time.perf_counter()
+        self.counts: Counter[str] = Counter()
 
     def add(self, outcome: str) -> None:
         self.counts[outcome] += 1
@@ -79,7 +89,8 @@ def base(tmp_path_factory):
 
 def test_truncated_headers(base, tmp_path, long_run, capsys):
     """Every prefix (--long) or a seeded sample of prefixes of a valid header."""
-    cuts = range(len(base) + 1) if long_run else sorted(set(random.Random(1).sample(range(len(base)), 60)) | {0, 3, 24, len(base)})
+    cuts = (range(len(base) + 1) if long_run
+            else sorted(set(random.Random(1).sample(range(len(base)), 60)) | {0, 3, 24, len(base)}))
     tally = Tally("gguf truncation")
     for cut in cuts:
         path = tmp_path / f"cut{cut}.gguf"
@@ -146,17 +157,19 @@ def test_tensor_offsets_and_file_lengths(tmp_path, long_run, capsys):
     header_end = rows[-1][1] + 8  # (the last info's offset field ends the header)
     rng = random.Random(4)
     cases = []  # ({where: offset}, the file's length)
-    for name, at, offset, nbytes in rows:
+    for _name, at, _offset, nbytes in rows:
         fits, top = (size - data_offset - nbytes) // 32 * 32, (2**63 - 1 - data_offset - nbytes) // 32 * 32
         for v in (*HOSTILE, 7, 2**64 - 32, 2**63 - data_offset, rng.choice(rows)[2], fits, fits + 1, fits + 32):
             cases.append(({at: v}, size))
-        cases += [({at: top}, data_offset), ({at: top + 32}, data_offset), ({at: top}, size)]  # 2^63 in a header-only file
+        # 2^63 in a header-only file
+        cases += [({at: top}, data_offset), ({at: top + 32}, data_offset), ({at: top}, size)]
     for cut in (size - 1, size + 1, size - 32, data_offset, data_offset - 3, header_end, data_offset + 1,
                 rng.randrange(data_offset, size)):
         cases.append(({}, cut))
     for _ in range(1000 if long_run else 20):
         changed = rng.sample(rows, rng.randint(1, 4))
-        cases.append(({at: rng.randrange(2 * size) // (1 if rng.random() < 0.1 else 32) * (1 if rng.random() < 0.1 else 32)
+        cases.append(({at: rng.randrange(2 * size) // (1 if rng.random() < 0.1 else 32)
+                           * (1 if rng.random() < 0.1 else 32)
                        for _, at, _, _ in changed},
                       rng.choice([size, size, data_offset, rng.randrange(header_end, size + 64)])))
     if not long_run:
@@ -178,7 +191,8 @@ def test_tensor_offsets_and_file_lengths(tmp_path, long_run, capsys):
             assert ("header only" in o.err) == (length <= data_offset), o.describe()
             tally.add("correct")
         else:
-            assert o.code == 2 and f"tensors[{want[0]}].offset: {want[1]}: " in o.err, f"{offsets} {length}: " + o.describe()
+            assert o.code == 2 and f"tensors[{want[0]}].offset: {want[1]}: " in o.err, \
+                f"{offsets} {length}: " + o.describe()
             tally.add("refused")
     assert tally.counts["refused"] > 0 and tally.counts["correct"] > 0
     tally.report(capsys)
@@ -202,7 +216,8 @@ def _value(vt: VT):
     if vt == VT.ARRAY:
         return st.lists(st.integers(-3, 130), min_size=0, max_size=4).filter(bool).map(lambda xs: (xs, vt, VT.INT32))
     lo, hi = {VT.UINT8: (0, 255), VT.INT8: (-128, 127), VT.UINT16: (0, 65535), VT.INT16: (-32768, 32767),
-              VT.INT32: (-2**31, 2**31 - 1), VT.INT64: (-2**63, 2**63 - 1), VT.UINT64: (0, 2**64 - 1)}.get(vt, (0, 2**32 - 1))
+              VT.INT32: (-2**31, 2**31 - 1), VT.INT64: (-2**63, 2**63 - 1),
+              VT.UINT64: (0, 2**64 - 1)}.get(vt, (0, 2**32 - 1))
     return st.one_of(st.integers(lo, min(hi, 130)), st.integers(lo, hi)).map(lambda x: (x, vt))
 
 
@@ -213,9 +228,10 @@ SHAPE = st.lists(st.sampled_from([1, 2, 16, 32, 64, 96, 128]), min_size=1, max_s
 MUTATION = st.one_of(
     st.builds(lambda n: dict(drop=(n,)), st.sampled_from(NAMES)),
     st.builds(lambda n, ne: dict(shapes={n: ne}), st.sampled_from(NAMES), SHAPE),
-    st.builds(lambda n, t: dict(types={n: t}), st.sampled_from(NAMES), st.sampled_from([QT.F32, QT.F16, QT.Q8_0, QT.Q4_0,
-                                                                                       QT.BF16, QT.I32, QT.Q4_1])),
-    st.builds(lambda n, ne: dict(extra={n: ne}), st.sampled_from(["blk.2.attn_q.weight", "rope_freqs.weight", "x"]), SHAPE),
+    st.builds(lambda n, t: dict(types={n: t}), st.sampled_from(NAMES),
+              st.sampled_from([QT.F32, QT.F16, QT.Q8_0, QT.Q4_0, QT.BF16, QT.I32, QT.Q4_1])),
+    st.builds(lambda n, ne: dict(extra={n: ne}), st.sampled_from(["blk.2.attn_q.weight", "rope_freqs.weight", "x"]),
+              SHAPE),
     KV_CHANGE.map(lambda kv: dict(kv=kv)),
     st.builds(lambda kv1, kv2: dict(kv={**kv1, **kv2}), KV_CHANGE, KV_CHANGE),
 )
@@ -243,20 +259,25 @@ def test_structure_aware_headers(tmp_path, long_run, capsys):
 
 # ---- the flags ---------------------------------------------------------------------------------------------
 
-INT_FLAG = st.one_of(st.integers(-3, 70), st.sampled_from([0, 512, 513, 2**31 - 1, 2**31, 2**32, 10**6, 10**12, -2**31]))
-FLOAT_TEXT = st.one_of(st.sampled_from(["nan", "inf", "-inf", "-1", "0", "1e400", "1e39", "3e38", "1e-45", "0.5", "24", "x"]),
+INT_FLAG = st.one_of(st.integers(-3, 70),
+                     st.sampled_from([0, 512, 513, 2**31 - 1, 2**31, 2**32, 10**6, 10**12, -2**31]))
+FLOAT_TEXT = st.one_of(st.sampled_from(["nan", "inf", "-inf", "-1", "0", "1e400", "1e39", "3e38", "1e-45", "0.5", "24",
+                                        "x"]),
                        st.floats(0.01, 100).map(lambda f: f"{f:.2f}"))
 FLAGS = st.fixed_dictionaries({}, optional={
     "--n-ctx": st.one_of(st.integers(1, 4096), INT_FLAG), "--n-batch": INT_FLAG, "--n-ubatch": INT_FLAG,
     "--n-gpu-layers": INT_FLAG, "--devices": st.one_of(st.integers(0, 3), INT_FLAG),
-    "--type-k": st.sampled_from([*KV_TYPES, "F16", "q9", "q4_K", ""]), "--type-v": st.sampled_from(["f16", "q8_0", "x"]),
+    "--type-k": st.sampled_from([*KV_TYPES, "F16", "q9", "q4_K", ""]),
+    "--type-v": st.sampled_from(["f16", "q8_0", "x"]),
     "--vram": FLOAT_TEXT, "--tensor-split": st.lists(FLOAT_TEXT, min_size=0, max_size=4).map(",".join),
     "--no-kv-offload": st.just(None), "--fit": st.just(None),
 })
 MODEL = st.one_of(
-    st.sampled_from(list(PRESETS) + ["LLAMA-2-7B", "Mistral-7B", "llama-9-1b", " llama-2-7b"]).map(lambda p: ["--preset", p]),
+    st.sampled_from(list(PRESETS) + ["LLAMA-2-7B", "Mistral-7B", "llama-9-1b", " llama-2-7b"])
+    .map(lambda p: ["--preset", p]),
     st.fixed_dictionaries({"--n-vocab": INT_FLAG, "--n-embd": st.sampled_from([64, 96, 128, 100, 0, 2**32]),
-                           "--n-layer": st.one_of(st.integers(1, 4), INT_FLAG), "--n-head": st.sampled_from([1, 2, 4, 3, 0]),
+                           "--n-layer": st.one_of(st.integers(1, 4), INT_FLAG),
+                           "--n-head": st.sampled_from([1, 2, 4, 3, 0]),
                            "--n-ff": st.one_of(st.integers(1, 300), INT_FLAG)},
                           optional={"--n-head-kv": st.sampled_from([1, 2, 3, 0, -1]),
                                     "--wtype": st.sampled_from(["f16", "q4_0", "Q8_0", "i32", "q9", "f32"])}
@@ -336,7 +357,8 @@ def _check_fit_by_scanning(params, vram: float, n_ctx: int, devices: int, split,
     from ggml_lite.report import fits
 
     def ok(layers, ctx):
-        return fits(memory_report(params, ctx, n_gpu_layers=layers, devices=devices, tensor_split=split, why=False), vram)
+        report = memory_report(params, ctx, n_gpu_layers=layers, devices=devices, tensor_split=split, why=False)
+        return fits(report, vram)
     layers = next((n for n in range(params.n_layer + 1, 0, -1) if ok(n, n_ctx)), 0)
     assert got[0] == layers
     if got[1] is None:
@@ -361,8 +383,9 @@ def test_fit_is_what_scanning_finds(long_run, capsys):
         params = LlamaParams(n_vocab, n_embd, n_layer, 4, 2, n_ff)  # (n_ctx_train 4096, as the flags make it)
         ts = [float(i + 1) for i in range(devices)] if split else None
         vram = vram_kib / 2**20
-        argv = ["llama", "--n-vocab", n_vocab, "--n-embd", n_embd, "--n-layer", n_layer, "--n-head", 4, "--n-head-kv", 2,
-                "--n-ff", n_ff, "--n-ctx", n_ctx, "--devices", devices, "--vram", repr(vram), "--fit", "--json"]
+        argv = ["llama", "--n-vocab", n_vocab, "--n-embd", n_embd, "--n-layer", n_layer, "--n-head", 4,
+                "--n-head-kv", 2, "--n-ff", n_ff, "--n-ctx", n_ctx, "--devices", devices, "--vram", repr(vram),
+                "--fit", "--json"]
         if ts:
             argv += ["--tensor-split", ",".join(map(str, ts))]
         o = assert_sound(run_cli(argv), allow=(0,))
@@ -375,8 +398,9 @@ def test_fit_is_what_scanning_finds(long_run, capsys):
 
 
 VALID_MODEL = st.builds(
-    lambda n_layer, n_head, kv_div, head, n_ff, n_vocab: dict(n_layer=n_layer, n_head=n_head, n_head_kv=n_head // kv_div,
-                                                              n_embd=n_head * head, n_ff=n_ff, n_vocab=n_vocab),
+    lambda n_layer, n_head, kv_div, head, n_ff, n_vocab: dict(n_layer=n_layer, n_head=n_head,
+                                                              n_head_kv=n_head // kv_div, n_embd=n_head * head,
+                                                              n_ff=n_ff, n_vocab=n_vocab),
     st.integers(1, 4), st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 4]), st.sampled_from([32, 64]),
     st.sampled_from([32, 64, 96, 256]), st.integers(1, 300)).filter(lambda d: d["n_head_kv"] >= 1)
 
@@ -409,7 +433,8 @@ def test_valid_files_give_the_right_report(tmp_path, long_run, capsys):
         want = memory_report(params, 128, n_gpu_layers=int(place[3]) if place else 0, devices=devices,
                              tensor_split=[1.0, 3.0] if devices == 2 else None, tensor_types=types, why=False).to_json()
         doc = json.loads(o.out)
-        assert (doc["model"], doc["graph"], doc["devices"]) == (want["model"], want["graph"], want["devices"]), o.describe()
+        assert (doc["model"], doc["graph"], doc["devices"]) == (want["model"], want["graph"], want["devices"]), \
+            o.describe()
         tally.add("correct")
 
     case()

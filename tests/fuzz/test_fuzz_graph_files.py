@@ -92,7 +92,7 @@ def _numerics_document(name: str, ranges: dict) -> dict:
     return doc
 
 
-_DOCS = {}
+_DOCS: dict = {}
 
 
 def documents(long_run: bool) -> dict:
@@ -111,7 +111,7 @@ def documents(long_run: bool) -> dict:
 
 def _wrong_values(v, rng: random.Random, doc: dict) -> list:
     """Candidate replacements for a value `v`."""
-    out = [None, True, False, "x", "", 1.5, 2**70, -1, -(2**63), 0, [], {}, [1, 2], "@@NaN@@", "@@Inf@@",
+    out: list = [None, True, False, "x", "", 1.5, 2**70, -1, -(2**63), 0, [], {}, [1, 2], "@@NaN@@", "@@Inf@@",
            "@@-Inf@@", "@@deep@@"]
     if isinstance(v, int) and not isinstance(v, bool):
         out += [v + 1, v - 1, v * 2, v + 32, float(v), str(v), 2**63 - 1, 2**31, -(2**31) - 1]
@@ -130,7 +130,7 @@ def _wrong_values(v, rng: random.Random, doc: dict) -> list:
 def _locations(doc: dict, rng: random.Random) -> list:
     """(path as keys, kind) of the places a case may mutate; kind: 'tensor', 'graph', 'step', 'top',
     'numerics'. A sample, weighted towards tensor entries."""
-    locs = [((k,), "top") for k in doc] + [(("extra",), "top")]
+    locs: list[tuple[tuple, str]] = [((k,), "top") for k in doc] + [(("extra",), "top")]
     sections = [("graph",)] if "graph" in doc else [("steps", k, "graph") for k, s in enumerate(doc.get("steps", []))]
     for k, s in enumerate(doc.get("steps", [])):
         locs += [(("steps", k, f), "step") for f in s]
@@ -186,7 +186,10 @@ class Case:
     def __init__(self, label: str, doc: dict, k: int, seed: int):
         rng = random.Random(f"{seed}:{k}")
         self.label, self.original, self.k = label, doc, k
-        self.path, self.kind, self.old, self.new, self.op = (), "text", None, None, None
+        self.path: tuple = ()
+        self.kind, self.op = "text", None
+        self.old: object = None
+        self.new: object = None
         d = copy.deepcopy(doc)
         r = rng.random()
         if r > 0.85:  # a recorded result changed to another well-formed value
@@ -340,7 +343,7 @@ class Tally:
                 f"{time.perf_counter() - self.t0:.1f} s")
 
 
-_BASELINE = {}
+_BASELINE: dict = {}
 
 
 def baseline(label: str, doc: dict, tmp_path) -> dict:
@@ -406,7 +409,10 @@ def _judge_loaded(doc: dict, what: str) -> None:
     for k in ([None] if "graph" in doc else [0]):
         gf = read_graph_file(doc, k)
         again = to_document(gf)
-        sec = (lambda d: d["graph"]) if k is None else (lambda d, k=k: d["steps"][k]["graph"])
+
+        def sec(d: dict, k: int | None = k) -> dict:
+            return d["graph"] if k is None else d["steps"][k]["graph"]
+
         assert json.dumps(sec(again)) == json.dumps(sec(doc)), "loaded, but not as the file says: " + what
 
 

@@ -23,7 +23,6 @@ import random
 import re
 import time
 
-import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -42,9 +41,10 @@ SETUP_STEP_FIELDS = {"step", "call", "round", "batch"}
 VALID_OTHER_SETUPS = {"pins", "pins[]", "pins[].tensor", "pins[].backend", "backends[].supports_op_denied",
                       "backends[].supports_op_denied[]", "backends[].alignment", "backends[].max_size",
                       "external_buffers[].usage", "sched_params.GGML_SCHED_DEBUG", "backends[].offload_op",
-                      "sched_params.graph_size",  # any size that holds the graph: ggml sizes its hash set by it, nothing else
-                      "backends", "backends[]", "steps", "steps[]", "steps[].batch", *(f"steps[].batch.{k}" for k in ("n_tokens", "n_kv", "kv_head",
-                                                                                          "n_outputs"))}
+                      # any size that holds the graph: ggml sizes its hash set by it, nothing else
+                      "sched_params.graph_size",
+                      "backends", "backends[]", "steps", "steps[]", "steps[].batch",
+                      *(f"steps[].batch.{k}" for k in ("n_tokens", "n_kv", "kv_head", "n_outputs"))}
 ABORT_UNTOUCHED = ("model.rope", "model.rms_norm_eps", "sched_params")  # what scenario 13's abort in pass 1 never reads
 NOTHING = "no_such_name"
 MUTATIONS = ("delete", "null", "nothing", "2^70", "zero", "negative", "float", "nan", "infinity", "true", "empty list",
@@ -80,11 +80,11 @@ def _is_fact(path) -> bool:
 
 
 PATHS = {name: list(_paths(doc)) for name, doc in DOCS.items()}
-KINDS = {name: {} for name in DOCS}
+KINDS: dict[str, dict[str, list]] = {name: {} for name in DOCS}
 for _name, _paths_ in PATHS.items():
     for _p, _ in _paths_:
         KINDS[_name].setdefault(_kind(_p), []).append(_p)
-ORIGINAL_PRINTOUT = {}
+ORIGINAL_PRINTOUT: dict[str, str] = {}
 
 
 def _mutate(doc, path, how, sibling=None):
@@ -157,7 +157,8 @@ def _judge(i, name, path, how, f, tmp_path) -> tuple:
                 how == "delete" and kind in ("external_buffers", "weights", "steps"))))
         assert ok, f"{where}: --check says identical after this mutation\n{checked.describe()}"
     if checked.code == 1:
-        assert fact or kind in VALID_OTHER_SETUPS, f"{where}: a malformed field reported as a difference\n{checked.describe()}"
+        assert fact or kind in VALID_OTHER_SETUPS, \
+            f"{where}: a malformed field reported as a difference\n{checked.describe()}"
     return shown.code, checked.code
 
 
@@ -203,7 +204,8 @@ def _own_kind(name, path, old):
     if isinstance(old, bool):
         return st.booleans()
     if isinstance(old, int):
-        return st.integers(old - 2 * abs(old) - 4, old + 2 * abs(old) + 4) | st.sampled_from([0, -1, 2**31, 2**63, 2**70])
+        near = st.integers(old - 2 * abs(old) - 4, old + 2 * abs(old) + 4)
+        return near | st.sampled_from([0, -1, 2**31, 2**63, 2**70])
     if isinstance(old, float):
         return st.floats() | st.floats(old - abs(old) - 1, old + abs(old) + 1)
     if isinstance(old, str):

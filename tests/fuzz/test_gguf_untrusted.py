@@ -16,7 +16,18 @@ from ggml_lite.errors import ModelError
 from ggml_lite.models.gguf import MAX_COUNT, MAX_ITEMS, MAX_KEPT, from_gguf, read_gguf_header
 from ggml_lite.models.llama import PRESETS, LlamaParams
 from gguf_writer import (
-    QT, TINY, VT, gstr, header_reader, kv_str, kv_u32, oracle_params, raw_gguf, set_offset, tensor_info, tensor_layout,
+    QT,
+    TINY,
+    VT,
+    gstr,
+    header_reader,
+    kv_str,
+    kv_u32,
+    oracle_params,
+    raw_gguf,
+    set_offset,
+    tensor_info,
+    tensor_layout,
     write_llama_gguf,
 )
 
@@ -85,7 +96,8 @@ def test_a_tokenizer_list_gives_the_vocabulary_when_vocab_size_is_absent(tmp_pat
 def test_per_layer_arrays_and_a_tied_output_are_accepted(tmp_path):
     """llama.cpp's get_key_or_arr: an int32 array of one value per layer; without output.weight the output
     reuses token_embd (its type)."""
-    arr = {"llama.attention.head_count": ([4, 4], VT.ARRAY, VT.INT32), "llama.feed_forward_length": ([96, 96], VT.ARRAY, VT.INT32)}
+    arr = {"llama.attention.head_count": ([4, 4], VT.ARRAY, VT.INT32),
+           "llama.feed_forward_length": ([96, 96], VT.ARRAY, VT.INT32)}
     assert from_gguf(write_llama_gguf(tmp_path / "a.gguf", kv=arr)).params.n_head == 4
     m = from_gguf(write_llama_gguf(tmp_path / "t.gguf", drop=("output.weight",)))
     assert "output.weight" not in m.tensor_types
@@ -114,7 +126,8 @@ def test_a_file_claiming_2_to_the_40_array_items_is_refused_at_once(tmp_path):
     (b"GGUF" + struct.pack("<I", 1), "header.version", "version 1 is no longer supported"),
     (b"GGUF" + struct.pack("<I", 4), "header.version", "expected 2 or 3, found 4"),
     (b"GGUF" + struct.pack(">I", 3), "header.version", "a big-endian file"),
-    (raw_gguf([], n_tensors=2**63), "header.tensor_count", f"expected at most {MAX_COUNT} (this reader's cap), found {2**63}"),
+    (raw_gguf([], n_tensors=2**63), "header.tensor_count",
+     f"expected at most {MAX_COUNT} (this reader's cap), found {2**63}"),
     (raw_gguf([], n_kv=2**40), "header.kv_count", "found 1099511627776"),
     (raw_gguf([], n_kv=1000), "header", "1000 key/value pairs (13 bytes each at least) and 0 tensor infos"),
     (raw_gguf([gstr("k") + struct.pack("<I", 13) + b"\0" * 8]), 'kv["k"].type', "expected a value type from 0 to 12"),
@@ -123,19 +136,23 @@ def test_a_file_claiming_2_to_the_40_array_items_is_refused_at_once(tmp_path):
      f"an array of {2**62} float32 items (4 bytes each at least) needs {2**64} bytes"),
     (raw_gguf([gstr("k") + struct.pack("<IIQ", 9, 8, 2) + gstr("a") + struct.pack("<Q", 2**63)]),
      'kv["k"].value[1]', f"a string of {2**63} bytes needs"),
-    (raw_gguf([gstr("k") + struct.pack("<IB", 7, 2) + b"\0" * 8]), 'kv["k"].value', "expected a bool (0 or 1), found 2"),
+    (raw_gguf([gstr("k") + struct.pack("<IB", 7, 2) + b"\0" * 8]), 'kv["k"].value',
+     "expected a bool (0 or 1), found 2"),
     (raw_gguf([gstr("k") + struct.pack("<IIQ", 9, 7, 2) + b"\1\5" + b"\0" * 8]), 'kv["k"].value', "expected bools"),
-    (raw_gguf([gstr("k" * 70000) + struct.pack("<I", 4) + b"\0" * 4]), "kv[0].key", "a string of 70000 bytes, expected at most 65535"),
+    (raw_gguf([gstr("k" * 70000) + struct.pack("<I", 4) + b"\0" * 4]), "kv[0].key",
+     "a string of 70000 bytes, expected at most 65535"),
     (raw_gguf([struct.pack("<Q", 2**64 - 1) + b"\0" * 16]), "kv[0].key", f"a string of {2**64 - 1} bytes"),
     (raw_gguf([gstr(b"\xff\xfe") + struct.pack("<II", 4, 1)]), "kv[0].key", "expected UTF-8 text"),
     (raw_gguf([kv_u32("a", 1), kv_u32("a", 2)]), 'kv["a"]', "the key appears twice"),
-    (raw_gguf([kv_u32("general.alignment", 24)]), 'kv["general.alignment"]', "expected a uint32 power of two, found a uint32 (24)"),
+    (raw_gguf([kv_u32("general.alignment", 24)]), 'kv["general.alignment"]',
+     "expected a uint32 power of two, found a uint32 (24)"),
     (raw_gguf([kv_str("general.alignment", "32")]), 'kv["general.alignment"]', "found a string ('32')"),
     (raw_gguf([kv_u32("general.alignment", 0)]), 'kv["general.alignment"]', "power of two"),
     (raw_gguf([], [tensor_info("x" * 64, [1])]), "tensors[0].name", "a string of 64 bytes, expected at most 63"),
     (raw_gguf([], [tensor_info("a", [1]), tensor_info("a", [1], offset=32)]), "tensors[1].name",
      "duplicated tensor name 'a' (also tensors[0])"),
-    (raw_gguf([], [tensor_info("a", [1, 1, 1, 1, 1])]), "tensors[0].n_dims", "a: expected at most 4 dimensions (GGML_MAX_DIMS), found 5"),
+    (raw_gguf([], [tensor_info("a", [1, 1, 1, 1, 1])]), "tensors[0].n_dims",
+     "a: expected at most 4 dimensions (GGML_MAX_DIMS), found 5"),
     (raw_gguf([], [tensor_info("a", [4, 0])]), "tensors[0].ne[1]", "a: expected a dimension of at least 1, found 0"),
     (raw_gguf([], [tensor_info("a", [4, -7])]), "tensors[0].ne[1]", "found -7"),
     (raw_gguf([], [tensor_info("a", [2**62, 4])]), "tensors[0].ne", "more than ggml's int64"),
@@ -143,9 +160,11 @@ def test_a_file_claiming_2_to_the_40_array_items_is_refused_at_once(tmp_path):
     (raw_gguf([], [tensor_info("a", [4], type_code=2**31)]), "tensors[0].type", "found 2147483648"),
     (raw_gguf([], [tensor_info("a", [48, 2], type_code=QT.Q4_0)]), "tensors[0].ne[0]",
      "a row of 48 elements is not a whole number of q4_0 blocks (32 elements each)"),
-    (raw_gguf([], [tensor_info("a", [4], offset=7)]), "tensors[0].offset", "expected a multiple of the alignment 32, found 7"),
+    (raw_gguf([], [tensor_info("a", [4], offset=7)]), "tensors[0].offset",
+     "expected a multiple of the alignment 32, found 7"),
     (raw_gguf([], [tensor_info("", [4], offset=7)]), "tensors[0].offset", "(empty name): expected a multiple"),
-    (raw_gguf([], [tensor_info("a", [4])], n_tensors=3), "header", "0 key/value pairs (13 bytes each at least) and 3 tensor infos"),
+    (raw_gguf([], [tensor_info("a", [4])], n_tensors=3), "header",
+     "0 key/value pairs (13 bytes each at least) and 3 tensor infos"),
 ])
 def test_a_malformed_header_names_the_field(tmp_path, data, field, message):
     path = raw_file(tmp_path, data)
@@ -159,9 +178,11 @@ def test_every_value_type_is_read(tmp_path):
     """All 13 GGUF value types, scalars and arrays, with the values gguf's writer wrote."""
     scalars = {"u8": (200, VT.UINT8), "i8": (-5, VT.INT8), "u16": (60000, VT.UINT16), "i16": (-300, VT.INT16),
                "u32": (2**32 - 1, VT.UINT32), "i32": (-2**31, VT.INT32), "f32": (1.5, VT.FLOAT32), "b": (True, VT.BOOL),
-               "s": ("héllo", VT.STRING), "u64": (2**64 - 1, VT.UINT64), "i64": (-2**63, VT.INT64), "f64": (0.1, VT.FLOAT64)}
+               "s": ("héllo", VT.STRING), "u64": (2**64 - 1, VT.UINT64), "i64": (-2**63, VT.INT64),
+               "f64": (0.1, VT.FLOAT64)}
     arrays = {f"a_{k}": ([v, v], VT.ARRAY, t) for k, (v, t) in scalars.items() if t != VT.STRING}
-    path = write_llama_gguf(tmp_path / "m.gguf", kv={**scalars, **arrays, "a_s": (["x", "yz", ""], VT.ARRAY, VT.STRING)})
+    strings = (["x", "yz", ""], VT.ARRAY, VT.STRING)
+    path = write_llama_gguf(tmp_path / "m.gguf", kv={**scalars, **arrays, "a_s": strings})
     kv = read_gguf_header(path).kv
     for key, (v, t) in scalars.items():
         assert kv[key].type == t.name.lower() and kv[key].value == v, key
@@ -205,7 +226,8 @@ def test_values_kept_in_memory_are_capped(tmp_path):
         f.seek(big, os.SEEK_CUR)
         f.write(gstr("b") + struct.pack("<IQ", VT.STRING, big))
         f.truncate(f.tell() + big)
-    with pytest.raises(ModelError, match=rf'kv\["b"\].value: the header\'s values would take more than {MAX_KEPT} bytes'):
+    message = rf'kv\["b"\].value: the header\'s values would take more than {MAX_KEPT} bytes'
+    with pytest.raises(ModelError, match=message):
         read_gguf_header(path)
     path.write_bytes(raw_gguf([gstr("a") + struct.pack("<IQ", VT.STRING, MAX_KEPT + 1)]))
     with pytest.raises(ModelError, match=f"a string of {MAX_KEPT + 1} bytes, expected at most {MAX_KEPT}"):
@@ -249,8 +271,8 @@ def test_a_sparse_file_and_a_header_only_file_plan_the_same_model(tmp_path):
     (-1, 2**63 - 1696, "would end at byte 9223372036854788096, past 2^63 - 1"),
     (0, 2**64 - 1696, "wraps the sum around to byte 0"),
     (-1, 128288, "12288 bytes at offset 128288 of the data section would lie at bytes 129984 to 142272, past the "
-                 "file's end (142240 bytes) (llama.cpp: tensor 'blk.1.ffn_up.weight' data is not within the file bounds, "
-                 "model is corrupted or incomplete)"),
+                 "file's end (142240 bytes) (llama.cpp: tensor 'blk.1.ffn_up.weight' data is not within the file "
+                 "bounds, model is corrupted or incomplete)"),
     (0, 2**40, "past the file's end (142240 bytes)"),
 ])
 def test_a_tensor_whose_data_lie_past_the_file_or_2_to_the_63_is_refused_by_name(tmp_path, which, offset, message):
@@ -324,14 +346,18 @@ def test_the_command_line_notes_a_header_only_file(tmp_path):
     ({"llama.block_count": (2**32 - 1, VT.UINT32)}, "found 4294967295"),
     ({"llama.block_count": (0, VT.UINT32)}, "found 0"),
     ({"llama.block_count": None}, 'kv["llama.block_count"]: missing'),
-    ({"llama.attention.head_count": ([4, 4], VT.ARRAY, VT.FLOAT32)}, "expected a uint32 or an int32 array, found an array of 2 float32"),
+    ({"llama.attention.head_count": ([4, 4], VT.ARRAY, VT.FLOAT32)},
+     "expected a uint32 or an int32 array, found an array of 2 float32"),
     ({"llama.attention.head_count": ([4, 4, 4], VT.ARRAY, VT.INT32)}, "expected 2 values (one per layer), found 3"),
     ({"llama.attention.head_count": ([4, 8], VT.ARRAY, VT.INT32)}, "the layers' values differ ([4, 8])"),
-    ({"llama.attention.head_count": (0, VT.UINT32)}, 'kv["llama.attention.head_count"]: the header\'s hyperparameters make '
-                                                       "no model: LlamaParams: n_head (--n-head): expected an integer from 1"),
+    ({"llama.attention.head_count": (0, VT.UINT32)},
+     'kv["llama.attention.head_count"]: the header\'s hyperparameters make '
+     "no model: LlamaParams: n_head (--n-head): expected an integer from 1"),
     ({"llama.attention.head_count": (5, VT.UINT32)}, "n_head (--n-head): expected a divisor of n_embd 64, found 5"),
-    ({"llama.attention.head_count_kv": (3, VT.UINT32)}, "n_head_kv (--n-head-kv): expected a divisor of n_head 4, found 3"),
-    ({"llama.attention.head_count_kv": ([-2, -2], VT.ARRAY, VT.INT32)}, "n_head_kv (--n-head-kv): expected an integer from 1"),
+    ({"llama.attention.head_count_kv": (3, VT.UINT32)},
+     "n_head_kv (--n-head-kv): expected a divisor of n_head 4, found 3"),
+    ({"llama.attention.head_count_kv": ([-2, -2], VT.ARRAY, VT.INT32)},
+     "n_head_kv (--n-head-kv): expected an integer from 1"),
     ({"llama.embedding_length": (2**32 - 1, VT.UINT32), "llama.attention.head_count": (1, VT.UINT32),
       "llama.attention.head_count_kv": (1, VT.UINT32), "llama.vocab_size": (2**32 - 1, VT.UINT32)}, "n_embd * n_vocab"),
     ({"llama.rope.dimension_count": (32, VT.UINT32)}, "expected the head size n_embd / n_head = 16, found 32"),
@@ -341,8 +367,9 @@ def test_the_command_line_notes_a_header_only_file(tmp_path):
     ({"llama.attention.layer_norm_rms_epsilon": (1e-5, VT.FLOAT64)}, "expected a float32, found a float64"),
     ({"llama.attention.layer_norm_rms_epsilon": (float("nan"), VT.FLOAT32)}, "rms_norm_eps: expected a finite number"),
     ({"llama.rope.freq_base": (float("inf"), VT.FLOAT32)}, "rope_freq_base: expected a finite number above 0"),
-    ({"llama.context_length": (0, VT.UINT32)}, 'kv["llama.context_length"]: the header\'s hyperparameters make no model: '
-                                                "LlamaParams: n_ctx_train: expected an integer from 1"),
+    ({"llama.context_length": (0, VT.UINT32)},
+     'kv["llama.context_length"]: the header\'s hyperparameters make no model: '
+     "LlamaParams: n_ctx_train: expected an integer from 1"),
     ({"llama.expert_count": (8, VT.UINT32), "llama.expert_used_count": (2, VT.UINT32)}, "a mixture-of-experts llama"),
     ({"general.architecture": (7, VT.UINT32)}, 'kv["general.architecture"]: expected a string, found a uint32 (7)'),
 ])
@@ -357,15 +384,16 @@ def test_another_architecture_is_refused(tmp_path):
 # ---- llama.cpp's checks of the tensors -----------------------------------------------------------------
 
 @pytest.mark.parametrize("change, message", [
-    (dict(drop=("blk.1.attn_k.weight",)), "missing blk.1.attn_k.weight (llama.cpp: tensor 'blk.1.attn_k.weight' not found"),
+    (dict(drop=("blk.1.attn_k.weight",)),
+     "missing blk.1.attn_k.weight (llama.cpp: tensor 'blk.1.attn_k.weight' not found"),
     (dict(drop=("token_embd.weight",)), "missing token_embd.weight"),
     (dict(drop=("blk.0.attn_q.weight",)), "missing blk.0.attn_q.weight"),
     (dict(shapes={"blk.1.ffn_gate.weight": [64, 128]}), "blk.1.ffn_gate.weight: expected ne [64, 96], found [64, 128]"),
     (dict(shapes={"blk.0.attn_k.weight": [64, 64]}), "blk.0.attn_k.weight: expected ne [64, 32], found [64, 64]"),
     (dict(shapes={"output_norm.weight": [64, 2]}), "output_norm.weight: expected ne [64], found [64, 2]"),
     (dict(shapes={"token_embd.weight": [64, 65]}), "token_embd.weight: expected ne [64, 64], found [64, 65]"),
-    (dict(extra={"blk.2.attn_q.weight": [64, 64]}), "blk.2.attn_q.weight: a tensor a dense LLaMA of 2 layers does not have",
-     ),
+    (dict(extra={"blk.2.attn_q.weight": [64, 64]}),
+     "blk.2.attn_q.weight: a tensor a dense LLaMA of 2 layers does not have"),
     (dict(extra={"rope_freqs.weight": [16]}), "rope_freqs.weight: expected ne [8], found [16]"),
     (dict(extra={"rope_freqs.weight": [8]}, types={"rope_freqs.weight": QT.F16}), "rope_freqs.weight: expected f32"),
     (dict(kv={"llama.block_count": (1, VT.UINT32)}), "wrong number of tensors; expected 12, got 21"),
@@ -438,24 +466,27 @@ def test_the_largest_legal_requests_plan_in_bounded_time_and_memory(tmp_path):
     bounds; --fit on a 512-layer model too (a bisection: about 20 plans)."""
     p = LlamaParams(32000, 4096, 512, 32, 8, 11008, n_ctx_train=4096)
     path = write_llama_gguf(tmp_path / "big.gguf", p, sparse=True)
-    o = assert_sound(run_cli(["llama", "--gguf", path, "--devices", "15", "--n-gpu-layers", "513", "--json"]), allow=(0,))
+    o = assert_sound(run_cli(["llama", "--gguf", path, "--devices", "15", "--n-gpu-layers", "513", "--json"]),
+                     allow=(0,))
     doc = json.loads(o.out)
     assert doc["graph"]["nodes"] == 32 * 512 + 6 and len(doc["devices"]) == 16
     o = assert_sound(run_cli(["llama", "--preset", "llama-2-7b", "--n-ctx", str(2**31 - 32), "--devices", "2",
                               "--n-gpu-layers", "33", "--json"]), allow=(0,))
     assert json.loads(o.out)["context"]["n_ctx"] == 2**31 - 32
-    o = assert_sound(run_cli(["llama", "--gguf", path, "--devices", "15", "--vram", "24", "--fit", "--json"]), allow=(0,))
+    o = assert_sound(run_cli(["llama", "--gguf", path, "--devices", "15", "--vram", "24", "--fit", "--json"]),
+                     allow=(0,))
     assert json.loads(o.out)["fit"]["n_gpu_layers"] > 0
 
 
 def test_a_gigantic_context_that_overflows_ggml_sizes_is_refused(tmp_path):
-    o = assert_sound(run_cli(["llama", "--n-vocab", str(2**32 - 1), "--n-embd", "65536", "--n-layer", "1", "--n-head", "1",
-                              "--n-ff", "8", "--n-ctx", str(2**31 - 32), "--n-ubatch", str(2**31 - 32),
+    o = assert_sound(run_cli(["llama", "--n-vocab", str(2**32 - 1), "--n-embd", "65536", "--n-layer", "1",
+                              "--n-head", "1", "--n-ff", "8", "--n-ctx", str(2**31 - 32), "--n-ubatch", str(2**31 - 32),
                               "--n-batch", str(2**31 - 32)]), allow=(2,))
     assert "more than ggml's allocator can hand out" in o.err
 
 
 def test_numpy_scalars_from_a_header_are_plain_ints_in_the_report(tmp_path):
-    m = from_gguf(write_llama_gguf(tmp_path / "m.gguf", kv={"llama.attention.head_count": ([4, 4], VT.ARRAY, VT.INT32)}))
+    kv = {"llama.attention.head_count": ([4, 4], VT.ARRAY, VT.INT32)}
+    m = from_gguf(write_llama_gguf(tmp_path / "m.gguf", kv=kv))
     assert type(m.params.n_head) is int and json.dumps(m.params.__dict__)
     assert isinstance(np.int64(3), np.integer)

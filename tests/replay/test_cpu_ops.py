@@ -21,14 +21,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ggml_lite as gl
-from helpers import FIXTURES, OPS_FILES
 from ggml_lite.cpu import NUMPY, Arithmetic, ComputeParams
 from ggml_lite.cpu import compute_forward as cpu_compute_forward
-from ggml_lite.quants import fma_f32, fp32_to_fp16, quantize_row_q8_0_ref
 from ggml_lite.exact import compute_forward_exact as compute_forward  # the fixtures are ggml's bits
 from ggml_lite.exact import gelu_table, libm_exact, quantize_row_q8_0, v_expf
 from ggml_lite.graphio import rebuild_tensor
-from ggml_lite.tensor import Op, describe
+from ggml_lite.quants import fma_f32, fp32_to_fp16, quantize_row_q8_0_ref
+from ggml_lite.tensor import Op
+from helpers import FIXTURES, OPS_FILES
 
 OPS_DIR = FIXTURES / "ggml-seed-ops"
 
@@ -194,7 +194,7 @@ def compare(case: dict, out_tensor) -> dict:
             "max_ulp": float(ulp.max()) if ulp.size else 0.0, "same_bytes": same_bytes}
 
 
-RESULTS = {}
+RESULTS: dict[str, dict] = {}
 
 
 def replay_case(case: dict) -> dict:
@@ -477,8 +477,8 @@ def test_unsupported_combinations_raise():
                                                c.new_tensor_2d(gl.F32, 4, 4))))
     # rope with an odd unrotated tail: ggml would write past every row
     with pytest.raises(gl.ShapeError, match="odd"):
-        compute_forward(_one(lambda c: gl.rope_ext(c, c.new_tensor_3d(gl.F32, 9, 2, 1), c.new_tensor_1d(gl.I32, 1), None,
-                                                    4, 0, 0, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)))
+        compute_forward(_one(lambda c: gl.rope_ext(c, c.new_tensor_3d(gl.F32, 9, 2, 1), c.new_tensor_1d(gl.I32, 1),
+                                                    None, 4, 0, 0, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)))
     # a quantized source cannot be converted by dup
     with pytest.raises(gl.DataTypeError):
         compute_forward(_one(lambda c: gl.cpy(c, c.new_tensor_1d(gl.Q8_0, 32), c.new_tensor_1d(gl.F32, 32))))

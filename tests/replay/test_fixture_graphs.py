@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from helpers import SCHED_FILES, SEED_FILES, fixture_path, graph_sections, load_json
 from ggml_lite.graphio import dumps, read_graph_file, to_document
+from helpers import SCHED_FILES, SEED_FILES, fixture_path, graph_sections, load_json
 
 AUTO_SUFFIX = re.compile(r" \((view|reshaped|permuted|transposed|cont|copy|copy of .*)\)$")
 

@@ -5,8 +5,8 @@ import copy
 
 import pytest
 
-from helpers import SEED_FILES, fixture_path, load_json
 from ggml_lite.plancheck import check_plan_file, plan_of, recorded_plan, run_plan
+from helpers import SEED_FILES, fixture_path, load_json
 
 
 @pytest.mark.parametrize("name", SEED_FILES)
@@ -56,7 +56,7 @@ def test_sequence_facts_per_step():
     struct address (glibc reuses the freed chunk; the simulated heap does too)."""
     doc = load_json(fixture_path("ggml-seed", "11_realloc_sequence_grow"))
     galloc, seen = None, []
-    for k, step in enumerate(doc["steps"]):
+    for k in range(len(doc["steps"])):
         gf, galloc, res = run_plan(doc, k, galloc, "alloc_graph")
         seen.append((res["alloc_graph"]["buffer_size"], res["alloc_graph"]["log"][:1]))
     assert [s for s, _ in seen] == [st["buffer_size"] for st in doc["steps"]]

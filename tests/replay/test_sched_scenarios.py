@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import ggml_lite as gl
-from helpers import SCHED_FILES, fixture_path, load_json
 from ggml_lite.models.llama import batch_inputs
 from ggml_lite.scenario import fnv1a32, load_scenario, make_backends, offload_rule, weight_gen
+from helpers import SCHED_FILES, fixture_path, load_json
 
 
 def _doc(name):
@@ -207,7 +207,8 @@ def test_inconsistent_model_dimensions(tmp_path, capsys):
     _refused(tmp_path, capsys, doc, "model.n_head", "a divisor of model.n_embd = 64")
     doc = _mutated()
     doc["model"]["n_ctx"] = 128  # a valid model, but not the one whose graph the file records
-    _refused(tmp_path, capsys, doc, "graph.tensors[", "what the model, placement, steps[0].batch and sched_params.parallel give")
+    _refused(tmp_path, capsys, doc, "graph.tensors[",
+             "what the model, placement, steps[0].batch and sched_params.parallel give")
 
 
 def test_an_empty_steps_list_is_not_identical(tmp_path, capsys):
@@ -315,7 +316,8 @@ def test_rounds_that_ask_for_too_many_multiply_adds_are_refused(tmp_path, capsys
     doc = _consistent(_mutated(), ["CPU", "CPU", "FAKE", "FAKE"], n_ctx=1024)
     reserve, alloc, compute = doc["steps"]
     big = {"n_tokens": 1024, "n_kv": 1024, "kv_head": 0, "n_outputs": 1}
-    doc["steps"] = [reserve] + [dict(copy.deepcopy(s), step=2 * r + 1 + k, round=r, **({"batch": big} if k == 0 else {}))
+    doc["steps"] = [reserve] + [dict(copy.deepcopy(s), step=2 * r + 1 + k, round=r,
+                                     **({"batch": big} if k == 0 else {}))
                                 for r in range(16) for k, s in enumerate((alloc, compute))]
     f = tmp_path / "many.json"
     f.write_text(json.dumps(doc))

@@ -8,9 +8,10 @@ import logging
 import pytest
 
 import ggml_lite as gl
-from helpers import SCHED_FILES, fixture_path, load_json
-from ggml_lite.sched import BackendSched, print_assignments
 from ggml_lite.scenario import apply_pins, load_scenario
+from ggml_lite.sched import BackendSched, print_assignments
+from helpers import SCHED_FILES, fixture_path, load_json
+
 WITH_GRAPH = [n for n in SCHED_FILES if not n.startswith("13_")]
 
 

@@ -42,7 +42,8 @@ def docstrings() -> str:
 
 
 @pytest.mark.skipif(not FUNCTIONS_MD.exists(),
-                    reason="the C reference list ../shared/reference/FUNCTIONS.md is not beside the project (not a fixture)")
+                    reason="the C reference list ../shared/reference/FUNCTIONS.md is not beside the project "
+                           "(not a fixture)")
 def test_every_listed_c_function_has_a_named_counterpart():
     named = set(re.findall(r"`([A-Za-z_0-9]+)`", docstrings()))
     found = chapters()

@@ -138,7 +138,7 @@ def test_the_idiom_attaches_and_types_a_method():
 
     assert Point().norm1() == 3 and norm1(Point()) == 3 and Point().size() == 4
     with pytest.raises(TypeError):
-        method_of(Point())  # type: ignore[arg-type]  # an instance, not a class: refused
+        method_of(Point())  # an instance, not a class: refused
 
 
 def test_no_module_past_its_size():

@@ -3,9 +3,7 @@ counts of what was checked, printed at the end of the run."""
 
 import pytest
 
-from lab import Lab, find_chromium
-
-CHECKED = {"notebooks": 0, "cells": 0, "figures": 0, "committed figures": 0, "steppers": 0, "other widgets": 0}
+from ui.lab import CHECKED, Lab, find_chromium
 
 
 def pytest_terminal_summary(terminalreporter):

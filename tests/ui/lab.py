@@ -24,6 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
+# what the browser test checked, counted by test_browser and printed by conftest at the end of the run
+CHECKED = {"notebooks": 0, "cells": 0, "figures": 0, "committed figures": 0, "steppers": 0, "other widgets": 0}
+
 
 def find_chromium() -> str | None:
     """The Chromium to drive: `$CHROMIUM` if set, else Debian's binary, else the first on PATH."""

@@ -1,10 +1,11 @@
 """The course in a real browser: every notebook run in JupyterLab under headless Chromium.
 
 For every committed notebook: open it and see its committed figures as pictures (a notebook nobody ran
-here is not trusted, so the PNG kept beside each figure is what shows, as on GitHub); clear it, run all cells, and assert that no cell shows an error or writes to
-stderr and that every figure renders (a plotly plot with its SVG). For every stepper (a play button and
-a slider): press the slider's right arrow and see the step and the shown frame change; press play and
-see them change again. The chapter-10 widget (sliders only) must redraw when its first slider moves.
+here is not trusted, so the PNG kept beside each figure is what shows, as on GitHub); clear it, run all
+cells, and assert that no cell shows an error or writes to stderr and that every figure renders (a
+plotly plot with its SVG). For every stepper (a play button and a slider): press the slider's right arrow
+and see the step and the shown frame change; press play and see them change again. The chapter-10
+widget (sliders only) must redraw when its first slider moves.
 
 Runs only where a Chromium is installed (see conftest.py); `make test` says when it skipped it.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CHECKED
+from ui.lab import CHECKED
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))

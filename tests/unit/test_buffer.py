@@ -10,7 +10,8 @@ from ggml_lite import errors
 def test_cpu_buffer_type_arithmetic():
     buft = gl.cpu_buffer_type()
     assert buft is gl.cpu_buffer_type()
-    assert (buft.get_name(), buft.get_alignment(), buft.get_max_size(), buft.is_host()) == ("CPU", 32, gl.SIZE_MAX, True)
+    got = (buft.get_name(), buft.get_alignment(), buft.get_max_size(), buft.is_host())
+    assert got == ("CPU", 32, gl.SIZE_MAX, True)
     for n in (0, 1, 1000, 4096):
         b = buft.alloc_buffer(n)
         assert b.get_size() == n + 32 and b.get_base() % 32 == 0 and 0 <= b.get_base() - b.data < 32
@@ -129,7 +130,8 @@ def test_free_clear_reset_and_double_free():
 def test_multi_buffer():
     parts = [gl.cpu_buffer_type().alloc_buffer(n) for n in (10, 20)]
     mb = gl.multi_buffer_alloc_buffer(parts)
-    assert mb.is_multi_buffer() and mb.get_size() == 42 + 52 and mb.get_name() == "CPU" and mb.get_type() is parts[0].buft
+    assert mb.is_multi_buffer() and mb.get_size() == 42 + 52
+    assert mb.get_name() == "CPU" and mb.get_type() is parts[0].buft
     mb.set_usage(gl.BufferUsage.WEIGHTS)
     assert [p.get_usage() for p in parts] == [gl.BufferUsage.WEIGHTS] * 2
     mb.clear(3)

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from helpers import ROOT, SEED_FILES, fixture_path, load_json
 from ggml_lite import errors
 from ggml_lite.__main__ import main
+from helpers import ROOT, SEED_FILES, fixture_path, load_json
 
 
 def _write(tmp_path, doc, name="graph.json"):
@@ -89,7 +89,8 @@ def test_unusable_files_exit_2_with_a_message(tmp_path, capsys, content, needle)
 
 
 def test_the_module_runs_as_a_command():
-    p = subprocess.run([sys.executable, "-m", "ggml_lite", "check", str(fixture_path("ggml-seed", "02_elementwise_inplace"))],
+    path = fixture_path("ggml-seed", "02_elementwise_inplace")
+    p = subprocess.run([sys.executable, "-m", "ggml_lite", "check", str(path)],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "plan identical" in p.stdout
@@ -157,6 +158,7 @@ def test_a_file_above_the_size_cap_is_refused_before_it_is_read(tmp_path, capsys
     """A sparse file of 1 TiB (os.truncate: no disk, no memory) is refused by its size, before a byte is
     read (reading it is made to fail)."""
     import os
+
     from ggml_lite import untrusted
 
     p = tmp_path / "huge.json"
@@ -318,25 +320,35 @@ def test_llama_text_report_prints_llama_cpp_lines(capsys):
     (["llama", "--preset", "llama-2-7b", "--type-k", "q9"], "type_k (--type-k): expected one of f32, f16"),
     (["llama", "--preset", "llama-2-7b", "--type-v", "q8_0"], "V cache quantization requires flash attention"),
     (["llama", "--preset", "llama-2-7b", "--wtype", "i32"], "weights cannot be of type i32"),
-    (["llama", "--preset", "llama-2-7b", "--wtype", "q9_9"], "wtype (--wtype): expected a ggml type (f16, q8_0, q4_K, ...), found 'q9_9'"),
+    (["llama", "--preset", "llama-2-7b", "--wtype", "q9_9"],
+     "wtype (--wtype): expected a ggml type (f16, q8_0, q4_K, ...), found 'q9_9'"),
     # issue 22: absurd values, refused before any work with the flag, what was expected and what was found
     (["llama", "--preset", "llama-2-7b", "--devices", str(10**12)],
-     "devices (--devices): expected an integer from 0 to 15 (GGML_SCHED_MAX_BACKENDS = 16 backends, the CPU being one)"),
+     "devices (--devices): expected an integer from 0 to 15 (GGML_SCHED_MAX_BACKENDS = 16 backends, "
+     "the CPU being one)"),
     (["llama", "--n-vocab", "100", "--n-embd", "64", "--n-layer", str(10**6), "--n-head", "8", "--n-ff", "8"],
      "n_layer (--n-layer): expected an integer from 1 to 512 (LLAMA_MAX_LAYERS), found 1000000"),
     (["llama", "--n-vocab", "100", "--n-embd", str(2**40), "--n-layer", "2", "--n-head", "8", "--n-ff", "8"],
      "n_embd (--n-embd): expected an integer from 1 to 4294967295 (a uint32_t), found 1099511627776"),
-    (["llama", "--n-vocab", "-3", "--n-embd", "64", "--n-layer", "2", "--n-head", "8", "--n-ff", "8"], "n_vocab (--n-vocab)"),
-    (["llama", "--n-vocab", "100", "--n-embd", "64", "--n-layer", "2", "--n-head", "8", "--n-head-kv", "0", "--n-ff", "8"],
+    (["llama", "--n-vocab", "-3", "--n-embd", "64", "--n-layer", "2", "--n-head", "8", "--n-ff", "8"],
+     "n_vocab (--n-vocab)"),
+    (["llama", "--n-vocab", "100", "--n-embd", "64", "--n-layer", "2", "--n-head", "8", "--n-head-kv", "0",
+      "--n-ff", "8"],
      "n_head_kv (--n-head-kv): expected an integer from 1"),
-    (["llama", "--n-vocab", "100", "--n-embd", "64", "--n-layer", "2", "--n-head", "8", "--n-head-kv", "3", "--n-ff", "8"],
+    (["llama", "--n-vocab", "100", "--n-embd", "64", "--n-layer", "2", "--n-head", "8", "--n-head-kv", "3",
+      "--n-ff", "8"],
      "n_head_kv (--n-head-kv): expected a divisor of n_head 8, found 3"),
-    (["llama", "--preset", "llama-2-7b", "--n-ctx", str(2**40)], "n_ctx (--n-ctx): expected an integer from 1 to 2147483616"),
-    (["llama", "--preset", "llama-2-7b", "--n-batch", "-1"], "n_batch (--n-batch): expected an integer from 0 to 2147483647"),
-    (["llama", "--preset", "llama-2-7b", "--n-ubatch", str(2**31)], "n_ubatch (--n-ubatch): expected an integer from 0"),
+    (["llama", "--preset", "llama-2-7b", "--n-ctx", str(2**40)],
+     "n_ctx (--n-ctx): expected an integer from 1 to 2147483616"),
+    (["llama", "--preset", "llama-2-7b", "--n-batch", "-1"],
+     "n_batch (--n-batch): expected an integer from 0 to 2147483647"),
+    (["llama", "--preset", "llama-2-7b", "--n-ubatch", str(2**31)],
+     "n_ubatch (--n-ubatch): expected an integer from 0"),
     (["llama", "--preset", "llama-2-7b", "--n-batch", "0", "--n-ubatch", "0"], "cannot both be zero"),
-    (["llama", "--preset", "llama-2-7b", "--n-gpu-layers", str(2**31), "--devices", "1"], "n_gpu_layers (--n-gpu-layers)"),
-    (["llama", "--preset", "llama-2-7b", "--devices", "1", "--vram", "nan"], "vram (--vram): expected a finite number above 0"),
+    (["llama", "--preset", "llama-2-7b", "--n-gpu-layers", str(2**31), "--devices", "1"],
+     "n_gpu_layers (--n-gpu-layers)"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "1", "--vram", "nan"],
+     "vram (--vram): expected a finite number above 0"),
     (["llama", "--preset", "llama-2-7b", "--devices", "1", "--vram", "inf"], "vram (--vram)"),
     (["llama", "--preset", "llama-2-7b", "--devices", "1", "--vram", "-8"], "found -8.0"),
     (["llama", "--preset", "llama-2-7b", "--devices", "1", "--vram", "0"], "found 0.0"),
@@ -346,16 +358,20 @@ def test_llama_text_report_prints_llama_cpp_lines(capsys):
     (["llama", "--preset", "llama-2-7b", "--tensor-split", "1"], "expected 0 weight(s), one per GPU (--devices 0)"),
     (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", "nan,1"],
      "tensor_split[0] (--tensor-split): expected a finite number at least 0 and at most 3.40282e+38, found nan"),
-    (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", "1,-1"], "tensor_split[1] (--tensor-split)"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", "1,-1"],
+     "tensor_split[1] (--tensor-split)"),
     (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", "inf,1"], "found inf"),
-    (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", "1e39,1"], "and at most 3.40282e+38, found 1e+39"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", "1e39,1"],
+     "and at most 3.40282e+38, found 1e+39"),
     (["llama", "--preset", "llama-2-7b", "--devices", "2", "-ngl", "33", "--tensor-split", "3e38,3e38"],
      "the weights add up to 6e+38, more than a float holds"),
-    (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", ""], "expected numbers separated by commas"),
+    (["llama", "--preset", "llama-2-7b", "--devices", "2", "--tensor-split", ""],
+     "expected numbers separated by commas"),
     (["llama", "--preset", "Llama-2-7B ", "--devices", "1"], "(any case), found 'Llama-2-7B '"),
     (["llama", "--preset", "LLAMA-2-7B", "--devices", "1"], None),  # any case
-    (["llama", "--preset", "llama-2-7b", "--type-k", "q4_0", "--n-ctx", "64"], None),  # head 128: 4 blocks of q4_0, fine
-    (["llama", "--n-vocab", "100", "--n-embd", "96", "--n-layer", "1", "--n-head", "2", "--n-ff", "8", "--type-k", "q8_0"],
+    (["llama", "--preset", "llama-2-7b", "--type-k", "q4_0", "--n-ctx", "64"], None),  # head 128: 4 q4_0 blocks
+    (["llama", "--n-vocab", "100", "--n-embd", "96", "--n-layer", "1", "--n-head", "2", "--n-ff", "8",
+      "--type-k", "q8_0"],
      "type_k (--type-k) q8_0: the head size 48 is not a whole number of its blocks (32 elements each)"),
     (["llama", "--preset", "llama-2-7b", "--fit"], "--fit needs --vram"),
 ])
@@ -387,7 +403,8 @@ def test_llama_fit_finds_the_largest_offload_then_context(capsys):
 def test_check_limit_must_be_positive(limit, capsys):
     with pytest.raises(SystemExit) as info:
         main(["check", str(fixture_path("ggml-seed", "01_mlp_small")), "--limit", limit])
-    assert info.value.code == 2 and "--limit: expected a number of differences, an integer >= 1" in capsys.readouterr().err
+    assert info.value.code == 2
+    assert "--limit: expected a number of differences, an integer >= 1" in capsys.readouterr().err
 
 
 def test_check_limit_1_still_reports_a_difference(tmp_path, capsys):
@@ -498,4 +515,5 @@ def test_llama_short_flags_are_llama_cpp_s(capsys):
     for flags in (long, short):
         assert main(["llama", "--preset", "llama-2-7b", *flags, "--json"]) == 0
         docs.append(json.loads(capsys.readouterr().out))
-    assert docs[0] == docs[1] and docs[0]["context"]["n_ubatch"] == 128 and docs[0]["context"]["tensor_split"] == [3.0, 1.0]
+    assert docs[0] == docs[1]
+    assert docs[0]["context"]["n_ubatch"] == 128 and docs[0]["context"]["tensor_split"] == [3.0, 1.0]

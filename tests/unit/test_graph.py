@@ -113,7 +113,8 @@ def test_random_dag_order(data):
             b = data.draw(st.sampled_from(pool))
             pool.append(getattr(gl, kind)(ctx, a, b))
         elif kind == "view":
-            pool.append(gl.reshape_2d(ctx, gl.cont(ctx, a), 8, 4) if a.view_src else gl.view_2d(ctx, a, 8, 4, a.nb[1], 0))
+            pool.append(gl.reshape_2d(ctx, gl.cont(ctx, a), 8, 4) if a.view_src
+                        else gl.view_2d(ctx, a, 8, 4, a.nb[1], 0))
         else:
             pool.append(getattr(gl, kind)(ctx, a))
     roots = data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3))

@@ -4,7 +4,6 @@ recorded fixture 13."""
 import json
 
 import numpy as np
-
 import pytest
 
 import ggml_lite as gl
@@ -64,7 +63,8 @@ def test_fixture_13_is_rebuilt_tensor_for_tensor_by_the_recorded_variant():
     (dict(rms_norm_eps=float("nan")), "rms_norm_eps: expected a finite number"),
     (dict(rope_freq_base=0.0), "rope_freq_base: expected a finite number above 0"),
     (dict(wtype="i32"), "weights cannot be of type i32"),
-    (dict(wtype="q4_0", n_ff=11000), r"n_ff \(--n-ff\) 11000: the rows of q4_0 weights must be a whole number of its blocks"),
+    (dict(wtype="q4_0", n_ff=11000),
+     r"n_ff \(--n-ff\) 11000: the rows of q4_0 weights must be a whole number of its blocks"),
     (dict(wtype="q4_K", n_embd=4000, n_head=40, n_head_kv=40), "n_embd"),
     (dict(n_embd=2**32 - 1, n_head=2**32 - 1, n_head_kv=1, n_ff=2**32 - 1), "more than a ggml tensor holds"),
 ])
@@ -86,7 +86,8 @@ def test_one_gpu_setups_are_what_llama_cpp_printed(preset, n_ctx, n_gpu_layers, 
 
     r = plan_memory(PRESETS[preset], n_ctx, n_gpu_layers=n_gpu_layers, devices=devices)
     gpu, cpu = r["devices"]["GPU0"], r["devices"]["CPU"]
-    got = (r["nodes"], r["splits"], f"{gpu['compute'] / MiB:.2f}", f"{gpu['kv'] / MiB:.2f}", f"{cpu['compute'] / MiB:.2f}")
+    got = (r["nodes"], r["splits"], f"{gpu['compute'] / MiB:.2f}", f"{gpu['kv'] / MiB:.2f}",
+           f"{cpu['compute'] / MiB:.2f}")
     assert got == want
 
 
@@ -175,7 +176,8 @@ def test_a_tiny_llama_on_sim_and_cpu_computes_what_numpy_computes():
     W["layers"] = [{k: gl.tensor_get(t) for k, t in L.items() if k not in ("k_l", "v_l")} for L in layers]
     sched = gl.BackendSched([gpu, cpu], graph_size=8192)
     seq = list(range(3, 15))
-    batches = [(prompt, seq)] + [(dict(n_tokens=1, n_kv=n_ctx, kv_head=12 + i, n_outputs=1), [20 + i]) for i in range(3)]
+    batches = [(prompt, seq)] + [(dict(n_tokens=1, n_kv=n_ctx, kv_head=12 + i, n_outputs=1), [20 + i])
+                                 for i in range(3)]
     for i, (batch, toks) in enumerate(batches):
         g = graph if i == 0 else build_graph(model, w, layers, batch)[1]
         sched.reset()
@@ -186,7 +188,8 @@ def test_a_tiny_llama_on_sim_and_cpu_computes_what_numpy_computes():
             if t.name in inputs:
                 gl.tensor_set(t, inputs[t.name].reshape(-1) if t.name != "KQ_mask" else inputs[t.name])
         sched.graph_compute(g)
-        assert sched.n_splits >= 2 and {sched.backends[sp.backend_id].get_name() for sp in sched.splits} == {"GPU0", "CPU"}
+        assert sched.n_splits >= 2
+        assert {sched.backends[sp.backend_id].get_name() for sp in sched.splits} == {"GPU0", "CPU"}
         got = gl.tensor_get(g.nodes[-1]).reshape(batch["n_outputs"], -1)
         if i:
             seq.append(toks[0])
@@ -208,7 +211,8 @@ def test_the_peaks_are_explained_by_the_tensors_live_there():
     assert [(t["name"], t["bytes"]) for t in gpu["live"]] == [("result_output", 62.5 * MiB), ("result_norm", 8 * MiB)]
     assert gpu["live"][0]["reason"] == "computed at this node"
     assert sum(t["bytes"] for t in gpu["live"]) == gpu["bytes"]
-    assert [t["name"] for t in host["live"][:2]] == ["inp_embd", "KQ_mask"] and "read later" in host["live"][1]["reason"]
+    assert [t["name"] for t in host["live"][:2]] == ["inp_embd", "KQ_mask"]
+    assert "read later" in host["live"][1]["reason"]
     assert sum(t["bytes"] for t in host["live"]) == host["bytes"]
 
 
@@ -252,13 +256,16 @@ def test_a_quantized_70b_gguf_sizes_every_weight_by_its_own_type(tmp_path, capsy
     assert main(["llama", "--gguf", str(path), "--n-gpu-layers", "81", "--devices", "2", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     gpu_weights = sum(d["weights"] for d in doc["devices"] if d["name"] != "CPU")
-    expected = sum(gl.Context().new_tensor(m.tensor_types[n], ne).nbytes for n, ne in m.shapes.items() if n != "token_embd.weight")
+    expected = sum(gl.Context().new_tensor(m.tensor_types[n], ne).nbytes
+                   for n, ne in m.shapes.items() if n != "token_embd.weight")
     assert 0 <= gpu_weights - expected < 81 * 9 * 128 * 2  # + each tensor padded to 128 in its GPU buffer
     assert doc["graph"]["nodes"] == 32 * 80 + 6
 
 
-@pytest.mark.parametrize("content, message", [(b"not a gguf file at all", "header.magic: expected b'GGUF' (a GGUF file), found b'not '"),
-                                              (b"", "header.magic: the magic 'GGUF' needs 4 bytes at offset 0, the file has 0 left")])
+@pytest.mark.parametrize("content, message", [
+    (b"not a gguf file at all", "header.magic: expected b'GGUF' (a GGUF file), found b'not '"),
+    (b"", "header.magic: the magic 'GGUF' needs 4 bytes at offset 0, the file has 0 left"),
+])
 def test_a_file_that_is_not_gguf_is_refused(tmp_path, content, message, capsys):
     from ggml_lite.__main__ import main
 

@@ -20,7 +20,8 @@ def words(*floats):
 
 # -- types and sizes -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("type,ts,bs", [(gl.F32, 4, 1), (gl.F16, 2, 1), (gl.I32, 4, 1), (gl.Q8_0, 34, 32), (gl.Q4_0, 18, 32)])
+@pytest.mark.parametrize("type,ts,bs",
+                         [(gl.F32, 4, 1), (gl.F16, 2, 1), (gl.I32, 4, 1), (gl.Q8_0, 34, 32), (gl.Q4_0, 18, 32)])
 def test_type_table(type, ts, bs):
     assert (type.type_size, type.blck_size) == (ts, bs)
     assert gl.type_by_name(type.name) is type
@@ -67,7 +68,8 @@ def test_nbytes_of_strided_view_is_its_span(ctx):
 def test_name_is_truncated_to_63_bytes(ctx):
     t = ctx.new_tensor_1d(gl.F32, 1, name="x" * 100)
     assert len(t.name) == 63
-    assert len(gl.cpy(ctx, ctx.new_tensor_1d(gl.F32, 1, name="a" * 40), ctx.new_tensor_1d(gl.F32, 1, name="b" * 40)).name) == 63
+    a, b = ctx.new_tensor_1d(gl.F32, 1, name="a" * 40), ctx.new_tensor_1d(gl.F32, 1, name="b" * 40)
+    assert len(gl.cpy(ctx, a, b).name) == 63
 
 
 # -- element-wise ops --------------------------------------------------------------------------------

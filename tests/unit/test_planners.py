@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 import ggml_lite as gl
 import ggml_oracle as O
-from ggml_oracle import add_chain, chain_graph, fan_out_graph
 from ggml_lite import exact_search as ES
 from ggml_lite import planners as P
 from ggml_lite import verify as V
 from ggml_lite.__main__ import main
+from ggml_oracle import add_chain, chain_graph, fan_out_graph
 from helpers import SEED_FILES, fixture_path, graph_sections, load_json
 
 NOT_COMPUTABLE = (gl.TensorError, gl.UnsupportedOpError)
@@ -68,22 +68,23 @@ def brute_force(problem) -> int:
     bound up: small problems only."""
     a, blocks = problem.alignment, problem.blocks
     units = [b.size // a for b in blocks]
+    offs = [0] * len(blocks)
+
+    def place(k: int, cap: int) -> bool:
+        if k == len(blocks):
+            return True
+        for o in range(cap - units[k] + 1):
+            if all(not blocks[k].overlaps(blocks[j]) or o + units[k] <= offs[j] or offs[j] + units[j] <= o
+                   for j in range(k)):
+                offs[k] = o
+                if place(k + 1, cap):
+                    return True
+        return False
+
     for cap in itertools.count(problem.lower_bound // a):
-        offs = [None] * len(blocks)
-
-        def place(k):
-            if k == len(blocks):
-                return True
-            for o in range(cap - units[k] + 1):
-                if all(not blocks[k].overlaps(blocks[j]) or o + units[k] <= offs[j] or offs[j] + units[j] <= o
-                       for j in range(k)):
-                    offs[k] = o
-                    if place(k + 1):
-                        return True
-            return False
-
-        if place(0):
+        if place(0, cap):
             return cap * a
+    raise AssertionError("unreachable: itertools.count never ends")
 
 
 def test_the_four_block_example():
@@ -145,13 +146,15 @@ def test_an_exhausted_budget_returns_the_incumbent_without_a_proof():
     r = P.exact(problem, budget=0.01, incumbent=incumbent)
     assert r.optimal is None and r.stopped and r.peak <= incumbent.peak and P.check_placement(problem, r.offsets) == []
     r = P.exact(problem, budget=0.01)
-    assert r.optimal is None and r.stopped and r.peak <= problem.ggml_peak and P.check_placement(problem, r.offsets) == []
+    assert r.optimal is None and r.stopped and r.peak <= problem.ggml_peak
+    assert P.check_placement(problem, r.offsets) == []
 
 
 def _textbook_greedy(problem, order_of) -> list:
     """The greedy planners as TFLite states them, without shortcuts: blocks in the planner's order,
     each into the smallest gap among every placed block it shares a node with."""
-    offsets, placed = [0] * len(problem.blocks), []
+    offsets: list[int] = [0] * len(problem.blocks)
+    placed: list[P.Block] = []
     for b in order_of(problem):
         busy = sorted((offsets[p.index], offsets[p.index] + p.size) for p in placed if p.overlaps(b))
         best, best_gap, top = None, None, 0
@@ -200,7 +203,10 @@ class FakeClock:
     deadline it is told about (`at`) was first passed, and `work` calls made after that reading."""
 
     def __init__(self, tick: float = 1e-3):
-        self.now, self.tick, self.reads, self.at, self.late_read, self.late_work = 0.0, tick, 0, None, None, []
+        self.now, self.tick, self.reads = 0.0, tick, 0
+        self.at: float | None = None
+        self.late_read: int | None = None
+        self.late_work: list[str] = []
 
     def __call__(self) -> float:
         self.reads += 1
@@ -237,7 +243,8 @@ def test_the_budget_stops_every_phase(shape, planner, monkeypatch):
     all its own."""
     n = 2000
     problem = {"fan-out": lambda: P.blocks_of(fan_out_graph(n)[0]), "chain": lambda: P.blocks_of(chain_graph(n)),
-               "by hand": lambda: P.problem_from_blocks([(32 * (1 + k % 5), k, k + 3 + k % 7) for k in range(n)])}[shape]()
+               "by hand": lambda: P.problem_from_blocks([(32 * (1 + k % 5), k, k + 3 + k % 7)
+                                                         for k in range(n)])}[shape]()
     clock = FakeClock()
     clock.watch(monkeypatch, P, "_lowest_gap")
     clock.watch(monkeypatch, ES, "place")
@@ -301,7 +308,8 @@ def test_an_unknown_planner_is_refused():
 
 # -- the recorded graphs ---------------------------------------------------------------------------------
 
-RECORDED = [(name, step) for name in SEED_FILES for step, _ in graph_sections(load_json(fixture_path("ggml-seed", name)))]
+RECORDED = [(name, step) for name in SEED_FILES
+            for step, _ in graph_sections(load_json(fixture_path("ggml-seed", name)))]
 
 
 @pytest.mark.parametrize("name, step", RECORDED, ids=[f"{n}-{s}" for n, s in RECORDED])
@@ -637,7 +645,8 @@ def test_plan_json_with_a_planner(capsys):
     doc = load_json(fixture_path("ggml-seed", "14_llama7b_ctx512_one_output"))
     assert set(out["tensors"]) == {t["name"] for t in doc["graph"]["tensors"]}
     sizes = {t["name"]: t["nbytes"] for t in doc["graph"]["tensors"]}
-    assert all(v["offset"] + sizes[n] <= out["lower_bound"] for n, v in out["tensors"].items() if v["offset"] is not None)
+    assert all(v["offset"] + sizes[n] <= out["lower_bound"]
+               for n, v in out["tensors"].items() if v["offset"] is not None)
 
 
 @pytest.mark.parametrize("planner", ["exact", "best", "greedy-size"])
@@ -669,7 +678,8 @@ def test_plan_json_of_ggml_keeps_the_recorded_plan(capsys):
 def test_plan_text_of_ggml_is_unchanged(capsys):
     assert main(["plan", F06]) == 0
     out = capsys.readouterr().out
-    assert "planner" not in out and "verify" not in out and out.splitlines()[-2].startswith("compute buffer: 42912 bytes")
+    assert "planner" not in out and "verify" not in out
+    assert out.splitlines()[-2].startswith("compute buffer: 42912 bytes")
 
 
 @pytest.mark.parametrize("planner", P.PLANNER_NAMES)

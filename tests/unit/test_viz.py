@@ -48,11 +48,13 @@ def test_the_report_widget_replans_when_a_slider_moves(monkeypatch):
 
     rep = memory_report(PRESETS["tinyllama-1.1b"], 512, n_gpu_layers=10, devices=1)
     fig = report_figure(rep)
-    assert [t.name for t in fig.data] == ["weights", "kv", "output", "compute"] and list(fig.data[0].x) == ["GPU0", "CPU"]
+    assert [t.name for t in fig.data] == ["weights", "kv", "output", "compute"]
+    assert list(fig.data[0].x) == ["GPU0", "CPU"]
     import ggml_lite.viz.report as vr
 
     asked = []
-    monkeypatch.setattr(vr, "memory_report", lambda *a, **kw: asked.append(kw["n_gpu_layers"]) or memory_report(*a, **kw))
+    monkeypatch.setattr(vr, "memory_report",
+                        lambda *a, **kw: asked.append(kw["n_gpu_layers"]) or memory_report(*a, **kw))
     widget = report_widget(PRESETS["tinyllama-1.1b"], n_gpu_layers=0)
     n_ctx, n_ubatch, layers = widget.children[0].children
     with contextlib.redirect_stdout(io.StringIO()):
