@@ -7,28 +7,9 @@ op_params and automatic name, and records its sources. No arithmetic happens her
 
 from typing import NamedTuple
 
+from ggml_lite import tensor  # (its layout predicates and op-parameter bits: tensor.is_contiguous, ...)
 from ggml_lite.errors import DataTypeError, LayoutError, PermuteAxisError, ReshapeError, ShapeError, UnknownOpError
-from ggml_lite.tensor import (
-    F16,
-    F32,
-    GGML_MAX_DIMS,
-    GGML_MAX_OP_PARAMS,
-    I32,
-    Op,
-    Tensor,
-    UnaryOp,
-    can_repeat,
-    describe,
-    float_to_word,
-    is_contiguous,
-    is_contiguous_1,
-    is_matrix,
-    is_padded_1d,
-    is_scalar,
-    is_transposed,
-    is_vector,
-    word_to_float,
-)
+from ggml_lite.tensor import F16, F32, GGML_MAX_DIMS, GGML_MAX_OP_PARAMS, I32, Op, Tensor, UnaryOp, describe
 
 
 def _result(ctx, a: Tensor, inplace: bool) -> Tensor:
@@ -46,7 +27,7 @@ def _set(t: Tensor, op: Op, *srcs) -> Tensor:
 
 def _binary(ctx, op: Op, a: Tensor, b: Tensor, inplace: bool) -> Tensor:
     # ggml_add_impl / ggml_sub_impl / ggml_mul_impl / ggml_div_impl
-    if not can_repeat(b, a):
+    if not tensor.can_repeat(b, a):
         raise ShapeError(
             f"ggml_{op.name.lower()}: {describe(b)} does not broadcast to {describe(a)} "
             f"(each ne of the first must be a multiple of the second's)"
@@ -98,9 +79,9 @@ def div_inplace(ctx, a: Tensor, b: Tensor) -> Tensor:
 
 def add1(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
     """`ggml_add1` (`ggml_add1_inplace` with inplace=True): a + the scalar b."""
-    if not is_scalar(b):
+    if not tensor.is_scalar(b):
         raise ShapeError(f"ggml_add1: {describe(b)} must be a scalar (ne = [1, 1, 1, 1])")
-    if not is_padded_1d(a):
+    if not tensor.is_padded_1d(a):
         raise LayoutError(f"ggml_add1: {describe(a)} must have contiguous rows (nb = {a.nb})")
     return _set(_result(ctx, a, inplace), Op.ADD1, a, b)
 
@@ -147,10 +128,10 @@ def mean(ctx, a: Tensor) -> Tensor:
 
 def scale(ctx, a: Tensor, s: float, inplace: bool = False) -> Tensor:
     """`ggml_scale` (`ggml_scale_inplace`): a·s; `op_params[0]` holds s as f32 bits."""
-    if not is_padded_1d(a):
+    if not tensor.is_padded_1d(a):
         raise LayoutError(f"ggml_scale: {describe(a)} must have contiguous rows (nb = {a.nb})")
     t = _set(_result(ctx, a, inplace), Op.SCALE, a)
-    t.set_op_params(float_to_word(s))
+    t.set_op_params(tensor.float_to_word(s))
     return t
 
 
@@ -163,7 +144,7 @@ def scale_inplace(ctx, a: Tensor, s: float) -> Tensor:
 def unary(ctx, a: Tensor, op, inplace: bool = False) -> Tensor:
     """`ggml_unary` (`ggml_unary_inplace`, `ggml_unary_impl`): op UNARY, `op_params[0]` = the unary op."""
     op = UnaryOp[op] if isinstance(op, str) else UnaryOp(op)
-    if not is_contiguous_1(a):
+    if not tensor.is_contiguous_1(a):
         raise LayoutError(f"ggml_unary({op.name.lower()}): {describe(a)} must have contiguous rows (nb = {a.nb})")
     t = _set(_result(ctx, a, inplace), Op.UNARY, a)
     t.set_op_params(int(op))
@@ -203,14 +184,14 @@ def exp(ctx, a: Tensor, inplace: bool = False) -> Tensor:
 def leaky_relu(ctx, a: Tensor, negative_slope: float, inplace: bool = False) -> Tensor:
     """`ggml_leaky_relu` (`ggml_leaky_relu_impl`): op LEAKY_RELU, `op_params[0]` = the slope as f32 bits."""
     t = _set(_result(ctx, a, inplace), Op.LEAKY_RELU, a)
-    t.set_op_params(float_to_word(negative_slope))
+    t.set_op_params(tensor.float_to_word(negative_slope))
     return t
 
 
 def _norm(ctx, op: Op, a: Tensor, eps: float, inplace: bool) -> Tensor:
     # ggml_norm_impl / ggml_rms_norm_impl
     t = _set(_result(ctx, a, inplace), op, a)
-    t.set_op_params(float_to_word(eps))
+    t.set_op_params(tensor.float_to_word(eps))
     return t
 
 
@@ -249,7 +230,7 @@ def mul_mat(ctx, a: Tensor, b: Tensor) -> Tensor:
             f"ggml_mul_mat: cannot multiply {describe(a)} by {describe(b)} (need equal ne[0] and "
             f"b.ne[2], b.ne[3] multiples of a's)"
         )
-    if is_transposed(a):
+    if tensor.is_transposed(a):
         raise LayoutError(f"ggml_mul_mat: {describe(a)} must not be transposed (nb = {a.nb})")
     return _set(ctx.new_tensor(F32, [a.ne[1], b.ne[1], b.ne[2], b.ne[3]]), Op.MUL_MAT, a, b)
 
@@ -284,19 +265,19 @@ def diag_mask_zero(ctx, a: Tensor, n_past: int, inplace: bool = False) -> Tensor
 def soft_max_ext(ctx, a: Tensor, mask, scale: float, max_bias: float, inplace: bool = False) -> Tensor:
     """`ggml_soft_max_ext` (`ggml_soft_max_impl`): softmax(a·scale + mask) per row; `op_params` =
     (scale, max_bias) as f32 bits; `src[1]` = mask."""
-    if not is_contiguous(a):
+    if not tensor.is_contiguous(a):
         raise LayoutError(f"ggml_soft_max: {describe(a)} must be contiguous (nb = {a.nb})")
     if mask is not None:
         if mask.type not in (F16, F32):
             raise DataTypeError(f"ggml_soft_max: the mask {describe(mask)} must be f16 or f32")
-        if not is_contiguous(mask) or not is_matrix(mask):
+        if not tensor.is_contiguous(mask) or not tensor.is_matrix(mask):
             raise LayoutError(f"ggml_soft_max: the mask {describe(mask)} must be a contiguous matrix")
         if mask.ne[0] != a.ne[0] or mask.ne[1] < a.ne[1]:
             raise ShapeError(f"ggml_soft_max: the mask {describe(mask)} does not cover {describe(a)}")
     if max_bias > 0 and mask is None:
         raise ShapeError(f"ggml_soft_max: max_bias > 0 needs a mask ({describe(a)})")
     t = _set(_result(ctx, a, inplace), Op.SOFT_MAX, a, mask)
-    t.set_op_params(float_to_word(scale), float_to_word(max_bias))
+    t.set_op_params(tensor.float_to_word(scale), tensor.float_to_word(max_bias))
     return t
 
 
@@ -314,14 +295,14 @@ def rope_ext(ctx, a: Tensor, pos: Tensor, freq_factors, n_dims: int, mode: int, 
         raise ShapeError(f"ggml_rope: mode & 1 is no longer supported ({describe(a)})")
     if pos.type is not I32:
         raise DataTypeError(f"ggml_rope: the positions {describe(pos)} must be i32")
-    if not is_vector(pos) or a.ne[2] != pos.ne[0]:
+    if not tensor.is_vector(pos) or a.ne[2] != pos.ne[0]:
         raise ShapeError(f"ggml_rope: positions {describe(pos)} must be a vector of a.ne[2] = {a.ne[2]} "
                          f"for {describe(a)}")
     if freq_factors is not None and (freq_factors.type is not F32 or freq_factors.ne[0] < n_dims // 2):
         raise ShapeError(f"ggml_rope: freq_factors {describe(freq_factors)} must be f32 with ne[0] >= {n_dims // 2}")
     t = _set(_result(ctx, a, inplace), Op.ROPE, a, pos, freq_factors)
-    t.set_op_params(0, n_dims, mode, 0, n_ctx_orig,
-                    *(float_to_word(v) for v in (freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)))
+    floats = (freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)
+    t.set_op_params(0, n_dims, mode, 0, n_ctx_orig, *(tensor.float_to_word(v) for v in floats))
     return t
 
 
@@ -370,7 +351,7 @@ def view_4d(ctx, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int, nb1: int, nb
 
 
 def _check_reshape(fn: str, a: Tensor, ne) -> None:
-    if not is_contiguous(a):
+    if not tensor.is_contiguous(a):
         raise LayoutError(f"ggml_{fn}: {describe(a)} must be contiguous to reshape (nb = {a.nb})")
     n = 1
     for x in ne:
@@ -487,7 +468,7 @@ def param_i32(words, i: int) -> int:
 
 def param_f32(words, i: int) -> float:
     """`op_params[i]` read as the f32 whose bits it holds (`ggml_get_op_params_f32`)."""
-    return word_to_float(words[i])
+    return tensor.word_to_float(words[i])
 
 
 def param_size_t(words, i: int) -> int:
@@ -579,19 +560,15 @@ class OpCall(NamedTuple):
     args: tuple
 
     @property
-    def spec(self) -> OpSpec:
-        return OPS[self.op]
-
-    @property
     def c_name(self) -> str:
         """The C function: `ggml_<ctor>`, or `ggml_<ctor>_inplace` for an in-place variant."""
-        suffix = "_inplace" if self.inplace and self.spec.inplace == "variant" else ""
+        suffix = "_inplace" if self.inplace and OPS[self.op].inplace == "variant" else ""
         return f"ggml_{self.ctor}{suffix}"
 
     @property
     def c_args(self) -> tuple:
         """The C arguments after the sources: `args`, plus the in-place bool where C takes one."""
-        return (*self.args, self.inplace) if self.spec.inplace == "argument" else self.args
+        return (*self.args, self.inplace) if OPS[self.op].inplace == "argument" else self.args
 
 
 def decode_op(op: Op, op_params, src, ne, nb, has_view_src: bool) -> OpCall:
