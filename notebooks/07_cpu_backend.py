@@ -33,7 +33,6 @@
 # %%
 # | default_exp cpu
 
-# %%
 import numpy as np
 
 import ggml_lite as gl
@@ -42,14 +41,13 @@ from ggml_lite.backend import tensor_get, tensor_set
 # %% [markdown]
 # ## 1 · The C
 #
-# The CPU backend itself is small, `ggml-backend.c:547-945`: the CPU buffer type of chapter 03, any
-# host memory, no queue, no events, no async copies (their entries are `NULL`), and `graph_compute`
-# hands the nodes to `ggml_graph_compute` in order. Threads, thread pools and abort callbacks have no
-# meaning here. The work is elsewhere: the kernels are `ggml_compute_forward_*` in `ggml.c`, and the
-# quantized types come from `ggml-quants.c`. Every code cell below follows the few lines of C it
-# ports. Lines of `ggml-backend.c` are daa9623's; lines of `ggml.c` and `ggml-quants.c` are those of
-# llama.cpp 1d1ccce (2024-08-29, vendored by llama-cpp-python 0.2.90), the nearest copy at hand: the
-# reference folder holds only the allocator and the backend at daa9623.
+# The backend itself is small (`ggml-backend.c:547-945`; no queue, no events, no async copies: their
+# entries are `NULL`; threads and abort callbacks have no meaning here). The work is elsewhere: the
+# kernels are `ggml_compute_forward_*` in `ggml.c`, the quantized types come from `ggml-quants.c`.
+# Every code cell below follows the few lines of C it ports. Lines of `ggml-backend.c` are daa9623's;
+# lines of `ggml.c` and `ggml-quants.c` are those of llama.cpp 1d1ccce (2024-08-29, vendored by
+# llama-cpp-python 0.2.90), the nearest copy at hand: the reference folder holds only the allocator
+# and the backend at daa9623.
 
 # %% [markdown]
 # ## 2 · Quantization: ggml-quants.c
