@@ -135,8 +135,13 @@ def div(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
 
 
 # %% [markdown]
-# Ports `ggml_div_inplace`, `ggml_add1`, `ggml_sqr`, `ggml_sqrt`, `ggml_log`, `ggml_dup`,
-# `ggml_sum_rows`, `ggml_sum`, `ggml_mean`, `ggml_scale`, `ggml_scale_inplace`.
+# Next the ops of one source. `ggml_sqr`, `ggml_sqrt`, `ggml_log` and `ggml_dup` keep the shape and
+# type of `a`, so their result is `ggml_dup_tensor(a)` (or, in place, a view of it). `ggml_add1` adds a
+# *scalar* tensor and refuses anything else. The reductions make a smaller tensor instead:
+# `ggml_sum_rows` keeps one value per row (`ne[0]` becomes 1), `ggml_sum` one value in all, and
+# `ggml_mean` is a row reduction that is always f32. `ggml_scale` is the first op with a parameter:
+# the factor is a float, and ggml stores it in `op_params[0]` as its 32 bits — which is why a
+# recorded file shows `scale` 0.125 as the integer 1040187392.
 
 # %%
 # | export
@@ -209,8 +214,12 @@ def scale_inplace(ctx, a: Tensor, s: float) -> Tensor:
 
 
 # %% [markdown]
-# Ports `ggml_unary`, `ggml_silu`, `ggml_gelu`, `ggml_relu`, `ggml_tanh`, `ggml_neg`, `ggml_exp`,
-# `ggml_leaky_relu`, `ggml_norm`, `ggml_rms_norm`.
+# The activation functions are not ops of their own in ggml: `ggml_silu`, `ggml_gelu`, `ggml_relu`,
+# `ggml_tanh`, `ggml_neg` and `ggml_exp` all make op `UNARY`, and the function is a number in
+# `op_params[0]` (`enum ggml_unary_op`), so a backend that supports `UNARY` must still check which one.
+# `ggml_leaky_relu` is the odd one out: an op of its own, its slope a float parameter, and its
+# in-place choice a `bool` argument rather than a separate `_inplace` function. `ggml_norm` and
+# `ggml_rms_norm` normalize each row and keep their `eps` as a float parameter.
 
 # %%
 # | export
@@ -279,7 +288,11 @@ def rms_norm(ctx, a: Tensor, eps: float, inplace: bool = False) -> Tensor:
 
 
 # %% [markdown]
-# Ports `ggml_concat`, `ggml_mul_mat`, `ggml_get_rows`, `ggml_diag_mask_inf`, `ggml_diag_mask_zero`.
+# Ops whose result has a shape of its own. `ggml_concat` adds the sizes along one dimension and needs
+# the others equal. `ggml_mul_mat` is the one to remember: the result is always f32, whatever the
+# weights' type, and `a` may be broadcast over `b`'s dimensions 2 and 3 (attention heads sharing keys).
+# `ggml_get_rows` picks rows by i32 indices — how token ids become embeddings. The two diagonal masks
+# keep the shape and store `n_past`, the number of positions already in the cache.
 
 # %%
 # | export
@@ -339,7 +352,11 @@ def diag_mask_zero(ctx, a: Tensor, n_past: int, inplace: bool = False) -> Tensor
 
 
 # %% [markdown]
-# Ports `ggml_soft_max_ext`, `ggml_soft_max`, `ggml_rope_ext`.
+# The two ops of attention that carry the most parameters. `ggml_soft_max_ext` takes an optional mask
+# (the causal mask, in `src[1]`) with a scale and an ALiBi bias, both floats; `ggml_soft_max` is the
+# same op with scale 1 and no mask. `ggml_rope_ext` rotates pairs of values by their position: the
+# positions are an i32 tensor in `src[1]`, optional frequency factors in `src[2]`, and eleven words of
+# parameters, two of them left at zero (the slots of the former `n_past` and `n_ctx`).
 
 # %%
 # | export
@@ -473,8 +490,11 @@ def reshape_1d(ctx, a: Tensor, ne0: int) -> Tensor:
 
 
 # %% [markdown]
-# Ports `ggml_reshape_2d`, `ggml_reshape_3d`, `ggml_reshape_4d`, `ggml_permute`, `ggml_transpose`,
-# `ggml_cont`, `ggml_cont_4d`, `ggml_cont_2d`, `ggml_cont_3d`.
+# The rest of the reshapes, and the two ops that only move strides. `ggml_permute` and
+# `ggml_transpose` change no byte: they exchange entries of `ne` and `nb`, so the result is usually
+# *not* contiguous, and an op that needs contiguous rows must be given `ggml_cont` of it — a real copy
+# into a fresh tensor, the one op here that turns a view back into memory of its own. `ggml_cont_4d`
+# copies and reshapes in one step.
 
 # %%
 # | export
@@ -546,7 +566,9 @@ def cont_3d(ctx, a: Tensor, ne0: int, ne1: int, ne2: int) -> Tensor:
 
 
 # %% [markdown]
-# Ports `ggml_cpy`.
+# `ggml_cpy(a, b)` is the op that writes into existing memory: its result is a view of `b`, so the
+# allocator gives it no bytes, and computing it fills `b` with `a` converted to `b`'s type. llama.cpp
+# stores the new keys and values into the KV cache this way.
 
 # %%
 # | export
@@ -890,8 +912,10 @@ def _add(graph: Graph, t: Tensor) -> None:
 
 
 # %% [markdown]
-# Ports `ggml_visit_parents`, `ggml_build_forward_expand`, `ggml_new_graph_custom`,
-# `ggml_graph_view`.
+# The walk itself, `ggml_visit_parents`, with the explicit stack: each stack entry remembers the next
+# source slot to look at, so a tensor is appended only when all its sources have been. Then the three
+# entry points: `build_forward_expand` adds a root to an existing graph, `build_forward` starts a new
+# one, and `graph_view` takes a slice of the nodes — what the scheduler of chapter 09 hands to a backend.
 
 # %%
 # | export graph

@@ -351,21 +351,26 @@ def leaf_values(data_seed: int, leaf_id: int, n: int, kind: str, value_range=Non
 
 # %%
 # | export numerics
+def leaf_bytes(type, ne, data_seed: int, leaf_id: int, kind: str = "float", value_range=None,
+               name: str = "") -> bytes:
+    """The generated data of one leaf of `type` and shape `ne`, as the tensor's bytes: f32 as is, f16
+    rounded to nearest even, q8_0 (and q4_0) quantized by ggml's reference quantizer, i32 integers. The
+    one seeded data filler of the project (the tests and the oracle fill their graphs with it too)."""
+    values = leaf_values(data_seed, leaf_id, ne[0] * ne[1] * ne[2] * ne[3], kind, value_range)
+    if type is F32 or type is I32:
+        return values.astype(np.float32 if type is F32 else np.int32).tobytes()
+    if type is F16:
+        return values.astype(np.float16).tobytes()
+    if type is Q8_0:
+        return quantize_q8_0(values).tobytes()
+    if type is Q4_0:  # (beyond the spec, as the oracle's numeric graphs fill it)
+        return quantize_row_q4_0_ref(values.reshape(-1, ne[0])).tobytes()
+    raise GraphFileError(f"leaf {leaf_id} ({quote(name)}): no generator for type {type.name}")
+
+
 def fill_leaf(tensor, data_seed: int, leaf_id: int, kind: str = "float", value_range=None) -> None:
-    """Write the generated data of one leaf: f32 as is, f16 rounded to nearest even, q8_0 (and q4_0)
-    quantized by ggml's reference quantizer, i32 integers."""
-    n = tensor.ne[0] * tensor.ne[1] * tensor.ne[2] * tensor.ne[3]
-    values = leaf_values(data_seed, leaf_id, n, kind, value_range)
-    if tensor.type is F32 or tensor.type is I32:
-        tensor_set(tensor, values.astype(np.float32 if tensor.type is F32 else np.int32))
-    elif tensor.type is F16:
-        tensor_set(tensor, values.astype(np.float16))
-    elif tensor.type is Q8_0:
-        tensor_set(tensor, quantize_q8_0(values).view(np.uint8))
-    elif tensor.type is Q4_0:  # (beyond the spec, as the oracle's numeric graphs fill it)
-        tensor_set(tensor, np.frombuffer(quantize_row_q4_0_ref(values.reshape(-1, tensor.ne[0])).tobytes(), np.uint8))
-    else:
-        raise GraphFileError(f"leaf {leaf_id} ({quote(tensor.name)}): no generator for type {tensor.type.name}")
+    """Write the generated data of one leaf (`leaf_bytes`) into its tensor."""
+    tensor_set(tensor, leaf_bytes(tensor.type, tensor.ne, data_seed, leaf_id, kind, value_range, tensor.name))
 
 
 def _values_f32(tensor) -> np.ndarray:
@@ -473,7 +478,7 @@ def _check_result(res: dict, p: str, ents: list) -> int:
 # %%
 # | export numerics
 def validate_numerics(doc: dict, max_bytes: int = NUMERICS_MAX_BYTES) -> None:
-    """Check the `numerics` block of a validated single-graph document (`graphio.validate_document`)
+    """Check the `numerics` block of a validated single-graph document (`schema.validate_document`)
     against its graph, field by field, and the memory computing it needs against `max_bytes`."""
     if check_type(doc.get("numeric", True), "numeric", bool, "true or false") is False or "numerics" not in doc:
         raise GraphFileError("numeric / numerics: a file with computed results has `numeric: true` and a "
@@ -530,7 +535,7 @@ def _check_memory(doc: dict, counts: list, max_bytes: int) -> None:
 # %%
 # | export numerics
 def verify_numerics(doc: dict, gf, exact: bool = False, max_bytes: int = NUMERICS_MAX_BYTES) -> tuple:
-    """Fill the leafs of the planned graph `gf` (a `graphio.GraphFile` after `run_plan`), compute it on
+    """Fill the leafs of the planned graph `gf` (a `graphio.GraphFile` after `plancheck.run_plan`), compute it on
     the CPU backend (`exact`: with the bit-exact tier of appendix A2) and compare every recorded
     result. Returns `(tolerance, rows)` with one row per result: `(name, worst relative error, ok)`.
     The block is validated first (`validate_numerics`, with `max_bytes`)."""
