@@ -94,11 +94,13 @@ def attached_by_assignment(tree: ast.Module) -> list:
 
 
 def forwarders(tree: ast.Module) -> list:
-    """Methods whose whole body (docstring aside) calls a module-level function with `self` first."""
+    """Methods whose whole body (docstring aside) calls a module-level function with `self` first (a
+    property may: `Tensor.nbytes` reads as a field)."""
     functions = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     found = []
     for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
-        for m in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.args.args):
+        for m in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.args.args
+                  and not any(isinstance(d, ast.Name) and d.id == "property" for d in n.decorator_list)):
             body = [s for s in m.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
             call = body[0].value if len(body) == 1 and isinstance(body[0], (ast.Return, ast.Expr)) else None
             if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in functions

@@ -116,7 +116,10 @@ def test_data_access_errors():
 def test_free_clear_reset_and_double_free():
     b = gl.cpu_buffer_type().alloc_buffer(16)
     b.clear(7)
-    assert b.memory().tolist() == [7] * 48
+    # 16 + 32 bytes are malloc'ed and the base aligned to 32: from `data`, 16 to 48 bytes remain, by
+    # where the simulated malloc happened to place it (the tests run before this one decide)
+    assert len(b.memory()) == b._extent() and 16 <= len(b.memory()) <= 48
+    assert (b.memory() == 7).all()
     b.reset()
     b.free()
     with pytest.raises(errors.BufferFreedError, match="freed"):
