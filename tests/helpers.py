@@ -14,7 +14,8 @@ import numpy as np
 
 import ggml_lite as gl
 import ggml_oracle as O
-from ggml_lite.quants import quantize_q8_0
+from ggml_lite.numerics import leaf_bytes
+from ggml_lite.verify import results_to_compare
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -54,45 +55,47 @@ def graph_sections(doc: dict):
 NOT_COMPUTABLE = (gl.TensorError, gl.UnsupportedOpError)
 
 
-def _int_range(t, graph) -> tuple:
-    """Valid values for an i32 leaf: row indices for get_rows, positions otherwise."""
-    for node in graph.nodes:
-        if node.op is gl.Op.GET_ROWS and len(node.src) > 1 and node.src[1] is t:
-            return 0, node.src[0].ne[1]
-    return 0, 64
+def int_range(t, graph) -> tuple:
+    """Valid values [lo, hi) for an i32 data tensor: row indices below the rows of every get_rows that
+    reads it, else positions below 64."""
+    rows = [n.src[0].ne[1] for n in graph.nodes if n.op is gl.Op.GET_ROWS and len(n.src) > 1 and n.src[1] is t]
+    return 0, max(1, min(rows, default=64))
 
 
 def int_ranges(rg) -> dict:
     """The value range of every i32 data tensor (before a scheduler rewires sources to copies)."""
-    return {t: _int_range(t, rg.graph) for t in O.graph_data_tensors(rg.graph) if t.type is gl.I32}
+    return {t: int_range(t, rg.graph) for t in O.graph_data_tensors(rg.graph) if t.type is gl.I32}
+
+
+def leaf_data(graph, seed: int, ids: dict | None = None, ranges: dict | None = None) -> dict:
+    """{tensor: bytes} for every data tensor of `graph`, from the project's one seeded data filler
+    (`numerics.leaf_bytes`, the numerics files' generator): tensor `t` is leaf `ids[t]` of seed `seed`
+    (default: its index among the data tensors; 999 when `ids` does not hold it), i32 values in
+    `ranges[t]` (default: `int_range`)."""
+    tensors = O.graph_data_tensors(graph)
+    ids = ids if ids is not None else {t: k for k, t in enumerate(tensors)}
+    ranges = ranges or {}
+    out = {}
+    for t in tensors:
+        kind = "int" if t.type is gl.I32 else "float"
+        value_range = (ranges.get(t) or int_range(t, graph)) if kind == "int" else None
+        out[t] = leaf_bytes(t.type, t.ne, seed, ids.get(t, 999), kind, value_range, t.name)
+    return out
 
 
 def fill(rg, ranges=None) -> None:
-    """Deterministic data for every data tensor (by its index in creation order), after planning."""
+    """Seeded data for every data tensor of a planned random graph (`leaf_data`, each tensor's id its
+    index in creation order)."""
     index = {t: k for k, t in enumerate(rg.tensors)}
-    ranges = ranges if ranges is not None else int_ranges(rg)
-    for leaf in O.graph_data_tensors(rg.graph):
-        n = gl.nelements(leaf)
-        rng = np.random.default_rng(1000 + index.get(leaf, 999))
-        if leaf.type is gl.I32:
-            lo, hi = ranges[leaf]
-            gl.tensor_set(leaf, rng.integers(lo, max(hi, lo + 1), n).astype(np.int32))
-            continue
-        values = rng.uniform(-1, 1, n).astype(np.float32)
-        if leaf.type is gl.F16:
-            gl.tensor_set(leaf, values.astype(np.float16))
-        elif leaf.type is gl.Q8_0:
-            gl.tensor_set(leaf, quantize_q8_0(values).view(np.uint8))
-        else:
-            gl.tensor_set(leaf, values)
+    for t, raw in leaf_data(rg.graph, 1000, index, ranges if ranges is not None else int_ranges(rg)).items():
+        gl.tensor_set(t, raw)
 
 
 def kept(rg) -> list:
-    """Indices (in `rg.graph.nodes`) of the results a plan must keep: non-view OUTPUT nodes and nodes
-    nothing consumes."""
-    used = {id(s) for n in rg.graph.nodes for s in n.src if s is not None}
-    return [k for k, t in enumerate(rg.graph.nodes)
-            if t.view_src is None and (t.flags & gl.TensorFlag.OUTPUT or id(t) not in used)]
+    """Indices (in `rg.graph.nodes`) of the results a plan keeps (`verify.results_to_compare`: non-view
+    OUTPUT nodes and nodes nothing reads)."""
+    keep = set(results_to_compare(rg.graph))
+    return [k for k, t in enumerate(rg.graph.nodes) if t in keep]
 
 
 def same(a: list, b: list) -> bool:

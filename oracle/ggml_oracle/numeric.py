@@ -152,26 +152,15 @@ def numeric_corpus(n_mlp: int = 48, n_attention: int = 48, seed: int = 22) -> li
 
 def numerics_data(ng: NumericGraph, seed: int) -> dict:
     """{tensor: bytes} for every tensor the graph reads without computing it, as the numerics generator
-    of tests/fixtures/README.md fills it: the fixture id is the tensor's index in its context (the ids
-    `graphio.graph_document` gives), f16 rounded, q8_0 by the reference quantizer; q4_0 (which the
-    file layout does not cover) by q4_0's reference quantizer."""
-    from ggml_lite.numerics import leaf_values
-    from ggml_lite.quants import quantize_row_q4_0_ref
+    of tests/fixtures/README.md fills it (`numerics.leaf_bytes`): the fixture id is the tensor's index in
+    its context (the ids `graphio.graph_document` gives); q4_0 (which the file layout does not cover) by
+    q4_0's reference quantizer."""
+    from ggml_lite.numerics import leaf_bytes
 
     ids = {t: i for i, t in enumerate(ng.ctx.tensors)}
-    data = {}
-    for t in graph_data_tensors(ng.graph):
-        rng = ng.ranges.get(t.name)
-        values = leaf_values(seed, ids[t], t.nelements, "int" if t.type is I32 else "float", rng)
-        if t.type is gl.Q4_0:
-            raw = quantize_row_q4_0_ref(values.reshape(-1, t.ne[0])).tobytes()
-        elif t.type is Q8_0:
-            from ggml_lite.quants import quantize_q8_0
-            raw = quantize_q8_0(values).tobytes()
-        else:
-            raw = values.astype(np.float16 if t.type is F16 else values.dtype).tobytes()
-        data[t] = raw
-    return data
+    return {t: leaf_bytes(t.type, t.ne, seed, ids[t], "int" if t.type is I32 else "float", ng.ranges.get(t.name),
+                          t.name)
+            for t in graph_data_tensors(ng.graph)}
 
 
 def result_values(t, raw: bytes) -> np.ndarray:

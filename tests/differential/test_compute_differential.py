@@ -64,6 +64,7 @@ from ggml_lite.exact import libm_exact
 from ggml_lite.quants import Q8_0_DTYPE, dequantize_row_q8_0, quantize_row_q4_0_ref, quantize_row_q8_0_ref
 from ggml_lite.tensor import VIEW_OPS, Op, TensorFlag
 from ggml_oracle import normwise_error, version_dependent
+from helpers import leaf_data
 
 pytestmark = pytest.mark.skipif(
     not O.available(), reason=f"the real ggml is not available: `import ggml` (ggml-python) failed: {O.IMPORT_ERROR}")
@@ -90,37 +91,6 @@ ORACLE_MODE = "oracle sums in the reproduced order: bit-exact" if EXACT_ORDER el
 
 
 # -- data -------------------------------------------------------------------------------------------
-
-def make_data(graph, seed: int) -> dict:
-    """Bytes for every tensor the graph reads without computing it: f32 uniform in [-1, 1), f16 the
-    same rounded, q8_0/q4_0 the same quantized by the reference quantizers, i32 row indices below the rows
-    of every get_rows that uses them (rope positions below 4096)."""
-    rng = np.random.default_rng(seed)
-    data = {}
-    for t in O.graph_data_tensors(graph):
-        n = t.nelements
-        if t.type is gl.I32:
-            hi = 4096
-            for node in graph.nodes:
-                if node.op is Op.GET_ROWS and node.src[1] is t:
-                    hi = min(hi, node.src[0].ne[1])
-            raw = rng.integers(0, hi, n).astype(np.int32).tobytes()
-        else:
-            v = rng.uniform(-1, 1, n).astype(np.float32)
-            if t.type is gl.F32:
-                raw = v.tobytes()
-            elif t.type is gl.F16:
-                raw = v.astype(np.float16).tobytes()
-            elif t.type is gl.Q8_0:
-                raw = quantize_row_q8_0_ref(v.reshape(-1, t.ne[0])).tobytes()
-            elif t.type is gl.Q4_0:
-                raw = quantize_row_q4_0_ref(v.reshape(-1, t.ne[0])).tobytes()
-            else:
-                raise TypeError(f"no data generator for {t.type.name}")
-        assert len(raw) == gl.nbytes(t)
-        data[t] = raw
-    return data
-
 
 def self_overlapping(t) -> bool:
     """Do two elements (blocks, when quantized) of `t` share a byte? (a view with nb[1] < ne[0]*nb[0],
@@ -221,7 +191,7 @@ def _prepared(build, seed, stats):
     if not ggml_defines(rg.graph):
         stats["skipped: a destination overlaps itself (undefined in ggml)"] += 1
         return None
-    data = make_data(rg.graph, seed)
+    data = leaf_data(rg.graph, seed)
     try:
         galloc = lite_compute(rg, data)
     except gl.GGMLLiteError as err:
@@ -401,7 +371,7 @@ def test_whole_graph_comparison_can_fail():
     for seed in range(50):
         rg = O.compute_graph(seed)
         gf = rg.graph
-        data = make_data(gf, seed)
+        data = leaf_data(gf, seed)
         f32_inputs = [t for t in data if t.type is gl.F32 and t.nelements]
         if not ggml_accepts(gf) or not f32_inputs:
             continue
@@ -533,7 +503,7 @@ def test_op_zoo_matches_ggml(name):
     gl.set_output(y)
     gf = gl.build_forward(y)
     rng = np.random.default_rng(zlib.crc32(name.encode()))
-    data = make_data(gf, int(rng.integers(2**32)))
+    data = leaf_data(gf, int(rng.integers(2**32)))
     for t in list(data):  # the case's value range
         if t.type in (gl.F32, gl.F16, gl.Q8_0, gl.Q4_0):
             v = rng.uniform(lo, hi, t.nelements).astype(np.float32)
