@@ -116,9 +116,9 @@ def test_data_access_errors():
 def test_free_clear_reset_and_double_free():
     b = gl.cpu_buffer_type().alloc_buffer(16)
     b.clear(7)
-    # 16 + 32 bytes are malloc'ed and the base aligned to 32: from `data`, 16 to 48 bytes remain, by
-    # where the simulated malloc happened to place it (the tests run before this one decide)
-    assert len(b.memory()) == b._extent() and 16 <= len(b.memory()) <= 48
+    # a buffer of 16 + 32 bytes whose base is aligned to 32: its bytes run from the malloc'ed `data` to
+    # `base + 48`, 48 to 79 of them by where the simulated malloc placed it (the tests run before decide)
+    assert b.get_size() == 48 and len(b.memory()) == b._extent() and 48 <= len(b.memory()) < 48 + 32
     assert (b.memory() == 7).all()
     b.reset()
     b.free()
