@@ -76,7 +76,7 @@ def _compare(e: dict, t: Tensor, T: "_Ids") -> None:
 class _Ids(dict):
     """id -> Tensor, plus the reverse map `id_of` (keyed by tensor identity)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.id_of: dict[Tensor, int] = {}
 
