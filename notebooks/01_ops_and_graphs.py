@@ -27,6 +27,9 @@
 # 3. Understand a graph: `build_forward_expand` visits sources depth-first and lists **nodes**
 #    (things to compute) in execution order and **leafs** (inputs, weights, constants) in the order
 #    they were first reached; the order of `expand` calls matters.
+# 4. Go back from a tensor to the call that made it: one declarative table of ops (`ops.OPS`) says
+#    which constructor builds each op and how its recorded `op_params` become arguments — the graph
+#    files of appendix A1 and the test oracle both replay tensors through it.
 #
 # Modules exported here: `ggml_lite.ops`, `ggml_lite.graph`.
 
