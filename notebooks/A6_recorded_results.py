@@ -148,6 +148,12 @@ def _call(galloc, name: str, graph):
     return ok, lines
 
 
+# %% [markdown]
+# `run_plan` is the replay of one file (or one step of a sequence): load, place the external buffers,
+# then call the allocator as the recorder did and keep, per call, what the record holds — `ok`, the
+# buffer size before and after, the log lines — and the address of the compute buffer's struct before
+# and after (`handle`), from which `compute_buffer_replaced` is judged.
+
 # %%
 # | export
 def run_plan(source, step: int | None = None, galloc=None, call: str | None = None, validate: bool = True) -> tuple:
@@ -186,6 +192,11 @@ def _compare_call(label: str, want: dict, got: dict) -> list:
             out.append(f"{label}: {key}: ggml {quote(want[key])}, ggml_lite {quote(got[gkey])}")
     return out
 
+
+# %% [markdown]
+# `check_plan_file` puts it together. A single-graph file is run once, both calls; a sequence file runs
+# its steps on *one* allocator, as an application does between evaluations, so that a step which keeps
+# the previous plan and a step which plans again are both compared with what ggml did at that step.
 
 # %%
 # | export
@@ -348,6 +359,12 @@ def leaf_values(data_seed: int, leaf_id: int, n: int, kind: str, value_range=Non
         s = states[-1]
     return out
 
+
+# %% [markdown]
+# A leaf's values become its bytes by its type: f32 and i32 as generated, f16 rounded to nearest even,
+# q8_0 and q4_0 through ggml's reference quantizers (so both sides start from identical bytes). The
+# seed is read from `data_generator.data_seed`, or from a top-level `data_seed` in files written
+# before the specification said where it goes.
 
 # %%
 # | export numerics
@@ -531,6 +548,11 @@ def _check_memory(doc: dict, counts: list, max_bytes: int) -> None:
                               f"{buffers / 2**30:.2f} GiB), more than the {max_bytes / 2**30:.3g} GiB allowed "
                               "(check --max-gib raises it)")
 
+
+# %% [markdown]
+# Verification, once the block is known to be sound: fill every described leaf, compute the whole graph
+# on the CPU backend (with `exact=True`, appendix A2's bit-exact tier), and compare each recorded result
+# with the bytes ggml_lite's plan put at that node.
 
 # %%
 # | export numerics
