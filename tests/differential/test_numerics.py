@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ggml_lite as gl
-from ggml_lite.numerics import LCG_A, LCG_C, MASK, fill_leaf, lcg_states, leaf_values
+from ggml_lite.numerics import LCG_A, LCG_C, MASK, fill_leaf, lcg_states, leaf_bytes, leaf_values
 from helpers import fixture_path, load_json
 
 
@@ -73,15 +73,6 @@ def test_integer_leaf_without_range_is_refused():
 
 # -- files with recorded results, built with the real ggml -------------------------------------------------
 
-def _bytes_for(t, values) -> bytes:
-    from ggml_lite.quants import quantize_q8_0
-    if t.type is gl.F16:
-        return values.astype(np.float16).tobytes()
-    if t.type is gl.Q8_0:
-        return quantize_q8_0(values).tobytes()
-    return values.tobytes()
-
-
 def _numerics_document(name: str, seed: int, ranges: dict, legacy_seed: bool = False) -> dict:
     """Fixture `name` with a `numerics` block whose results the real ggml (ggml-python) computed from
     the specified leaf data; the seed in `data_generator.data_seed` (the spec's layout), or at the top
@@ -99,8 +90,7 @@ def _numerics_document(name: str, seed: int, ranges: dict, legacy_seed: bool = F
         i = gf.id_of(leaf)
         rng = ranges.get(leaf.name)
         kind = "int" if leaf.type is gl.I32 else "float"
-        values = leaf_values(seed, i, gl.nelements(leaf), kind, rng)
-        data[leaf] = _bytes_for(leaf, values)
+        data[leaf] = leaf_bytes(leaf.type, leaf.ne, seed, i, kind, rng, leaf.name)
         leaf_data.append({"id": i, "name": leaf.name, "type": leaf.type.name, "kind": kind,
                           **({"range": list(rng)} if rng else {})})
     wanted = [t for t in gf.graph.nodes if t.flags & gl.TensorFlag.OUTPUT]
@@ -111,8 +101,7 @@ def _numerics_document(name: str, seed: int, ranges: dict, legacy_seed: bool = F
     outs = O.ggml_compute(gf.graph, roots, pre, data=data, read=wanted)
     results = []
     for t, raw in zip(wanted, outs):
-        dtype = np.float16 if t.type is gl.F16 else np.float32
-        v = np.frombuffer(raw, dtype=dtype)[: gl.nelements(t)].astype(np.float32)  # contiguous results
+        v = O.result_values(t, raw)[: gl.nelements(t)]  # contiguous results
         results.append(O.result_entry(gf.id_of(t), t, v))
     doc.update(numeric=True, numerics={"leaf_data": leaf_data, "results": results})
     if legacy_seed:
