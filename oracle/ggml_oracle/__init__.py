@@ -108,14 +108,14 @@ from .source import graph_to_code
 from .tolerance import normwise_error, version_dependent
 
 __all__ = [
-    'ALIGNMENT', 'CPU_BUFFER_SIZE_DELTA', 'Difference', 'FLAG_MASK', 'GGMLAbort', 'IMPORT_ERROR',
-    'MAX_TENSOR_BYTES', 'Mirror', 'MirrorMismatch', 'NumericGraph', 'REPRODUCED_BUILD', 'RandomGraph',
-    'SHRINK_SECONDS', 'UnconvertedArithmetic', 'add_chain', 'apply_ctypes_fixes', 'attention_graph',
-    'available', 'build_compute_graph', 'build_info', 'build_random_graph', 'chain_graph', 'check_random_graph',
-    'check_sequence', 'compare_plans', 'compute_graph', 'compute_graphs', 'describe_build', 'fan_out_graph',
-    'ggml_compute', 'ggml_lockstep', 'ggml_plan', 'ggml_results', 'graph_data_tensors', 'graph_to_code',
-    'graphs', 'infer_roots', 'lite_numeric_results', 'lite_plan', 'mirror', 'mlp_graph', 'need_ggml',
-    'normwise_error', 'numeric_corpus', 'numerics_data', 'numerics_document', 'oracle_settings', 'random_graph',
-    'reachable', 'result_entry', 'result_values', 'run_batch', 'run_isolated', 'sums_in_reproduced_order',
-    'version_dependent',
+    "ALIGNMENT", "CPU_BUFFER_SIZE_DELTA", "Difference", "FLAG_MASK", "GGMLAbort", "IMPORT_ERROR",
+    "MAX_TENSOR_BYTES", "Mirror", "MirrorMismatch", "NumericGraph", "REPRODUCED_BUILD", "RandomGraph",
+    "SHRINK_SECONDS", "UnconvertedArithmetic", "add_chain", "apply_ctypes_fixes", "attention_graph",
+    "available", "build_compute_graph", "build_info", "build_random_graph", "chain_graph", "check_random_graph",
+    "check_sequence", "compare_plans", "compute_graph", "compute_graphs", "describe_build", "fan_out_graph",
+    "ggml_compute", "ggml_lockstep", "ggml_plan", "ggml_results", "graph_data_tensors", "graph_to_code",
+    "graphs", "infer_roots", "lite_numeric_results", "lite_plan", "mirror", "mlp_graph", "need_ggml",
+    "normwise_error", "numeric_corpus", "numerics_data", "numerics_document", "oracle_settings", "random_graph",
+    "reachable", "result_entry", "result_values", "run_batch", "run_isolated", "sums_in_reproduced_order",
+    "version_dependent",
 ]
