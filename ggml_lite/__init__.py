@@ -48,6 +48,9 @@ from ggml_lite.backend import (  # noqa: F401,E402
     graph_copy_free, tensor_copy, tensor_copy_async, tensor_get, tensor_set,
 )
 from ggml_lite.cpu import Arithmetic, CPUBackend, cpu_init, is_cpu  # noqa: F401,E402
+# Appendix A7's kernels (ADD1, SQR, SUM, NORM, ...) join the CPU backend's table when imported: importing them
+# here gives every user of the package every kernel, whatever module they import first.
+from ggml_lite import cpu_kernels_more  # noqa: F401,E402
 from ggml_lite.exact import ExactArithmetic  # noqa: F401,E402  (declares the tier cpu_init(exact=True) uses)
 from ggml_lite.sim import CostModel, SimBackend, SimBufferType, SimClock, Span, is_sim, sim_init  # noqa: F401,E402
 from ggml_lite.registry import (  # noqa: F401,E402

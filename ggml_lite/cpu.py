@@ -13,7 +13,8 @@ sources before it writes its destination, so in-place ops and memory reuse are s
 asserts or would read memory the wrong way, it raises a `ggml_lite.errors` exception instead.
 
 This module mirrors the CPU compute part of one C file, ggml.c (22,600 lines: its
-`ggml_compute_forward_*` kernels), and the CPU backend of ggml-backend.c; the quantized types are
+`ggml_compute_forward_*` kernels, those a LLaMA graph computes), and the CPU backend of ggml-backend.c;
+the other kernels are `ggml_lite.cpu_kernels_more` (added to `FORWARD`), the quantized types
 `ggml_lite.quants`.
 """
 
@@ -296,25 +297,6 @@ def compute_forward_binary(params, node) -> None:
 
 
 # notebooks/07_cpu_backend.py
-def compute_forward_add1(params, node) -> None:
-    """`ggml_compute_forward_add1_f32` / `_add1_f16_f32` / `_add1_f16_f16`."""
-    a, b = node.src[0], node.src[1]
-    if b.nelements != 1:
-        raise ShapeError(f"ADD1 {describe(node)}: {describe(b)} must be a scalar")
-    if a.type is F32:
-        _need_type(node, b, (F32,), "src1")
-    elif a.type is F16:
-        _need_type(node, b, (F16, F32), "src1")
-        _need_type(node, node, (F16,), "the result")
-    else:
-        raise DataTypeError(f"ADD1 {describe(node)}: no kernel for a {a.type.name} src0 here")
-    _need_nb0(node, a, "src0")
-    _need_nb0(node, node, "the result")
-    v = params.read_f32(b).reshape(())
-    params.write(node, params.read_f32(a) + v)
-
-
-# notebooks/07_cpu_backend.py
 def _unary_rows(params, node, fn, strict: bool = False) -> None:
     """f32 rows found at i·nb[1], same shape; `strict`: ggml checks nb[0] with GGML_ASSERT (as for log)."""
     a = node.src[0]
@@ -326,31 +308,6 @@ def _unary_rows(params, node, fn, strict: bool = False) -> None:
     params.write(node, fn(params.read_f32(a)))
 
 
-def compute_forward_sqr(params, node) -> None:
-    """`ggml_compute_forward_sqr_f32`: x·x."""
-    _unary_rows(params, node, lambda x: x * x)
-
-
-# notebooks/07_cpu_backend.py
-def compute_forward_sqrt(params, node) -> None:
-    """`ggml_compute_forward_sqrt_f32`: sqrtf (IEEE, exact rounding)."""
-    _unary_rows(params, node, np.sqrt)
-
-
-# notebooks/07_cpu_backend.py
-def compute_forward_log(params, node) -> None:
-    """`ggml_compute_forward_log_f32`: logf."""
-    _unary_rows(params, node, lambda x: params.arith.math("logf", x), strict=True)
-
-
-# notebooks/07_cpu_backend.py
-def compute_forward_leaky_relu(params, node) -> None:
-    """`ggml_compute_forward_leaky_relu_f32` (`ggml_vec_leaky_relu_f32`); the slope is op_params[0]."""
-    ns = F4(word_to_float(node.op_params[0]))
-    _unary_rows(params, node, lambda x: np.where(x > 0, x, F4(0)) + ns * np.where(x < 0, x, F4(0)))
-
-
-# notebooks/07_cpu_backend.py
 def _hard(x):
     return np.fmin(F4(1), np.fmax(F4(0), (x + F4(3)) / F4(6)))
 
@@ -396,68 +353,8 @@ def compute_forward_scale(params, node) -> None:
 
 
 # notebooks/07_cpu_backend.py
-def compute_forward_sum(params, node) -> None:
-    """`ggml_compute_forward_sum_f32` (row sums in double, added in double) and `_sum_f16` (float32)."""
-    a = node.src[0]
-    _need_nb0(node, a, "src0", strict=False)
-    x = params.read_f32(a)
-    if a.type is F32:
-        rows = params.arith.sum_f64(x.astype(F8))
-        total = params.arith.sum_f64(rows.reshape(-1))
-        params.write(node, np.asarray(total, dtype=F8).astype(F4))
-        return
-    if a.type is F16:
-        rows = np.cumsum(x, axis=-1, dtype=F4)[..., -1] if x.shape[-1] else np.zeros(x.shape[:-1], F4)
-        flat = rows.reshape(-1)
-        total = np.cumsum(flat, dtype=F4)[-1] if flat.size else F4(0)
-        params.write(node, np.asarray(total, dtype=F4))
-        return
-    raise DataTypeError(f"SUM {describe(node)}: no kernel for {a.type.name}")
-
-
-# notebooks/07_cpu_backend.py
-def compute_forward_sum_rows(params, node) -> None:
-    """`ggml_compute_forward_sum_rows_f32`: each row summed in double (`ggml_vec_sum_f32`), stored as f32."""
-    a = node.src[0]
-    _need_type(node, a, (F32,), "src0")
-    _need_nb0(node, a, "src0")
-    _need_nb0(node, node, "the result")
-    params.write(node, params.arith.sum_f64(params.read_f32(a).astype(F8)).astype(F4)[..., None])
-
-
-# notebooks/07_cpu_backend.py
-def compute_forward_mean(params, node) -> None:
-    """`ggml_compute_forward_mean_f32`: the row sum rounded to f32, divided by (float) ne00."""
-    a = node.src[0]
-    _need_type(node, a, (F32,), "src0")
-    _need_nb0(node, a, "src0", strict=False)
-    s = params.arith.sum_f64(params.read_f32(a).astype(F8)).astype(F4)
-    params.write(node, (s / F4(a.ne[0]))[..., None])
-
-
-# notebooks/07_cpu_backend.py
-def compute_forward_concat(params, node) -> None:
-    """`ggml_compute_forward_concat_f32` (f32, i32): src0 then src1 along dim op_params[0]."""
-    a, b = node.src[0], node.src[1]
-    _need_type(node, a, (F32, I32), "src0")
-    for t, what in ((a, "src0"), (b, "src1"), (node, "the result")):
-        _need_nb0(node, t, what)
-    dim = node.op_params[0]
-    if not 0 <= dim < 4:
-        raise ShapeError(f"CONCAT {describe(node)}: dim {dim} out of range")
-    _need_type(node, b, (a.type,), "src1")
-    want = [a.ne[d] + b.ne[d] if d == dim else a.ne[d] for d in range(4)]
-    if any(b.ne[d] != a.ne[d] for d in range(4) if d != dim) or list(node.ne) != want:
-        raise ShapeError(f"CONCAT {describe(node)}: {describe(a)} then {describe(b)} along dim {dim} do not make "
-                         f"the result (ne {want} expected): ggml would read outside src1")
-    x = np.array(params.view(a), copy=True)
-    y = np.array(params.view(b), copy=True)
-    params.view(node)[...] = np.concatenate([x, y], axis=3 - dim)
-
-
-# notebooks/07_cpu_backend.py
 def _norm_input(params, node) -> tuple:
-    """The checks and inputs shared by norm and rms_norm: src0's f32 values, eps, the row length."""
+    """The checks and inputs shared by rms_norm and norm (appendix A7): src0's f32 values, eps, the row length."""
     a = node.src[0]
     _need_type(node, a, (F32,), "src0")
     _same_shape(node, a, node)
@@ -465,17 +362,6 @@ def _norm_input(params, node) -> tuple:
     return params.read_f32(a), F4(word_to_float(node.op_params[0])), a.ne[0]
 
 
-def compute_forward_norm(params, node) -> None:
-    """`ggml_compute_forward_norm_f32`: y = (x - mean)·(1/sqrtf(variance + eps)) per row."""
-    x, eps, n = _norm_input(params, node)
-    mean = (params.arith.sum_f64(x.astype(F8)) / n).astype(F4)
-    v = x - mean[..., None]
-    var = (params.arith.sum_f64((v * v).astype(F8)) / n).astype(F4)
-    scale = F4(1) / np.sqrt(var + eps)
-    params.write(node, v * scale[..., None])
-
-
-# notebooks/07_cpu_backend.py
 def compute_forward_rms_norm(params, node) -> None:
     """`ggml_compute_forward_rms_norm_f32`: y = x·(1/sqrtf(mean(x·x) + eps)) per row."""
     x, eps, n = _norm_input(params, node)
@@ -690,25 +576,23 @@ def compute_forward_none(params, node) -> None:
     """NONE, VIEW, RESHAPE, PERMUTE, TRANSPOSE: nothing to compute (`ggml_compute_forward` skips them)."""
 
 
-_FORWARD = {
+# The kernel table (`ggml_compute_forward`'s switch): the ops a LLaMA graph computes. Appendix A7
+# (`ggml_lite.cpu_kernels_more`, imported by `import ggml_lite`) adds the others to it.
+FORWARD: dict[Op, Callable] = {
     Op.NONE: compute_forward_none, Op.VIEW: compute_forward_none, Op.RESHAPE: compute_forward_none,
     Op.PERMUTE: compute_forward_none, Op.TRANSPOSE: compute_forward_none,
     Op.DUP: compute_forward_dup, Op.CONT: compute_forward_dup, Op.CPY: compute_forward_dup,
     Op.ADD: compute_forward_binary, Op.SUB: compute_forward_binary, Op.MUL: compute_forward_binary,
-    Op.DIV: compute_forward_binary, Op.ADD1: compute_forward_add1,
-    Op.SQR: compute_forward_sqr, Op.SQRT: compute_forward_sqrt, Op.LOG: compute_forward_log,
-    Op.SUM: compute_forward_sum, Op.SUM_ROWS: compute_forward_sum_rows, Op.MEAN: compute_forward_mean,
-    Op.CONCAT: compute_forward_concat, Op.NORM: compute_forward_norm, Op.RMS_NORM: compute_forward_rms_norm,
-    Op.MUL_MAT: compute_forward_mul_mat, Op.SCALE: compute_forward_scale, Op.GET_ROWS: compute_forward_get_rows,
+    Op.DIV: compute_forward_binary, Op.UNARY: compute_forward_unary, Op.SCALE: compute_forward_scale,
+    Op.RMS_NORM: compute_forward_rms_norm, Op.MUL_MAT: compute_forward_mul_mat, Op.GET_ROWS: compute_forward_get_rows,
     Op.DIAG_MASK_INF: compute_forward_diag_mask, Op.DIAG_MASK_ZERO: compute_forward_diag_mask,
-    Op.SOFT_MAX: compute_forward_soft_max, Op.ROPE: compute_forward_rope, Op.UNARY: compute_forward_unary,
-    Op.LEAKY_RELU: compute_forward_leaky_relu,
+    Op.SOFT_MAX: compute_forward_soft_max, Op.ROPE: compute_forward_rope,
 }
 
 
 def _kernel(node):
     """The kernel of `node`'s op (`ggml_compute_forward`'s switch), or None when there is nothing to compute."""
-    fn = _FORWARD.get(node.op)
+    fn = FORWARD.get(node.op)
     if fn is None:
         raise UnsupportedOpError(f"no CPU kernel for op {node.op.name} ({describe(node)})")
     return None if fn is compute_forward_none or node.nelements == 0 else fn

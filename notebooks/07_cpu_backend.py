@@ -22,7 +22,8 @@
 #
 # **Learning goals**
 #
-# 1. `ggml_backend_cpu_*`: what the CPU backend supports (every op, but one rule for `MUL_MAT`).
+# 1. `ggml_backend_cpu_*`: what the CPU backend supports (every op, but one rule for `MUL_MAT`), and
+#    the kernels a LLaMA graph computes (appendix A7 ports the rest: ADD1, SQR, SUM, NORM, ...).
 # 2. How a kernel sees a tensor: a numpy view over the buffer's bytes, any strides, any view.
 # 3. The details that make ggml's numbers what they are: sums in double, src1 converted to the
 #    weight's *dot type*, f16 rounding, q8_0 and q4_0 blocks, rope's angles.
@@ -292,7 +293,8 @@ sources before it writes its destination, so in-place ops and memory reuse are s
 asserts or would read memory the wrong way, it raises a `ggml_lite.errors` exception instead.
 
 This module mirrors the CPU compute part of one C file, ggml.c (22,600 lines: its
-`ggml_compute_forward_*` kernels), and the CPU backend of ggml-backend.c; the quantized types are
+`ggml_compute_forward_*` kernels, those a LLaMA graph computes), and the CPU backend of ggml-backend.c;
+the other kernels are `ggml_lite.cpu_kernels_more` (added to `FORWARD`), the quantized types
 `ggml_lite.quants`.
 """
 
@@ -661,44 +663,16 @@ def compute_forward_binary(params, node) -> None:
     raise DataTypeError(f"ADD {describe(node)}: no kernel for {a.type.name} + {b.type.name}")
 
 # %% [markdown]
-# ADD1 adds a scalar, ggml.c:9788-9791 (`ggml_compute_forward_add1_f32`):
+# UNARY picks its vector function by op_params[0], in loops like ggml.c:11794-11796 (`ggml_compute_forward_silu_f32`):
 # ```c
-# ggml_vec_add1_f32(ne0,
-#         (float *) ((char *) dst->data  + i3*nb3  + i2*nb2  + i1*nb1 ),
-#         (float *) ((char *) src0->data + i3*nb03 + i2*nb02 + i1*nb01),
-#        *(float *) src1->data);
+# for (int i1 = ir0; i1 < ir1; i1++) {
+#     ggml_vec_silu_f32(nc,
+#             (float *) ((char *) dst->data  + i1*( dst->nb[1])),
 # ```
-# Notice `*(float *) src1->data`: one value for every row; the f16 variants round the sum to f16.
-
-# %%
-# | export
-def compute_forward_add1(params, node) -> None:
-    """`ggml_compute_forward_add1_f32` / `_add1_f16_f32` / `_add1_f16_f16`."""
-    a, b = node.src[0], node.src[1]
-    if b.nelements != 1:
-        raise ShapeError(f"ADD1 {describe(node)}: {describe(b)} must be a scalar")
-    if a.type is F32:
-        _need_type(node, b, (F32,), "src1")
-    elif a.type is F16:
-        _need_type(node, b, (F16, F32), "src1")
-        _need_type(node, node, (F16,), "the result")
-    else:
-        raise DataTypeError(f"ADD1 {describe(node)}: no kernel for a {a.type.name} src0 here")
-    _need_nb0(node, a, "src0")
-    _need_nb0(node, node, "the result")
-    v = params.read_f32(b).reshape(())
-    params.write(node, params.read_f32(a) + v)
-
-# %% [markdown]
-# Element-wise kernels call one vector function per row, ggml.c:10547-10550 (`ggml_compute_forward_sqr_f32`):
-# ```c
-# for (int i = 0; i < n; i++) {
-#     ggml_vec_sqr_f32(nc,
-#             (float *) ((char *) dst->data  + i*( dst->nb[1])),
-#             (float *) ((char *) src0->data + i*(src0->nb[1])));
-# ```
-# Notice `i*nb[1]` with a flat row index: rows must be evenly spaced (`_need_rows`). `_unary_rows`
-# holds that shape for sqr, sqrt, log, leaky_relu and the unary ops.
+# Notice `i1*nb[1]` with a flat row index: rows must be evenly spaced (`_need_rows`); `_unary_rows`
+# holds that shape (appendix A7's sqr, sqrt, log and leaky_relu use it too). The vector function is the
+# whole difference: abs, sgn, neg, step, relu, hardswish and hardsigmoid are exact; tanh, elu, sigmoid,
+# exp, gelu, gelu_quick and silu go through the tier.
 
 # %%
 # | export
@@ -713,73 +687,6 @@ def _unary_rows(params, node, fn, strict: bool = False) -> None:
     params.write(node, fn(params.read_f32(a)))
 
 
-def compute_forward_sqr(params, node) -> None:
-    """`ggml_compute_forward_sqr_f32`: x·x."""
-    _unary_rows(params, node, lambda x: x * x)
-
-# %% [markdown]
-# ggml.c:10592-10594 (`ggml_compute_forward_sqrt_f32`):
-# ```c
-# for (int i = 0; i < n; i++) {
-#     ggml_vec_sqrt_f32(nc,
-#             (float *) ((char *) dst->data  + i*( dst->nb[1])),
-# ```
-# Notice nothing but the vector function changes; `sqrtf` is correctly rounded, so numpy's gives its bits.
-
-# %%
-# | export
-def compute_forward_sqrt(params, node) -> None:
-    """`ggml_compute_forward_sqrt_f32`: sqrtf (IEEE, exact rounding)."""
-    _unary_rows(params, node, np.sqrt)
-
-# %% [markdown]
-# ggml.c:10634-10637 (`ggml_compute_forward_log_f32`):
-# ```c
-# GGML_ASSERT( dst->nb[0] == sizeof(float));
-# GGML_ASSERT(src0->nb[0] == sizeof(float));
-#
-# for (int i = 0; i < n; i++) {
-# ```
-# Notice `GGML_ASSERT` where sqr and sqrt only `assert`: log checks nb[0] in release builds too
-# (`strict=True`); `logf` comes from the tier.
-
-# %%
-# | export
-def compute_forward_log(params, node) -> None:
-    """`ggml_compute_forward_log_f32`: logf."""
-    _unary_rows(params, node, lambda x: params.arith.math("logf", x), strict=True)
-
-# %% [markdown]
-# ggml.c:11846-11850 (`ggml_compute_forward_leaky_relu_f32`), then `ggml_vec_leaky_relu_f32` per row:
-# ```c
-# float negative_slope;
-# memcpy(&negative_slope, dst->op_params, sizeof(float));
-#
-# assert(dst->nb[0]  == sizeof(float));
-# assert(src0->nb[0] == sizeof(float));
-# ```
-# Notice the slope read from `op_params` as a float; the vector function computes
-# `(x > 0 ? x : 0) + slope·(x < 0 ? x : 0)`.
-
-# %%
-# | export
-def compute_forward_leaky_relu(params, node) -> None:
-    """`ggml_compute_forward_leaky_relu_f32` (`ggml_vec_leaky_relu_f32`); the slope is op_params[0]."""
-    ns = F4(word_to_float(node.op_params[0]))
-    _unary_rows(params, node, lambda x: np.where(x > 0, x, F4(0)) + ns * np.where(x < 0, x, F4(0)))
-
-# %% [markdown]
-# UNARY picks its vector function by op_params[0], in loops like ggml.c:11794-11796 (`ggml_compute_forward_silu_f32`):
-# ```c
-# for (int i1 = ir0; i1 < ir1; i1++) {
-#     ggml_vec_silu_f32(nc,
-#             (float *) ((char *) dst->data  + i1*( dst->nb[1])),
-# ```
-# Notice that the vector function is the whole difference: abs, sgn, neg, step, relu, hardswish and
-# hardsigmoid are exact; tanh, elu, sigmoid, exp, gelu, gelu_quick and silu go through the tier.
-
-# %%
-# | export
 def _hard(x):
     return np.fmin(F4(1), np.fmax(F4(0), (x + F4(3)) / F4(6)))
 
@@ -835,135 +742,6 @@ def compute_forward_scale(params, node) -> None:
     params.write(node, params.read_f32(a) * s)
 
 # %% [markdown]
-# ggml.c:10779-10782 (`ggml_compute_forward_sum_f32`):
-# ```c
-# ggml_vec_sum_f32_ggf(ne00,
-#         &row_sum,
-#         (float *) ((char *) src0->data + i01*nb01 + i02*nb02 + i03*nb03));
-# sum += row_sum;
-# ```
-# Notice two levels of double (`ggml_float`): rows, then their sum; one rounding at the end. The f16
-# kernel sums in float32.
-
-# %%
-# | export
-def compute_forward_sum(params, node) -> None:
-    """`ggml_compute_forward_sum_f32` (row sums in double, added in double) and `_sum_f16` (float32)."""
-    a = node.src[0]
-    _need_nb0(node, a, "src0", strict=False)
-    x = params.read_f32(a)
-    if a.type is F32:
-        rows = params.arith.sum_f64(x.astype(F8))
-        total = params.arith.sum_f64(rows.reshape(-1))
-        params.write(node, np.asarray(total, dtype=F8).astype(F4))
-        return
-    if a.type is F16:
-        rows = np.cumsum(x, axis=-1, dtype=F4)[..., -1] if x.shape[-1] else np.zeros(x.shape[:-1], F4)
-        flat = rows.reshape(-1)
-        total = np.cumsum(flat, dtype=F4)[-1] if flat.size else F4(0)
-        params.write(node, np.asarray(total, dtype=F4))
-        return
-    raise DataTypeError(f"SUM {describe(node)}: no kernel for {a.type.name}")
-
-# %% [markdown]
-# ggml.c:10908-10910 (`ggml_compute_forward_sum_rows_f32`):
-# ```c
-# float row_sum = 0;
-# ggml_vec_sum_f32(ne00, &row_sum, src_row);
-# dst_row[0] = row_sum;
-# ```
-# Notice `float row_sum`: `ggml_vec_sum_f32` adds in double inside, then rounds each row once.
-
-# %%
-# | export
-def compute_forward_sum_rows(params, node) -> None:
-    """`ggml_compute_forward_sum_rows_f32`: each row summed in double (`ggml_vec_sum_f32`), stored as f32."""
-    a = node.src[0]
-    _need_type(node, a, (F32,), "src0")
-    _need_nb0(node, a, "src0")
-    _need_nb0(node, node, "the result")
-    params.write(node, params.arith.sum_f64(params.read_f32(a).astype(F8)).astype(F4)[..., None])
-
-# %% [markdown]
-# ggml.c:10965-10967 (`ggml_compute_forward_mean_f32`), after the row sum is stored in dst:
-# ```c
-#         (float *) ((char *) src0->data + i01*nb01 + i02*nb02 + i03*nb03));
-#
-# *(float *) ((char *) dst->data + i01*nb1 + i02*nb2 + i03*nb3) /= (float) ne00;
-# ```
-# Notice the order: the sum is rounded to f32 first, then divided by `(float) ne00` in float32.
-
-# %%
-# | export
-def compute_forward_mean(params, node) -> None:
-    """`ggml_compute_forward_mean_f32`: the row sum rounded to f32, divided by (float) ne00."""
-    a = node.src[0]
-    _need_type(node, a, (F32,), "src0")
-    _need_nb0(node, a, "src0", strict=False)
-    s = params.arith.sum_f64(params.read_f32(a).astype(F8)).astype(F4)
-    params.write(node, (s / F4(a.ne[0]))[..., None])
-
-# %% [markdown]
-# ggml.c:11265-11268 (`ggml_compute_forward_concat_f32`):
-# ```c
-# if (i0 < ne00 && i1 < ne01 && i2 < ne02 && i3 < ne03) {
-#     x = (const float *) ((const char *)src0->data + (i0       )*nb00 + (i1       )*nb01 + (i2       )*nb02 + (i3       )*nb03);
-# } else {
-#     x = (const float *) ((const char *)src1->data + (i0 - o[0])*nb10 + (i1 - o[1])*nb11 + (i2 - o[2])*nb12 + (i3 - o[3])*nb13);
-# ```
-# Notice that nothing checks src1's shape: sources that do not make the result are refused here.
-
-# %%
-# | export
-def compute_forward_concat(params, node) -> None:
-    """`ggml_compute_forward_concat_f32` (f32, i32): src0 then src1 along dim op_params[0]."""
-    a, b = node.src[0], node.src[1]
-    _need_type(node, a, (F32, I32), "src0")
-    for t, what in ((a, "src0"), (b, "src1"), (node, "the result")):
-        _need_nb0(node, t, what)
-    dim = node.op_params[0]
-    if not 0 <= dim < 4:
-        raise ShapeError(f"CONCAT {describe(node)}: dim {dim} out of range")
-    _need_type(node, b, (a.type,), "src1")
-    want = [a.ne[d] + b.ne[d] if d == dim else a.ne[d] for d in range(4)]
-    if any(b.ne[d] != a.ne[d] for d in range(4) if d != dim) or list(node.ne) != want:
-        raise ShapeError(f"CONCAT {describe(node)}: {describe(a)} then {describe(b)} along dim {dim} do not make "
-                         f"the result (ne {want} expected): ggml would read outside src1")
-    x = np.array(params.view(a), copy=True)
-    y = np.array(params.view(b), copy=True)
-    params.view(node)[...] = np.concatenate([x, y], axis=3 - dim)
-
-# %% [markdown]
-# ggml.c:12064-12066 (`ggml_compute_forward_norm_f32`), after `mean = sum/ne00` from a double sum:
-# ```c
-# float v = x[i00] - mean;
-# y[i00] = v;
-# sum2 += (ggml_float)(v*v);
-# ```
-# Notice where float32 and double meet: `v` and `v*v` are float32, their sum double, the variance
-# float32 again; `y = v·(1/sqrtf(variance + eps))`.
-
-# %%
-# | export
-def _norm_input(params, node) -> tuple:
-    """The checks and inputs shared by norm and rms_norm: src0's f32 values, eps, the row length."""
-    a = node.src[0]
-    _need_type(node, a, (F32,), "src0")
-    _same_shape(node, a, node)
-    _need_nb0(node, a, "src0")
-    return params.read_f32(a), F4(word_to_float(node.op_params[0])), a.ne[0]
-
-
-def compute_forward_norm(params, node) -> None:
-    """`ggml_compute_forward_norm_f32`: y = (x - mean)·(1/sqrtf(variance + eps)) per row."""
-    x, eps, n = _norm_input(params, node)
-    mean = (params.arith.sum_f64(x.astype(F8)) / n).astype(F4)
-    v = x - mean[..., None]
-    var = (params.arith.sum_f64((v * v).astype(F8)) / n).astype(F4)
-    scale = F4(1) / np.sqrt(var + eps)
-    params.write(node, v * scale[..., None])
-
-# %% [markdown]
 # ggml.c:12125-12127 (`ggml_compute_forward_rms_norm_f32`):
 # ```c
 # for (int64_t i00 = 0; i00 < ne00; i00++) {
@@ -974,6 +752,15 @@ def compute_forward_norm(params, node) -> None:
 
 # %%
 # | export
+def _norm_input(params, node) -> tuple:
+    """The checks and inputs shared by rms_norm and norm (appendix A7): src0's f32 values, eps, the row length."""
+    a = node.src[0]
+    _need_type(node, a, (F32,), "src0")
+    _same_shape(node, a, node)
+    _need_nb0(node, a, "src0")
+    return params.read_f32(a), F4(word_to_float(node.op_params[0])), a.ne[0]
+
+
 def compute_forward_rms_norm(params, node) -> None:
     """`ggml_compute_forward_rms_norm_f32`: y = x·(1/sqrtf(mean(x·x) + eps)) per row."""
     x, eps, n = _norm_input(params, node)
@@ -1262,7 +1049,9 @@ def compute_forward_rope(params, node) -> None:
 # }
 # ```
 # Notice: leafs and empty tensors compute nothing, and neither do the view ops, whose cases are empty.
-# Floating-point warnings are off, as C arithmetic has none.
+# Floating-point warnings are off, as C arithmetic has none. The switch is a table, `FORWARD`, so that
+# appendix A7 can add the kernels a LLaMA does not need (ADD1, SQR, SUM, NORM, ...) the way a backend's
+# op table grows; `import ggml_lite` brings them, so every user has every kernel.
 
 # %%
 # | export
@@ -1270,25 +1059,23 @@ def compute_forward_none(params, node) -> None:
     """NONE, VIEW, RESHAPE, PERMUTE, TRANSPOSE: nothing to compute (`ggml_compute_forward` skips them)."""
 
 
-_FORWARD = {
+# The kernel table (`ggml_compute_forward`'s switch): the ops a LLaMA graph computes. Appendix A7
+# (`ggml_lite.cpu_kernels_more`, imported by `import ggml_lite`) adds the others to it.
+FORWARD: dict[Op, Callable] = {
     Op.NONE: compute_forward_none, Op.VIEW: compute_forward_none, Op.RESHAPE: compute_forward_none,
     Op.PERMUTE: compute_forward_none, Op.TRANSPOSE: compute_forward_none,
     Op.DUP: compute_forward_dup, Op.CONT: compute_forward_dup, Op.CPY: compute_forward_dup,
     Op.ADD: compute_forward_binary, Op.SUB: compute_forward_binary, Op.MUL: compute_forward_binary,
-    Op.DIV: compute_forward_binary, Op.ADD1: compute_forward_add1,
-    Op.SQR: compute_forward_sqr, Op.SQRT: compute_forward_sqrt, Op.LOG: compute_forward_log,
-    Op.SUM: compute_forward_sum, Op.SUM_ROWS: compute_forward_sum_rows, Op.MEAN: compute_forward_mean,
-    Op.CONCAT: compute_forward_concat, Op.NORM: compute_forward_norm, Op.RMS_NORM: compute_forward_rms_norm,
-    Op.MUL_MAT: compute_forward_mul_mat, Op.SCALE: compute_forward_scale, Op.GET_ROWS: compute_forward_get_rows,
+    Op.DIV: compute_forward_binary, Op.UNARY: compute_forward_unary, Op.SCALE: compute_forward_scale,
+    Op.RMS_NORM: compute_forward_rms_norm, Op.MUL_MAT: compute_forward_mul_mat, Op.GET_ROWS: compute_forward_get_rows,
     Op.DIAG_MASK_INF: compute_forward_diag_mask, Op.DIAG_MASK_ZERO: compute_forward_diag_mask,
-    Op.SOFT_MAX: compute_forward_soft_max, Op.ROPE: compute_forward_rope, Op.UNARY: compute_forward_unary,
-    Op.LEAKY_RELU: compute_forward_leaky_relu,
+    Op.SOFT_MAX: compute_forward_soft_max, Op.ROPE: compute_forward_rope,
 }
 
 
 def _kernel(node):
     """The kernel of `node`'s op (`ggml_compute_forward`'s switch), or None when there is nothing to compute."""
-    fn = _FORWARD.get(node.op)
+    fn = FORWARD.get(node.op)
     if fn is None:
         raise UnsupportedOpError(f"no CPU kernel for op {node.op.name} ({describe(node)})")
     return None if fn is compute_forward_none or node.nelements == 0 else fn
@@ -1459,7 +1246,7 @@ def small_graph(w):
     gl.set_input(x)
     h = gl.mul_mat(c, w, x).set_name("h")
     s = gl.scale(c, h, 0.25).set_name("s")
-    q = gl.sqr(c, s).set_name("sq")
+    q = gl.mul(c, s, s).set_name("sq")
     out = gl.add(c, q, s).set_name("out")
     gl.set_output(out)
     return gl.build_forward(out), x, out

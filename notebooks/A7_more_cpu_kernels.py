@@ -1,0 +1,412 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # A7 · More CPU kernels: the ops a LLaMA does not need
+#
+# Chapter 07 ported the CPU backend and the kernels a LLaMA graph computes: copies, the four binary
+# ops, the unary ops, scale, rms_norm, mul_mat, get_rows, the causal mask, softmax and rope. Chapter 01
+# builds more ops than that, and ggml's CPU backend computes all of them. This appendix ports the
+# rest — ADD1, SQR, SQRT, LOG, LEAKY_RELU, SUM, SUM_ROWS, MEAN, CONCAT and NORM — each after the few
+# lines of `ggml.c` it follows, and adds them to the backend's kernel table, the way a backend's op
+# table grows: one case per op, nothing else touched.
+#
+# Why an appendix: none of these is on the path from a token to its logits, and a reader of chapter 07
+# should meet the backend and the kernels that matter before the ones that complete the set. But the
+# package has them all: `import ggml_lite` imports this appendix's module, so every graph the graph
+# allocator plans, the oracle compares or a benchmark times is computed by the same kernels, and
+# `supports_op` answers as before (everything but one `MUL_MAT` rule, chapter 07 §3).
+#
+# **Learning goals**
+#
+# 1. How the CPU backend's op table grows: a table of kernels registered into `ggml_lite.cpu.FORWARD`.
+# 2. Where ggml sums in double and where it rounds: SUM (two levels of `ggml_float`), SUM_ROWS and MEAN
+#    (one rounding per row), NORM (float32 deviations, a double sum of their squares).
+# 3. Which checks are `GGML_ASSERT` (every build) and which a debug-only `assert` (log against sqrt).
+#
+# Exported: `ggml_lite.cpu_kernels_more`. Lines of `ggml.c` are llama.cpp 1d1ccce's, as in chapter 07
+# (§1 there says why).
+
+# %%
+# | default_exp cpu_kernels_more
+
+import numpy as np
+
+import ggml_lite as gl
+from ggml_lite.backend import tensor_get, tensor_set
+
+# %% [markdown]
+# ## 1 · The kernels' common ground
+#
+# Every kernel below is a `ggml_compute_forward_<op>` with the signature of chapter 07's: it gets the
+# `ComputeParams` (the numerics tier and the numpy views over the buffers' bytes) and the node, reads
+# its sources before it writes, and raises a `ggml_lite.errors` exception where ggml's kernel would
+# assert or read memory the wrong way. So they reuse chapter 07's checks (`_need_type`, `_need_nb0`,
+# `_same_shape`), its row loop (`_unary_rows`) and its norm input (`_norm_input`), and the tier's sums
+# in double (`sum_f64`). A kernel is found through `FORWARD`, ggml.c:17125-17128, one case of the
+# switch in `ggml_compute_forward`:
+# ```c
+# case GGML_OP_ADD1:
+#     {
+#         ggml_compute_forward_add1(params, tensor);
+#     } break;
+# ```
+# Notice that the case only names the kernel: adding an op to the CPU backend is one kernel and one
+# entry in the table (§4).
+
+# %%
+# | export
+"""The CPU kernels a LLaMA graph does not need (appendix A7): ADD1, SQR, SQRT, LOG, LEAKY_RELU, SUM,
+SUM_ROWS, MEAN, CONCAT and NORM, ports of ggml.c's `ggml_compute_forward_*` (llama.cpp 1d1ccce lines),
+registered into the CPU backend's kernel table `ggml_lite.cpu.FORWARD` when this module is imported
+(`import ggml_lite` imports it)."""
+
+import numpy as np
+
+from ggml_lite.cpu import FORWARD, _need_nb0, _need_type, _norm_input, _unary_rows
+from ggml_lite.errors import DataTypeError, ShapeError
+from ggml_lite.quants import F4, F8
+from ggml_lite.tensor import F16, F32, I32, Op, describe, word_to_float
+
+# %% [markdown]
+# ## 2 · Element-wise kernels
+#
+# ADD1 adds a scalar, ggml.c:9788-9791 (`ggml_compute_forward_add1_f32`):
+# ```c
+# ggml_vec_add1_f32(ne0,
+#         (float *) ((char *) dst->data  + i3*nb3  + i2*nb2  + i1*nb1 ),
+#         (float *) ((char *) src0->data + i3*nb03 + i2*nb02 + i1*nb01),
+#        *(float *) src1->data);
+# ```
+# Notice `*(float *) src1->data`: one value for every row; the f16 variants round the sum to f16.
+
+# %%
+# | export
+def compute_forward_add1(params, node) -> None:
+    """`ggml_compute_forward_add1_f32` / `_add1_f16_f32` / `_add1_f16_f16`."""
+    a, b = node.src[0], node.src[1]
+    if b.nelements != 1:
+        raise ShapeError(f"ADD1 {describe(node)}: {describe(b)} must be a scalar")
+    if a.type is F32:
+        _need_type(node, b, (F32,), "src1")
+    elif a.type is F16:
+        _need_type(node, b, (F16, F32), "src1")
+        _need_type(node, node, (F16,), "the result")
+    else:
+        raise DataTypeError(f"ADD1 {describe(node)}: no kernel for a {a.type.name} src0 here")
+    _need_nb0(node, a, "src0")
+    _need_nb0(node, node, "the result")
+    v = params.read_f32(b).reshape(())
+    params.write(node, params.read_f32(a) + v)
+
+# %% [markdown]
+# Element-wise kernels call one vector function per row, ggml.c:10547-10550 (`ggml_compute_forward_sqr_f32`):
+# ```c
+# for (int i = 0; i < n; i++) {
+#     ggml_vec_sqr_f32(nc,
+#             (float *) ((char *) dst->data  + i*( dst->nb[1])),
+#             (float *) ((char *) src0->data + i*(src0->nb[1])));
+# ```
+# Notice `i*nb[1]` with a flat row index: rows must be evenly spaced. Chapter 07's `_unary_rows`,
+# written for UNARY, holds that shape (f32 in and out, same shape, rows checked by `_need_rows`), so
+# each of these four kernels only says which function a row goes through.
+
+# %%
+# | export
+def compute_forward_sqr(params, node) -> None:
+    """`ggml_compute_forward_sqr_f32`: x·x."""
+    _unary_rows(params, node, lambda x: x * x)
+
+# %% [markdown]
+# SQRT, ggml.c:10592-10594 (`ggml_compute_forward_sqrt_f32`):
+# ```c
+# for (int i = 0; i < n; i++) {
+#     ggml_vec_sqrt_f32(nc,
+#             (float *) ((char *) dst->data  + i*( dst->nb[1])),
+# ```
+# Notice nothing but the vector function changes; `sqrtf` is correctly rounded, so numpy's gives its bits.
+
+# %%
+# | export
+def compute_forward_sqrt(params, node) -> None:
+    """`ggml_compute_forward_sqrt_f32`: sqrtf (IEEE, exact rounding)."""
+    _unary_rows(params, node, np.sqrt)
+
+# %% [markdown]
+# LOG, ggml.c:10634-10637 (`ggml_compute_forward_log_f32`):
+# ```c
+# GGML_ASSERT( dst->nb[0] == sizeof(float));
+# GGML_ASSERT(src0->nb[0] == sizeof(float));
+#
+# for (int i = 0; i < n; i++) {
+# ```
+# Notice `GGML_ASSERT` where sqr and sqrt only `assert`: log checks nb[0] in release builds too
+# (`strict=True`); `logf` comes from the tier.
+
+# %%
+# | export
+def compute_forward_log(params, node) -> None:
+    """`ggml_compute_forward_log_f32`: logf."""
+    _unary_rows(params, node, lambda x: params.arith.math("logf", x), strict=True)
+
+# %% [markdown]
+# LEAKY_RELU, ggml.c:11846-11850 (`ggml_compute_forward_leaky_relu_f32`), then `ggml_vec_leaky_relu_f32` per row:
+# ```c
+# float negative_slope;
+# memcpy(&negative_slope, dst->op_params, sizeof(float));
+#
+# assert(dst->nb[0]  == sizeof(float));
+# assert(src0->nb[0] == sizeof(float));
+# ```
+# Notice the slope read from `op_params` as a float; the vector function computes
+# `(x > 0 ? x : 0) + slope·(x < 0 ? x : 0)`.
+
+# %%
+# | export
+def compute_forward_leaky_relu(params, node) -> None:
+    """`ggml_compute_forward_leaky_relu_f32` (`ggml_vec_leaky_relu_f32`); the slope is op_params[0]."""
+    ns = F4(word_to_float(node.op_params[0]))
+    _unary_rows(params, node, lambda x: np.where(x > 0, x, F4(0)) + ns * np.where(x < 0, x, F4(0)))
+
+# %% [markdown]
+# ## 3 · Reductions
+#
+# SUM adds every element, ggml.c:10779-10782 (`ggml_compute_forward_sum_f32`):
+# ```c
+# ggml_vec_sum_f32_ggf(ne00,
+#         &row_sum,
+#         (float *) ((char *) src0->data + i01*nb01 + i02*nb02 + i03*nb03));
+# sum += row_sum;
+# ```
+# Notice two levels of double (`ggml_float`): rows, then their sum; one rounding at the end. The f16
+# kernel sums in float32.
+
+# %%
+# | export
+def compute_forward_sum(params, node) -> None:
+    """`ggml_compute_forward_sum_f32` (row sums in double, added in double) and `_sum_f16` (float32)."""
+    a = node.src[0]
+    _need_nb0(node, a, "src0", strict=False)
+    x = params.read_f32(a)
+    if a.type is F32:
+        rows = params.arith.sum_f64(x.astype(F8))
+        total = params.arith.sum_f64(rows.reshape(-1))
+        params.write(node, np.asarray(total, dtype=F8).astype(F4))
+        return
+    if a.type is F16:
+        rows = np.cumsum(x, axis=-1, dtype=F4)[..., -1] if x.shape[-1] else np.zeros(x.shape[:-1], F4)
+        flat = rows.reshape(-1)
+        total = np.cumsum(flat, dtype=F4)[-1] if flat.size else F4(0)
+        params.write(node, np.asarray(total, dtype=F4))
+        return
+    raise DataTypeError(f"SUM {describe(node)}: no kernel for {a.type.name}")
+
+# %% [markdown]
+# SUM_ROWS, ggml.c:10908-10910 (`ggml_compute_forward_sum_rows_f32`):
+# ```c
+# float row_sum = 0;
+# ggml_vec_sum_f32(ne00, &row_sum, src_row);
+# dst_row[0] = row_sum;
+# ```
+# Notice `float row_sum`: `ggml_vec_sum_f32` adds in double inside, then rounds each row once.
+
+# %%
+# | export
+def compute_forward_sum_rows(params, node) -> None:
+    """`ggml_compute_forward_sum_rows_f32`: each row summed in double (`ggml_vec_sum_f32`), stored as f32."""
+    a = node.src[0]
+    _need_type(node, a, (F32,), "src0")
+    _need_nb0(node, a, "src0")
+    _need_nb0(node, node, "the result")
+    params.write(node, params.arith.sum_f64(params.read_f32(a).astype(F8)).astype(F4)[..., None])
+
+# %% [markdown]
+# MEAN, ggml.c:10965-10967 (`ggml_compute_forward_mean_f32`), after the row sum is stored in dst:
+# ```c
+#         (float *) ((char *) src0->data + i01*nb01 + i02*nb02 + i03*nb03));
+#
+# *(float *) ((char *) dst->data + i01*nb1 + i02*nb2 + i03*nb3) /= (float) ne00;
+# ```
+# Notice the order: the sum is rounded to f32 first, then divided by `(float) ne00` in float32.
+
+# %%
+# | export
+def compute_forward_mean(params, node) -> None:
+    """`ggml_compute_forward_mean_f32`: the row sum rounded to f32, divided by (float) ne00."""
+    a = node.src[0]
+    _need_type(node, a, (F32,), "src0")
+    _need_nb0(node, a, "src0", strict=False)
+    s = params.arith.sum_f64(params.read_f32(a).astype(F8)).astype(F4)
+    params.write(node, (s / F4(a.ne[0]))[..., None])
+
+# %% [markdown]
+# ## 4 · Concatenation and normalisation
+#
+# CONCAT, ggml.c:11265-11268 (`ggml_compute_forward_concat_f32`):
+# ```c
+# if (i0 < ne00 && i1 < ne01 && i2 < ne02 && i3 < ne03) {
+#     x = (const float *) ((const char *)src0->data + (i0       )*nb00 + (i1       )*nb01 + (i2       )*nb02 + (i3       )*nb03);
+# } else {
+#     x = (const float *) ((const char *)src1->data + (i0 - o[0])*nb10 + (i1 - o[1])*nb11 + (i2 - o[2])*nb12 + (i3 - o[3])*nb13);
+# ```
+# Notice that nothing checks src1's shape: sources that do not make the result are refused here.
+
+# %%
+# | export
+def compute_forward_concat(params, node) -> None:
+    """`ggml_compute_forward_concat_f32` (f32, i32): src0 then src1 along dim op_params[0]."""
+    a, b = node.src[0], node.src[1]
+    _need_type(node, a, (F32, I32), "src0")
+    for t, what in ((a, "src0"), (b, "src1"), (node, "the result")):
+        _need_nb0(node, t, what)
+    dim = node.op_params[0]
+    if not 0 <= dim < 4:
+        raise ShapeError(f"CONCAT {describe(node)}: dim {dim} out of range")
+    _need_type(node, b, (a.type,), "src1")
+    want = [a.ne[d] + b.ne[d] if d == dim else a.ne[d] for d in range(4)]
+    if any(b.ne[d] != a.ne[d] for d in range(4) if d != dim) or list(node.ne) != want:
+        raise ShapeError(f"CONCAT {describe(node)}: {describe(a)} then {describe(b)} along dim {dim} do not make "
+                         f"the result (ne {want} expected): ggml would read outside src1")
+    x = np.array(params.view(a), copy=True)
+    y = np.array(params.view(b), copy=True)
+    params.view(node)[...] = np.concatenate([x, y], axis=3 - dim)
+
+# %% [markdown]
+# NORM, ggml.c:12064-12066 (`ggml_compute_forward_norm_f32`), after `mean = sum/ne00` from a double sum:
+# ```c
+# float v = x[i00] - mean;
+# y[i00] = v;
+# sum2 += (ggml_float)(v*v);
+# ```
+# Notice where float32 and double meet: `v` and `v*v` are float32, their sum double, the variance
+# float32 again; `y = v·(1/sqrtf(variance + eps))`.
+
+# %%
+# | export
+def compute_forward_norm(params, node) -> None:
+    """`ggml_compute_forward_norm_f32`: y = (x - mean)·(1/sqrtf(variance + eps)) per row."""
+    x, eps, n = _norm_input(params, node)
+    mean = (params.arith.sum_f64(x.astype(F8)) / n).astype(F4)
+    v = x - mean[..., None]
+    var = (params.arith.sum_f64((v * v).astype(F8)) / n).astype(F4)
+    scale = F4(1) / np.sqrt(var + eps)
+    params.write(node, v * scale[..., None])
+
+# %% [markdown]
+# ## 5 · The op table grows
+#
+# A backend's op table grows one case at a time: ggml added ADD1's case beside ADD's, and a port adds
+# a kernel and its entry. Here the ten kernels are one table, `MORE_KERNELS`, and `register_kernels`
+# adds it to chapter 07's `FORWARD` when the module is imported. Nothing else changes: `supports_op`
+# still accepts every op but a `MUL_MAT` whose src1 is neither f32 nor src0's dot type, and an op
+# without a kernel still raises `UnsupportedOpError` when a graph reaches it — an op that could only
+# be missing if this module were not imported, which `ggml_lite/__init__.py` makes sure of. Chapter
+# 08's SIM backend and appendix A2's exact tier compute through the same `FORWARD`, so they get the ten
+# kernels too. The case the table stands for, ggml.c:17197-17200:
+# ```c
+# case GGML_OP_NORM:
+#     {
+#         ggml_compute_forward_norm(params, tensor);
+#     } break;
+# ```
+# Notice that one C function serves each op whatever its types; the type switch is inside it, as in
+# `compute_forward_sum` above (f32 sums in double, f16 sums in float32).
+
+# %%
+# | export
+MORE_KERNELS = {  # op -> kernel, the cases of `ggml_compute_forward`'s switch that chapter 07 leaves out
+    Op.ADD1: compute_forward_add1, Op.SQR: compute_forward_sqr, Op.SQRT: compute_forward_sqrt,
+    Op.LOG: compute_forward_log, Op.LEAKY_RELU: compute_forward_leaky_relu,
+    Op.SUM: compute_forward_sum, Op.SUM_ROWS: compute_forward_sum_rows, Op.MEAN: compute_forward_mean,
+    Op.CONCAT: compute_forward_concat, Op.NORM: compute_forward_norm,
+}
+
+
+def register_kernels(table: dict | None = None) -> None:
+    """Adds kernels (default: `MORE_KERNELS`) to the CPU backend's table, `ggml_lite.cpu.FORWARD`: the
+    cases of `ggml_compute_forward`'s switch."""
+    for op, fn in (MORE_KERNELS if table is None else table).items():
+        FORWARD[op] = fn
+
+
+register_kernels()
+
+# %% [markdown]
+# ## 6 · A worked example
+#
+# One graph computes all ten ops on the CPU backend — two small f32 matrices `a` and `b` (`b` positive,
+# for SQRT and LOG) and a scalar `k` — and each result is compared with numpy's. The tensors live in
+# one context, allocated as chapter 03 does (`alloc_ctx_tensors`); `tensor_get` returns ggml's `ne`
+# in reverse, rows last, as numpy writes them.
+
+# %%
+rng = np.random.default_rng(3)
+cpu = gl.cpu_init()
+ctx = gl.Context("A7")
+a = ctx.new_tensor_2d(gl.F32, 8, 4, name="a")
+b = ctx.new_tensor_2d(gl.F32, 8, 4, name="b")
+k = ctx.new_tensor_1d(gl.F32, 1, name="k")
+results = {
+    "add1": gl.add1(ctx, a, k), "sqr": gl.sqr(ctx, a), "sqrt": gl.sqrt(ctx, b), "log": gl.log(ctx, b),
+    "leaky_relu": gl.leaky_relu(ctx, a, 0.1), "sum": gl.sum(ctx, a), "sum_rows": gl.sum_rows(ctx, a),
+    "mean": gl.mean(ctx, a), "concat": gl.concat(ctx, a, b, 1), "norm": gl.norm(ctx, a, 1e-5),
+}
+graph = gl.Graph(64)
+for name, t in results.items():
+    t.set_name(name)
+    gl.build_forward_expand(graph, t)
+gl.alloc_ctx_tensors(ctx, cpu)
+A = rng.standard_normal((4, 8)).astype(np.float32)
+B = rng.uniform(0.5, 2.0, (4, 8)).astype(np.float32)
+K = np.float32(0.75)
+tensor_set(a, A)
+tensor_set(b, B)
+tensor_set(k, np.array([K]))
+cpu.graph_compute(graph)
+
+centred = A - A.mean(axis=1, keepdims=True)
+expected = {
+    "add1": A + K, "sqr": A * A, "sqrt": np.sqrt(B), "log": np.log(B), "leaky_relu": np.where(A > 0, A, 0.1 * A),
+    "sum": A.sum(), "sum_rows": A.sum(axis=1, keepdims=True), "mean": A.mean(axis=1, keepdims=True),
+    "concat": np.concatenate([A, B], axis=0),
+    "norm": centred / np.sqrt((centred * centred).mean(axis=1, keepdims=True) + np.float32(1e-5)),
+}
+errors = {}
+for name, t in results.items():
+    got, want = tensor_get(t), np.asarray(expected[name], dtype=np.float32)
+    errors[name] = float(np.abs(got.reshape(want.shape) - want).max() / np.abs(want).max())
+    print(f"{name:>10}  ne {list(t.ne)}  max |ggml_lite - numpy| / max |numpy| = {errors[name]:.1e}")
+
+# %% [markdown]
+# The sums are where ggml's choices show. SUM adds in double (`ggml_float`) and rounds once; adding
+# the same float32 values one by one in float32 loses the small one:
+
+# %%
+s_ctx = gl.Context("sum")
+v = s_ctx.new_tensor_1d(gl.F32, 4, name="v")
+total = gl.sum(s_ctx, v)
+gl.alloc_ctx_tensors(s_ctx, cpu)
+V = np.array([1e8, 1, -1e8, 0], dtype=np.float32)
+tensor_set(v, V)
+cpu.graph_compute(gl.build_forward(total))
+in_f32 = np.cumsum(V, dtype=np.float32)[-1]
+print("SUM, double as ggml:", tensor_get(total).item(), "  float32 one by one:", in_f32.item())
+
+# %% [markdown]
+# ## 7 · Check
+
+# %%
+assert all(e <= 1e-6 for e in errors.values()), errors
+assert tensor_get(total).item() == 1.0 and in_f32.item() == 0.0
+assert set(gl.Op) <= set(FORWARD), "every op of chapter 01 has a CPU kernel"
+assert all(cpu.supports_op(t) for t in results.values())
+print("appendix A7: all checks passed")
