@@ -176,6 +176,7 @@ def cmd_plan(args) -> int:
     names = {i: gf.records[i]["name"] for i in gf.tensors}
     failed = check is not None and not check.ok
     if args.json:
+        assert result is not None, "--json plans with a planner result (ggml's own when --planner ggml)"
         out = {"buffer_size": plan.buffer_size,
                "tensors": {names[i]: {"offset": plan.offsets[i]} for i in sorted(gf.tensors)},
                "planner": args.planner, "lower_bound": result.lower_bound, "optimal": result.optimal}
@@ -360,16 +361,20 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="plan a fixture-schema graph with the graph allocator (CPU buffer type)")
     p.add_argument("file", metavar="GRAPH.json", help="a fixture-schema JSON file")
-    p.add_argument("--json", action="store_true", help='print {"buffer_size": int, "tensors": {name: {"offset": int|null}}, '
-                   '"planner", "lower_bound", "optimal": true|false|null} (and "verified" with --verify)')
+    p.add_argument("--json", action="store_true",
+                   help='print {"buffer_size": int, "tensors": {name: {"offset": int|null}}, "planner", "lower_bound", '
+                   '"optimal": true|false|null} (and "verified" with --verify)')
     p.add_argument("--step", type=_count("a step number", 0), default=None, help="the step of a sequence file")
     p.add_argument("--planner", choices=PLANNER_NAMES, default="ggml",
-                   help="who chooses the offsets: ggml's graph allocator (default) or an offline planner (chapter 11)")
+                   help="who chooses the offsets: ggml's graph allocator (default) or an offline planner "
+                   "(chapter 11)")
     p.add_argument("--budget", type=_positive("seconds"), default=DEFAULT_BUDGET, metavar="SECONDS",
                    help=f"seconds the offline planners may take, their starting plans included (default "
-                   f"{DEFAULT_BUDGET}); a planner stopped by it places a valid plan and says 'stopped by its budget'")
-    p.add_argument("--verify", action="store_true", help="compute the graph in the plan on the CPU backend and compare it "
-                   "bit for bit with the graph computed with every tensor in memory of its own (exit 1 on a difference)")
+                   f"{DEFAULT_BUDGET}); a planner stopped by it places a valid plan and says 'stopped by its "
+                   f"budget'")
+    p.add_argument("--verify", action="store_true",
+                   help="compute the graph in the plan on the CPU backend and compare it bit for bit with the graph "
+                   "computed with every tensor in memory of its own (exit 1 on a difference)")
     p.add_argument("--max-gib", type=_memory_gib, default=2.0, metavar="GiB",
                    help="memory --verify may use (default 2; a 7B graph needs about 13.2; at most the physical memory)")
     p.set_defaults(run=cmd_plan)
@@ -381,8 +386,8 @@ def main(argv=None) -> int:
     c.add_argument("--limit", type=_count("a number of differences", 1), default=10,
                    help="how many differences to print (default 10)")
     c.add_argument("--max-gib", type=_memory_gib, default=1.0, metavar="GiB",
-                   help="memory the numerics check may use (default 1, at most the physical memory); a file that needs more is "
-                   "refused")
+                   help="memory the numerics check may use (default 1, at most the physical memory); a file that "
+                   "needs more is refused")
     c.set_defaults(run=cmd_check)
     d = sub.add_parser("sched", help="the scheduler's assignments of a recorded scenario (GGML_SCHED_DEBUG format)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_causes_legend())
