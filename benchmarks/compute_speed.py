@@ -31,8 +31,8 @@ FIXTURE = ROOT / "tests" / "fixtures" / "ggml-seed" / "07_llama4_kvcache.json"
 
 import ggml_lite as gl  # noqa: E402
 from ggml_lite.buffer import tensor_array  # noqa: E402
-from ggml_lite.plancheck import run_plan  # noqa: E402
 from ggml_lite.numerics import fill_leaf  # noqa: E402
+from ggml_lite.plancheck import run_plan  # noqa: E402
 from ggml_lite.tensor import Op, word_to_float  # noqa: E402
 
 RANGES = {"inp_tokens": (0, 256), "inp_pos": (0, 64), "inp_out_ids": (0, 16)}
