@@ -209,6 +209,13 @@ def _same_shape(node, a, b) -> None:
         raise ShapeError(f"{node.op.name} {describe(node)}: {describe(a)} and {describe(b)} must have the same shape")
 
 
+def _need_contiguous(node, *named) -> None:
+    """ggml asserts `ggml_is_contiguous` of each (tensor, what) in `named`."""
+    for t, what in named:
+        if not is_contiguous(t):
+            raise LayoutError(f"{node.op.name} {describe(node)}: {what} {describe(t)} must be contiguous (asserted)")
+
+
 # notebooks/07_cpu_backend.py
 def compute_forward_dup(params, node) -> None:
     """`ggml_compute_forward_dup` (DUP, CONT, CPY): `_dup_bytes`, `_dup_f16`, `_dup_f32`."""
@@ -345,9 +352,7 @@ def compute_forward_scale(params, node) -> None:
     a = node.src[0]
     _need_type(node, a, (F32,), "src0")
     _same_shape(node, a, node)
-    for t, what in ((a, "src0"), (node, "the result")):
-        if not is_contiguous(t):
-            raise LayoutError(f"SCALE {describe(node)}: {what} {describe(t)} must be contiguous (ggml asserts)")
+    _need_contiguous(node, (a, "src0"), (node, "the result"))
     s = F4(word_to_float(node.op_params[0]))
     params.write(node, params.read_f32(a) * s)
 
@@ -461,9 +466,7 @@ def compute_forward_soft_max(params, node) -> None:
     mask = node.src[1] if len(node.src) > 1 else None
     _need_type(node, a, (F32,), "src0")
     _same_shape(node, a, node)
-    for t, what in ((a, "src0"), (node, "the result")):
-        if not is_contiguous(t):
-            raise LayoutError(f"SOFT_MAX {describe(node)}: {what} {describe(t)} must be contiguous")
+    _need_contiguous(node, (a, "src0"), (node, "the result"))
     scale = F4(word_to_float(node.op_params[0]))
     max_bias = word_to_float(node.op_params[1])
     x = params.read_f32(a)  # (ne03, ne02, ne01, ne00)

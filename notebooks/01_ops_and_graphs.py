@@ -96,45 +96,35 @@ def _binary(ctx, op: Op, a: Tensor, b: Tensor, inplace: bool) -> Tensor:
 
 
 # %% [markdown]
-# The four arithmetic ops share that one rule. Each takes `inplace`, as every constructor with an
-# in-place form in ggml does here: `add(ctx, a, b, inplace=True)` is `ggml_add_inplace`, and the
-# `*_inplace` names exist as well because ggml's users call them by those names.
+# The four arithmetic ops share that one rule, so one small function makes each of them and its
+# in-place twin: `add(ctx, a, b, inplace=True)` is `ggml_add_inplace`, and the `*_inplace` names exist
+# as well because ggml's users call them by those names. Each constructor's docstring names its C
+# function, as everywhere in the package.
 
 # %%
 # | export
-def add(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
-    """`ggml_add` (`ggml_add_inplace` with inplace=True): a + b, b broadcast over a."""
-    return _binary(ctx, Op.ADD, a, b, inplace)
+def _arithmetic(op: Op, c_name: str, what: str) -> tuple:
+    """The constructors `c_name` and `c_name`_inplace of the element-wise `op` (`ggml_add`, `ggml_sub`,
+    `ggml_mul`, `ggml_div` and their `_inplace` forms): `what`, b broadcast over a."""
+
+    def constructor(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+        return _binary(ctx, op, a, b, inplace)
+
+    def constructor_inplace(ctx, a: Tensor, b: Tensor) -> Tensor:
+        return _binary(ctx, op, a, b, True)
+
+    name = c_name.removeprefix("ggml_")
+    constructor.__name__ = constructor.__qualname__ = name
+    constructor.__doc__ = f"`{c_name}` (`{c_name}_inplace` with inplace=True): {what}, b broadcast over a."
+    constructor_inplace.__name__ = constructor_inplace.__qualname__ = f"{name}_inplace"
+    constructor_inplace.__doc__ = f"`{c_name}_inplace`: {what}, the result a view of `a`."
+    return constructor, constructor_inplace
 
 
-def add_inplace(ctx, a: Tensor, b: Tensor) -> Tensor:
-    """`ggml_add_inplace`: the result is a view of `a`."""
-    return _binary(ctx, Op.ADD, a, b, True)
-
-
-def sub(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
-    """`ggml_sub` (`ggml_sub_inplace` with inplace=True): a - b, b broadcast over a."""
-    return _binary(ctx, Op.SUB, a, b, inplace)
-
-
-def sub_inplace(ctx, a: Tensor, b: Tensor) -> Tensor:
-    """`ggml_sub_inplace`."""
-    return _binary(ctx, Op.SUB, a, b, True)
-
-
-def mul(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
-    """`ggml_mul` (`ggml_mul_inplace` with inplace=True): a * b, b broadcast over a."""
-    return _binary(ctx, Op.MUL, a, b, inplace)
-
-
-def mul_inplace(ctx, a: Tensor, b: Tensor) -> Tensor:
-    """`ggml_mul_inplace`."""
-    return _binary(ctx, Op.MUL, a, b, True)
-
-
-def div(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
-    """`ggml_div` (`ggml_div_inplace` with inplace=True): a / b, b broadcast over a."""
-    return _binary(ctx, Op.DIV, a, b, inplace)
+add, add_inplace = _arithmetic(Op.ADD, "ggml_add", "a + b")
+sub, sub_inplace = _arithmetic(Op.SUB, "ggml_sub", "a - b")
+mul, mul_inplace = _arithmetic(Op.MUL, "ggml_mul", "a * b")
+div, div_inplace = _arithmetic(Op.DIV, "ggml_div", "a / b")
 
 
 # %% [markdown]
@@ -148,11 +138,6 @@ def div(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
 
 # %%
 # | export
-def div_inplace(ctx, a: Tensor, b: Tensor) -> Tensor:
-    """`ggml_div_inplace`."""
-    return _binary(ctx, Op.DIV, a, b, True)
-
-
 def add1(ctx, a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
     """`ggml_add1` (`ggml_add1_inplace` with inplace=True): a + the scalar b."""
     if not tensor.is_scalar(b):

@@ -2,7 +2,6 @@
 idiom attaches a C function to its struct, a module holds one idea, and every chapter keeps its shape."""
 
 import ast
-import importlib.util
 import json
 import subprocess
 import sys
@@ -163,10 +162,8 @@ def test_no_module_past_its_size():
 def test_every_chapter_keeps_its_shape():
     """tools/chapter_stats.py: ≤ 1,300 lines, ≥ 0.3 prose words per code word, cells ≤ 80 lines, and in
     05, 07 and 09 every export cell right after the cited C it ports."""
-    spec = importlib.util.spec_from_file_location("chapter_stats", ROOT / "tools" / "chapter_stats.py")
-    assert spec is not None and spec.loader is not None
-    stats = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stats)
+    import chapter_stats as stats
+
     found = [p for path in sorted((ROOT / "notebooks").glob("*.py"))
              for p in stats.problems(path.stem, stats.stats(path))]
     assert not found, found
