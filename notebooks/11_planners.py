@@ -37,11 +37,11 @@
 #    plan optimal when it finishes within its time budget.
 # 4. Plans that run. A planner's offsets go into the graph allocator's records, and the graph computes
 #    there. Its results must equal, bit for bit, those of a copy in which no two tensors share memory
-#    (the check is appendix A5's).
+#    (the check is appendix A6's).
 #
 # Exported: `ggml_lite.planners`, and its figure to `ggml_lite.viz.planners`. Nothing here ports C,
 # because ggml has no offline planner. The chapter reuses chapter 05: `ggml_gallocr_reserve`'s trace gives
-# the blocks, and `ggml_gallocr_alloc_graph` places a plan. Appendix A5 opens the two parts this chapter
+# the blocks, and `ggml_gallocr_alloc_graph` places a plan. Appendix A6 opens the two parts this chapter
 # uses without showing their code: the exact search's inner loop (`ggml_lite.exact_search`) and the check
 # of a plan by computing it (`ggml_lite.verify`).
 
@@ -81,9 +81,9 @@
 # | export
 """Offline memory planners for a ggml graph (chapter 11; not a port of C: ggml has none): the blocks
 ggml's graph allocator needs and their lifetimes, the peak-live lower bound, greedy-by-size and
-greedy-by-breadth (TFLite), an exact branch and bound (its search: `exact_search`, appendix A5), and the
+greedy-by-breadth (TFLite), an exact branch and bound (its search: `exact_search`, appendix A6), and the
 best of them and ggml's own plan. `alloc_planned` places a plan through the graph allocator; `verify`
-(appendix A5) checks it by computing."""
+(appendix A6) checks it by computing."""
 
 import bisect
 import itertools
@@ -625,7 +625,7 @@ print(breadth06.describe().rsplit(",", 1)[0], "; valid:", not check_placement(bl
 # alignment, so every offset it produces is aligned.
 
 # %% [markdown]
-# The search itself, its state and its depth-first loop, is appendix A5's (`ggml_lite.exact_search`):
+# The search itself, its state and its depth-first loop, is appendix A6's (`ggml_lite.exact_search`):
 # reading it takes a while, and nothing in this chapter depends on how it is written. The planner needs
 # little from it. `ExactSearch(problem, deadline)` cuts the nodes into sections and sets up their floors,
 # in units of the alignment. `search.run(target, stop_at)` looks for a placement with a peak of at most
@@ -828,14 +828,14 @@ def alloc_planned(graph, result: PlanResult, problem: Problem | None = None) -> 
 
 
 # %% [markdown]
-# **Does the graph compute right there?** Appendix A5 builds the check, `verify_plan` of
+# **Does the graph compute right there?** Appendix A6 builds the check, `verify_plan` of
 # `ggml_lite.verify`. It computes the graph twice with the same seeded data: once in the plan, and once as
 # a reference in which no two tensors alive at the same node share a byte. The results every plan keeps
 # to the end (OUTPUT nodes and the nodes no other node reads) must be equal, bit for bit. The check also
 # runs `check_placement`: numpy's kernels read all of a node's sources before they write, so computing
 # alone would not notice a node placed over a source it reads. Both runs place twins of the graph, and the
 # loaded graph stays unplanned. For graphs the CPU kernels refuse, `compute="dataflow"` computes instead a
-# digest of every byte each node reads (A5, §3); §11 uses it.
+# digest of every byte each node reads (A6, §3); §11 uses it.
 #
 # The LLaMA block passes in its best plan, in a buffer of 37,792 B (the lower bound and the CPU buffer
 # type's 32 bytes). Then the block of `ffn_up-0` (block 16) is moved onto the gate
@@ -845,7 +845,7 @@ def alloc_planned(graph, result: PlanResult, problem: Problem | None = None) -> 
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from ggml_lite.verify import verify_plan, verify_plans  # noqa: E402  (appendix A5)
+from ggml_lite.verify import verify_plan, verify_plans  # noqa: E402  (appendix A6)
 
 best06 = best(block06)
 check06 = verify_plan(block06.graph, best06, block06)
@@ -876,7 +876,7 @@ print(f"block 16 moved onto block 15: peak {broken.peak} B; ok = {check_bad.ok},
 # is coming and leaves room for it. Both greedy planners reach the lower bound here. `best` keeps
 # greedy by size's plan.
 #
-# These plans run, too. A5's `verify_plans(graph, plans, max_bytes=16 << 30)` computes the 7B graph in the
+# These plans run, too. A6's `verify_plans(graph, plans, max_bytes=16 << 30)` computes the 7B graph in the
 # reference and in each of the three distinct placements of the five planners, and all results agree bit
 # for bit. That takes about 5.5 minutes and 14 GiB, too much for this notebook; the benchmark of §12 does
 # it.
@@ -1014,17 +1014,17 @@ for label, gf in recorded_graphs():
 # ## 11 · When greedy by size loses to ggml
 #
 # Sorting by size alone ignores *when* a block lives. Graph 87 of the differential generator
-# (`random_graph(87)` in `tests/ggml_oracle.py`) is the smallest of its first 300 graphs on which this
-# costs more than ggml's online best fit. It is written out below with the public API, its data tensors
-# flagged INPUT as the benchmark does: 11 nodes, 10 blocks. At most 3,040 bytes are alive at once, at
-# the last node. ggml needs 3,072, greedy by breadth 3,040, and greedy by size 3,552. (It is a graph for
-# planning only: its `node_7` subtracts from a transposed view, which ggml's kernel would read the wrong
-# way, so the CPU backend refuses it. Its plans are verified by appendix A5's data-flow run, which writes
-# into each node a digest of the bytes it reads.)
+# (`ggml_oracle.random_graph(87)`, the oracle package in `oracle/ggml_oracle/`) is the smallest of its
+# first 300 graphs on which this costs more than ggml's online best fit. It is written out below with the
+# public API, its data tensors flagged INPUT as the benchmark does: 11 nodes, 10 blocks. At most 3,040
+# bytes are alive at once, at the last node. ggml needs 3,072, greedy by breadth 3,040, and greedy by
+# size 3,552. (It is a graph for planning only: its `node_7` subtracts from a transposed view, which
+# ggml's kernel would read the wrong way, so the CPU backend refuses it. Its plans are verified by
+# appendix A6's data-flow run, which writes into each node a digest of the bytes it reads.)
 
 # %%
 def graph87():
-    """`random_graph(87)` of tests/ggml_oracle.py, its data tensors flagged INPUT (as the benchmark)."""
+    """`ggml_oracle.random_graph(87)` (oracle/ggml_oracle/), its data tensors flagged INPUT (as the benchmark)."""
     w = gl.Context("weights")
     c4, b6 = w.new_tensor(gl.F32, [3, 5, 5, 2], name="c4"), w.new_tensor(gl.F32, [5, 5, 1, 1], name="b6")
     ctx = gl.Context("compute")
@@ -1100,7 +1100,7 @@ print("random_graph(87), data-flow run:", {name: c.ok for name, c in zip(plans87
 # `benchmarks/planners.py` runs the planners over the recorded graphs of §10 and over 300 random graphs
 # of the differential generator (`--count`). The random graphs have at most 40 ops, and their data
 # tensors are flagged INPUT. Graphs the CPU kernels refuse are skipped and counted. Every plan of every
-# graph is then computed and compared as in §8 (by appendix A5's check): on the CPU backend, or by the
+# graph is then computed and compared as in §8 (by appendix A6's check): on the CPU backend, or by the
 # data-flow run when the kernels refuse the graph. Its output on the machine that wrote this chapter,
 # with the default settings:
 #

@@ -31,7 +31,7 @@
 #
 # Exported: `ggml_lite.untrusted` (reading JSON as untrusted input), `ggml_lite.schema` (the
 # checks of a graph file) and `ggml_lite.graphio` (loading and writing). Running a file's recorded
-# plan again and checking its recorded numerics is appendix A6.
+# plan again and checking its recorded numerics is appendix A5.
 
 # %% [markdown]
 # ## 1 · The schema in one tensor
@@ -112,7 +112,7 @@ _AUTO_GRAPH_NAME = re.compile(r"(node|leaf)_\d+")
 # %% [markdown]
 # The checks come in two modules. `ggml_lite.untrusted` knows JSON and nothing about graphs: how to
 # read a file as data, and how to say that the value at a path is not what was expected. Every reader
-# of the project uses it — this appendix, the `numerics` block of appendix A6, the scheduler scenarios
+# of the project uses it — this appendix, the `numerics` block of appendix A5, the scheduler scenarios
 # of A3 — so that all of them refuse the same things with messages of the same shape. The first
 # helpers turn a value into words: `quote` cuts a long string, `found` names a value's JSON kind
 # (a float where an integer belongs is "the number 6.0, not an integer"), and `check_int`,
@@ -1253,7 +1253,7 @@ print(f"{n_files} fixture files: {n_tensors} tensors rebuilt; shapes, strides, s
 # the recorder did — `ggml_backend_alloc_ctx_tensors` (chapter 03) on the file's buffer type, ggml's
 # CPU type in every fixture — and checks on the way each buffer's recorded size and every tensor's
 # `ext_offset`. After it, a fresh graph allocator sees the graph exactly as `ggml_gallocr` saw it:
-# running it again and comparing the plan is the subject of appendix A6.
+# running it again and comparing the plan is the subject of appendix A5.
 
 # %%
 # | export

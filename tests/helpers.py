@@ -15,6 +15,7 @@ import numpy as np
 import ggml_lite as gl
 import ggml_oracle as O
 from ggml_lite.numerics import leaf_bytes
+from ggml_lite.verify import int_ranges as verify_int_ranges
 from ggml_lite.verify import results_to_compare
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,30 +56,24 @@ def graph_sections(doc: dict):
 NOT_COMPUTABLE = (gl.TensorError, gl.UnsupportedOpError)
 
 
-def int_range(t, graph) -> tuple:
-    """Valid values [lo, hi) for an i32 data tensor: row indices below the rows of every get_rows that
-    reads it, else positions below 64."""
-    rows = [n.src[0].ne[1] for n in graph.nodes if n.op is gl.Op.GET_ROWS and len(n.src) > 1 and n.src[1] is t]
-    return 0, max(1, min(rows, default=64))
-
-
 def int_ranges(rg) -> dict:
-    """The value range of every i32 data tensor (before a scheduler rewires sources to copies)."""
-    return {t: int_range(t, rg.graph) for t in O.graph_data_tensors(rg.graph) if t.type is gl.I32}
+    """The value range [lo, hi) of every i32 data tensor (before a scheduler rewires sources to copies):
+    `verify.int_ranges`, row indices below the rows of every get_rows that reads it, else below 64."""
+    return verify_int_ranges(rg.graph)
 
 
 def leaf_data(graph, seed: int, ids: dict | None = None, ranges: dict | None = None) -> dict:
     """{tensor: bytes} for every data tensor of `graph`, from the project's one seeded data filler
     (`numerics.leaf_bytes`, the numerics files' generator): tensor `t` is leaf `ids[t]` of seed `seed`
     (default: its index among the data tensors; 999 when `ids` does not hold it), i32 values in
-    `ranges[t]` (default: `int_range`)."""
+    `ranges[t]` (default: `verify.int_ranges` of `graph`)."""
     tensors = O.graph_data_tensors(graph)
     ids = ids if ids is not None else {t: k for k, t in enumerate(tensors)}
-    ranges = ranges or {}
+    ranges, own = ranges or {}, verify_int_ranges(graph)
     out = {}
     for t in tensors:
         kind = "int" if t.type is gl.I32 else "float"
-        value_range = (ranges.get(t) or int_range(t, graph)) if kind == "int" else None
+        value_range = (ranges.get(t) or own[t]) if kind == "int" else None
         out[t] = leaf_bytes(t.type, t.ne, seed, ids.get(t, 999), kind, value_range, t.name)
     return out
 

@@ -1,4 +1,4 @@
-"""The offline planners of chapter 11 (`ggml_lite.planners`, with appendix A5's `exact_search` and `verify`):
+"""The offline planners of chapter 11 (`ggml_lite.planners`, with appendix A6's `exact_search` and `verify`):
 blocks from ggml's trace, the lower bound, greedy by size and by breadth, the exact search, best; plans
 placed by the graph allocator and verified by computing; `python -m ggml_lite plan --planner ... [--verify]`.
 
@@ -22,6 +22,7 @@ from ggml_lite import exact_search as ES
 from ggml_lite import planners as P
 from ggml_lite import verify as V
 from ggml_lite.__main__ import main
+from ggml_lite.numerics import fill_leaf, leaf_bytes
 from ggml_oracle import add_chain, chain_graph, fan_out_graph
 from helpers import SEED_FILES, fixture_path, graph_sections, load_json
 
@@ -391,9 +392,8 @@ def _graph_copy_results(graph, seed: int = 0) -> list:
     """Chapter 06's way to the reference: `graph` placed by ggml, filled, then `graph_copy` (every tensor
     reached, weights included, copied into one buffer) computed; the bytes of the results to compare."""
     gl.GAllocr(gl.cpu_buffer_type()).alloc_graph(graph)
-    data = V.data_tensors(graph)
-    for k, (t, rows) in enumerate(zip(data, V._rows(graph, data))):
-        V.fill(t, seed, k, rows)
+    for t, args in V.leaf_spec(graph).items():
+        fill_leaf(t, seed, *args)
     copy = gl.graph_copy(gl.cpu_init(), graph)
     try:
         twin = dict(zip(graph.nodes, copy.graph.nodes))
@@ -405,13 +405,12 @@ def _graph_copy_results(graph, seed: int = 0) -> list:
 
 def _reference_results(graph, seed: int = 0) -> tuple:
     """The lean reference of verify_plans on `graph`: (its bytes, its peak)."""
-    data = V.data_tensors(graph)
-    spec = {t: (k, rows) for k, (t, rows) in enumerate(zip(data, V._rows(graph, data)))}
+    spec = V.leaf_spec(graph)
     shared = V.read_only_data(graph)
     for t in shared:
-        V.fill(t, seed, *spec[t])
+        fill_leaf(t, seed, *spec[t])
     ref = V.ReferenceRun(graph, shared)
-    return ref.run(lambda t, d: V.fill(d, seed, *spec[t])), ref.peak
+    return ref.run(lambda t, d: fill_leaf(d, seed, *spec[t])), ref.peak
 
 
 @pytest.mark.parametrize("name", ["01_mlp_small", "03_views_layout", "06_llama_block", "07_llama4_kvcache"])
@@ -601,6 +600,20 @@ def test_an_overlap_the_numpy_kernels_survive_still_fails():
     assert not check.ok and any("blocks 3" in c and "8" in c for c in check.conflicts)
 
 
+def test_verify_fills_from_the_one_seeded_filler():
+    """verify_plans's data is numerics.leaf_bytes's (the LCG of tests/fixtures/README.md): data tensor k is
+    leaf k of the seed, an i32 tensor holds integers below the rows of the table a get_rows reads with it."""
+    graph = recorded("07_llama4_kvcache").graph
+    problem = P.blocks_of(graph)
+    assert V.verify_plan(graph, P.best(problem), problem, seed=5).ok
+    spec = V.leaf_spec(graph)
+    assert [k for k, _, _ in spec.values()] == list(range(len(V.data_tensors(graph))))
+    weights = V.read_only_data(graph)  # filled in place, once for every run, and never written
+    assert weights and all(gl.tensor_get(t).tobytes() == leaf_bytes(t.type, t.ne, 5, *spec[t]) for t in weights)
+    get_rows = [n for n in graph.nodes if n.op is gl.Op.GET_ROWS]
+    assert get_rows and all(spec[n.src[1]][1:] == ("int", (0, n.src[0].ne[1])) for n in get_rows)
+
+
 def test_a_planned_graph_is_refused_not_planned_as_empty():
     graph = recorded("06_llama_block").graph
     problem = P.blocks_of(graph)
@@ -622,6 +635,13 @@ def test_verify_refuses_what_it_cannot_check():
     problem = P.blocks_of(graph)
     assert w in graph.nodes and problem.blocks[problem.block_of[w]].start > 0
     with pytest.raises(gl.GraphError, match="Flag it INPUT"):
+        V.verify_plan(graph, P.best(problem), problem)
+    ctx = gl.Context()  # a weight of a type the one seeded filler (numerics.leaf_bytes) has no values of
+    q = ctx.new_tensor_2d(gl.type_by_name("q4_1"), 32, 4, name="q")
+    rows = ctx.new_tensor_1d(gl.I32, 2, name="rows")
+    graph = gl.build_forward(gl.get_rows(ctx, q, rows))
+    problem = P.blocks_of(graph)
+    with pytest.raises(gl.DataTypeError, match=r"verify: 'q' q4_1 .* no values of type q4_1: it fills f32, f16"):
         V.verify_plan(graph, P.best(problem), problem)
     stale = P.best(P.problem_from_blocks(FOUR))
     with pytest.raises(gl.PlanMismatchError, match="made for another graph"):

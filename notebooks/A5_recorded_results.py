@@ -11,7 +11,7 @@
 # ---
 
 # %% [markdown]
-# # A6 · Recorded results, checked again: plans and numerics
+# # A5 · Recorded results, checked again: plans and numerics
 #
 # Appendix A1 reads a graph file and rebuilds its tensors and graph; a file that loads is a file whose
 # shapes, strides, views and node order ggml_lite reproduces. But a `ggml-seed` file records more than
@@ -655,4 +655,4 @@ try:
     raise AssertionError("a negative limit was accepted")
 except gl.GraphFileError as e:
     assert "limit" in str(e)
-print("appendix A6: all checks passed")
+print("appendix A5: all checks passed")

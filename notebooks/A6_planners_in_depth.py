@@ -11,7 +11,7 @@
 # ---
 
 # %% [markdown]
-# # A5 · Planners in depth: the exact search's loop, and plans checked by computing
+# # A6 · Planners in depth: the exact search's loop, and plans checked by computing
 #
 # Chapter 11 compares offline planners with ggml's own plan and uses two pieces whose code it does not
 # show. Its exact search proves a plan optimal or proves that none reaches a target, and the chapter
@@ -64,7 +64,7 @@
 
 # %%
 # | export exact_search
-"""The exact planner's search (appendix A5; not a port of C): branch and bound over canonical
+"""The exact planner's search (appendix A6; not a port of C): branch and bound over canonical
 placements, in the spirit of MiniMalloc, in units of the alignment. `planners.exact` drives it."""
 
 import itertools
@@ -275,13 +275,17 @@ print(f"at most 6 units: complete {search.run(6, 5)}, solution {search.solution}
 # Each plan runs on a twin of the graph too, one that shares every tensor already in memory (weights, KV
 # cache), so one loaded graph serves all plans and the weights are filled once. `verify_plans` places the
 # twin with `alloc_planned` and fills its *data tensors* (leafs and op-NONE nodes) with seeded values,
-# the same ones the reference got. It fills data that the graph writes, such as the KV cache, again
-# before every run. Index tensors get valid row numbers. The reference is computed first, so a graph
-# the kernels refuse raises before any verdict on a plan. The results compared are those a plan must
-# keep to the end: OUTPUT nodes and the nodes no other node reads, the last node among them.
-# Intermediate tensors are not compared, because every plan, ggml's included, reuses their memory once
-# they have been read. Nor are OUTPUT views: ggml frees a view's root after the view's last reader
-# whether or not the view is flagged OUTPUT (only the root's own flag counts). Same kernels, same
+# the same ones the reference got. They come from the project's one data generator, appendix A5's
+# `numerics.fill_leaf` (the LCG of `tests/fixtures/README.md`, which fills recorded numerics too): data
+# tensor number `k` is leaf `k`. Index tensors get valid row numbers, integers in `[0, rows)` below the
+# rows of every table a get_rows reads with them. A type the generator does not fill (anything but f32,
+# f16, q8_0, q4_0 and i32) is refused before anything is computed, naming the tensor. `verify_plans`
+# fills data that the graph writes, such as the KV cache, again before every run. The reference is
+# computed first, so a graph the kernels refuse raises before any verdict on a plan. The results compared
+# are those a plan must keep to the end: OUTPUT nodes and the nodes no other node reads, the last node
+# among them. Intermediate tensors are not compared, because every plan, ggml's included, reuses their
+# memory once they have been read. Nor are OUTPUT views: ggml frees a view's root after the view's last
+# reader whether or not the view is flagged OUTPUT (only the root's own flag counts). Same kernels, same
 # inputs, so the comparison is bit for bit.
 #
 # Computing alone cannot catch every bad plan. The numpy kernels read all of a node's sources before
@@ -300,7 +304,7 @@ print(f"at most 6 units: complete {search.run(6, 5)}, solution {search.solution}
 
 # %%
 # | export
-"""Plans checked by computing (appendix A5; not a port of C): a graph computed in a plan's placement and
+"""Plans checked by computing (appendix A6; not a port of C): a graph computed in a plan's placement and
 compared, bit for bit, with a reference run in which no two tensors alive at the same node share memory,
 on the CPU backend or by a data-flow run (for graphs the kernels refuse); a plan must also pass
 `planners.check_placement`."""
@@ -310,14 +314,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggml_lite.backend import dup_tensor_layout, tensor_buffer, tensor_get, tensor_set
+from ggml_lite.backend import dup_tensor_layout, tensor_buffer, tensor_get
 from ggml_lite.buffer import cpu_buffer_type, tensor_alloc, view_init
 from ggml_lite.cpu import cpu_init
-from ggml_lite.errors import AllocationError, GGMLLiteError, GraphError, PlannerError
+from ggml_lite.errors import AllocationError, DataTypeError, GGMLLiteError, GraphError, PlannerError
 from ggml_lite.graph import Graph
+from ggml_lite.numerics import FILLABLE, fill_leaf
 from ggml_lite.planners import PlanResult, Problem, alloc_planned, blocks_of, check_placement
-from ggml_lite.quants import quantize_q8_0, quantize_row_q4_0_ref
-from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, Context, Op, TensorFlag, describe, is_view_op
+from ggml_lite.tensor import I32, Context, Op, TensorFlag, describe, is_view_op
 
 
 def data_tensors(graph) -> list:
@@ -359,33 +363,28 @@ def read_only_data(graph) -> set:
     return {t for t in data_tensors(graph) if t.data is not None} - written_data(graph)
 
 
-def fill(t, seed: int, k: int, rows: int = 64) -> None:
-    """Seeded data for data tensor number `k`: floats in [-1, 1) (f16 rounded, q8_0 and q4_0 quantized),
-    integers in [0, rows) for i32, random bytes for any other type."""
-    rng = np.random.default_rng([seed, k])
-    if t.type is I32:
-        tensor_set(t, rng.integers(0, max(rows, 1), t.nelements).astype(np.int32))
-        return
-    values = rng.uniform(-1, 1, t.nelements).astype(np.float32)
-    if t.type is F32:
-        tensor_set(t, values)
-    elif t.type is F16:
-        tensor_set(t, values.astype(np.float16))
-    elif t.type is Q8_0:
-        tensor_set(t, quantize_q8_0(values).view(np.uint8))
-    elif t.type is Q4_0:
-        tensor_set(t, quantize_row_q4_0_ref(values).view(np.uint8))
-    else:
-        tensor_set(t, rng.integers(0, 256, t.nbytes).astype(np.uint8))
-
-
-def _rows(graph, tensors: list) -> list:
-    """The range of each i32 tensor's values: the rows of the table a get_rows reads with it, else 64."""
+def int_ranges(graph) -> dict:
+    """{i32 data tensor: its values' range [lo, hi)}: row numbers below the rows of every table a get_rows
+    reads with it (so each is a valid row), else positions below 64."""
     rows: dict = {}
     for node in graph.nodes:
         if node.op is Op.GET_ROWS and node.src[1] is not None:
             rows[node.src[1]] = min(rows.get(node.src[1], node.src[0].ne[1]), node.src[0].ne[1])
-    return [rows.get(t, 64) for t in tensors]
+    return {t: (0, max(1, rows.get(t, 64))) for t in data_tensors(graph) if t.type is I32}
+
+
+def leaf_spec(graph) -> dict:
+    """How `verify_plans` fills each data tensor, as the arguments of `numerics.fill_leaf` after the seed:
+    {tensor: (leaf id, kind, range)}. The id is the tensor's index in `data_tensors`; i32 tensors are "int"
+    in their `int_ranges`, f32, f16, q8_0 and q4_0 ones "float". Any other type: `DataTypeError`."""
+    ranges, spec = int_ranges(graph), {}
+    for k, t in enumerate(data_tensors(graph)):
+        if t.type.name not in FILLABLE:
+            raise DataTypeError(f"verify: {describe(t)} is filled before computing, but the seeded filler "
+                                f"(numerics.leaf_bytes) has no values of type {t.type.name}: it fills "
+                                f"{', '.join(FILLABLE)}")
+        spec[t] = (k, "int", ranges[t]) if t.type is I32 else (k, "float", None)
+    return spec
 
 
 # %%
@@ -520,10 +519,11 @@ COMPUTE_WITH = ("cpu", "dataflow")  # how verify_plans computes: the CPU backend
 def verify_plans(graph, results, problem: Problem | None = None, seed: int = 0, max_bytes: int = 2 << 30,
                  compute: str = "cpu") -> list:
     """Compute `graph` (loaded, not planned) in each of `results`' placements and compare it with the
-    `ReferenceRun`, every tensor in memory of its own, all with the same seeded data. `compute` is "cpu"
-    (the CPU backend's kernels) or "dataflow" (`dataflow_compute`, for graphs the kernels refuse). Plans
-    with the same offsets are computed once. Returns one `Verification` per result. The graph's own
-    weights and KV cache are overwritten with the seeded data (and the cache by each run in turn)."""
+    `ReferenceRun`, every tensor in memory of its own, all with the same seeded data (`leaf_spec`, filled
+    by `numerics.fill_leaf` from `seed`). `compute` is "cpu" (the CPU backend's kernels) or "dataflow"
+    (`dataflow_compute`, for graphs the kernels refuse). Plans with the same offsets are computed once.
+    Returns one `Verification` per result. The graph's own weights and KV cache are overwritten with the
+    seeded data (and the cache by each run in turn)."""
     if compute not in COMPUTE_WITH:
         raise PlannerError(f"verify: unknown way of computing {compute!r}; use one of {', '.join(COMPUTE_WITH)}")
     run = cpu_init().graph_compute if compute == "cpu" else dataflow_compute
@@ -536,7 +536,7 @@ def verify_plans(graph, results, problem: Problem | None = None, seed: int = 0, 
                              f"only at node {problem.blocks[k].start} (it is not INPUT): filling it first could "
                              f"overwrite a tensor still in use, whatever the plan. Flag it INPUT (set_input) to "
                              f"verify this graph")
-    spec = {t: (k, rows) for k, (t, rows) in enumerate(zip(data, _rows(graph, data)))}
+    spec = leaf_spec(graph)
     # the tensors that own memory already (weights, KV cache): every twin shares them. Not their views: a
     # CPY into a view of the KV cache has its address from the start, but is a node to compute
     in_memory = {t for t in reached(graph) if t.data is not None and t.view_src is None}
@@ -549,8 +549,8 @@ def verify_plans(graph, results, problem: Problem | None = None, seed: int = 0, 
                               f"reference's peak and the buffer of each distinct plan); the limit is max_bytes = "
                               f"{max_bytes / 2**30:.2f} GiB")
     for t in sorted(shared, key=lambda t: spec[t][0]):
-        fill(t, seed, *spec[t])  # read-only: once, for every run
-    expected = reference.run(lambda t, d: fill(d, seed, *spec[t]), run) if graph.nodes else []
+        fill_leaf(t, seed, *spec[t])  # read-only: once, for every run
+    expected = reference.run(lambda t, d: fill_leaf(d, seed, *spec[t]), run) if graph.nodes else []
     done, out = {}, []
     for result in results:
         key = tuple(result.offsets)
@@ -570,9 +570,9 @@ def _planned_run(graph, result, problem, in_memory, shared, spec, seed, expected
     galloc = alloc_planned(copy, result)
     compared = results_to_compare(copy)
     names = [t.name for t in compared]
-    for t, (k, rows) in spec.items():
+    for t, args in spec.items():
         if t not in shared:
-            fill(twin[t], seed, k, rows)
+            fill_leaf(twin[t], seed, *args)
     try:
         run(copy)
     except GGMLLiteError as err:  # e.g. row numbers the plan overwrote: a kernel refused them
@@ -717,4 +717,8 @@ assert search.solution == (6, [2, 0, 4, 2, 5, 0, 2]) and search.nodes == 238 and
 assert check06.ok and check06.galloc.get_buffer_size(0) == 37760 + 32 and reference06.peak == 46400
 assert not check_bad.ok and check_bad.differing == ["l_out-0"] and check_placement(block06, broken.offsets)
 assert all(c.ok for c in checks09) and check09.differing and not check09.ok
-print("appendix A5: all checks passed")
+from ggml_lite.numerics import leaf_bytes  # noqa: E402  (the one seeded filler: data tensor k is leaf k)
+
+spec06 = leaf_spec(block06.graph)
+assert all(gl.tensor_get(w).tobytes() == leaf_bytes(w.type, w.ne, 0, *spec06[w]) for w in shared06)
+print("appendix A6: all checks passed")
