@@ -364,7 +364,8 @@ def leaf_values(data_seed: int, leaf_id: int, n: int, kind: str, value_range=Non
 # A leaf's values become its bytes by its type: f32 and i32 as generated, f16 rounded to nearest even,
 # q8_0 and q4_0 through ggml's reference quantizers (so both sides start from identical bytes). The
 # seed is read from `data_generator.data_seed`, or from a top-level `data_seed` in files written
-# before the specification said where it goes.
+# before the specification said where it goes. This is the project's one seeded data filler: the tests,
+# the oracle and appendix A6's check of a plan by computing (`verify_plans`) fill their graphs with it.
 
 # %%
 # | export numerics
@@ -372,7 +373,7 @@ def leaf_bytes(type, ne, data_seed: int, leaf_id: int, kind: str = "float", valu
                name: str = "") -> bytes:
     """The generated data of one leaf of `type` and shape `ne`, as the tensor's bytes: f32 as is, f16
     rounded to nearest even, q8_0 (and q4_0) quantized by ggml's reference quantizer, i32 integers. The
-    one seeded data filler of the project (the tests and the oracle fill their graphs with it too)."""
+    one seeded data filler of the project (the tests, the oracle and `verify` fill their graphs with it)."""
     values = leaf_values(data_seed, leaf_id, ne[0] * ne[1] * ne[2] * ne[3], kind, value_range)
     if type is F32 or type is I32:
         return values.astype(np.float32 if type is F32 else np.int32).tobytes()
