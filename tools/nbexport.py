@@ -19,8 +19,11 @@ notebooks, same bytes.
 Methods for type checkers: a function decorated `@method_of(Cls)` or `@method_of(Cls, "name")` (from
 `ggml_lite.bind`) is attached to `Cls` at run time, which a type checker cannot see. So the exporter
 writes, at the end of `Cls`'s body in the generated module, an `if TYPE_CHECKING:` block with one
-signature per attached method (defaults shown as `...`, in the order the functions come). `Cls` must be
-defined in the same module and the module must import TYPE_CHECKING (exit 2 otherwise).
+signature per attached method (defaults shown as `...`, in the order the functions come; one parameter
+per line when the line would pass 120 characters). `Cls` must be defined in the same module, on lines
+of its own, and the module must import TYPE_CHECKING; the function must be top-level, with no other
+decorator, and method_of imported under its own name (exit 2 otherwise, as for any form whose signature
+could not be written).
 
 Checked on every run (exit 2): a notebook source must be valid Python (a markdown line that lost its
 `# ` is not), and a generated module must have its imports at the top (in the module's first cell:
@@ -166,38 +169,78 @@ def late_imports(module: str, text: str) -> list:
 STUB_COMMENT = "# methods attached below by @method_of (signatures written by tools/nbexport.py)"
 
 
-def attached_methods(tree: ast.Module) -> dict:
-    """{class name: [(method name, FunctionDef), ...]} for the module's `@method_of(Cls[, "name"])` functions."""
+STUB_WIDTH = 120  # ruff's line length: a longer signature is written one parameter per line
+
+
+def _is_method_of(dec: ast.expr) -> bool:
+    """Is this decorator a use of method_of, in any spelling (`method_of(...)`, `bind.method_of(...)`)?"""
+    f = dec.func if isinstance(dec, ast.Call) else dec
+    return (isinstance(f, ast.Name) and f.id == "method_of") or (isinstance(f, ast.Attribute) and f.attr == "method_of")
+
+
+def attached_methods(module: str, tree: ast.Module) -> dict:
+    """{class name: [(method name, FunctionDef), ...]} for the module's `@method_of(Cls[, "name"])` functions.
+    Any other use of method_of is refused: the signatures it attaches could not be written."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "ggml_lite.bind":
+            if any(a.name == "method_of" and a.asname not in (None, "method_of") for a in node.names):
+                raise ExportError(f"{module}:{node.lineno}: import method_of under its own name")
+    top = set(map(id, tree.body))
     found: dict = {}
-    for node in tree.body:
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    for node in ast.walk(tree):
+        decorators = getattr(node, "decorator_list", [])
+        if not any(_is_method_of(d) for d in decorators):
             continue
-        for dec in node.decorator_list:
-            if (isinstance(dec, ast.Call) and isinstance(dec.func, ast.Name) and dec.func.id == "method_of"
-                    and dec.args and isinstance(dec.args[0], ast.Name)):
-                name = node.name
-                if len(dec.args) > 1 and isinstance(dec.args[1], ast.Constant) and isinstance(dec.args[1].value, str):
-                    name = dec.args[1].value
-                found.setdefault(dec.args[0].id, []).append((name, node))
+        where = f"{module}:{node.lineno}"  # type: ignore[attr-defined]  # (a decorated node has a line)
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or id(node) not in top:
+            raise ExportError(f"{where}: @method_of decorates a top-level function only")
+        dec = decorators[0]
+        if len(decorators) != 1 or not isinstance(dec, ast.Call) or not isinstance(dec.func, ast.Name):
+            raise ExportError(f"{where}: {node.name} takes @method_of(Cls) alone, written `@method_of(...)`")
+        names = [a for a in dec.args[1:2]] + [k.value for k in dec.keywords if k.arg == "name"]
+        if (not dec.args or not isinstance(dec.args[0], ast.Name) or len(dec.args) > 2 or len(names) > 1
+                or any(k.arg != "name" for k in dec.keywords)
+                or any(not (isinstance(n, ast.Constant) and isinstance(n.value, str)) for n in names)):
+            raise ExportError(f"{where}: write @method_of(ClassName) or @method_of(ClassName, \"method name\")")
+        name = names[0].value if names else node.name  # type: ignore[attr-defined]  # (a str Constant)
+        found.setdefault(dec.args[0].id, []).append((name, node))
     return found
 
 
-def stub(name: str, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
-    """`def name(<fn's parameters, defaults as ...>) -> <fn's return>: ...` on one line."""
-    kw_defaults: list = [None if d is None else ast.Constant(...) for d in fn.args.kw_defaults]
-    args = ast.arguments(
-        posonlyargs=fn.args.posonlyargs, args=fn.args.args, vararg=fn.args.vararg, kwonlyargs=fn.args.kwonlyargs,
-        kw_defaults=kw_defaults, kwarg=fn.args.kwarg, defaults=[ast.Constant(...) for _ in fn.args.defaults])
-    node = ast.FunctionDef(name=name, args=args, body=[ast.Expr(ast.Constant(...))], decorator_list=[],
-                           returns=fn.returns, lineno=0)
-    return ast.unparse(node).replace("\n    ...", " ...")
+def stub(name: str, fn: ast.FunctionDef | ast.AsyncFunctionDef, indent: str) -> list:
+    """The lines of `def name(<fn's parameters, defaults as ...>) -> <fn's return>: ...` (async if fn
+    is), one line when it fits STUB_WIDTH, else one parameter per line."""
+    a = fn.args
+
+    def param(arg: ast.arg, default: bool, star: str = "") -> str:
+        text = star + arg.arg + (f": {ast.unparse(arg.annotation)}" if arg.annotation else "")
+        return text + ((" = ..." if arg.annotation else "=...") if default else "")
+
+    positional = a.posonlyargs + a.args
+    first_default = len(positional) - len(a.defaults)
+    params = [param(x, i >= first_default) for i, x in enumerate(positional)]
+    if a.posonlyargs:
+        params.insert(len(a.posonlyargs), "/")
+    if a.vararg:
+        params.append(param(a.vararg, False, "*"))
+    elif a.kwonlyargs:
+        params.append("*")
+    params += [param(x, d is not None) for x, d in zip(a.kwonlyargs, a.kw_defaults)]
+    if a.kwarg:
+        params.append(param(a.kwarg, False, "**"))
+    head = f"{'async ' if isinstance(fn, ast.AsyncFunctionDef) else ''}def {name}("
+    tail = ")" + (f" -> {ast.unparse(fn.returns)}" if fn.returns else "") + ": ..."
+    one = indent + head + ", ".join(params) + tail
+    if len(one) <= STUB_WIDTH:
+        return [one]
+    return [indent + head] + [f"{indent}    {p}," for p in params] + [indent + tail]
 
 
 def with_method_stubs(module: str, text: str) -> str:
     """`text` with an `if TYPE_CHECKING:` block of method signatures at the end of each class that
     `@method_of` functions of the module are attached to (see the module docstring)."""
     tree = ast.parse(text)
-    attached = attached_methods(tree)
+    attached = attached_methods(module, tree)
     if not attached:
         return text
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
@@ -211,11 +254,21 @@ def with_method_stubs(module: str, text: str) -> str:
                           f"(add it to the imports of the module's first cell)")
     lines = text.split("\n")
     for cls in sorted((classes[c] for c in attached), key=lambda c: -(c.end_lineno or 0)):
-        indent = " " * (cls.body[0].col_offset if cls.body else cls.col_offset + 4)
+        if cls.body[0].lineno == cls.lineno:
+            raise ExportError(f"{module}:{cls.lineno}: class {cls.name} has methods attached by @method_of: "
+                              f"write its body on lines of its own")
+        indent = " " * cls.body[0].col_offset
         block = ["", f"{indent}if TYPE_CHECKING:  {STUB_COMMENT}"]
-        block += [f"{indent}    {stub(name, fn)}" for name, fn in attached[cls.name]]
+        for name, fn in attached[cls.name]:
+            block += stub(name, fn, indent + "    ")
         lines[cls.end_lineno:cls.end_lineno] = block
-    return "\n".join(lines)
+    out = "\n".join(lines)
+    try:
+        ast.parse(out)
+    except SyntaxError as e:  # a form of class this function does not know: say so rather than write it
+        raise ExportError(f"{module}: the method signatures written into it do not parse ({e.msg}, line "
+                          f"{e.lineno})") from None
+    return out
 
 
 def plan(notebooks: list) -> dict:
