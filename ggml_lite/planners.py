@@ -4,7 +4,7 @@
 # notebooks/11_planners.py
 """Offline memory planners for a ggml graph (chapter 11; not a port of C: ggml has none): the blocks
 ggml's graph allocator needs and their lifetimes, the peak-live lower bound, greedy-by-size and
-greedy-by-breadth (TFLite), an exact branch and bound (its search: `exact_search`, appendix A6), and the
+greedy-by-breadth (TFLite), an exact branch and bound (its search: `exact_search`), and the
 best of them and ggml's own plan. `alloc_planned` places a plan through the graph allocator; `verify`
 (appendix A6) checks it by computing."""
 

@@ -39,11 +39,11 @@
 #    there. Its results must equal, bit for bit, those of a copy in which no two tensors share memory
 #    (the check is appendix A6's).
 #
-# Exported: `ggml_lite.planners`, and its figure to `ggml_lite.viz.planners`. Nothing here ports C,
-# because ggml has no offline planner. The chapter reuses chapter 05: `ggml_gallocr_reserve`'s trace gives
-# the blocks, and `ggml_gallocr_alloc_graph` places a plan. Appendix A6 opens the two parts this chapter
-# uses without showing their code: the exact search's inner loop (`ggml_lite.exact_search`) and the check
-# of a plan by computing it (`ggml_lite.verify`).
+# Exported: `ggml_lite.planners`, the exact search's state and loop to `ggml_lite.exact_search`, and the
+# figure to `ggml_lite.viz.planners`. Nothing here ports C, because ggml has no offline planner. The chapter
+# reuses chapter 05: `ggml_gallocr_reserve`'s trace gives the blocks, and `ggml_gallocr_alloc_graph` places
+# a plan. Appendix A6 runs the exact search by hand and builds the check of a plan by computing it
+# (`ggml_lite.verify`), which this chapter uses without showing its code.
 
 # %%
 # | default_exp planners
@@ -81,7 +81,7 @@
 # | export
 """Offline memory planners for a ggml graph (chapter 11; not a port of C: ggml has none): the blocks
 ggml's graph allocator needs and their lifetimes, the peak-live lower bound, greedy-by-size and
-greedy-by-breadth (TFLite), an exact branch and bound (its search: `exact_search`, appendix A6), and the
+greedy-by-breadth (TFLite), an exact branch and bound (its search: `exact_search`), and the
 best of them and ggml's own plan. `alloc_planned` places a plan through the graph allocator; `verify`
 (appendix A6) checks it by computing."""
 
@@ -621,19 +621,179 @@ print(breadth06.describe().rsplit(",", 1)[0], "; valid:", not check_placement(bl
 # found, it is optimal. If the search proves there is none, it asks for anything below the best plan
 # known so far (the incumbent: ggml's or a greedy plan) and tightens the target after each find. When
 # the search finishes, the answer is proven optimal. When the time budget runs out first, it returns the
-# best placement found, which is never worse than the incumbent. Sizes are counted in units of the
-# alignment, so every offset it produces is aligned.
+# best placement found, which is never worse than the incumbent.
 
 # %% [markdown]
-# The search itself, its state and its depth-first loop, is appendix A6's (`ggml_lite.exact_search`):
-# reading it takes a while, and nothing in this chapter depends on how it is written. The planner needs
-# little from it. `ExactSearch(problem, deadline)` cuts the nodes into sections and sets up their floors,
-# in units of the alignment. `search.run(target, stop_at)` looks for a placement with a peak of at most
-# `target` units and stops at the first one of at most `stop_at`. It returns True when the search is
-# complete, because it found such a placement or proved that none exists, and False when the deadline
-# passed first. `search.solution` holds the best placement found, as (peak, offsets) in units, and
-# `search.nodes` counts the steps taken. `exact` asks twice: first for the lower bound, then for anything
-# below the incumbent.
+# The search's state is a class, `ExactSearch`, and everything in it is counted in units of the alignment,
+# so every offset it produces is aligned. Block i spans sections `s0[i]` to `s1[i] - 1`. Per section the
+# state keeps the `floor`, and the units (`rem`) and blocks (`cnt`) still to place there. `twin[i]` is the
+# previous block identical to block i: of two twins, the later is tried only once the earlier is placed.
+# The steps that change the state are functions attached to it with `@method_of` (chapter 00), as the
+# ported C functions are. The exceptions `_Timeout` and `_Found` end a search from any depth.
+
+# %%
+# | export exact_search
+"""The exact planner's search (chapter 11; not a port of C): branch and bound over canonical
+placements, in the spirit of MiniMalloc, in units of the alignment. `planners.exact` drives it."""
+
+import itertools
+import sys
+from typing import TYPE_CHECKING
+
+from ggml_lite.bind import method_of
+
+
+class _Timeout(Exception):
+    """The exact search ran out of time."""
+
+
+class _Found(Exception):
+    """The exact search found a placement it can stop at (one at the lower bound)."""
+
+
+# %% [markdown]
+# `bound(last)` is the floor for any completion described above: the blocks left in a section stack
+# above its floor and above `last`, the offset of the block placed last. `candidates` lists the blocks
+# that may come next, lowest offset first. It returns None for a dead branch: a block below `last` that
+# no block still to come shares a section with.
+
+# %%
+# | export exact_search
+class ExactSearch:
+    """The state of `exact`'s search (not a C port), in units of the alignment. Section s is a stretch
+    of nodes with the same live blocks; `floor[s]` is the highest end of the blocks placed so far that
+    live there, `rem[s]` the units of those still to place, `cnt[s]` how many they are. `twin[i]` is the
+    previous block identical to block i (same size and sections), or -1. `problem` is a
+    `planners.Problem` (its `blocks` and `alignment`); the search stops when `deadline.passed()` (a
+    `planners.Deadline`)."""
+
+    def __init__(self, problem, deadline):
+        self.blocks = [b for b in problem.blocks if b.size]
+        cuts = sorted({b.start for b in self.blocks} | {b.end + 1 for b in self.blocks})
+        at = {c: k for k, c in enumerate(cuts)}
+        self.size = [b.size // problem.alignment for b in self.blocks]
+        self.s0 = [at[b.start] for b in self.blocks]
+        self.s1 = [at[b.end + 1] for b in self.blocks]  # one past the block's last section
+        n = max(len(cuts) - 1, 0)
+        rem, cnt = [0] * (n + 1), [0] * (n + 1)  # changes where blocks start and end (as in `_live`)
+        for i, u in enumerate(self.size):
+            rem[self.s0[i]] += u
+            rem[self.s1[i]] -= u
+            cnt[self.s0[i]] += 1
+            cnt[self.s1[i]] -= 1
+        self.rem, self.cnt = list(itertools.accumulate(rem))[:n], list(itertools.accumulate(cnt))[:n]
+        self.floor = [0] * n
+        self.twin, last_seen = [], {}
+        for i, key in enumerate(zip(self.size, self.s0, self.s1)):
+            self.twin.append(last_seen.get(key, -1))
+            last_seen[key] = i
+        self.unplaced = set(range(len(self.blocks)))
+        self.offset = [0] * len(self.blocks)
+        self.deadline, self.nodes = deadline, 0
+        self.target = self.stop_at = 0
+        self.solution = None  # (peak, offsets), in units
+
+    def bound(self, last: int) -> int:
+        """A floor for any completion: the blocks left in a section stack above its floor and `last`."""
+        m = 0
+        for f, r in zip(self.floor, self.rem):
+            if r and (f if f > last else last) + r > m:
+                m = (f if f > last else last) + r
+        return m
+
+    def candidates(self, last: int, last_i: int):
+        """`(offset, -sections, -size, block)` of each block that may come next, in the order to try
+        them: lowest offset first, then the longest-lived, then the largest. None when a block below
+        `last` can never be placed (no block left to place shares a section with it). On thousands of
+        long-lived blocks this one step can take seconds: it looks at the clock every 64 blocks."""
+        out, floor, s0, s1, cnt = [], self.floor, self.s0, self.s1, self.cnt
+        for k, i in enumerate(self.unplaced):
+            if k % 64 == 63 and self.deadline.passed():
+                raise _Timeout
+            p = max(floor[s0[i]:s1[i]])
+            if p < last or (p == last and i < last_i):
+                if all(cnt[s] == 1 for s in range(s0[i], s1[i])):
+                    return None
+                continue
+            if self.twin[i] < 0 or self.twin[i] not in self.unplaced:
+                out.append((p, s0[i] - s1[i], -self.size[i], i))
+        out.sort()
+        return out
+
+
+# %% [markdown]
+# Placing a block raises the floor of its sections to its end, and taking it back restores them. `dfs`
+# tries the candidates in order, and every complete placement it reaches becomes the solution and lowers
+# the target below itself. `run(target, stop_at)` returns True when the search is complete, because it
+# found a placement of at most `stop_at` units or proved that none of at most `target` exists, and False
+# when the deadline passed first. `exact` asks twice: first for the lower bound, then for anything below
+# the incumbent. Appendix A6 (§1) runs the search by hand.
+
+# %%
+# | export exact_search
+@method_of(ExactSearch)
+def place(search, i: int, p: int) -> list:
+    """Put block i at offset p; returns the floors it covered (for `unplace`)."""
+    saved = search.floor[search.s0[i]:search.s1[i]]
+    for s in range(search.s0[i], search.s1[i]):
+        search.floor[s] = p + search.size[i]
+        search.rem[s] -= search.size[i]
+        search.cnt[s] -= 1
+    search.unplaced.discard(i)
+    search.offset[i] = p
+    return saved
+
+
+@method_of(ExactSearch)
+def unplace(search, i: int, saved: list) -> None:
+    """Take block i back out: its sections get their floors `saved` and its units back."""
+    search.floor[search.s0[i]:search.s1[i]] = saved
+    for s in range(search.s0[i], search.s1[i]):
+        search.rem[s] += search.size[i]
+        search.cnt[s] += 1
+    search.unplaced.add(i)
+
+
+@method_of(ExactSearch)
+def dfs(search, last: int, last_i: int, top: int) -> None:
+    """Place the blocks left, in canonical order after block `last_i` at offset `last`; `top` is the
+    highest end so far. A complete placement becomes the solution and lowers the target below it."""
+    search.nodes += 1
+    if search.deadline.passed():
+        raise _Timeout
+    if not search.unplaced:
+        search.solution = (top, list(search.offset))
+        if top <= search.stop_at:
+            raise _Found
+        search.target = top - 1
+        return
+    if max(top, search.bound(last)) > search.target:
+        return
+    for p, _, _, i in search.candidates(last, last_i) or ():
+        end = p + search.size[i]
+        if end <= search.target:
+            saved = place(search, i, p)
+            dfs(search, p, i, max(top, end))
+            unplace(search, i, saved)
+
+
+@method_of(ExactSearch)
+def run(search, target: int, stop_at: int) -> bool:
+    """Search for placements with a peak of at most `target` units, stopping at one of at most
+    `stop_at`. True when the search is complete: such a placement was found, or none exists."""
+    search.target, search.stop_at = target, stop_at
+    limit = sys.getrecursionlimit()  # one level per block
+    sys.setrecursionlimit(max(limit, len(search.blocks) + 200))
+    try:
+        dfs(search, 0, -1, 0)
+    except _Found:
+        return True
+    except _Timeout:
+        return False
+    finally:
+        sys.setrecursionlimit(limit)
+    return True
+
 
 # %%
 # | export
@@ -699,16 +859,9 @@ print("lower bound", four.lower_bound)
 # Seven blocks over nodes 0 to 4, in units of 32 bytes: A (3 units) at node 0, B (2) at nodes 0..1,
 # C (1) at 1..2, D (2) at 1..3, E (1) at 2..3, F (2) at 3..4 and G (3) at node 4. At most five units are
 # alive at once (nodes 0, 1, 3 and 4), so the lower bound is 160 bytes, yet no placement fits in five
-# units. At node 0, A and B fill the five units, so B sits at one edge. By symmetry, put it at the
-# bottom, units 0..1. At node 1, C and D share units 2..4, so either C is at 2 and D at 3..4, or D at
-# 2..3 and C at 4. At node 4, F must be at an edge beside G, and at node 3 it also shares the five units
-# with D and E. If D is at 3..4, F takes 0..1 and E must take unit 2, where C still is at node 2. If D
-# is at 2..3, F cannot go to 3..4 and takes 0..1, and E must take unit 4, again C's unit. Every branch
-# fails, so six units (192 bytes) are needed, and they suffice.
-#
-# The exact search makes the same argument by exhaustion. Its first phase finds no placement at 160
-# bytes and ends, which proves that none exists. The second phase finds 192 and finishes, so the answer
-# is proven optimal although it lies above the lower bound.
+# units (appendix A6 argues it by hand). The search's first phase finds no placement at 160 bytes and
+# ends, which proves that none exists. The second phase finds 192 and finishes, so the answer is proven
+# optimal although it lies above the lower bound.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -838,10 +991,8 @@ def alloc_planned(graph, result: PlanResult, problem: Problem | None = None) -> 
 # digest of every byte each node reads (A6, §3); §11 uses it.
 #
 # The LLaMA block passes in its best plan, in a buffer of 37,792 B (the lower bound and the CPU buffer
-# type's 32 bytes). Then the block of `ffn_up-0` (block 16) is moved onto the gate
-# chain `ffn_gate-0 > ffn_silu-0 > ffn_gate_par-0` (block 15), although both are alive at nodes 25 and 26.
-# The peak stays at 37,760 B, since other blocks reach it. But `ffn_up-0` now writes over the gate values
-# before `ffn_gate_par-0` multiplies them, and the output `l_out-0` changes:
+# type's 32 bytes). Appendix A6 (§2) breaks that plan, one block moved onto another alive at the same
+# nodes, and the check catches it.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -852,11 +1003,6 @@ check06 = verify_plan(block06.graph, best06, block06)
 base = check06.galloc.buffers[0].get_base()
 print(f"buffer {check06.galloc.get_buffer_size(0)} B; compared {check06.compared}: ok = {check06.ok}")
 print("where the plan put the last five nodes:", {t.name: t.data - base for t in check06.graph.nodes[-5:]})
-bad = list(best06.offsets)
-bad[16] = bad[15]
-broken = plan_result(block06, "broken", bad, 0.0)
-check_bad = verify_plan(block06.graph, broken, block06)
-print(f"block 16 moved onto block 15: peak {broken.peak} B; ok = {check_bad.ok}, differing: {check_bad.differing}")
 
 # %% [markdown]
 # ## 9 · ggml against the best plan, on the 7B graph
@@ -1101,46 +1247,8 @@ print("random_graph(87), data-flow run:", {name: c.ok for name, c in zip(plans87
 # of the differential generator (`--count`). The random graphs have at most 40 ops, and their data
 # tensors are flagged INPUT. Graphs the CPU kernels refuse are skipped and counted. Every plan of every
 # graph is then computed and compared as in §8 (by appendix A6's check): on the CPU backend, or by the
-# data-flow run when the kernels refuse the graph. Its output on the machine that wrote this chapter,
-# with the default settings:
-#
-# ```
-#   09_random_dag_wide_s42: the CPU kernels refuse it (DataTypeError): verified by the data-flow run
-#   10_random_dag_wide_s7: the CPU kernels refuse it (ShapeError): verified by the data-flow run
-#   13_llama7b_ctx512_all_outputs: 5 plans verified by computing (3 distinct placements) in 344 s
-#   14_llama7b_ctx512_one_output: 5 plans verified by computing (3 distinct placements) in 311 s
-#
-# recorded fixtures (tests/fixtures/ggml-seed, each step of a sequence): 23 graphs
-#   planner         ratio to LB: geo-mean     max          at LB  time/graph: mean       max
-#   ggml                           1.0519  1.1356      5 ( 21.7 %)           1.43 ms    7.3 ms
-#   greedy-size                    1.0059  1.0882     20 ( 87.0 %)           2.17 ms   19.4 ms
-#   greedy-breadth                 1.0015  1.0318     21 ( 91.3 %)           3.60 ms   36.0 ms
-#   exact                          1.0004  1.0045     21 ( 91.3 %)          87.43 ms 1004.2 ms
-#   best                           1.0004  1.0045     21 ( 91.3 %)          93.31 ms 1060.0 ms
-#   blocks from ggml's trace (blocks_of): mean 7.65 ms, max 36.8 ms
-#   greedy-size worse than ggml: 3 graphs; best better than ggml: 17, worse: 0
-#   exact searches run (no plan at the lower bound before them): 2, finished: 0, reached the lower bound: 0
-#   slowest exact search: 09_random_dag_wide_s42 (295 blocks): 1004.2 ms, 27839 steps, out of time (its best plan returned)
-#   plans verified by computing on the CPU backend: 105, by the data-flow run (the CPU kernels refuse the graph): 10; failures: 0
-#
-# random graphs (ggml_oracle.random_graph of seeds 0..434, at most 40 ops;
-#   135 skipped because the CPU kernels refuse them): 300 graphs
-#   planner         ratio to LB: geo-mean     max          at LB  time/graph: mean       max
-#   ggml                           1.0415  1.9524    132 ( 44.0 %)           0.21 ms    1.7 ms
-#   greedy-size                    1.0048  1.2629    266 ( 88.7 %)           0.06 ms    0.2 ms
-#   greedy-breadth                 1.0068  1.4004    274 ( 91.3 %)           0.09 ms    0.4 ms
-#   exact                          1.0000  1.0000    300 (100.0 %)           0.06 ms    1.1 ms
-#   best                           1.0000  1.0000    300 (100.0 %)           0.24 ms    1.8 ms
-#   blocks from ggml's trace (blocks_of): mean 0.65 ms, max 2.7 ms
-#   greedy-size worse than ggml: 11 graphs; best better than ggml: 168, worse: 0
-#   exact searches run (no plan at the lower bound before them): 21, finished: 21, reached the lower bound: 21
-#   slowest exact search: graph seed 139 (37 blocks): 1.1 ms, 111 steps, finished (optimal proven)
-#   plans verified by computing on the CPU backend: 1500; failures: 0
-#   the 135 skipped graphs: best at the lower bound on 135 (100.0 %), better than ggml on 106, worse on 0; greedy-size worse than ggml on 4;
-#   their plans verified by the data-flow run: 675, failures: 0
-#
-# 660.9 s in all (exact search budget 1.0 s)
-# ```
+# data-flow run when the kernels refuse the graph. Appendix A6 (§4) shows its whole output on the machine
+# that wrote this chapter, with the default settings, and what verifying costs.
 #
 # On random graphs ggml reaches the lower bound on 44 % of them. Its worst plan needs 1.95 times the
 # lower bound, and its geometric mean is 4.2 % above it. Each greedy planner alone reaches the lower bound
@@ -1153,15 +1261,10 @@ print("random_graph(87), data-flow run:", {name: c.ok for name, c in zip(plans87
 # their 675 plans pass the data-flow run.
 #
 # On the recorded graphs the exact search ran twice, on fixtures 09 and 10 (295 and 375 blocks), and
-# both times it used its whole second without a proof (which of the two is reported as the slowest
-# changes from run to run). On 09 the best it knows is greedy by breadth's plan, 0.40 % above the lower
-# bound. On 10 it returns ggml's plan, 0.45 % above. Whether those two graphs admit a placement at the
-# lower bound is open. Every plan of the 23 recorded graphs is verified: 105 by the CPU backend, the 10 of
-# fixtures 09 and 10 by the data-flow run. Most of the 11 minutes go to the two 7B graphs, about 5.5
-# minutes each for the reference and three distinct placements (each run multiplies 6.7 billion f16
-# weights by 512 tokens: about 7 TFLOP). The process peaked at 14.0 GiB, most of it the 12.8 GiB of
-# weights and KV cache, held once. With `--max-gib 2` the 7B graphs are planned, reported unverified,
-# and the whole run takes a few seconds.
+# both times it used its whole second without a proof. On 09 the best it knows is greedy by breadth's
+# plan, 0.40 % above the lower bound. On 10 it returns ggml's plan, 0.45 % above. Whether those two graphs
+# admit a placement at the lower bound is open. Every plan of the 23 recorded graphs is verified: 105 by
+# the CPU backend, the 10 of fixtures 09 and 10 by the data-flow run.
 #
 # With `--count 2000 --max-gib 2` (30 s here) the picture holds. `best` reaches the lower bound on all
 # 2,000 random graphs and all 10,000 plans verify; the 1,041 graphs the kernels refuse on the way are at
@@ -1180,7 +1283,6 @@ assert size06.peak == breadth06.peak == 37760 and size06.optimal and not check_p
 assert [r.peak for r in (greedy_by_size(four), exact(four))] == [128, 96] and exact(four).optimal
 assert (seven.lower_bound, exact7.peak, exact7.optimal) == (160, 192, True) and not check_placement(seven, exact7.offsets)
 assert check06.ok and check06.galloc.get_buffer_size(0) == 37760 + 32
-assert not check_bad.ok and check_bad.differing == ["l_out-0"] and check_placement(block06, broken.offsets)
 # fixture 14: ggml 65.00 MiB, the lower bound 60.00 MiB, and best reaches it (buffer = lower bound + 32 B)
 assert plans14["ggml"].buffer_size == 68161600 and f"{llama14.lower_bound / 2**20:.2f}" == "60.00"
 assert plans14["best"].buffer_size == llama14.lower_bound + 32 and plans14["best"].optimal

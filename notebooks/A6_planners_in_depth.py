@@ -13,12 +13,11 @@
 # %% [markdown]
 # # A6 · Planners in depth: the exact search's loop, and plans checked by computing
 #
-# Chapter 11 compares offline planners with ggml's own plan and uses two pieces whose code it does not
-# show. Its exact search proves a plan optimal or proves that none reaches a target, and the chapter
-# only states the two ideas that make it finish: canonical placements and per-section bounds. And it
+# Chapter 11 compares offline planners with ggml's own plan. Its exact search proves a plan optimal or
+# proves that none reaches a target, and the chapter shows its code but runs it only as a whole. And it
 # claims that every plan *runs*, that the graph computed in the planner's offsets gives the results of a
-# run in which no two tensors share memory. This appendix opens both. Nothing in chapters 00 to 11 needs
-# it for reading.
+# run in which no two tensors share memory, with a check whose code it does not show. This appendix runs
+# the search by hand and opens the check. Nothing in chapters 00 to 11 needs it for reading.
 #
 # Why look? The search is where the planning time goes: a weaker bound lets it wander through branches
 # that cannot win, and a careless candidate order would skip placements or try each one many times. The
@@ -27,218 +26,57 @@
 #
 # **Learning goals**
 #
-# 1. The exact search's state: sections of nodes, a floor per section, the units still to place, and
-#    how placing a block and taking it back keep them exact (§1).
-# 2. The search run by hand on chapter 11's seven blocks: a proof, by exhaustion, that the lower bound
-#    cannot be reached (§1).
+# 1. Why chapter 11's seven blocks cannot reach their lower bound, argued by hand (§1).
+# 2. The exact search's state on those blocks: sections, floors, the steps it takes to prove, by
+#    exhaustion, what the hand argument shows (§1).
 # 3. A reference run that never reuses memory but still fits a 7B graph: shared read-only weights and
 #    buffers freed after their last reader (§2).
 # 4. What is compared, why bit for bit, and why the placement is checked as well as the results (§2).
 # 5. A data-flow run for graphs the CPU kernels refuse, which still catches a tensor overwritten too
 #    early (§3).
+# 6. The benchmark's whole output: every plan of 23 recorded and 300 random graphs computed, and what
+#    that costs (§4).
 #
-# Exported: `ggml_lite.exact_search` (§1) and `ggml_lite.verify` (§2, §3). Both are used by chapter 11 and
-# by `python -m ggml_lite plan --planner exact|best [--verify]`.
+# Exported: `ggml_lite.verify` (§2, §3), used by chapter 11 and by `python -m ggml_lite plan --verify`. §1
+# imports chapter 11's `ggml_lite.exact_search`, as any later notebook may.
 
 # %%
 # | default_exp verify
 
 # %% [markdown]
-# ## 1 · The exact search
+# ## 1 · The exact search by hand
 #
-# Recall chapter 11, §6. A *canonical* placement is one in which every block rests either on offset 0 or
-# on a block it shares a node with. Every placement can be lowered to a canonical one without a higher
-# peak, so the search only builds canonical placements. It lists the blocks by offset and places each one
-# on the skyline of those before it. The bound cuts a branch as soon as the blocks still to place in
-# some stretch of nodes cannot fit under the target.
+# Chapter 11 (§6) built the exact search. A *canonical* placement is one in which every block rests either
+# on offset 0 or on a block it shares a node with; every placement can be lowered to a canonical one
+# without a higher peak. The search lists the blocks by offset, places each one on the skyline of those
+# before it, and cuts a branch as soon as the blocks still to place in some *section* (a stretch of nodes
+# in which the same blocks are alive) cannot fit under the target. Its state, `ExactSearch` of
+# `ggml_lite.exact_search`, counts in units of the alignment. Block i spans sections `s0[i]` to
+# `s1[i] - 1`, and each section has a `floor`, the highest end of the blocks placed there so far.
 #
-# The search works in **sections**, stretches of nodes in which the same blocks are alive. A section has a
-# *floor*, the highest end of the blocks placed so far that live in it, and a count of the units, and of
-# the blocks, still to place there. A block spans sections `s0` to `s1 - 1`, and its offset in the
-# canonical order is the highest floor among them. Two blocks of the same size over the same sections
-# are interchangeable, so the search takes them in index order (`twin`) and never tries both orders.
-#
-# Everything is counted in units of the alignment, so every offset the search produces is aligned. The
-# state is a class. The steps that change it are functions attached to it with `@method_of` (chapter 00),
-# as the ported C functions are. The exceptions `_Timeout` and `_Found` end a search from any depth.
-
-# %%
-# | export exact_search
-"""The exact planner's search (appendix A6; not a port of C): branch and bound over canonical
-placements, in the spirit of MiniMalloc, in units of the alignment. `planners.exact` drives it."""
-
-import itertools
-import sys
-from typing import TYPE_CHECKING
-
-from ggml_lite.bind import method_of
-
-
-class _Timeout(Exception):
-    """The exact search ran out of time."""
-
-
-class _Found(Exception):
-    """The exact search found a placement it can stop at (one at the lower bound)."""
-
-
-# %% [markdown]
-# `ExactSearch` holds the state. `bound(last)` is the floor for any completion: the blocks left in a
-# section stack above its floor, and above `last`, the offset of the block placed last, since offsets
-# never decrease in the canonical order. `candidates` lists the blocks that may come next, lowest offset
-# first. A block whose skyline is already below `last` can no longer be placed in order. If no block
-# still to come shares a section with it, nothing can ever lift it, and the branch is dead.
-
-# %%
-# | export exact_search
-class ExactSearch:
-    """The state of `exact`'s search (not a C port), in units of the alignment. Section s is a stretch
-    of nodes with the same live blocks; `floor[s]` is the highest end of the blocks placed so far that
-    live there, `rem[s]` the units of those still to place, `cnt[s]` how many they are. `twin[i]` is the
-    previous block identical to block i (same size and sections), or -1. `problem` is a
-    `planners.Problem` (its `blocks` and `alignment`); the search stops when `deadline.passed()` (a
-    `planners.Deadline`)."""
-
-    def __init__(self, problem, deadline):
-        self.blocks = [b for b in problem.blocks if b.size]
-        cuts = sorted({b.start for b in self.blocks} | {b.end + 1 for b in self.blocks})
-        at = {c: k for k, c in enumerate(cuts)}
-        self.size = [b.size // problem.alignment for b in self.blocks]
-        self.s0 = [at[b.start] for b in self.blocks]
-        self.s1 = [at[b.end + 1] for b in self.blocks]  # one past the block's last section
-        n = max(len(cuts) - 1, 0)
-        rem, cnt = [0] * (n + 1), [0] * (n + 1)  # changes where blocks start and end (as in `_live`)
-        for i, u in enumerate(self.size):
-            rem[self.s0[i]] += u
-            rem[self.s1[i]] -= u
-            cnt[self.s0[i]] += 1
-            cnt[self.s1[i]] -= 1
-        self.rem, self.cnt = list(itertools.accumulate(rem))[:n], list(itertools.accumulate(cnt))[:n]
-        self.floor = [0] * n
-        self.twin, last_seen = [], {}
-        for i, key in enumerate(zip(self.size, self.s0, self.s1)):
-            self.twin.append(last_seen.get(key, -1))
-            last_seen[key] = i
-        self.unplaced = set(range(len(self.blocks)))
-        self.offset = [0] * len(self.blocks)
-        self.deadline, self.nodes = deadline, 0
-        self.target = self.stop_at = 0
-        self.solution = None  # (peak, offsets), in units
-
-    def bound(self, last: int) -> int:
-        """A floor for any completion: the blocks left in a section stack above its floor and `last`."""
-        m = 0
-        for f, r in zip(self.floor, self.rem):
-            if r and (f if f > last else last) + r > m:
-                m = (f if f > last else last) + r
-        return m
-
-    def candidates(self, last: int, last_i: int):
-        """`(offset, -sections, -size, block)` of each block that may come next, in the order to try
-        them: lowest offset first, then the longest-lived, then the largest. None when a block below
-        `last` can never be placed (no block left to place shares a section with it). On thousands of
-        long-lived blocks this one step can take seconds: it looks at the clock every 64 blocks."""
-        out, floor, s0, s1, cnt = [], self.floor, self.s0, self.s1, self.cnt
-        for k, i in enumerate(self.unplaced):
-            if k % 64 == 63 and self.deadline.passed():
-                raise _Timeout
-            p = max(floor[s0[i]:s1[i]])
-            if p < last or (p == last and i < last_i):
-                if all(cnt[s] == 1 for s in range(s0[i], s1[i])):
-                    return None
-                continue
-            if self.twin[i] < 0 or self.twin[i] not in self.unplaced:
-                out.append((p, s0[i] - s1[i], -self.size[i], i))
-        out.sort()
-        return out
-
-
-# %% [markdown]
-# Placing a block raises the floor of its sections to its end. Taking it back restores them. The
-# depth-first search tries the candidates in order, and every complete placement it reaches lowers the
-# target below itself.
-
-# %%
-# | export exact_search
-@method_of(ExactSearch)
-def place(search, i: int, p: int) -> list:
-    """Put block i at offset p; returns the floors it covered (for `unplace`)."""
-    saved = search.floor[search.s0[i]:search.s1[i]]
-    for s in range(search.s0[i], search.s1[i]):
-        search.floor[s] = p + search.size[i]
-        search.rem[s] -= search.size[i]
-        search.cnt[s] -= 1
-    search.unplaced.discard(i)
-    search.offset[i] = p
-    return saved
-
-
-@method_of(ExactSearch)
-def unplace(search, i: int, saved: list) -> None:
-    """Take block i back out: its sections get their floors `saved` and its units back."""
-    search.floor[search.s0[i]:search.s1[i]] = saved
-    for s in range(search.s0[i], search.s1[i]):
-        search.rem[s] += search.size[i]
-        search.cnt[s] += 1
-    search.unplaced.add(i)
-
-
-@method_of(ExactSearch)
-def dfs(search, last: int, last_i: int, top: int) -> None:
-    """Place the blocks left, in canonical order after block `last_i` at offset `last`; `top` is the
-    highest end so far. A complete placement becomes the solution and lowers the target below it."""
-    search.nodes += 1
-    if search.deadline.passed():
-        raise _Timeout
-    if not search.unplaced:
-        search.solution = (top, list(search.offset))
-        if top <= search.stop_at:
-            raise _Found
-        search.target = top - 1
-        return
-    if max(top, search.bound(last)) > search.target:
-        return
-    for p, _, _, i in search.candidates(last, last_i) or ():
-        end = p + search.size[i]
-        if end <= search.target:
-            saved = place(search, i, p)
-            dfs(search, p, i, max(top, end))
-            unplace(search, i, saved)
-
-
-@method_of(ExactSearch)
-def run(search, target: int, stop_at: int) -> bool:
-    """Search for placements with a peak of at most `target` units, stopping at one of at most
-    `stop_at`. True when the search is complete: such a placement was found, or none exists."""
-    search.target, search.stop_at = target, stop_at
-    limit = sys.getrecursionlimit()  # one level per block
-    sys.setrecursionlimit(max(limit, len(search.blocks) + 200))
-    try:
-        dfs(search, 0, -1, 0)
-    except _Found:
-        return True
-    except _Timeout:
-        return False
-    finally:
-        sys.setrecursionlimit(limit)
-    return True
-
-
-
-# %% [markdown]
 # ### A worked example: seven blocks that cannot reach the lower bound
 #
-# Chapter 11 (§6) argued by hand that its seven blocks need six units of 32 bytes, although at most five
-# are ever alive. Here the search makes that argument itself. The blocks cut the nodes into five
-# sections; block 3 (D), for one, spans sections 1 to 3. Asked for at most five units, the search returns
-# True with no solution after 114 steps: it finished and found nothing, which proves that no placement
-# fits in five units. That is the question `exact` asks first. A greedy plan already needs six units, so
-# the answer makes it optimal. Asked for at most six units, the search finds a placement of its own,
-# offsets 2, 0, 4, 2, 5, 0 and 2 in units. It then looks below it, for five units again, finds nothing
-# and finishes, 124 steps later.
+# Chapter 11's seven blocks over nodes 0 to 4, in units of 32 bytes: A (3 units) at node 0, B (2) at
+# nodes 0..1, C (1) at 1..2, D (2) at 1..3, E (1) at 2..3, F (2) at 3..4 and G (3) at node 4. At most five
+# units are alive at once (nodes 0, 1, 3 and 4), so the lower bound is 160 bytes, yet no placement fits in
+# five units. At node 0, A and B fill the five units, so B sits at one edge. By symmetry, put it at the
+# bottom, units 0..1. At node 1, C and D share units 2..4, so either C is at 2 and D at 3..4, or D at
+# 2..3 and C at 4. At node 4, F must be at an edge beside G, and at node 3 it also shares the five units
+# with D and E. If D is at 3..4, F takes 0..1 and E must take unit 2, where C still is at node 2. If D
+# is at 2..3, F cannot go to 3..4 and takes 0..1, and E must take unit 4, again C's unit. Every branch
+# fails, so six units (192 bytes) are needed, and they suffice.
+#
+# The search makes that argument itself, by exhaustion. The blocks cut the nodes into five sections;
+# block 3 (D), for one, spans sections 1 to 3. Asked for at most five units, the search returns True with
+# no solution after 114 steps: it finished and found nothing, which proves that no placement fits in five
+# units. That is the question `exact` asks first. A greedy plan already needs six units, so the answer
+# makes it optimal. Asked for at most six units, the search finds a placement of its own, offsets 2, 0,
+# 4, 2, 5, 0 and 2 in units. It then looks below it, for five units again, finds nothing and finishes,
+# 124 steps later.
 
 # %%
 # NBVAL_CHECK_OUTPUT
+from ggml_lite.exact_search import ExactSearch  # noqa: E402
 from ggml_lite.planners import Deadline, all_plans, best, blocks_of, plan_result, problem_from_blocks  # noqa: E402
 
 seven = problem_from_blocks([(96, 0, 0), (64, 0, 1), (32, 1, 2), (64, 1, 3), (32, 2, 3), (64, 3, 4), (96, 4, 4)])
@@ -710,7 +548,60 @@ print(f"block {k} moved onto block {j}: ok = {check09.ok}, {len(check09.differin
       f"{len(check09.compared)} results differ")
 
 # %% [markdown]
-# ## 4 · Check
+# ## 4 · The benchmark: every plan computed
+#
+# Chapter 11 (§12) sums up `benchmarks/planners.py`. It plans the recorded graphs and 300 random graphs of
+# the differential generator with every planner, and computes every plan as §2 does: on the CPU backend,
+# or by the data-flow run of §3 when the kernels refuse the graph. Its output on the machine that wrote
+# chapter 11, with the default settings:
+#
+# ```
+#   09_random_dag_wide_s42: the CPU kernels refuse it (DataTypeError): verified by the data-flow run
+#   10_random_dag_wide_s7: the CPU kernels refuse it (ShapeError): verified by the data-flow run
+#   13_llama7b_ctx512_all_outputs: 5 plans verified by computing (3 distinct placements) in 344 s
+#   14_llama7b_ctx512_one_output: 5 plans verified by computing (3 distinct placements) in 311 s
+#
+# recorded fixtures (tests/fixtures/ggml-seed, each step of a sequence): 23 graphs
+#   planner         ratio to LB: geo-mean     max          at LB  time/graph: mean       max
+#   ggml                           1.0519  1.1356      5 ( 21.7 %)           1.43 ms    7.3 ms
+#   greedy-size                    1.0059  1.0882     20 ( 87.0 %)           2.17 ms   19.4 ms
+#   greedy-breadth                 1.0015  1.0318     21 ( 91.3 %)           3.60 ms   36.0 ms
+#   exact                          1.0004  1.0045     21 ( 91.3 %)          87.43 ms 1004.2 ms
+#   best                           1.0004  1.0045     21 ( 91.3 %)          93.31 ms 1060.0 ms
+#   blocks from ggml's trace (blocks_of): mean 7.65 ms, max 36.8 ms
+#   greedy-size worse than ggml: 3 graphs; best better than ggml: 17, worse: 0
+#   exact searches run (no plan at the lower bound before them): 2, finished: 0, reached the lower bound: 0
+#   slowest exact search: 09_random_dag_wide_s42 (295 blocks): 1004.2 ms, 27839 steps, out of time (its best plan returned)
+#   plans verified by computing on the CPU backend: 105, by the data-flow run (the CPU kernels refuse the graph): 10; failures: 0
+#
+# random graphs (ggml_oracle.random_graph of seeds 0..434, at most 40 ops;
+#   135 skipped because the CPU kernels refuse them): 300 graphs
+#   planner         ratio to LB: geo-mean     max          at LB  time/graph: mean       max
+#   ggml                           1.0415  1.9524    132 ( 44.0 %)           0.21 ms    1.7 ms
+#   greedy-size                    1.0048  1.2629    266 ( 88.7 %)           0.06 ms    0.2 ms
+#   greedy-breadth                 1.0068  1.4004    274 ( 91.3 %)           0.09 ms    0.4 ms
+#   exact                          1.0000  1.0000    300 (100.0 %)           0.06 ms    1.1 ms
+#   best                           1.0000  1.0000    300 (100.0 %)           0.24 ms    1.8 ms
+#   blocks from ggml's trace (blocks_of): mean 0.65 ms, max 2.7 ms
+#   greedy-size worse than ggml: 11 graphs; best better than ggml: 168, worse: 0
+#   exact searches run (no plan at the lower bound before them): 21, finished: 21, reached the lower bound: 21
+#   slowest exact search: graph seed 139 (37 blocks): 1.1 ms, 111 steps, finished (optimal proven)
+#   plans verified by computing on the CPU backend: 1500; failures: 0
+#   the 135 skipped graphs: best at the lower bound on 135 (100.0 %), better than ggml on 106, worse on 0; greedy-size worse than ggml on 4;
+#   their plans verified by the data-flow run: 675, failures: 0
+#
+# 660.9 s in all (exact search budget 1.0 s)
+# ```
+#
+# Most of the 11 minutes go to the two 7B graphs, about 5.5 minutes each for the reference and three
+# distinct placements (each run multiplies 6.7 billion f16 weights by 512 tokens: about 7 TFLOP). The
+# process peaked at 14.0 GiB, most of it the 12.8 GiB of weights and KV cache, held once. With
+# `--max-gib 2` the 7B graphs are planned, reported unverified, and the whole run takes a few seconds.
+# Which of fixtures 09 and 10 is reported as the slowest exact search changes from run to run: both use
+# their whole second.
+
+# %% [markdown]
+# ## 5 · Check
 
 # %%
 assert search.solution == (6, [2, 0, 4, 2, 5, 0, 2]) and search.nodes == 238 and seven.lower_bound == 5 * 32

@@ -1,4 +1,4 @@
-"""The offline planners of chapter 11 (`ggml_lite.planners`, with appendix A6's `exact_search` and `verify`):
+"""The offline planners of chapter 11 (`ggml_lite.planners` and its `exact_search`, with appendix A6's `verify`):
 blocks from ggml's trace, the lower bound, greedy by size and by breadth, the exact search, best; plans
 placed by the graph allocator and verified by computing; `python -m ggml_lite plan --planner ... [--verify]`.
 
