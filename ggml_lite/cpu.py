@@ -5,7 +5,7 @@
 """The CPU backend (ggml-backend.c:547-945) and the numpy kernels it computes with.
 
 `compute_forward(node)` computes one graph node from its sources as ggml's CPU backend does
-(`ggml_compute_forward`, llama.cpp `daa9623`): the same types, shapes and checks, f16 results rounded
+(`ggml_compute_forward` of llama.cpp 1d1ccce): the same types, shapes and checks, f16 results rounded
 to nearest even, rope's float32 angle recurrence. How each order- or rounding-dependent step is done is
 the numerics tier's choice (`params.arith`): `Arithmetic`, the default, within its stated tolerance of
 ggml (`TOLERANCE_F32`, `TOLERANCE_MIXED`), or appendix A2's bit-exact tier. Every kernel reads its
@@ -18,12 +18,15 @@ the other kernels are `ggml_lite.cpu_kernels_more` (added to `FORWARD`), the qua
 `ggml_lite.quants`.
 """
 
+import abc
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ggml_lite.backend import Backend, GraphPlan, Status
+from ggml_lite.bind import method_of
 from ggml_lite.buffer import cpu_buffer_type, tensor_array
 from ggml_lite.errors import (
     DataTypeError,
@@ -115,10 +118,9 @@ class Arithmetic:
         return fp32_to_fp16(y) if type is F16 else self.from_float(Q8_0, y)
 
     def mul_mat(self, type, x, y) -> np.ndarray:
-        """The dot products of `ggml_compute_forward_mul_mat`: src0 planes x (.., .., M, K) in `type`, src1
-        planes y (.., .., N, K) -> (.., .., N, M) float32, as one batched matmul after `to_vec_dot`. src1 is
-        copied when it shares memory with src0: numpy multiplies `A @ A.T` on one buffer with `syrk`, which
-        rounds otherwise than the `gemm` of two buffers."""
+        """The dot products of `ggml_compute_forward_mul_mat`: src0 planes x (.., .., M, K) in `type`, src1 planes
+        y (.., .., N, K) -> (.., .., N, M) float32, one batched matmul after `to_vec_dot`. src1 is copied when it
+        shares src0's memory: numpy computes `A @ A.T` on one buffer with `syrk`, rounding unlike `gemm`."""
         y = self.to_vec_dot(type, y)
         xf = _DEQUANT[type.name](x) if type.is_quantized else x.astype(F4, copy=False)
         yf = _DEQUANT[Q8_0.name](y) if y.dtype == Q8_0_DTYPE else y.astype(F4, copy=False)
@@ -188,11 +190,10 @@ def _need_nb0(node, t, what: str, strict: bool = True) -> None:
 
 def _rows_uniform(t) -> bool:
     """Does row i of `t` (flat row index) start at i·nb[1], as the kernels that loop `i*nb[1]` assume?"""
-    ne, nb = t.ne, t.nb
-    stride = nb[1]
+    stride = t.nb[1]
     for d in (2, 3):
-        stride *= ne[d - 1]
-        if ne[d] > 1 and nb[d] != stride:
+        stride *= t.ne[d - 1]
+        if t.ne[d] > 1 and t.nb[d] != stride:
             return False
     return True
 
@@ -228,9 +229,8 @@ def compute_forward_dup(params, node) -> None:
         if st.is_quantized and not (is_contiguous(src) and is_contiguous(node)) and src.ne[0] != node.ne[0]:
             raise LayoutError(f"{node.op.name} {describe(node)}: a {st.name} copy between differently shaped, "
                               f"non-contiguous tensors would split blocks")
-        vals = np.array(params.view(src), copy=True).reshape(-1)
         dst = params.view(node)
-        dst[...] = vals.reshape(dst.shape)
+        dst[...] = np.array(params.view(src), copy=True).reshape(dst.shape)
         return
     if st not in (F32, F16):
         raise DataTypeError(f"{node.op.name} {describe(node)}: ggml cannot convert {st.name} to {dt.name} "
@@ -246,9 +246,8 @@ def compute_forward_dup(params, node) -> None:
             raise ShapeError(f"{node.op.name} {describe(node)}: rows of {src.ne[0]} elements of {describe(src)} "
                              f"are not whole {dt.name} blocks")
         rows = params.read_f32(src).reshape(-1, src.ne[0])
-        blocks = params.arith.from_float(dt, rows).reshape(-1)
         dst = params.view(node)
-        dst[...] = blocks.reshape(dst.shape)
+        dst[...] = params.arith.from_float(dt, rows).reshape(dst.shape)
         return
     raise DataTypeError(f"{node.op.name} {describe(node)}: no conversion from {st.name} to {dt.name}")
 
@@ -385,8 +384,7 @@ def compute_forward_mul_mat(params, node) -> None:
     if a.nb[0] != a.type.type_size or b.nb[0] != b.type.type_size:
         raise LayoutError(f"MUL_MAT {describe(node)}: ggml does not support permuted src0 or src1 "
                           f"(nb00 = {a.nb[0]}, nb10 = {b.nb[0]})")
-    nb = node.nb
-    if not (nb[0] == 4 and nb[0] <= nb[1] <= nb[2] <= nb[3]):
+    if not (node.nb[0] == 4 and node.nb[0] <= node.nb[1] <= node.nb[2] <= node.nb[3]):
         raise LayoutError(f"MUL_MAT {describe(node)}: the destination cannot be transposed or permuted")
     ne0, ne1 = a.ne, b.ne
     if ne0[0] != ne1[0] or ne1[2] % ne0[2] or ne1[3] % ne0[3]:
@@ -418,8 +416,7 @@ def compute_forward_get_rows(params, node) -> None:
         raise TensorBoundsError(f"GET_ROWS {describe(node)}: row index {bad} "
                                 f"is outside the {a.ne[1]} rows of {describe(a)}")
     src = np.array(params.view(a), copy=True) if a.type is I32 else params.read_f32(a)
-    i12 = np.arange(idx.shape[0])[:, None, None]
-    i11 = np.arange(idx.shape[1])[None, :, None]
+    i12, i11 = np.arange(idx.shape[0])[:, None, None], np.arange(idx.shape[1])[None, :, None]
     params.write(node, src[i12, i11, idx])  # (ne12, ne11, ne10, ne00)
 
 
@@ -441,8 +438,7 @@ def compute_forward_diag_mask(params, node) -> None:
         raise LayoutError(f"{node.op.name} {describe(node)}: ggml addresses the planes as k*nb[2]")
     value = F4(-np.inf) if node.op is Op.DIAG_MASK_INF else F4(0)
     x = params.read_f32(a)
-    i = np.arange(a.ne[0])[None, :]
-    j = np.arange(a.ne[1])[:, None]
+    i, j = np.arange(a.ne[0])[None, :], np.arange(a.ne[1])[:, None]
     params.write(node, np.where((i >= n_past) & (i > n_past + j), value, x))
 
 
@@ -467,8 +463,7 @@ def compute_forward_soft_max(params, node) -> None:
     _need_type(node, a, (F32,), "src0")
     _same_shape(node, a, node)
     _need_contiguous(node, (a, "src0"), (node, "the result"))
-    scale = F4(word_to_float(node.op_params[0]))
-    max_bias = word_to_float(node.op_params[1])
+    scale, max_bias = F4(word_to_float(node.op_params[0])), word_to_float(node.op_params[1])
     x = params.read_f32(a)  # (ne03, ne02, ne01, ne00)
     ne00, ne01, ne02 = a.ne[0], a.ne[1], a.ne[2]
     w = x * scale
@@ -492,8 +487,7 @@ def rope_yarn_corr_dims(arith, n_dims: int, n_ctx_orig: int, freq_base: float, b
     def corr_dim(n_rot):
         arg = F4(n_ctx_orig) / (F4(n_rot) * F4(2) * F4(math.pi))
         return F4(n_dims) * arith.scalar("logf", arg) / (F4(2) * arith.scalar("logf", freq_base))
-    start = np.floor(corr_dim(beta_fast))
-    end = np.ceil(corr_dim(beta_slow))
+    start, end = np.floor(corr_dim(beta_fast)), np.ceil(corr_dim(beta_slow))
     # MAX(0, start) and MIN(n_dims - 1, end) as the C macros evaluate them (a NaN stays NaN)
     return (F4(0) if F4(0) > start else start), (F4(n_dims - 1) if F4(n_dims - 1) < end else end)
 
@@ -556,8 +550,7 @@ def compute_forward_rope(params, node) -> None:
     positions = np.array(params.view(pos), copy=True).reshape(-1)[:a.ne[2]]
     corr = rope_yarn_corr_dims(params.arith, n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     cos, sin = rope_cache(params.arith, positions, n_dims, freq_base, freq_scale, ext_factor, attn_factor, corr, ff)
-    cos = cos[None, :, None, :]  # (1, ne2, 1, n_dims/2)
-    sin = sin[None, :, None, :]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, ne2, 1, n_dims/2)
     x = params.read_f32(a)
     y = x.copy()
     half = n_dims // 2
@@ -622,61 +615,79 @@ class CPUBackend(Backend):
         self.clock, self.cost = clock, cost
         self.arith = arith or NUMPY
 
-    def free(self) -> None:
-        """`ggml_backend_cpu_free`."""
-        super().free()
-
-    def _get_default_buffer_type(self):
-        """`ggml_backend_cpu_get_default_buffer_type`: the CPU buffer type (chapter 03)."""
-        return cpu_buffer_type()
-
-    def _graph_plan_create(self, graph) -> GraphPlan:
-        """`ggml_backend_cpu_graph_plan_create`: a plan holding a shallow copy of the graph."""
-        self._alive()
-        return GraphPlan(self, graph)
-
-    def _graph_plan_free(self, plan: GraphPlan) -> None:
-        """`ggml_backend_cpu_graph_plan_free`."""
-        plan.freed = True
-
-    def _graph_plan_compute(self, plan: GraphPlan) -> Status:
-        """`ggml_backend_cpu_graph_plan_compute`: compute the plan's graph."""
-        return self._graph_compute(plan.graph)
-
-    def _graph_compute(self, graph) -> Status:
-        """`ggml_backend_cpu_graph_compute` (`ggml_graph_compute`): every node in order, on this thread."""
-        params = ComputeParams(self.arith)  # one per graph: its tier, and the views made so far
-        with np.errstate(all="ignore"):
-            for node in graph.nodes:
-                if not self._supports_op(node):
-                    raise UnsupportedOpError(f"CPU cannot compute {describe(node)} ({node.op.name}): src1 "
-                                             f"{node.src[1].type.name} is neither f32 nor the dot type of "
-                                             f"{node.src[0].type.name}")
-                fn = _kernel(node)
-                if fn is not None:
-                    fn(params, node)
-        if self.clock is not None and graph.nodes:
-            self.clock.host_work(self.name, "compute", graph_label(graph), self.cost.graph_seconds(graph))
-        return Status.SUCCESS
-
-    def _supports_op(self, op) -> bool:
-        """`ggml_backend_cpu_supports_op`: everything, but a MUL_MAT whose src1 is neither f32 nor
-        src0's dot type."""
-        if op.op is Op.MUL_MAT:
-            return mul_mat_supported(op)
-        return True
-
-    def _supports_buft(self, buft) -> bool:
-        """`ggml_backend_cpu_supports_buft`: any host buffer type."""
-        return buft.is_host()
+    if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
+        def free(cpu) -> None: ...
+        def _get_default_buffer_type(cpu): ...
+        def _graph_plan_create(cpu, graph) -> GraphPlan: ...
+        def _graph_plan_free(cpu, plan: GraphPlan) -> None: ...
+        def _graph_plan_compute(cpu, plan: GraphPlan) -> Status: ...
+        def _graph_compute(cpu, graph) -> Status: ...
+        def _supports_op(cpu, op) -> bool: ...
+        def _supports_buft(cpu, buft) -> bool: ...
 
 
-def graph_label(graph) -> str:
-    """A graph as the timelines label it: its node count and first/last node names."""
-    n = len(graph.nodes)
-    if n > 1:
-        return f"{n} nodes: {graph.nodes[0].name} .. {graph.nodes[-1].name}"
-    return graph.nodes[0].name
+@method_of(CPUBackend)
+def free(cpu) -> None:
+    """`ggml_backend_cpu_free` (its work buffer is numpy's here)."""
+    Backend.free(cpu)
+
+
+@method_of(CPUBackend, "_get_default_buffer_type")
+def get_default_buffer_type(cpu):
+    """`ggml_backend_cpu_get_default_buffer_type`: the CPU buffer type (chapter 03)."""
+    return cpu_buffer_type()
+
+
+@method_of(CPUBackend, "_graph_plan_create")
+def graph_plan_create(cpu, graph) -> GraphPlan:
+    """`ggml_backend_cpu_graph_plan_create`: a plan holding a shallow copy of the graph."""
+    cpu._alive()
+    return GraphPlan(cpu, graph)
+
+
+@method_of(CPUBackend, "_graph_plan_free")
+def graph_plan_free(cpu, plan: GraphPlan) -> None:
+    """`ggml_backend_cpu_graph_plan_free`."""
+    plan.freed = True
+
+
+@method_of(CPUBackend, "_graph_plan_compute")
+def graph_plan_compute(cpu, plan: GraphPlan) -> Status:
+    """`ggml_backend_cpu_graph_plan_compute`: compute the plan's graph."""
+    return cpu._graph_compute(plan.graph)
+
+
+@method_of(CPUBackend, "_graph_compute")
+def graph_compute(cpu, graph) -> Status:
+    """`ggml_backend_cpu_graph_compute` (`ggml_graph_compute`): every node in order, on this thread."""
+    params = ComputeParams(cpu.arith)  # one per graph: its tier, and the views made so far
+    with np.errstate(all="ignore"):
+        for node in graph.nodes:
+            if not cpu._supports_op(node):
+                raise UnsupportedOpError(f"CPU cannot compute {describe(node)} ({node.op.name}): src1 "
+                                         f"{node.src[1].type.name} is neither f32 nor the dot type of "
+                                         f"{node.src[0].type.name}")
+            fn = _kernel(node)
+            if fn is not None:
+                fn(params, node)
+    if cpu.clock is not None and graph.nodes:
+        cpu.clock.host_work(cpu.name, "compute", graph_label(graph), cpu.cost.graph_seconds(graph))
+    return Status.SUCCESS
+
+
+@method_of(CPUBackend, "_supports_op")
+def supports_op(cpu, op) -> bool:
+    """`ggml_backend_cpu_supports_op`: everything, but a MUL_MAT whose src1 is neither f32 nor src0's dot type."""
+    return op.op is not Op.MUL_MAT or mul_mat_supported(op)
+
+
+@method_of(CPUBackend, "_supports_buft")
+def supports_buft(cpu, buft) -> bool:
+    """`ggml_backend_cpu_supports_buft`: any host buffer type."""
+    return buft.is_host()
+
+
+abc.update_abstractmethods(CPUBackend)  # Backend's four mandatory hooks are attached now, after the class
 
 
 # notebooks/07_cpu_backend.py
@@ -716,3 +727,11 @@ def reg_cpu_init(params: str, user_data) -> CPUBackend:
 
 
 declare_builtin("CPU", reg_cpu_init, cpu_buffer_type)  # the registry's first entry (chapter 06)
+
+
+def graph_label(graph) -> str:
+    """A graph as the timelines label it: its node count and first/last node names."""
+    n = len(graph.nodes)
+    if n > 1:
+        return f"{n} nodes: {graph.nodes[0].name} .. {graph.nodes[-1].name}"
+    return graph.nodes[0].name

@@ -2,9 +2,9 @@
 # Edit the notebook, then run `make export`.
 
 # notebooks/07_cpu_backend.py
-"""ggml-quants.c's reference part (llama.cpp daa9623) that this port computes with: the q8_0 and q4_0
-blocks, their quantizers (the reference ones that store a model's weights, and the CPU backend's
-`quantize_row_q8_0`) and dequantizers, with the f16 conversions and the FMA they round with."""
+"""ggml-quants.c's reference part (llama.cpp 1d1ccce, as chapter 07 cites it) that this port computes
+with: the q8_0 and q4_0 blocks, their quantizers (the reference ones that store a model's weights, and
+the CPU backend's `quantize_row_q8_0`) and dequantizers, with the f16 conversions and the FMA they round with."""
 
 import numpy as np
 
@@ -76,10 +76,9 @@ def _c_max(a, b):
 def quantize_row_q8_0_ref(x) -> np.ndarray:
     """`quantize_row_q8_0_ref`: rows on the last axis of `x` -> q8_0 blocks (last axis = blocks per row)."""
     xb = _blocks(x)
-    ax = np.abs(xb)
     amax = np.zeros(xb.shape[:-1], dtype=F4)
     for j in range(QK):
-        amax = _c_max(amax, ax[..., j])
+        amax = _c_max(amax, np.abs(xb[..., j]))
     with np.errstate(all="ignore"):
         d = amax / F4(127)
         idv = np.where(d != 0, F4(1) / np.where(d != 0, d, F4(1)), F4(0)).astype(F4)
@@ -102,8 +101,7 @@ def quantize_q8_0(values) -> np.ndarray:
 def quantize_row_q4_0_ref(x) -> np.ndarray:
     """`quantize_row_q4_0_ref` (also q4_0's from_float): q = min(15, (int8_t)(x·id + 8.5)), fused."""
     xb = _blocks(x)
-    ax = np.abs(xb)
-    k = np.argmax(np.where(np.isnan(ax), F4(-1), ax), axis=-1)  # the first maximum (the C's strict `<` scan)
+    k = np.argmax(np.where(np.isnan(xb), F4(-1), np.abs(xb)), axis=-1)  # the first maximum (the C's strict `<` scan)
     m = np.take_along_axis(xb, k[..., None], axis=-1)[..., 0]
     d = (m / F4(-8)).astype(F4)
     with np.errstate(divide="ignore"):
@@ -141,18 +139,15 @@ def quantize_row_q8_0(x) -> np.ndarray:
 
 def dequantize_row_q8_0(blocks) -> np.ndarray:
     """`dequantize_row_q8_0`: element j of a block is qs[j]·d (exact in f32)."""
-    d = blocks["d"].astype(F4)[..., None]
-    y = blocks["qs"].astype(F4) * d
+    y = blocks["qs"].astype(F4) * blocks["d"].astype(F4)[..., None]
     return y.reshape(y.shape[:-2] + (-1,))
 
 
 def dequantize_row_q4_0(blocks) -> np.ndarray:
     """`dequantize_row_q4_0`: element j is ((qs[j] & 15) - 8)·d, element j+16 is ((qs[j] >> 4) - 8)·d."""
-    d = blocks["d"].astype(F4)[..., None]
     qs = blocks["qs"]
-    lo = (qs & 0x0F).astype(np.int16) - 8
-    hi = (qs >> 4).astype(np.int16) - 8
-    y = np.concatenate([lo, hi], axis=-1).astype(F4) * d
+    lo, hi = (qs & 0x0F).astype(np.int16) - 8, (qs >> 4).astype(np.int16) - 8
+    y = np.concatenate([lo, hi], axis=-1).astype(F4) * blocks["d"].astype(F4)[..., None]
     return y.reshape(y.shape[:-2] + (-1,))
 
 

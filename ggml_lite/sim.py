@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ggml_lite.backend import Backend, Event, Status, tensor_buffer
+from ggml_lite.backend import Backend, Event, Status, tensor_buffer, tensor_get, tensor_set
 from ggml_lite.bind import method_of
 from ggml_lite.buffer import HEAP, Buffer, BufferType
 from ggml_lite.cpu import NUMPY, ComputeParams, compute_forward, graph_label, mul_mat_supported, tier
@@ -214,8 +214,6 @@ class SimBackend(Backend):
         self.asynchronous = asynchronous
         self.queue = []
         self.free_at = 0.0  # when the device finishes what it has run
-        if not asynchronous:  # the FAKE backend: no async tensor functions, no async copy, no queue
-            self._set_tensor_async = self._get_tensor_async = self._cpy_tensor_async = None
 
     # -- device state ----------------------------------------------------------------------------------
     @property
@@ -354,6 +352,9 @@ def own(sim, t, what: str):
 # notebooks/08_sim.py
 @method_of(SimBackend, "_set_tensor_async")
 def set_tensor_async(sim, tensor, raw, offset: int, size: int) -> None:
+    if not sim.asynchronous:
+        tensor_set(tensor, raw, offset, size)
+        return
     buf = sim._own(tensor, "write")
 
     def run():
@@ -364,6 +365,9 @@ def set_tensor_async(sim, tensor, raw, offset: int, size: int) -> None:
 
 @method_of(SimBackend, "_get_tensor_async")
 def get_tensor_async(sim, tensor, out, offset: int, size: int) -> None:
+    if not sim.asynchronous:
+        out[:size] = tensor_get(tensor, offset, size)
+        return
     buf = sim._own(tensor, "read")
 
     def run():
@@ -375,7 +379,9 @@ def get_tensor_async(sim, tensor, out, offset: int, size: int) -> None:
 @method_of(SimBackend, "_cpy_tensor_async")
 def cpy_tensor_async(sim, backend_src, src, dst) -> bool:
     """Device to device between SIM backends (as CUDA's `cpy_tensor_async`: both sides must be
-    devices), ordered after the work queued on `backend_src`; False otherwise."""
+    devices), ordered after the work queued on `backend_src`; False otherwise (and always on FAKE)."""
+    if not sim.asynchronous:
+        return False
     sbuf, dbuf = tensor_buffer(src), tensor_buffer(dst)
     if not isinstance(backend_src, SimBackend) or not isinstance(sbuf, SimBuffer) or dbuf.buft is not sim.buft:
         return False

@@ -43,12 +43,10 @@ from ggml_lite.backend import tensor_get, tensor_set
 # ## 1 · The C
 #
 # The backend itself is small (`ggml-backend.c:547-945`; no queue, no events, no async copies: their
-# entries are `NULL`; threads and abort callbacks have no meaning here). The work is elsewhere: the
-# kernels are `ggml_compute_forward_*` in `ggml.c`, the quantized types come from `ggml-quants.c`.
-# Every code cell below follows the few lines of C it ports. Lines of `ggml-backend.c` are daa9623's;
-# lines of `ggml.c` and `ggml-quants.c` are those of llama.cpp 1d1ccce (2024-08-29, vendored by
-# llama-cpp-python 0.2.90), the nearest copy at hand: the reference folder holds only the allocator
-# and the backend at daa9623.
+# entries are `NULL`; threads and abort callbacks have no meaning here). The work is in the kernels,
+# `ggml_compute_forward_*` in `ggml.c`, and the quantized types of `ggml-quants.c`. Every code cell
+# follows the C it ports: `ggml-backend.c` lines at daa9623, `ggml.c` and `ggml-quants.c` lines at
+# llama.cpp 1d1ccce (2024-08-29, vendored by llama-cpp-python 0.2.90; the reference folder lacks them).
 
 # %% [markdown]
 # ## 2 · Quantization: ggml-quants.c
@@ -68,9 +66,9 @@ from ggml_lite.backend import tensor_get, tensor_set
 
 # %%
 # | export quants
-"""ggml-quants.c's reference part (llama.cpp daa9623) that this port computes with: the q8_0 and q4_0
-blocks, their quantizers (the reference ones that store a model's weights, and the CPU backend's
-`quantize_row_q8_0`) and dequantizers, with the f16 conversions and the FMA they round with."""
+"""ggml-quants.c's reference part (llama.cpp 1d1ccce, as chapter 07 cites it) that this port computes
+with: the q8_0 and q4_0 blocks, their quantizers (the reference ones that store a model's weights, and
+the CPU backend's `quantize_row_q8_0`) and dequantizers, with the f16 conversions and the FMA they round with."""
 
 import numpy as np
 
@@ -123,11 +121,12 @@ def fma_f32(a, b, c) -> np.ndarray:
 
 # %% [markdown]
 # The reference quantizers store the weights of a model file (`ggml_quantize_chunk`); q8_0's,
-# ggml-quants.c:859-861:
+# ggml-quants.c:858-861:
 # ```c
-#             const float x0 = x[i*QK8_0 + j]*id;
+# for (int j = 0; j < QK8_0; ++j) {
+#     const float x0 = x[i*QK8_0 + j]*id;
 #
-#             y[i].qs[j] = roundf(x0);
+#     y[i].qs[j] = roundf(x0);
 # ```
 # Notice that `x` is scaled by `id = 1/d` of the *unrounded* f32 `d = max|x| / 127` (a C `MAX`
 # scan; only the stored scale is rounded to f16), and `roundf` rounds halves away from zero; a
@@ -158,10 +157,9 @@ def _c_max(a, b):
 def quantize_row_q8_0_ref(x) -> np.ndarray:
     """`quantize_row_q8_0_ref`: rows on the last axis of `x` -> q8_0 blocks (last axis = blocks per row)."""
     xb = _blocks(x)
-    ax = np.abs(xb)
     amax = np.zeros(xb.shape[:-1], dtype=F4)
     for j in range(QK):
-        amax = _c_max(amax, ax[..., j])
+        amax = _c_max(amax, np.abs(xb[..., j]))
     with np.errstate(all="ignore"):
         d = amax / F4(127)
         idv = np.where(d != 0, F4(1) / np.where(d != 0, d, F4(1)), F4(0)).astype(F4)
@@ -184,8 +182,7 @@ def quantize_q8_0(values) -> np.ndarray:
 def quantize_row_q4_0_ref(x) -> np.ndarray:
     """`quantize_row_q4_0_ref` (also q4_0's from_float): q = min(15, (int8_t)(x·id + 8.5)), fused."""
     xb = _blocks(x)
-    ax = np.abs(xb)
-    k = np.argmax(np.where(np.isnan(ax), F4(-1), ax), axis=-1)  # the first maximum (the C's strict `<` scan)
+    k = np.argmax(np.where(np.isnan(xb), F4(-1), np.abs(xb)), axis=-1)  # the first maximum (the C's strict `<` scan)
     m = np.take_along_axis(xb, k[..., None], axis=-1)[..., 0]
     d = (m / F4(-8)).astype(F4)
     with np.errstate(divide="ignore"):
@@ -239,18 +236,15 @@ def quantize_row_q8_0(x) -> np.ndarray:
 
 def dequantize_row_q8_0(blocks) -> np.ndarray:
     """`dequantize_row_q8_0`: element j of a block is qs[j]·d (exact in f32)."""
-    d = blocks["d"].astype(F4)[..., None]
-    y = blocks["qs"].astype(F4) * d
+    y = blocks["qs"].astype(F4) * blocks["d"].astype(F4)[..., None]
     return y.reshape(y.shape[:-2] + (-1,))
 
 
 def dequantize_row_q4_0(blocks) -> np.ndarray:
     """`dequantize_row_q4_0`: element j is ((qs[j] & 15) - 8)·d, element j+16 is ((qs[j] >> 4) - 8)·d."""
-    d = blocks["d"].astype(F4)[..., None]
     qs = blocks["qs"]
-    lo = (qs & 0x0F).astype(np.int16) - 8
-    hi = (qs >> 4).astype(np.int16) - 8
-    y = np.concatenate([lo, hi], axis=-1).astype(F4) * d
+    lo, hi = (qs & 0x0F).astype(np.int16) - 8, (qs >> 4).astype(np.int16) - 8
+    y = np.concatenate([lo, hi], axis=-1).astype(F4) * blocks["d"].astype(F4)[..., None]
     return y.reshape(y.shape[:-2] + (-1,))
 
 
@@ -285,7 +279,7 @@ print("reference (roundf):", quantize_row_q8_0_ref(tie)["qs"][0, :2], " CPU (to 
 """The CPU backend (ggml-backend.c:547-945) and the numpy kernels it computes with.
 
 `compute_forward(node)` computes one graph node from its sources as ggml's CPU backend does
-(`ggml_compute_forward`, llama.cpp `daa9623`): the same types, shapes and checks, f16 results rounded
+(`ggml_compute_forward` of llama.cpp 1d1ccce): the same types, shapes and checks, f16 results rounded
 to nearest even, rope's float32 angle recurrence. How each order- or rounding-dependent step is done is
 the numerics tier's choice (`params.arith`): `Arithmetic`, the default, within its stated tolerance of
 ggml (`TOLERANCE_F32`, `TOLERANCE_MIXED`), or appendix A2's bit-exact tier. Every kernel reads its
@@ -298,12 +292,15 @@ the other kernels are `ggml_lite.cpu_kernels_more` (added to `FORWARD`), the qua
 `ggml_lite.quants`.
 """
 
+import abc
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ggml_lite.backend import Backend, GraphPlan, Status
+from ggml_lite.bind import method_of
 from ggml_lite.buffer import cpu_buffer_type, tensor_array
 from ggml_lite.errors import (
     DataTypeError,
@@ -344,15 +341,14 @@ def mul_mat_supported(op) -> bool:
 # y[i] = val;
 # ```
 # Notice the `ggml_float` (double) sum of float32 exponentials. Both tiers convert what ggml converts:
-# `MUL_MAT` turns an f32 src1 into src0's dot type before any dot product. Skipping that rounding (this
-# tier did, before issue 22) missed ggml by up to 0.55 of the largest value on the graphs of
-# `benchmarks/numerics_tolerance.py`; converting brings the median of its 158 graphs with f16 or
-# quantized tensors to 5.3e-7. What remains is the order of the sums, which on graphs that amplify
-# rounding moves ggml's own results as much as changing its build does. The stated tolerances come from
-# those 192 graphs (MLPs and attention stacks, f32/f16/q8_0/q4_0 weights, a softmax head each):
-# **1e-4** of the largest value with f32 tensors only (the worst: 3.0e-5), **5e-3** with f16 or
-# quantized ones (the worst: 2.1e-3, on the 143 graphs whose results two dot-product orders of ggml
-# agree on; on the other 15 only `check --exact` can tell).
+# `MUL_MAT` turns an f32 src1 into src0's dot type before any dot product. Skipping that rounding missed
+# ggml by up to 0.55 of the largest value on the graphs of `benchmarks/numerics_tolerance.py`; converting
+# brings the median of its 158 graphs with f16 or quantized tensors to 5.3e-7. What remains is the order
+# of the sums, which on graphs that amplify rounding moves ggml's own results as much as a change of its
+# build. The tolerances come from those 192 graphs (MLPs and attention stacks, f32/f16/q8_0/q4_0
+# weights, a softmax head each): **1e-4** of the largest value with f32 tensors only (worst: 3.0e-5),
+# **5e-3** with f16 or quantized ones (worst: 2.1e-3, on the 143 graphs whose results two dot-product
+# orders of ggml agree on; on the other 15 only `check --exact` can tell).
 
 # %%
 # | export
@@ -419,10 +415,9 @@ class Arithmetic:
         return fp32_to_fp16(y) if type is F16 else self.from_float(Q8_0, y)
 
     def mul_mat(self, type, x, y) -> np.ndarray:
-        """The dot products of `ggml_compute_forward_mul_mat`: src0 planes x (.., .., M, K) in `type`, src1
-        planes y (.., .., N, K) -> (.., .., N, M) float32, as one batched matmul after `to_vec_dot`. src1 is
-        copied when it shares memory with src0: numpy multiplies `A @ A.T` on one buffer with `syrk`, which
-        rounds otherwise than the `gemm` of two buffers."""
+        """The dot products of `ggml_compute_forward_mul_mat`: src0 planes x (.., .., M, K) in `type`, src1 planes
+        y (.., .., N, K) -> (.., .., N, M) float32, one batched matmul after `to_vec_dot`. src1 is copied when it
+        shares src0's memory: numpy computes `A @ A.T` on one buffer with `syrk`, rounding unlike `gemm`."""
         y = self.to_vec_dot(type, y)
         xf = _DEQUANT[type.name](x) if type.is_quantized else x.astype(F4, copy=False)
         yf = _DEQUANT[Q8_0.name](y) if y.dtype == Q8_0_DTYPE else y.astype(F4, copy=False)
@@ -530,11 +525,10 @@ def _need_nb0(node, t, what: str, strict: bool = True) -> None:
 
 def _rows_uniform(t) -> bool:
     """Does row i of `t` (flat row index) start at i·nb[1], as the kernels that loop `i*nb[1]` assume?"""
-    ne, nb = t.ne, t.nb
-    stride = nb[1]
+    stride = t.nb[1]
     for d in (2, 3):
-        stride *= ne[d - 1]
-        if ne[d] > 1 and nb[d] != stride:
+        stride *= t.ne[d - 1]
+        if t.ne[d] > 1 and t.nb[d] != stride:
             return False
     return True
 
@@ -585,9 +579,8 @@ def compute_forward_dup(params, node) -> None:
         if st.is_quantized and not (is_contiguous(src) and is_contiguous(node)) and src.ne[0] != node.ne[0]:
             raise LayoutError(f"{node.op.name} {describe(node)}: a {st.name} copy between differently shaped, "
                               f"non-contiguous tensors would split blocks")
-        vals = np.array(params.view(src), copy=True).reshape(-1)
         dst = params.view(node)
-        dst[...] = vals.reshape(dst.shape)
+        dst[...] = np.array(params.view(src), copy=True).reshape(dst.shape)
         return
     if st not in (F32, F16):
         raise DataTypeError(f"{node.op.name} {describe(node)}: ggml cannot convert {st.name} to {dt.name} "
@@ -603,9 +596,8 @@ def compute_forward_dup(params, node) -> None:
             raise ShapeError(f"{node.op.name} {describe(node)}: rows of {src.ne[0]} elements of {describe(src)} "
                              f"are not whole {dt.name} blocks")
         rows = params.read_f32(src).reshape(-1, src.ne[0])
-        blocks = params.arith.from_float(dt, rows).reshape(-1)
         dst = params.view(node)
-        dst[...] = blocks.reshape(dst.shape)
+        dst[...] = params.arith.from_float(dt, rows).reshape(dst.shape)
         return
     raise DataTypeError(f"{node.op.name} {describe(node)}: no conversion from {st.name} to {dt.name}")
 
@@ -795,8 +787,7 @@ def compute_forward_mul_mat(params, node) -> None:
     if a.nb[0] != a.type.type_size or b.nb[0] != b.type.type_size:
         raise LayoutError(f"MUL_MAT {describe(node)}: ggml does not support permuted src0 or src1 "
                           f"(nb00 = {a.nb[0]}, nb10 = {b.nb[0]})")
-    nb = node.nb
-    if not (nb[0] == 4 and nb[0] <= nb[1] <= nb[2] <= nb[3]):
+    if not (node.nb[0] == 4 and node.nb[0] <= node.nb[1] <= node.nb[2] <= node.nb[3]):
         raise LayoutError(f"MUL_MAT {describe(node)}: the destination cannot be transposed or permuted")
     ne0, ne1 = a.ne, b.ne
     if ne0[0] != ne1[0] or ne1[2] % ne0[2] or ne1[3] % ne0[3]:
@@ -815,8 +806,9 @@ def compute_forward_mul_mat(params, node) -> None:
     params.write(node, params.arith.mul_mat(a.type, x, y))
 
 # %% [markdown]
-# ggml.c:13591-13593 (`ggml_compute_forward_get_rows_f32`):
+# ggml.c:13590-13593 (`ggml_compute_forward_get_rows_f32`):
 # ```c
+# const int64_t i10 = (i - i12*ne11*ne10 - i11*ne10);
 # const int64_t i01 = *(int32_t *) ((char *) src1->data + i10*nb10 + i11*nb11 + i12*nb12);
 #
 # assert(i01 >= 0 && i01 < ne01);
@@ -838,8 +830,7 @@ def compute_forward_get_rows(params, node) -> None:
         raise TensorBoundsError(f"GET_ROWS {describe(node)}: row index {bad} "
                                 f"is outside the {a.ne[1]} rows of {describe(a)}")
     src = np.array(params.view(a), copy=True) if a.type is I32 else params.read_f32(a)
-    i12 = np.arange(idx.shape[0])[:, None, None]
-    i11 = np.arange(idx.shape[1])[None, :, None]
+    i12, i11 = np.arange(idx.shape[0])[:, None, None], np.arange(idx.shape[1])[None, :, None]
     params.write(node, src[i12, i11, idx])  # (ne12, ne11, ne10, ne00)
 
 # %% [markdown]
@@ -871,8 +862,7 @@ def compute_forward_diag_mask(params, node) -> None:
         raise LayoutError(f"{node.op.name} {describe(node)}: ggml addresses the planes as k*nb[2]")
     value = F4(-np.inf) if node.op is Op.DIAG_MASK_INF else F4(0)
     x = params.read_f32(a)
-    i = np.arange(a.ne[0])[None, :]
-    j = np.arange(a.ne[1])[:, None]
+    i, j = np.arange(a.ne[0])[None, :], np.arange(a.ne[1])[:, None]
     params.write(node, np.where((i >= n_past) & (i > n_past + j), value, x))
 
 # %% [markdown]
@@ -910,8 +900,7 @@ def compute_forward_soft_max(params, node) -> None:
     _need_type(node, a, (F32,), "src0")
     _same_shape(node, a, node)
     _need_contiguous(node, (a, "src0"), (node, "the result"))
-    scale = F4(word_to_float(node.op_params[0]))
-    max_bias = word_to_float(node.op_params[1])
+    scale, max_bias = F4(word_to_float(node.op_params[0])), word_to_float(node.op_params[1])
     x = params.read_f32(a)  # (ne03, ne02, ne01, ne00)
     ne00, ne01, ne02 = a.ne[0], a.ne[1], a.ne[2]
     w = x * scale
@@ -950,8 +939,7 @@ def rope_yarn_corr_dims(arith, n_dims: int, n_ctx_orig: int, freq_base: float, b
     def corr_dim(n_rot):
         arg = F4(n_ctx_orig) / (F4(n_rot) * F4(2) * F4(math.pi))
         return F4(n_dims) * arith.scalar("logf", arg) / (F4(2) * arith.scalar("logf", freq_base))
-    start = np.floor(corr_dim(beta_fast))
-    end = np.ceil(corr_dim(beta_slow))
+    start, end = np.floor(corr_dim(beta_fast)), np.ceil(corr_dim(beta_slow))
     # MAX(0, start) and MIN(n_dims - 1, end) as the C macros evaluate them (a NaN stays NaN)
     return (F4(0) if F4(0) > start else start), (F4(n_dims - 1) if F4(n_dims - 1) < end else end)
 
@@ -1027,8 +1015,7 @@ def compute_forward_rope(params, node) -> None:
     positions = np.array(params.view(pos), copy=True).reshape(-1)[:a.ne[2]]
     corr = rope_yarn_corr_dims(params.arith, n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
     cos, sin = rope_cache(params.arith, positions, n_dims, freq_base, freq_scale, ext_factor, attn_factor, corr, ff)
-    cos = cos[None, :, None, :]  # (1, ne2, 1, n_dims/2)
-    sin = sin[None, :, None, :]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # (1, ne2, 1, n_dims/2)
     x = params.read_f32(a)
     y = x.copy()
     half = n_dims // 2
@@ -1094,8 +1081,9 @@ def compute_forward(node, params: ComputeParams | None = None) -> None:
 
 # %% [markdown]
 # #### The backend
-# ggml-backend.c:815-817 (`ggml_backend_cpu_graph_compute`):
+# ggml-backend.c:814-817 (`ggml_backend_cpu_graph_compute`):
 # ```c
+# cplan.abort_callback      = cpu_ctx->abort_callback;
 # cplan.abort_callback_data = cpu_ctx->abort_callback_data;
 #
 # return ggml_graph_compute(cgraph, &cplan);
@@ -1117,61 +1105,69 @@ class CPUBackend(Backend):
         self.clock, self.cost = clock, cost
         self.arith = arith or NUMPY
 
-    def free(self) -> None:
-        """`ggml_backend_cpu_free`."""
-        super().free()
 
-    def _get_default_buffer_type(self):
-        """`ggml_backend_cpu_get_default_buffer_type`: the CPU buffer type (chapter 03)."""
-        return cpu_buffer_type()
-
-    def _graph_plan_create(self, graph) -> GraphPlan:
-        """`ggml_backend_cpu_graph_plan_create`: a plan holding a shallow copy of the graph."""
-        self._alive()
-        return GraphPlan(self, graph)
-
-    def _graph_plan_free(self, plan: GraphPlan) -> None:
-        """`ggml_backend_cpu_graph_plan_free`."""
-        plan.freed = True
-
-    def _graph_plan_compute(self, plan: GraphPlan) -> Status:
-        """`ggml_backend_cpu_graph_plan_compute`: compute the plan's graph."""
-        return self._graph_compute(plan.graph)
-
-    def _graph_compute(self, graph) -> Status:
-        """`ggml_backend_cpu_graph_compute` (`ggml_graph_compute`): every node in order, on this thread."""
-        params = ComputeParams(self.arith)  # one per graph: its tier, and the views made so far
-        with np.errstate(all="ignore"):
-            for node in graph.nodes:
-                if not self._supports_op(node):
-                    raise UnsupportedOpError(f"CPU cannot compute {describe(node)} ({node.op.name}): src1 "
-                                             f"{node.src[1].type.name} is neither f32 nor the dot type of "
-                                             f"{node.src[0].type.name}")
-                fn = _kernel(node)
-                if fn is not None:
-                    fn(params, node)
-        if self.clock is not None and graph.nodes:
-            self.clock.host_work(self.name, "compute", graph_label(graph), self.cost.graph_seconds(graph))
-        return Status.SUCCESS
-
-    def _supports_op(self, op) -> bool:
-        """`ggml_backend_cpu_supports_op`: everything, but a MUL_MAT whose src1 is neither f32 nor
-        src0's dot type."""
-        if op.op is Op.MUL_MAT:
-            return mul_mat_supported(op)
-        return True
-
-    def _supports_buft(self, buft) -> bool:
-        """`ggml_backend_cpu_supports_buft`: any host buffer type."""
-        return buft.is_host()
+@method_of(CPUBackend)
+def free(cpu) -> None:
+    """`ggml_backend_cpu_free` (its work buffer is numpy's here)."""
+    Backend.free(cpu)
 
 
-def graph_label(graph) -> str:
-    """A graph as the timelines label it: its node count and first/last node names."""
-    n = len(graph.nodes)
-    if n > 1:
-        return f"{n} nodes: {graph.nodes[0].name} .. {graph.nodes[-1].name}"
-    return graph.nodes[0].name
+@method_of(CPUBackend, "_get_default_buffer_type")
+def get_default_buffer_type(cpu):
+    """`ggml_backend_cpu_get_default_buffer_type`: the CPU buffer type (chapter 03)."""
+    return cpu_buffer_type()
+
+
+@method_of(CPUBackend, "_graph_plan_create")
+def graph_plan_create(cpu, graph) -> GraphPlan:
+    """`ggml_backend_cpu_graph_plan_create`: a plan holding a shallow copy of the graph."""
+    cpu._alive()
+    return GraphPlan(cpu, graph)
+
+
+@method_of(CPUBackend, "_graph_plan_free")
+def graph_plan_free(cpu, plan: GraphPlan) -> None:
+    """`ggml_backend_cpu_graph_plan_free`."""
+    plan.freed = True
+
+
+@method_of(CPUBackend, "_graph_plan_compute")
+def graph_plan_compute(cpu, plan: GraphPlan) -> Status:
+    """`ggml_backend_cpu_graph_plan_compute`: compute the plan's graph."""
+    return cpu._graph_compute(plan.graph)
+
+
+@method_of(CPUBackend, "_graph_compute")
+def graph_compute(cpu, graph) -> Status:
+    """`ggml_backend_cpu_graph_compute` (`ggml_graph_compute`): every node in order, on this thread."""
+    params = ComputeParams(cpu.arith)  # one per graph: its tier, and the views made so far
+    with np.errstate(all="ignore"):
+        for node in graph.nodes:
+            if not cpu._supports_op(node):
+                raise UnsupportedOpError(f"CPU cannot compute {describe(node)} ({node.op.name}): src1 "
+                                         f"{node.src[1].type.name} is neither f32 nor the dot type of "
+                                         f"{node.src[0].type.name}")
+            fn = _kernel(node)
+            if fn is not None:
+                fn(params, node)
+    if cpu.clock is not None and graph.nodes:
+        cpu.clock.host_work(cpu.name, "compute", graph_label(graph), cpu.cost.graph_seconds(graph))
+    return Status.SUCCESS
+
+
+@method_of(CPUBackend, "_supports_op")
+def supports_op(cpu, op) -> bool:
+    """`ggml_backend_cpu_supports_op`: everything, but a MUL_MAT whose src1 is neither f32 nor src0's dot type."""
+    return op.op is not Op.MUL_MAT or mul_mat_supported(op)
+
+
+@method_of(CPUBackend, "_supports_buft")
+def supports_buft(cpu, buft) -> bool:
+    """`ggml_backend_cpu_supports_buft`: any host buffer type."""
+    return buft.is_host()
+
+
+abc.update_abstractmethods(CPUBackend)  # Backend's four mandatory hooks are attached now, after the class
 
 # %% [markdown]
 # ggml-backend.c:938-941 (`ggml_backend_reg_cpu_init`):
@@ -1223,15 +1219,22 @@ def reg_cpu_init(params: str, user_data) -> CPUBackend:
 
 declare_builtin("CPU", reg_cpu_init, cpu_buffer_type)  # the registry's first entry (chapter 06)
 
+
+def graph_label(graph) -> str:
+    """A graph as the timelines label it: its node count and first/last node names."""
+    n = len(graph.nodes)
+    if n > 1:
+        return f"{n} nodes: {graph.nodes[0].name} .. {graph.nodes[-1].name}"
+    return graph.nodes[0].name
+
 # %% [markdown]
 # ## 4 · A plan proven by results
 #
 # A small graph whose plan reuses memory: `scale` may overwrite its parent `h` (SCALE can work in
 # place, `h` has no other child), and `sq` takes the block of the input `x`, free once `h` was
-# computed. The numpy tier computes this graph as plain numpy does; here the two agree exactly, and
-# the check allows 1e-6 of the largest value, since BLAS may block a sum differently between calls. ggml
-# itself would differ in the last bits: its AVX2 build adds a dot product in 32 partial sums (four
-# accumulators of eight lanes), BLAS in its own order.
+# computed. The numpy tier computes it as plain numpy does: here they agree exactly (the check allows
+# 1e-6 of the largest value: BLAS may block a sum differently between calls). ggml would differ in the
+# last bits: its AVX2 build adds a dot product in 32 partial sums, BLAS in its own order.
 
 # %%
 rng = np.random.default_rng(0)
@@ -1269,24 +1272,22 @@ reference = S * S + S
 print("max |ggml_lite - numpy| / max |numpy| =", np.abs(tensor_get(out) - reference).max() / np.abs(reference).max())
 
 # %% [markdown]
-# Now break the plan on purpose: give `sq` the memory of `s`, which is still needed by `out`. The
-# allocator would never do this (`s` has two children), and the result shows why — `out` becomes
-# `sq + sq`.
+# Now break the plan on purpose: give `sq` the memory of `s`, still needed by `out`. The allocator
+# never would (`s` has two children), and the result shows why: `out` becomes `sq + sq`.
 
 # %%
 graph2, x2, out2 = small_graph(w_cpu)
 galloc2 = gl.GAllocr(cpu.get_default_buffer_type())
 galloc2.reserve(graph2)
-by_name = {t.name: t for t in graph2.nodes}
-sq_rec, s_rec = galloc2.planned_alloc(by_name["sq"]), galloc2.planned_alloc(by_name["s"])  # the plan's records
-sq_rec.offset = s_rec.offset  # (chapter 05, section 2.2): now two live tensors overlap
+by_name = {t.name: t for t in graph2.nodes}  # the plan's records (chapter 05, section 2.2):
+galloc2.planned_alloc(by_name["sq"]).offset = galloc2.planned_alloc(by_name["s"]).offset  # two live tensors overlap
 galloc2.alloc_graph(graph2)
 tensor_set(x2, X)
 cpu.graph_compute(graph2)
 broken = tensor_get(out2)
 print("corrupted plan: max |out - numpy| =", np.abs(broken - reference).max())
-sq2 = by_name["sq"]
-print("and out == sq + sq exactly:", np.array_equal(broken, 2 * tensor_get(sq2)))
+sq2 = tensor_get(by_name["sq"])
+print("and out == sq + sq exactly:", np.array_equal(broken, 2 * sq2))
 
 # %% [markdown]
 # ## 5 · Check
@@ -1294,6 +1295,6 @@ print("and out == sq + sq exactly:", np.array_equal(broken, 2 * tensor_get(sq2))
 # %%
 # the numpy tier and plain numpy both use BLAS: equal here, within 1e-6 of the largest value anywhere
 assert np.abs(cpu_result - reference).max() <= 1e-6 * np.abs(reference).max()
-assert not np.allclose(broken, reference, atol=1e-3) and np.array_equal(broken, 2 * tensor_get(sq2))
+assert not np.allclose(broken, reference, atol=1e-3) and np.array_equal(broken, 2 * sq2)
 assert cpu.supports_buft(gl.cpu_buffer_type())
 print("chapter 07: all checks passed")

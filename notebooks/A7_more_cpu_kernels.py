@@ -230,8 +230,10 @@ def compute_forward_sum_rows(params, node) -> None:
     params.write(node, params.arith.sum_f64(params.read_f32(a).astype(F8)).astype(F4)[..., None])
 
 # %% [markdown]
-# MEAN, ggml.c:10965-10967 (`ggml_compute_forward_mean_f32`), after the row sum is stored in dst:
+# MEAN, ggml.c:10963-10967 (`ggml_compute_forward_mean_f32`): the row sum is stored in dst, then divided:
 # ```c
+# ggml_vec_sum_f32(ne00,
+#         (float *) ((char *)  dst->data + i01*nb1  + i02*nb2  + i03*nb3),
 #         (float *) ((char *) src0->data + i01*nb01 + i02*nb02 + i03*nb03));
 #
 # *(float *) ((char *) dst->data + i01*nb1 + i02*nb2 + i03*nb3) /= (float) ne00;

@@ -194,7 +194,7 @@ def test_events_order_two_devices():
 
 def test_fake_mode_is_synchronous():
     fake = gl.sim_init("FAKE", asynchronous=False)
-    assert fake._set_tensor_async is None and fake._cpy_tensor_async is None
+    assert not fake.asynchronous and fake._cpy_tensor_async(fake, None, None) is False  # no async copy
     w, W = _model(fake)
     gf, x, y = _mul_graph(w)
     gl.GAllocr(fake.get_default_buffer_type()).alloc_graph(gf)
