@@ -400,7 +400,7 @@ def execute(sim, item: _Item) -> None:
     sim.free_at = start + item.seconds
     if item.record is not None:
         event, gen = item.record
-        event.context["times"][gen] = sim.free_at
+        _state(event)["times"][gen] = sim.free_at
     if item.seconds > 0:
         sim.clock.record(sim.name, item.kind, item.label, start, sim.free_at)
 
@@ -415,7 +415,7 @@ def drain(sim, until=None) -> None:
 @method_of(SimBackend, "_reach")
 def reach(sim, event: Event, gen: int) -> float:
     """Run this queue until `event`'s record number `gen` has run; its time (0 if never recorded)."""
-    times = event.context["times"]
+    times = _state(event)["times"]
     sim._drain(lambda: gen in times)
     return times.get(gen, 0.0)
 
@@ -485,7 +485,7 @@ def cpy_tensor_async(sim, backend_src, src, dst) -> bool:
     if backend_src is not sim:  # the C records an event on the source stream and waits for it
         event = backend_src.event_new()
         event.record()
-        wait = (event, event.context["gen"])
+        wait = (event, _state(event)["gen"])
 
     def run():
         dbuf.span(dst.data, n, "copy")[:] = sbuf.span(src.data, n, "copy")
@@ -525,20 +525,27 @@ def event_free(sim, event: Event) -> None:
     event.context = None
 
 
+def _state(event: Event) -> dict:
+    """A live SIM event's `context`: {"gen": how many records, "times": {gen: when that record ran}}."""
+    if event.context is None:
+        raise BackendError("the event was freed")
+    return event.context
+
+
 @method_of(SimBackend, "_event_record")
 def event_record(sim, event: Event) -> None:
-    event.context["gen"] += 1
-    sim._enqueue(_Item("record", "record", 0.0, record=(event, event.context["gen"])))
+    _state(event)["gen"] += 1
+    sim._enqueue(_Item("record", "record", 0.0, record=(event, _state(event)["gen"])))
 
 
 @method_of(SimBackend, "_event_synchronize")
 def event_synchronize(sim, event: Event) -> None:
-    sim.clock.wait_until(sim._reach(event, event.context["gen"]))
+    sim.clock.wait_until(sim._reach(event, _state(event)["gen"]))
 
 
 @method_of(SimBackend, "_event_wait")
 def event_wait(sim, event: Event) -> None:
-    sim._enqueue(_Item("wait", f"wait {event.backend.name}", 0.0, wait=(event, event.context["gen"])))
+    sim._enqueue(_Item("wait", f"wait {event.backend.name}", 0.0, wait=(event, _state(event)["gen"])))
 
 
 
