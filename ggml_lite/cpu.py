@@ -18,7 +18,6 @@ the other kernels are `ggml_lite.cpu_kernels_more` (added to `FORWARD`), the qua
 `ggml_lite.quants`.
 """
 
-import abc
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -685,9 +684,6 @@ def supports_op(cpu, op) -> bool:
 def supports_buft(cpu, buft) -> bool:
     """`ggml_backend_cpu_supports_buft`: any host buffer type."""
     return buft.is_host()
-
-
-abc.update_abstractmethods(CPUBackend)  # Backend's four mandatory hooks are attached now, after the class
 
 
 # notebooks/07_cpu_backend.py

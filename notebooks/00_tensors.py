@@ -599,6 +599,7 @@ class Tensor:
 # | export bind
 """`method_of`: the one way this package attaches a ported C function to the class of its struct."""
 
+import abc
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -608,12 +609,15 @@ F = TypeVar("F", bound=Callable)
 def method_of(cls: type, name: str | None = None) -> Callable[[F], F]:
     """Attach the decorated function to `cls` as the method `name` (default: the function's own
     name) and return the function unchanged, so it stays callable as a plain function too.
-    `tools/nbexport.py` writes the method's signature into `cls` for type checkers."""
+    `tools/nbexport.py` writes the method's signature into `cls` for type checkers. An abstract
+    class (a backend's interface) learns that the method is no longer abstract."""
     if not isinstance(cls, type):
         raise TypeError(f"method_of: {cls!r} is not a class")
 
     def attach(fn: F) -> F:
         setattr(cls, name or fn.__name__, fn)
+        if getattr(cls, "__abstractmethods__", None):
+            abc.update_abstractmethods(cls)  # Python fixes the set when the class is made; attached later
         return fn
 
     return attach

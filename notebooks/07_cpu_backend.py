@@ -292,7 +292,6 @@ the other kernels are `ggml_lite.cpu_kernels_more` (added to `FORWARD`), the qua
 `ggml_lite.quants`.
 """
 
-import abc
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -1166,8 +1165,6 @@ def supports_buft(cpu, buft) -> bool:
     """`ggml_backend_cpu_supports_buft`: any host buffer type."""
     return buft.is_host()
 
-
-abc.update_abstractmethods(CPUBackend)  # Backend's four mandatory hooks are attached now, after the class
 
 # %% [markdown]
 # ggml-backend.c:938-941 (`ggml_backend_reg_cpu_init`):

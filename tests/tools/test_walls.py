@@ -146,6 +146,25 @@ def test_the_idiom_attaches_and_types_a_method():
         method_of(Point())  # an instance, not a class: refused
 
 
+def test_a_method_attached_to_an_abstract_class_is_no_longer_abstract():
+    """A backend's interface is an abstract class whose hooks each backend attaches by @method_of."""
+    import abc
+
+    from ggml_lite.bind import method_of
+
+    class Iface(abc.ABC):
+        @abc.abstractmethod
+        def compute(self) -> int: ...
+
+    class Impl(Iface):
+        pass
+
+    with pytest.raises(TypeError):
+        Impl()  # abstract: refused
+    method_of(Impl, "compute")(lambda impl: 7)
+    assert Impl().compute() == 7
+
+
 def test_no_module_past_its_size():
     """One idea per module: at most 600 lines, unless it mirrors one C file at least that long (MIRRORS)."""
     too_long = []
