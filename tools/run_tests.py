@@ -8,8 +8,9 @@ notebook/package sync check (the `.ipynb` and `ggml_lite/` are up to date with `
 tests/` (without tests/ui), the notebooks executed under nbval, and the browser test `tests/ui` (every
 notebook run in JupyterLab under headless Chromium). The browser test needs a Chromium (Debian's
 `chromium`, or `$CHROMIUM`) and the `playwright` package; without them it is skipped, and the summary says
-so, unless `GGML_LITE_REQUIRE_BROWSER=1` (set by `.ci/run`), which makes it fail. Every part runs even when
-an earlier one fails, so one run shows everything that is wrong; the exit status is 1 when any part failed.
+so, unless `GGML_LITE_REQUIRE_BROWSER=1` (set by `.ci/run`), which makes it fail. pytest, nbval and the
+browser test each run in two processes (pytest-xdist). Every part runs even when an earlier one fails, so
+one run shows everything that is wrong; the exit status is 1 when any part failed.
 `--long` runs pytest with `--long` (the random-graph sweeps over many more graphs), then
 `benchmarks/differential.py` over 100,000 random graphs against the real ggml, which prints the
 mismatch count and the time.
@@ -26,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# pytest-xdist: two processes, the cores CI has (nbval keeps a notebook's cells in one: --dist loadfile).
+WORKERS = ["-n", "2"]
 BROWSER = "browser test: notebooks in JupyterLab under headless Chromium (tests/ui)"
 
 
@@ -49,9 +52,10 @@ def parts(long: bool) -> list:
         ("sync check (notebooks -> package, .py -> .ipynb)",
          [[py, "tools/nbexport.py", "--check"], [py, "tools/nbsync.py", "--check"]]),
         ("pytest tests/" + (" --long" if long else ""),
-         [[py, "-m", "pytest", "tests/", "--ignore=tests/ui", *(["--long"] if long else [])]]),
-        ("notebooks under nbval", [[py, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "notebooks/"]]),
-        (BROWSER, [[py, "-m", "pytest", "tests/ui", "-q"]]),
+         [[py, "-m", "pytest", "tests/", "--ignore=tests/ui", *WORKERS, *(["--long"] if long else [])]]),
+        ("notebooks under nbval",
+         [[py, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "notebooks/", *WORKERS, "--dist", "loadfile"]]),
+        (BROWSER, [[py, "-m", "pytest", "tests/ui", "-q", *WORKERS]]),  # each notebook a test of its own
     ] + ([("differential run: 100,000 random graphs against the real ggml (benchmarks/differential.py)",
            [[py, "benchmarks/differential.py", "--count", "100000", "--progress", "10000"]])] if long else [])
 

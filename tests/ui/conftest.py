@@ -6,6 +6,20 @@ import pytest
 from ui.lab import CHECKED, Lab, find_chromium
 
 
+def pytest_sessionfinish(session):
+    """Under pytest-xdist (`make test` runs two workers) each worker hands its counts to the controller."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["checked"] = dict(CHECKED)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller adds up what each worker checked (an xdist hook: no xdist, never called)."""
+    for key, n in getattr(node, "workeroutput", {}).get("checked", {}).items():
+        CHECKED[key] += n
+
+
 def pytest_terminal_summary(terminalreporter):
     if CHECKED["notebooks"]:
         c = CHECKED
