@@ -683,7 +683,8 @@ class ExactSearch:
             cnt[self.s1[i]] -= 1
         self.rem, self.cnt = list(itertools.accumulate(rem))[:n], list(itertools.accumulate(cnt))[:n]
         self.floor = [0] * n
-        self.twin, last_seen = [], {}
+        self.twin: list[int] = []
+        last_seen: dict[tuple, int] = {}
         for i, key in enumerate(zip(self.size, self.s0, self.s1)):
             self.twin.append(last_seen.get(key, -1))
             last_seen[key] = i
