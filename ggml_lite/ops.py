@@ -5,6 +5,7 @@
 """ggml's op constructors (ggml.c): each creates the result tensor with ggml's shape, strides,
 op_params and automatic name, and records its sources. No arithmetic happens here."""
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from ggml_lite import tensor  # (its layout predicates and op-parameter bits: tensor.is_contiguous, ...)
@@ -135,34 +136,22 @@ def unary(ctx, a: Tensor, op, inplace: bool = False) -> Tensor:
     return t
 
 
-def silu(ctx, a: Tensor, inplace: bool = False) -> Tensor:
-    """`ggml_silu` (`ggml_silu_inplace`)."""
-    return unary(ctx, a, UnaryOp.SILU, inplace)
+def _unary_constructor(op: UnaryOp) -> Callable[..., Tensor]:
+    """The constructor `ggml_<op>` (`ggml_<op>_inplace` with inplace=True) of one unary op: `ggml_silu`,
+    `ggml_gelu`, `ggml_relu`, `ggml_tanh`, `ggml_neg`, `ggml_exp` are each `ggml_unary` with that op."""
+
+    def constructor(ctx, a: Tensor, inplace: bool = False) -> Tensor:
+        return unary(ctx, a, op, inplace)
+
+    name = op.name.lower()
+    constructor.__name__ = constructor.__qualname__ = name
+    constructor.__doc__ = f"`ggml_{name}` (`ggml_{name}_inplace`): `ggml_unary` with UnaryOp.{op.name}."
+    return constructor
 
 
-def gelu(ctx, a: Tensor, inplace: bool = False) -> Tensor:
-    """`ggml_gelu` (`ggml_gelu_inplace`)."""
-    return unary(ctx, a, UnaryOp.GELU, inplace)
-
-
-def relu(ctx, a: Tensor, inplace: bool = False) -> Tensor:
-    """`ggml_relu` (`ggml_relu_inplace`)."""
-    return unary(ctx, a, UnaryOp.RELU, inplace)
-
-
-def tanh(ctx, a: Tensor, inplace: bool = False) -> Tensor:
-    """`ggml_tanh` (`ggml_tanh_inplace`)."""
-    return unary(ctx, a, UnaryOp.TANH, inplace)
-
-
-def neg(ctx, a: Tensor, inplace: bool = False) -> Tensor:
-    """`ggml_neg` (`ggml_neg_inplace`)."""
-    return unary(ctx, a, UnaryOp.NEG, inplace)
-
-
-def exp(ctx, a: Tensor, inplace: bool = False) -> Tensor:
-    """`ggml_exp` (`ggml_exp_inplace`)."""
-    return unary(ctx, a, UnaryOp.EXP, inplace)
+silu, gelu, relu = (_unary_constructor(UnaryOp.SILU), _unary_constructor(UnaryOp.GELU),
+                    _unary_constructor(UnaryOp.RELU))
+tanh, neg, exp = _unary_constructor(UnaryOp.TANH), _unary_constructor(UnaryOp.NEG), _unary_constructor(UnaryOp.EXP)
 
 
 def leaky_relu(ctx, a: Tensor, negative_slope: float, inplace: bool = False) -> Tensor:

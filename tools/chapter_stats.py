@@ -14,14 +14,13 @@ Exit 1 with --check when a chapter breaks a promise (each is named), 2 for a not
 the repository's, else 0.
 """
 
-import argparse
 import re
 import sys
 from pathlib import Path
 
 import jupytext
 
-from nbexport import ExportError, resolve_notebook
+from nbexport import ExportError, notebook_parser, resolve_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 1300
@@ -80,10 +79,7 @@ def problems(name: str, s: dict) -> list:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("notebooks", nargs="*", help="percent-format notebooks (default: notebooks/*.py)")
-    ap.add_argument("--check", action="store_true", help="exit 1 when a chapter breaks a promise")
-    args = ap.parse_args(argv)
+    args = notebook_parser(__doc__, "exit 1 when a chapter breaks a promise").parse_args(argv)
     try:  # the notebooks are named as the exporter names them: relative to the repository or the cwd
         paths = [resolve_notebook(a) for a in args.notebooks] or sorted((ROOT / "notebooks").glob("*.py"))
     except ExportError as e:

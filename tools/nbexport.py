@@ -303,11 +303,16 @@ def generated_files() -> list:
     return found
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a module is out of date")
+def notebook_parser(doc: str, check: str) -> argparse.ArgumentParser:
+    """The command line of the tools that read notebooks: NOTEBOOK.py ... (default: all) and --check."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help=check)
     ap.add_argument("notebooks", nargs="*", help="percent-format notebooks (default: notebooks/*.py)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = notebook_parser(__doc__, "write nothing; exit 1 if a module is out of date").parse_args(argv)
     every = sorted((ROOT / "notebooks").glob("*.py"))
     try:
         chosen = [resolve_notebook(a) for a in args.notebooks] or every
