@@ -5,8 +5,10 @@ Its modules, one idea each: `bindings` (ggml-python made safe to call, name maps
 installed ggml was built), `mirror` (a ggml_lite graph re-created in ggml), `plans` (ggml's and
 ggml_lite's plans compared), `random_graphs`, `source` (a graph as ggml_lite code), `compute` (graphs
 computed by ggml), `isolation` (ggml in a forked child), `numeric` (whole numeric graphs), `tolerance`
-(how values are compared), `planner_graphs` (graph shapes that stress the planners). Everything a
-caller needs is imported here: `import ggml_oracle as O`, then `O.mirror(...)`, `O.random_graph(...)`.
+(how values are compared), `planner_graphs` (graph shapes that stress the planners), `chunked` (a
+CPU buffer type with a `max_size`, so that ggml 0.15.3 splits a compute buffer into chunks, and plans
+read per chunk). Everything a caller needs is imported here: `import ggml_oracle as O`, then
+`O.mirror(...)`, `O.random_graph(...)`.
 
 Four things it does:
 
@@ -47,8 +49,10 @@ What ggml-python 0.0.45 needs, and how its ggml differs from the recorded refere
   made by `ggml_backend_alloc_ctx_tensors` (weights, KV cache).
 * ggml 0.15.3 plans with "chunks" (a virtual buffer of up to 16 backend buffers); for the CPU buffer
   type (no maximum size) there is always a single chunk, and its best-fit search, block merging and
-  in-place rules are those of the reference. Newer ggml also tags every graph node with a COMPUTE
-  flag (16); only INPUT, OUTPUT and PARAM (1, 2, 4) are compared.
+  in-place rules are those of the reference. `chunked.max_size_buffer_type(n)` gives a buffer type
+  with a limit and `chunked_plan(...)` reads each tensor's (chunk, offset) and each chunk's size.
+  Newer ggml also tags every graph node with a COMPUTE flag (16); only INPUT, OUTPUT and PARAM
+  (1, 2, 4) are compared.
 * ggml aborts the process (GGML_ASSERT) on arguments it rejects. ggml_lite raises on the same
   conditions, and the mirror only replays tensors ggml_lite built, so a valid ggml_lite graph is a
   valid ggml graph; the random builder stays inside the rules both versions share.
@@ -74,6 +78,7 @@ from .bindings import (
     need_ggml,
 )
 from .build import REPRODUCED_BUILD, build_info, describe_build, sums_in_reproduced_order
+from .chunked import MaxSizeBufferType, chunked_plan, max_size_buffer_type
 from .compute import ggml_compute, ggml_lockstep, graph_data_tensors
 from .isolation import GGMLAbort, run_batch, run_isolated
 from .mirror import Mirror, MirrorMismatch, infer_roots, mirror, reachable
@@ -109,13 +114,13 @@ from .tolerance import normwise_error, version_dependent
 
 __all__ = [
     "ALIGNMENT", "CPU_BUFFER_SIZE_DELTA", "Difference", "FLAG_MASK", "GGMLAbort", "IMPORT_ERROR",
-    "MAX_TENSOR_BYTES", "Mirror", "MirrorMismatch", "NumericGraph", "REPRODUCED_BUILD", "RandomGraph",
-    "SHRINK_SECONDS", "UnconvertedArithmetic", "add_chain", "apply_ctypes_fixes", "attention_graph",
-    "available", "build_compute_graph", "build_info", "build_random_graph", "chain_graph", "check_random_graph",
-    "check_sequence", "compare_plans", "compute_graph", "compute_graphs", "describe_build", "fan_out_graph",
-    "ggml_compute", "ggml_lockstep", "ggml_plan", "ggml_results", "graph_data_tensors", "graph_to_code",
-    "graphs", "infer_roots", "lite_numeric_results", "lite_plan", "mirror", "mlp_graph", "need_ggml",
-    "normwise_error", "numeric_corpus", "numerics_data", "numerics_document", "oracle_settings", "random_graph",
-    "reachable", "result_entry", "result_values", "run_batch", "run_isolated", "sums_in_reproduced_order",
-    "version_dependent",
+    "MAX_TENSOR_BYTES", "MaxSizeBufferType", "Mirror", "MirrorMismatch", "NumericGraph", "REPRODUCED_BUILD",
+    "RandomGraph", "SHRINK_SECONDS", "UnconvertedArithmetic", "add_chain", "apply_ctypes_fixes",
+    "attention_graph", "available", "build_compute_graph", "build_info", "build_random_graph", "chain_graph",
+    "check_random_graph", "check_sequence", "chunked_plan", "compare_plans", "compute_graph", "compute_graphs",
+    "describe_build", "fan_out_graph", "ggml_compute", "ggml_lockstep", "ggml_plan", "ggml_results",
+    "graph_data_tensors", "graph_to_code", "graphs", "infer_roots", "lite_numeric_results", "lite_plan",
+    "max_size_buffer_type", "mirror", "mlp_graph", "need_ggml", "normwise_error", "numeric_corpus",
+    "numerics_data", "numerics_document", "oracle_settings", "random_graph", "reachable", "result_entry",
+    "result_values", "run_batch", "run_isolated", "sums_in_reproduced_order", "version_dependent",
 ]
