@@ -241,11 +241,12 @@ def buft_is_host(buft) -> bool:
 # %% [markdown]
 # The CPU buffer type is the one every chapter uses. Its allocation adds the alignment to the size
 # before it mallocs, because malloc may return an address that is not 32-byte aligned, and the buffer
-# keeps that larger size (`ggml_backend_cpu_buffer_type_alloc_buffer`, ggml-backend.c:629-638):
+# keeps that larger size (`ggml_backend_cpu_buffer_type_alloc_buffer`, ggml-backend.c:629-638; ggml's own
+# comments left out):
 #
 # ```c
-# size += TENSOR_ALIGNMENT;   // malloc may return an address that is not aligned
-# void * data = malloc(size); // TODO: use GGML_ALIGNED_MALLOC (move to ggml-impl.h)
+# size += TENSOR_ALIGNMENT;
+# void * data = malloc(size);
 # ...
 # return ggml_backend_buffer_init(buft, cpu_backend_buffer_i, data, size);
 # ```
@@ -325,11 +326,10 @@ class Buffer:
 # Its identity and geometry. Most `ggml_backend_buffer_*` functions ask the buffer's type
 # (`ggml_backend_buffer_get_alignment(buffer)` is `ggml_backend_buft_get_alignment(buffer->buft)`).
 # One is worth reading, because it is how a multi-buffer (below) passes its usage on to its parts
-# (`ggml_backend_buffer_set_usage`, ggml-backend.c:128-135):
+# (`ggml_backend_buffer_set_usage`, ggml-backend.c:128-135; ggml's comment left out):
 #
 # ```c
 # buffer->usage = usage;
-# // FIXME: add a generic callback to the buffer interface
 # if (ggml_backend_buffer_is_multi_buffer(buffer)) {
 #     ggml_backend_multi_buffer_set_usage(buffer, usage);
 # }
