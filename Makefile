@@ -37,6 +37,7 @@ $(ORACLE_STAMP):
 $(STAMP): pyproject.toml oracle/pyproject.toml $(ORACLE_STAMP)
 	$(PY) -m pip install --quiet -e ".[dev,viz]"
 	$(PY) -m pip install --quiet --no-deps -e ./oracle
+	$(PY) tools/today_sources.py
 	touch $(STAMP)
 
 lab: $(STAMP)

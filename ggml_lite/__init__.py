@@ -62,6 +62,14 @@ from ggml_lite.gallocr import (  # noqa: F401
     is_view,
     op_can_inplace,
 )
+from ggml_lite.gallocr_today import (  # noqa: F401
+    VBUFFER_MAX_CHUNKS,
+    BufferAddress,
+    ChunkedDynTAllocr,
+    GAllocr2026,
+    VBuffer,
+    new_gallocr,
+)
 from ggml_lite.graph import (  # noqa: F401
     GGML_DEFAULT_GRAPH_SIZE,
     Graph,

@@ -22,10 +22,8 @@ INPUT = int(TensorFlag.INPUT)
 OUTPUT = int(TensorFlag.OUTPUT)
 MiB = 1024.0 * 1024.0
 
-CAN_INPLACE = frozenset({
-    Op.SCALE, Op.DIAG_MASK_ZERO, Op.DIAG_MASK_INF, Op.ADD, Op.ADD1, Op.SUB, Op.MUL, Op.DIV, Op.SQR,
-    Op.SQRT, Op.LOG, Op.UNARY, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX,
-})
+CAN_INPLACE = frozenset({Op.SCALE, Op.DIAG_MASK_ZERO, Op.DIAG_MASK_INF, Op.ADD, Op.ADD1, Op.SUB, Op.MUL, Op.DIV,
+                         Op.SQR, Op.SQRT, Op.LOG, Op.UNARY, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX})
 
 
 def op_can_inplace(op: Op) -> bool:
@@ -215,11 +213,14 @@ class GAllocr:
         def planned_alloc(galloc, t): ...
         def _record(galloc, t) -> TensorAlloc: ...
         def allocate_node(galloc, node, buffer_id: int, node_index: int = ..., phase: str = ...) -> None: ...
+        def take_parent(galloc, node, parent, owner) -> None: ...
         def free_node(galloc, node, node_index: int = ..., via=...) -> None: ...
         def alloc_graph_impl(galloc, graph, node_buffer_ids=..., leaf_buffer_ids=...) -> None: ...
+        def plan_and_keep(galloc, graph, node_buffer_ids=..., leaf_buffer_ids=...) -> None: ...
         def reserve_n(galloc, graph, node_buffer_ids=..., leaf_buffer_ids=...) -> bool: ...
         def reserve(galloc, graph) -> bool: ...
         def init_tensor(galloc, tensor, talloc) -> None: ...
+        def place(galloc, buffer, tensor, offset: int, need: int) -> None: ...
         def node_needs_realloc(galloc, node, talloc) -> bool: ...
         def needs_realloc(galloc, graph) -> bool: ...
         def alloc_graph(galloc, graph) -> bool: ...
@@ -316,14 +317,12 @@ def allocate_node(galloc, node, buffer_id: int, node_index: int = -1, phase: str
                 if vsrc is not None:  # the view-parent branch: unreachable, see the text
                     vs_hn = galloc.hash_get(vsrc)
                     if vs_hn.n_views == 1 and vs_hn.n_children == 0 and vsrc.data == parent.data:
-                        hn.buffer_id, hn.offset = p_hn.buffer_id, p_hn.offset
-                        p_hn.allocated = False  # avoid freeing the parent
                         vs_hn.allocated = False
+                        galloc.take_parent(node, parent, vsrc)
                         reused, how = parent, "inplace_view"
                         break
                 else:
-                    hn.buffer_id, hn.offset = p_hn.buffer_id, p_hn.offset
-                    p_hn.allocated = False  # avoid freeing the parent
+                    galloc.take_parent(node, parent, parent)
                     reused, how = parent, "inplace"
                     break
             elif trace is not None:
@@ -338,6 +337,14 @@ def allocate_node(galloc, node, buffer_id: int, node_index: int = -1, phase: str
     hn.size_max = size  # the plan's record of `node` (section 2.2): its buffer and offset are final
     if trace is not None:
         trace(PlaceEvent(node, node_index, phase, hn.buffer_id, hn.offset, size, how, reused))
+
+
+@method_of(GAllocr)
+def take_parent(galloc, node, parent, owner) -> None:
+    """`ggml_gallocr_allocate_node`'s in-place step (`owner`: whose memory; chapter 12 frees its tail)."""
+    hn, p_hn = galloc.hash_values[node], galloc.hash_values[parent]
+    hn.buffer_id, hn.offset = p_hn.buffer_id, p_hn.offset
+    p_hn.allocated = False  # avoid freeing the parent
 
 
 @method_of(GAllocr)
@@ -442,9 +449,9 @@ _SRC = attrgetter("src")
 
 
 @method_of(GAllocr)
-def reserve_n(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool:
-    """`ggml_gallocr_reserve_n` (:670-779): plan `graph` from scratch, keep the plan, and grow every
-    buffer the plan outgrew."""
+def plan_and_keep(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> None:
+    """`ggml_gallocr_reserve_n` up to its reallocation loop (lines 670-745), shared with chapter 12's
+    allocator: reset the dynamic allocators, plan `graph`, keep which tensor sat in each slot."""
     _check_ids(galloc, node_buffer_ids, len(graph.nodes), "node_buffer_ids")
     _check_ids(galloc, leaf_buffer_ids, len(graph.leafs), "leaf_buffer_ids")
     for talloc in galloc.buf_tallocs:  # reset allocators (a shared one is reset twice, as in C)
@@ -460,6 +467,12 @@ def reserve_n(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool
     galloc.planned_srcs = list(map(list.copy, map(_SRC, graph.nodes)))  # [node.src.copy() for node in nodes]
     galloc.planned_leafs = list(graph.leafs)
 
+
+@method_of(GAllocr)
+def reserve_n(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool:
+    """`ggml_gallocr_reserve_n` (:670-779): plan `graph` from scratch, keep the plan, and grow every
+    buffer the plan outgrew."""
+    plan_and_keep(galloc, graph, node_buffer_ids, leaf_buffer_ids)
     # reallocate buffers if needed
     for i in range(galloc.n_buffers):
         for j in range(i):  # if the buffer type is used multiple times, we reuse the same buffer
@@ -486,7 +499,7 @@ def reserve_n(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool
 @method_of(GAllocr)
 def reserve(galloc, graph) -> bool:
     """`ggml_gallocr_reserve` (:781-783): `reserve_n` with every tensor in buffer 0."""
-    return reserve_n(galloc, graph, None, None)
+    return galloc.reserve_n(graph, None, None)
 
 
 # notebooks/05_gallocr.py
@@ -512,7 +525,13 @@ def init_tensor(galloc, tensor, talloc) -> None:
         raise PlanMismatchError(
             f"{describe(tensor)} needs {need if need is not None else '?'} bytes, but the plan reserved "
             f"{talloc.size_max or 0} bytes for it{unplaced}: call reserve() with this graph")
-    tensor_alloc(buffer, tensor, buffer.get_base() + talloc.offset, need)
+    galloc.place(buffer, tensor, talloc.offset, need)
+
+
+@method_of(GAllocr)
+def place(galloc, buffer, tensor, offset: int, need: int) -> None:
+    """`ggml_gallocr_init_tensor`'s last step, `ggml_backend_tensor_alloc` (chapter 12: into a chunk)."""
+    tensor_alloc(buffer, tensor, buffer.get_base() + offset, need)
 
 
 @method_of(GAllocr)
@@ -562,10 +581,10 @@ def alloc_graph(galloc, graph) -> bool:
     """`ggml_gallocr_alloc_graph` (:862-908): plan again if needed (single buffer only), reset the
     buffers, then place every leaf, node source and node from the kept plan."""
     galloc._take_size_fns()
-    if needs_realloc(galloc, graph):
+    if galloc.needs_realloc(graph):
         if galloc.n_buffers == 1:
             log.info("ggml_gallocr_alloc_graph: reallocating buffers automatically")
-            if not reserve_n(galloc, graph):
+            if not galloc.reserve_n(graph):
                 return False
         else:
             log.info("ggml_gallocr_alloc_graph: cannot reallocate multi buffer graph automatically, call reserve")
@@ -573,7 +592,7 @@ def alloc_graph(galloc, graph) -> bool:
     for buf in galloc.buffers:  # reset buffers
         if buf is not None:
             buf.reset()
-    init, records = init_tensor, galloc.hash_values  # the plan's records (section 2.2)
+    init, records = type(galloc).init_tensor, galloc.hash_values  # the plan's records (section 2.2)
     for leaf, planned_leaf in zip(graph.leafs, galloc.planned_leafs):
         if leaf.data is None or (leaf.view_src is not None and leaf.buffer is None):  # else init does nothing
             init(galloc, leaf, records.get(planned_leaf, NOT_PLACED))

@@ -102,10 +102,8 @@ INPUT = int(TensorFlag.INPUT)
 OUTPUT = int(TensorFlag.OUTPUT)
 MiB = 1024.0 * 1024.0
 
-CAN_INPLACE = frozenset({
-    Op.SCALE, Op.DIAG_MASK_ZERO, Op.DIAG_MASK_INF, Op.ADD, Op.ADD1, Op.SUB, Op.MUL, Op.DIV, Op.SQR,
-    Op.SQRT, Op.LOG, Op.UNARY, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX,
-})
+CAN_INPLACE = frozenset({Op.SCALE, Op.DIAG_MASK_ZERO, Op.DIAG_MASK_INF, Op.ADD, Op.ADD1, Op.SUB, Op.MUL, Op.DIV,
+                         Op.SQR, Op.SQRT, Op.LOG, Op.UNARY, Op.ROPE, Op.RMS_NORM, Op.SOFT_MAX})
 
 
 def op_can_inplace(op: Op) -> bool:
@@ -130,11 +128,10 @@ def is_view(t) -> bool:
 # };
 # ```
 #
-# (`ggml-alloc.c:330-336`.) What the allocator knows of a tensor *while planning*. The plan it
-# *keeps* is a `tensor_alloc` `{buffer_id, offset, size_max}` per node slot, source slot and leaf
-# (:338-352; `size_max` 0: not placed by it). Notice that the C copies a tensor read by five nodes
-# into six slots; the port keeps one record — the hash node, with `size_max`, *is* its `tensor_alloc`
-# — and which tensor sat in each slot (`planned_nodes`, `planned_srcs`, `planned_leafs`), so lookups
+# (`ggml-alloc.c:330-336`.) What the allocator knows of a tensor *while planning*. The plan it *keeps*
+# is a `tensor_alloc` `{buffer_id, offset, size_max}` per node slot, source slot and leaf (:338-352;
+# `size_max` 0: not placed by it): a tensor read by five nodes fills six slots. The port keeps one record
+# (the hash node, with `size_max`, *is* its `tensor_alloc`) and which tensor sat in each slot, so lookups
 # stay by *position*, as in the C: a later graph with new tensors in the same slots is placed from them.
 
 # %%
@@ -186,15 +183,13 @@ def _name(t) -> str:
 # ### 2.3 · Trace events
 #
 # ```c
-# //#define AT_PRINTF(...) fprintf(stderr, __VA_ARGS__)
 # #define AT_PRINTF(...)
-# ...
 #         AT_PRINTF("exec: %s (%s) <= ", ggml_op_desc(node), node->name);
 # ```
 #
-# (`ggml-alloc.c:17-18` and :625.) The C explains its decisions only in debug prints,
-# compiled out by default. Notice that each becomes an event here, sent to an optional `trace`
-# callable (none, no cost); the dynamic allocators report to the same sink (chapter 04).
+# (`ggml-alloc.c:18` and :625.) The C explains its decisions only in debug prints, compiled out by
+# default. Each becomes an event here, sent to an optional `trace` callable (none, no cost); the
+# dynamic allocators report to the same sink (chapter 04).
 
 # %%
 # | export
@@ -448,14 +443,12 @@ def allocate_node(galloc, node, buffer_id: int, node_index: int = -1, phase: str
                 if vsrc is not None:  # the view-parent branch: unreachable, see the text
                     vs_hn = galloc.hash_get(vsrc)
                     if vs_hn.n_views == 1 and vs_hn.n_children == 0 and vsrc.data == parent.data:
-                        hn.buffer_id, hn.offset = p_hn.buffer_id, p_hn.offset
-                        p_hn.allocated = False  # avoid freeing the parent
                         vs_hn.allocated = False
+                        galloc.take_parent(node, parent, vsrc)
                         reused, how = parent, "inplace_view"
                         break
                 else:
-                    hn.buffer_id, hn.offset = p_hn.buffer_id, p_hn.offset
-                    p_hn.allocated = False  # avoid freeing the parent
+                    galloc.take_parent(node, parent, parent)
                     reused, how = parent, "inplace"
                     break
             elif trace is not None:
@@ -470,6 +463,14 @@ def allocate_node(galloc, node, buffer_id: int, node_index: int = -1, phase: str
     hn.size_max = size  # the plan's record of `node` (section 2.2): its buffer and offset are final
     if trace is not None:
         trace(PlaceEvent(node, node_index, phase, hn.buffer_id, hn.offset, size, how, reused))
+
+
+@method_of(GAllocr)
+def take_parent(galloc, node, parent, owner) -> None:
+    """`ggml_gallocr_allocate_node`'s in-place step (`owner`: whose memory; chapter 12 frees its tail)."""
+    hn, p_hn = galloc.hash_values[node], galloc.hash_values[parent]
+    hn.buffer_id, hn.offset = p_hn.buffer_id, p_hn.offset
+    p_hn.allocated = False  # avoid freeing the parent
 
 
 @method_of(GAllocr)
@@ -491,16 +492,14 @@ def free_node(galloc, node, node_index: int = -1, via=None) -> None:
 # ### 2.5 · Planning a graph
 #
 # ```c
-#                     if (view_src_hn->n_views == 0 && view_src_hn->n_children == 0 && view_src_hn->allocated) {
 #                         ggml_gallocr_free_node(galloc, view_src);
-# ...
 #                 else if (p_hn->allocated) {
 #                     ggml_gallocr_free_node(galloc, parent);
 # ```
 #
-# (`ggml-alloc.c:657-662`, the end of the third loop of `ggml_gallocr_alloc_graph_impl`.) Notice
-# the two ways a block is freed: a parent whose last child has run, or the root of a view whose last
-# user has; `allocated`, false for a block already handed to a child in place, guards both.
+# (`ggml-alloc.c:661-665`, the end of the third loop of `ggml_gallocr_alloc_graph_impl`.) A block is
+# freed two ways: a parent whose last child has run, or the root of a view whose last user has;
+# `allocated`, false for a block already handed to a child in place, guards both.
 
 # %%
 # | export
@@ -578,8 +577,6 @@ def alloc_graph_impl(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) 
 # ```c
 #         size_t cur_size = galloc->buffers[i] ? ggml_backend_buffer_get_size(galloc->buffers[i]) : 0;
 #         size_t new_size = ggml_dyn_tallocr_max_size(galloc->buf_tallocs[i]);
-#
-#         // even if there are no tensors allocated in this buffer, we still need to allocate it to initialize views
 #         if (new_size > cur_size || galloc->buffers[i] == NULL) {
 # ```
 #
@@ -602,9 +599,9 @@ _SRC = attrgetter("src")
 
 
 @method_of(GAllocr)
-def reserve_n(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool:
-    """`ggml_gallocr_reserve_n` (:670-779): plan `graph` from scratch, keep the plan, and grow every
-    buffer the plan outgrew."""
+def plan_and_keep(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> None:
+    """`ggml_gallocr_reserve_n` up to its reallocation loop (lines 670-745), shared with chapter 12's
+    allocator: reset the dynamic allocators, plan `graph`, keep which tensor sat in each slot."""
     _check_ids(galloc, node_buffer_ids, len(graph.nodes), "node_buffer_ids")
     _check_ids(galloc, leaf_buffer_ids, len(graph.leafs), "leaf_buffer_ids")
     for talloc in galloc.buf_tallocs:  # reset allocators (a shared one is reset twice, as in C)
@@ -620,6 +617,12 @@ def reserve_n(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool
     galloc.planned_srcs = list(map(list.copy, map(_SRC, graph.nodes)))  # [node.src.copy() for node in nodes]
     galloc.planned_leafs = list(graph.leafs)
 
+
+@method_of(GAllocr)
+def reserve_n(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool:
+    """`ggml_gallocr_reserve_n` (:670-779): plan `graph` from scratch, keep the plan, and grow every
+    buffer the plan outgrew."""
+    plan_and_keep(galloc, graph, node_buffer_ids, leaf_buffer_ids)
     # reallocate buffers if needed
     for i in range(galloc.n_buffers):
         for j in range(i):  # if the buffer type is used multiple times, we reuse the same buffer
@@ -646,7 +649,7 @@ def reserve_n(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool
 @method_of(GAllocr)
 def reserve(galloc, graph) -> bool:
     """`ggml_gallocr_reserve` (:781-783): `reserve_n` with every tensor in buffer 0."""
-    return reserve_n(galloc, graph, None, None)
+    return galloc.reserve_n(graph, None, None)
 
 # %% [markdown]
 # ### 2.6 · From the plan to the tensors
@@ -658,9 +661,8 @@ def reserve(galloc, graph) -> bool:
 # }
 # ```
 #
-# (`ggml-alloc.c:814-817`.) Notice the name: it returns true when the tensor *fits* its record.
-# `ggml_gallocr_needs_realloc` asks it for every node and source slot; the port skips a slot that
-# still holds the very tensor the plan placed (its `size_max` is its size by construction).
+# (`ggml-alloc.c:814-817`.) Notice the name: it returns true when the tensor *fits* its record. The
+# port skips a slot that still holds the very tensor the plan placed (its `size_max` fits by construction).
 
 # %%
 # | export
@@ -686,7 +688,13 @@ def init_tensor(galloc, tensor, talloc) -> None:
         raise PlanMismatchError(
             f"{describe(tensor)} needs {need if need is not None else '?'} bytes, but the plan reserved "
             f"{talloc.size_max or 0} bytes for it{unplaced}: call reserve() with this graph")
-    tensor_alloc(buffer, tensor, buffer.get_base() + talloc.offset, need)
+    galloc.place(buffer, tensor, talloc.offset, need)
+
+
+@method_of(GAllocr)
+def place(galloc, buffer, tensor, offset: int, need: int) -> None:
+    """`ggml_gallocr_init_tensor`'s last step, `ggml_backend_tensor_alloc` (chapter 12: into a chunk)."""
+    tensor_alloc(buffer, tensor, buffer.get_base() + offset, need)
 
 
 @method_of(GAllocr)
@@ -736,10 +744,9 @@ def needs_realloc(galloc, graph) -> bool:
 #         if (galloc->n_buffers == 1) {
 # ```
 #
-# (`ggml-alloc.c:862-864`.) `ggml_gallocr_alloc_graph` places a graph from the kept plan, not the
-# hash table, so the next batch (new tensor objects, same shape) is placed without planning. Notice
-# `n_buffers == 1`: only a single-buffer allocator plans again by itself. Then `ggml_gallocr_free`
-# and `ggml_gallocr_get_buffer_size`, which count a buffer shared by two buffer ids once.
+# (`ggml-alloc.c:862-864`.) It places a graph from the kept plan, so the next batch (new tensors,
+# same shape) is placed without planning; only a single-buffer allocator plans again by itself.
+# `ggml_gallocr_get_buffer_size` counts a buffer shared by two buffer ids once.
 
 # %%
 # | export
@@ -748,10 +755,10 @@ def alloc_graph(galloc, graph) -> bool:
     """`ggml_gallocr_alloc_graph` (:862-908): plan again if needed (single buffer only), reset the
     buffers, then place every leaf, node source and node from the kept plan."""
     galloc._take_size_fns()
-    if needs_realloc(galloc, graph):
+    if galloc.needs_realloc(graph):
         if galloc.n_buffers == 1:
             log.info("ggml_gallocr_alloc_graph: reallocating buffers automatically")
-            if not reserve_n(galloc, graph):
+            if not galloc.reserve_n(graph):
                 return False
         else:
             log.info("ggml_gallocr_alloc_graph: cannot reallocate multi buffer graph automatically, call reserve")
@@ -759,7 +766,7 @@ def alloc_graph(galloc, graph) -> bool:
     for buf in galloc.buffers:  # reset buffers
         if buf is not None:
             buf.reset()
-    init, records = init_tensor, galloc.hash_values  # the plan's records (section 2.2)
+    init, records = type(galloc).init_tensor, galloc.hash_values  # the plan's records (section 2.2)
     for leaf, planned_leaf in zip(graph.leafs, galloc.planned_leafs):
         if leaf.data is None or (leaf.view_src is not None and leaf.buffer is None):  # else init does nothing
             init(galloc, leaf, records.get(planned_leaf, NOT_PLACED))
@@ -876,12 +883,11 @@ for i, node in enumerate(graph.nodes):  # where everything went (a view: the off
     print(f"{i:2d} {node.name:28s} {node.op.name:9s} {node.nbytes:6d} B  offset {node.data - base:6d} {kind}")
 
 # %% [markdown]
-# Read a few lines against the rules. The INPUT leafs `inp_x`, `inp_pos`, `KQ_mask` are placed with
-# the other leafs, before any node (0, 5120, 5184). `attn_norm-0` (MUL, `norm-0`'s only child)
-# **takes `norm-0`'s memory**. `Qcur-0` is read only through its reshape view, and a view is never
-# the allocator's own, so `Qcur_rope-0` (ROPE) refuses it and gets a new block. The OUTPUT `l_out-0`
-# takes `ffn_down-0`'s block (offset 0), which is never freed. Against what ggml recorded
-# (`tests/fixtures/ggml-seed/06_llama_block.json`):
+# Read a few lines against the rules. The INPUT leafs `inp_x`, `inp_pos`, `KQ_mask` are placed with the
+# other leafs, before any node (0, 5120, 5184). `attn_norm-0` (MUL, `norm-0`'s only child) **takes
+# `norm-0`'s memory**. `Qcur-0` is read only through its reshape view, never the allocator's own, so
+# `Qcur_rope-0` (ROPE) refuses it and gets a new block. The OUTPUT `l_out-0` takes `ffn_down-0`'s block
+# (offset 0), never freed. Against what ggml recorded (`tests/fixtures/ggml-seed/06_llama_block.json`):
 
 # %%
 rec = json.loads(Path("../tests/fixtures/ggml-seed/06_llama_block.json").read_text())
@@ -898,21 +904,15 @@ print(f"fixture 06: all {len(want)} compute tensors at ggml's offsets; buffer si
 # root's block. The dashed line is the peak of bytes live at once — no placement of these lifetimes
 # needs less — and the solid line the buffer the plan needs: the gap is what best fit loses to
 # fragmentation. The analysis is its own module, `ggml_lite.trace` (`viz.timeline` only draws): it
-# traces the call every plan goes through, and cuts the trace into steps, in words, as the C's debug
-# prints would:
+# traces `ggml_gallocr_reserve` and cuts the trace into steps, in words, as the C's debug prints would:
 #
 # ```c
-# bool ggml_gallocr_reserve(ggml_gallocr_t galloc, struct ggml_cgraph *graph) {
-#     return ggml_gallocr_reserve_n(galloc, graph, NULL, NULL);
-# }
-# ...
 #     AT_PRINTF("%s: allocating %s (%zu bytes) - ", __func__, tensor->name, size);
-# ...
 #     AT_PRINTF("block %d, offset %zu\n", best_fit_block, offset);
 # ```
 #
-# (`ggml-alloc.c:781-783`, :151 and :193.) Notice the last two: the dynamic allocator's choice of a
-# block comes right before the allocator's decision it serves.
+# (`ggml-alloc.c:151` and :193.) The dynamic allocator's choice of a block comes right before the
+# decision it serves.
 
 # %%
 # | export trace
@@ -1001,12 +1001,11 @@ def decision_lines(step) -> list:
 #     hn->allocated = false;
 # ```
 #
-# (`ggml-alloc.c:553-556`, in `ggml_gallocr_free_node`.) A block lives from the
-# `ggml_dyn_tallocr_alloc` that placed it to this `ggml_dyn_tallocr_free_tensor`, or to the node
-# that took it in place (a block handed over counts once). One quirk: loop 2 places an INPUT node
-# *before* counting its own sources, so a parent read by an earlier node still shows one child; the
-# INPUT node takes its block in place, and ggml later places the parent again, in new memory. A
-# tensor lives where it was placed last: `lifetimes` marks the first placement `superseded`.
+# (`ggml-alloc.c:553-556`, in `ggml_gallocr_free_node`.) A block lives from the `ggml_dyn_tallocr_alloc`
+# that placed it to this free, or to the node that took it in place (a block handed over counts once).
+# One quirk: loop 2 places an INPUT node *before* counting its own sources, so a parent read by an earlier
+# node still shows one child; the INPUT node takes its block in place, and ggml places the parent again,
+# in new memory. A tensor lives where it was placed last: `lifetimes` marks the first `superseded`.
 
 # %%
 # | export trace

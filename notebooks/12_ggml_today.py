@@ -1,0 +1,706 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 12 · ggml today — the allocator of 2025–26, as a diff
+#
+# Chapters 02–11 port ggml as llama.cpp vendored it at daa9623 (September 2024). Open today's
+# `ggml-alloc.c` (ggml 0.15.3, June 2026, the ggml the tests' oracle `ggml-python` 0.0.45 bundles) and
+# the graph allocator looks different: a compute buffer may be split into **chunks**, a tensor's place
+# is a pair `{chunk, offset}`, and a new rule chooses which chunk grows. On a buffer type without a
+# size limit none of it shows: today's ggml puts every tensor where the 2024 one did, which is why the
+# course's differential tests never noticed. It shows on devices with a per-allocation limit — Vulkan
+# allocates at most 1 GiB (often 4 GiB) at once, Metal and SYCL have limits too — where the 2024
+# allocator asks for one buffer the device cannot give.
+#
+# **Learning goals**
+#
+# 1. The chunked virtual buffer: `struct vbuffer`, `tallocr_chunk`, `buffer_address {chunk, offset}`,
+#    at most `GGML_VBUFFER_MAX_CHUNKS` = 16 chunks, the 16th unbounded.
+# 2. Where a tensor goes: best fit across the chunks, then the `reuse_factor` choice of a last block,
+#    then a new chunk.
+# 3. The smaller changes: an in-place child hands back its parent's unused tail, buffers are
+#    reallocated when any chunk grows, and a dry run sizes the buffers without allocating them.
+#
+# Exported: `ggml_lite.gallocr_today`. Only what changed is new code: a chunk *is* chapter 04's
+# `DynTAllocr`, and today's graph allocator is chapter 05's `GAllocr` with four methods replaced.
+# Line numbers below cite `ggml/src/ggml-alloc.c` of ggml 0.15.3 unless they say 2024.
+
+# %%
+# | default_exp gallocr_today
+
+# %% [markdown]
+# ## 1 · A place is a chunk and an offset
+#
+# ```c
+# #define GGML_VBUFFER_MAX_CHUNKS 16
+#
+# // relative memory address within an allocation that can be split into multiple buffers (chunks)
+# struct buffer_address {
+#     int chunk;     // index of a backend buffer
+#     size_t offset; // local memory offset within the buffer
+# };
+#
+# static const struct buffer_address GGML_BUFFER_ADDRESS_INVALID = { -1, SIZE_MAX };
+# ```
+#
+# (`ggml-alloc.c:95-103`.) In 2024 a hash node held `size_t offset`; today it holds this pair, and
+# so does every `tensor_alloc` the plan keeps. The first version of the change (pull request 15815,
+# September 2025) kept a single offset and cut it into chunks afterwards; the reviewers asked for the
+# pair, so that a tensor's chunk is decided once, when it is placed. The port stores the pair where
+# chapter 05 stored the offset: the graph allocator's code passes it along without looking inside.
+
+# %%
+# | export
+"""ggml's graph allocator as of ggml 0.15.3 (ggml-alloc.c, June 2026) beside the 2024 one of chapters
+04-05: a compute buffer of up to 16 chunks. Only what changed is here; the rest is `ggml_lite.gallocr`."""
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+from ggml_lite.align import aligned_offset
+from ggml_lite.bind import method_of
+from ggml_lite.buffer import SIZE_MAX, BufferUsage, tensor_alloc
+from ggml_lite.dyn_tallocr import DynTAllocr
+from ggml_lite.errors import AllocationError, GGMLLiteError, OutOfBufferSpaceError
+from ggml_lite.gallocr import CAN_INPLACE, GAllocr, MiB
+from ggml_lite.tensor import Op
+
+log = logging.getLogger("ggml_lite")
+
+VBUFFER_MAX_CHUNKS = 16  # GGML_VBUFFER_MAX_CHUNKS
+
+
+class BufferAddress(NamedTuple):
+    """`struct buffer_address`: which chunk of the virtual buffer, and the offset inside it."""
+
+    chunk: int
+    offset: int
+
+    def __str__(self):
+        return f"{self.chunk}:{self.offset}"
+
+
+ADDRESS_INVALID = BufferAddress(-1, SIZE_MAX)  # GGML_BUFFER_ADDRESS_INVALID
+
+# %% [markdown]
+# ## 2 · Today's dynamic allocator: a row of 2024 allocators
+#
+# ```c
+# struct tallocr_chunk {
+#     struct free_block free_blocks[MAX_FREE_BLOCKS];
+#     int n_free_blocks;
+#     size_t max_size;
+# };
+#
+# struct ggml_dyn_tallocr {
+#     size_t alignment;
+#     size_t max_chunk_size;
+#     struct tallocr_chunk * chunks[GGML_VBUFFER_MAX_CHUNKS];
+#     int n_chunks;
+# ```
+#
+# (`ggml-alloc.c:114-124`.) Put chapter 04's `struct ggml_dyn_tallocr` (2024 `ggml-alloc.c:113-120`)
+# beside `tallocr_chunk`: the same free list and the same high-water mark, minus the alignment. A chunk
+# is a 2024 allocator, so the port makes each chunk a `DynTAllocr` and keeps only the new fields here:
+# `max_chunk_size`, the buffer type's `get_max_size` clamped to `SIZE_MAX/2` (`ggml_dyn_tallocr_new`,
+# :365-381), and the list of chunks. `ggml_dyn_tallocr_reset` (:351-363) frees every chunk: a plan
+# starts with none, and the first tensor opens chunk 0.
+
+# %%
+# | export
+@dataclass(frozen=True)
+class ChunkAllocEvent:
+    """Today's `ggml_dyn_tallocr_alloc` placed `tensor` at `chunk:offset`, found by `how`: "best_fit"
+    (a block besides a chunk's last), "last_block" (a chunk's last block) or "new_chunk"."""
+
+    kind = "chunk_alloc"
+    tensor: object
+    size: int  # aligned size
+    chunk: int
+    offset: int
+    how: str
+    chunk_sizes: tuple  # every chunk's max_size after the allocation
+
+    def describe(self) -> str:
+        name = getattr(self.tensor, "name", None) or "<unnamed>"
+        return f"alloc {name} ({self.size} B) at chunk {self.chunk} offset {self.offset} — {self.how.replace('_', ' ')}"
+
+
+@dataclass(frozen=True)
+class ChunkFreeEvent:
+    """Today's `ggml_dyn_tallocr_free_bytes` gave `[offset, offset + size)` of `chunk` back."""
+
+    kind = "chunk_free"
+    tensor: object
+    size: int
+    chunk: int
+    offset: int
+
+    def describe(self) -> str:
+        name = getattr(self.tensor, "name", None) or "<bytes>"
+        return f"free {name} ({self.size} B at chunk {self.chunk} offset {self.offset})"
+
+
+# %%
+# | export
+class ChunkedDynTAllocr:
+    """`struct ggml_dyn_tallocr` of ggml 0.15.3 (`ggml_dyn_tallocr_new`, `ggml_dyn_tallocr_reset`,
+    `ggml_dyn_tallocr_free`): up to 16 chunks, each a chapter-04 `DynTAllocr` (`struct tallocr_chunk`).
+
+    `last_block` picks the rule for growing a chunk: "reuse_factor" (today's, since October 2025) or
+    "first" (the first chunked version of September 2025: the first chunk whose last block fits)."""
+
+    __slots__ = ("alignment", "max_chunk_size", "chunks", "last_block", "trace")
+
+    def __init__(self, alignment: int, max_buffer_size: int = SIZE_MAX, last_block: str = "reuse_factor",
+                 trace=None):
+        aligned_offset(None, 0, alignment)  # raises AlignmentError for a bad alignment
+        if last_block not in ("reuse_factor", "first"):
+            raise GGMLLiteError(f"last_block: 'reuse_factor' or 'first', not {last_block!r}")
+        if not isinstance(max_buffer_size, int) or max_buffer_size < 1:
+            raise AllocationError(f"max_buffer_size: a positive number of bytes, not {max_buffer_size!r}")
+        self.alignment = alignment
+        self.max_chunk_size = min(max_buffer_size, SIZE_MAX // 2)  # clamp to avoid overflows
+        self.last_block = last_block
+        self.trace = trace
+        self.chunks: list[DynTAllocr] = []
+
+    @property
+    def n_chunks(self) -> int:
+        return len(self.chunks)
+
+    def __repr__(self):
+        sizes = ", ".join(str(c.max_size) for c in self.chunks)
+        return f"ChunkedDynTAllocr(alignment={self.alignment}, max_chunk_size={self.max_chunk_size}, chunks=[{sizes}])"
+
+
+
+@method_of(ChunkedDynTAllocr)
+def reset(dyn) -> None:
+    """`ggml_dyn_tallocr_reset` (:351-363): every chunk freed; the next allocation opens chunk 0."""
+    dyn.chunks = []
+
+
+@method_of(ChunkedDynTAllocr)
+def free(dyn) -> None:
+    """`ggml_dyn_tallocr_free` (:383-388)."""
+    dyn.chunks = []
+
+
+@method_of(ChunkedDynTAllocr)
+def chunk_max_size(dyn, chunk: int) -> int:
+    """`ggml_dyn_tallocr_max_size` (:390-392): a chunk's high-water mark, 0 past the last chunk."""
+    return dyn.chunks[chunk].max_size if chunk < len(dyn.chunks) else 0
+
+# %% [markdown]
+# ### 2.1 · A new chunk
+#
+# ```c
+#     // available space in a chunk is limited to max_chunk_size, but can be higher if:
+#     // 1. a single tensor exceeds the maximum, and cannot fit any other way
+#     // 2. we are running out of chunks
+#     // backends will either manage to allocate the larger size, or report an error.
+#     chunk->free_blocks[0].size = MAX(min_size, alloc->max_chunk_size);
+#     if (alloc->n_chunks == GGML_VBUFFER_MAX_CHUNKS - 1) {
+#         chunk->free_blocks[0].size = SIZE_MAX/2;
+#     }
+# ```
+#
+# (`ggml_dyn_tallocr_new_chunk`, :159-177.) A chunk's one free block is the buffer type's limit, or the
+# tensor that opens it when that is larger: a chunk never splits a tensor, so a 3 GiB tensor on a
+# 1 GiB device still asks for 3 GiB (and the device may refuse). The 16th chunk is the 2024 allocator's
+# open end, `SIZE_MAX/2`, so allocation never fails for want of chunks. With no limit
+# (`max_chunk_size` = `SIZE_MAX/2`), chunk 0 is exactly the 2024 allocator and no second chunk opens.
+
+# %%
+# | export
+@method_of(ChunkedDynTAllocr)
+def new_chunk(dyn, min_size: int) -> int:
+    """`ggml_dyn_tallocr_new_chunk` (:159-177): open a chunk with one free block of
+    MAX(min_size, max_chunk_size) bytes (SIZE_MAX/2 for the 16th); -1 when 16 chunks exist."""
+    if len(dyn.chunks) >= VBUFFER_MAX_CHUNKS:
+        return -1
+    chunk = DynTAllocr(dyn.alignment)  # calloc: no blocks, max_size 0
+    size = max(min_size, dyn.max_chunk_size)
+    if len(dyn.chunks) == VBUFFER_MAX_CHUNKS - 1:
+        size = SIZE_MAX // 2
+    chunk.blocks = [[0, size]]
+    dyn.chunks.append(chunk)
+    return len(dyn.chunks) - 1
+
+# %% [markdown]
+# ### 2.2 · Where a tensor goes
+#
+# ```c
+#     // find the best fitting free block besides the last block, within any chunk
+#     for (int c = 0; c < alloc->n_chunks; ++c) {
+#         struct tallocr_chunk * chunk = alloc->chunks[c];
+#         size_t best_fit_size = SIZE_MAX;
+#         for (int i = 0; i < chunk->n_free_blocks - 1; i++) {
+# ...
+#                 int64_t reuse_factor = chunk->max_size - block->offset - size;
+#                 // reuse_factor < 0 : amount of extra memory that needs to be allocated
+#                 // reuse_factor = 0 : allocated free space exactly matches tensor size
+#                 // reuse_factor > 0 : superfluous memory that will remain unused
+#                 bool better_reuse = best_reuse < 0 && reuse_factor > best_reuse;
+#                 bool better_fit = reuse_factor >= 0 && reuse_factor < best_reuse;
+# ```
+#
+# (`ggml_dyn_tallocr_alloc`, :201-308.) Three tries, in order. **Best fit besides the last block**, in
+# every chunk — but notice where `best_fit_size` is set: *inside* the chunk loop. A later chunk's fit
+# replaces an earlier chunk's even when it is larger, so the block taken is the best fit of the *last*
+# chunk that has one. **A last block**: the free space at a chunk's end, which grows the chunk. The
+# first chunked version took the first chunk whose last block fits; pull request 16788 (October 2025)
+# scores each by `reuse_factor`, the bytes of the chunk's current size left unused after the tensor
+# (negative: how much the chunk must grow). A chunk that needs not grow and wastes least wins;
+# otherwise the one that grows least. **A new chunk**, when no chunk has room under the limit.
+#
+# Once the block is chosen, taking it is chapter 04's code: the chosen chunk's own `alloc` picks the
+# very same block (it is that chunk's best fit, or its last block when nothing else fits), carves
+# it and raises the chunk's `max_size`. So the port chooses the chunk and hands over.
+
+# %%
+# | export
+@method_of(ChunkedDynTAllocr)
+def alloc(dyn, size: int, tensor=None) -> BufferAddress:
+    """`ggml_dyn_tallocr_alloc` (:201-308): best fit besides the last blocks (the last chunk with a fit
+    wins), else a chunk's last block by `reuse_factor`, else a new chunk; the chosen chunk's 2024
+    `DynTAllocr.alloc` then takes that block."""
+    size = aligned_offset(None, size, dyn.alignment)
+    best, how = -1, "best_fit"
+    for c, chunk in enumerate(dyn.chunks):  # best fit besides the last block, within any chunk
+        best_fit_size = SIZE_MAX  # reset for every chunk: a fit in a later chunk wins
+        for _offset, bsize in chunk.blocks[:-1]:
+            if size <= bsize <= best_fit_size:
+                best, best_fit_size = c, bsize
+    if best == -1:  # no suitable block found, try the last block (this may grow a chunk's size)
+        best, how = dyn._last_block_chunk(size), "last_block"
+    if best == -1:  # none of the existing chunks have enough space left
+        best, how = dyn.new_chunk(size), "new_chunk"
+    if best == -1:  # unreachable: the 16th chunk is unbounded
+        raise OutOfBufferSpaceError(f"graph allocation: no chunk can hold {size} bytes")
+    offset = dyn.chunks[best].alloc(size, tensor)
+    if dyn.trace is not None:
+        dyn.trace(ChunkAllocEvent(tensor, size, best, offset, how, tuple(c.max_size for c in dyn.chunks)))
+    return BufferAddress(best, offset)
+
+
+@method_of(ChunkedDynTAllocr)
+def _last_block_chunk(dyn, size: int) -> int:
+    """The chunk whose last free block `ggml_dyn_tallocr_alloc` takes (-1: none fits): the best
+    `reuse_factor` today, the first that fits in September 2025 (`last_block="first"`)."""
+    best, best_reuse = -1, -(2**63)  # INT64_MIN
+    for c, chunk in enumerate(dyn.chunks):
+        if not chunk.blocks:
+            continue
+        offset, bsize = chunk.blocks[-1]
+        if dyn.last_block == "first":
+            if bsize >= size:
+                return c
+            continue
+        reuse_factor = chunk.max_size - offset - size
+        better_reuse = best_reuse < 0 and reuse_factor > best_reuse
+        better_fit = 0 <= reuse_factor < best_reuse
+        if bsize >= size and (better_reuse or better_fit):
+            best, best_reuse = c, reuse_factor
+    return best
+
+# %% [markdown]
+# ### 2.3 · Freeing
+#
+# ```c
+# static void ggml_dyn_tallocr_free_bytes(struct ggml_dyn_tallocr * alloc, struct buffer_address addr, size_t size) {
+#     size = aligned_offset(NULL, size, alloc->alignment);
+#     struct tallocr_chunk * chunk = alloc->chunks[addr.chunk];
+# ```
+#
+# (`ggml_dyn_tallocr_free_bytes`, :311-349.) The rest is the 2024 free on one chunk
+# (`ggml_dyn_tallocr_free_tensor`, 2024 `ggml-alloc.c:236-283`): merge with the block before, the block
+# after, or insert a new one, at most 256 per chunk. The new name (pull request 17884, December 2025)
+# says what it does now: it frees *bytes*, not always a whole tensor — the unused tail of an in-place
+# parent (section 4.1). The port keeps the method's old name, `free_tensor`, because chapter 05's
+# `ggml_gallocr_free_node` calls it.
+
+# %%
+# | export
+@method_of(ChunkedDynTAllocr)
+def free_tensor(dyn, addr: BufferAddress, size: int, tensor=None) -> None:
+    """`ggml_dyn_tallocr_free_bytes` (:311-349; `ggml_dyn_tallocr_free_tensor` until December 2025):
+    `[addr.offset, + size)` back to chunk `addr.chunk`, merged there by the 2024 rule."""
+    size = aligned_offset(None, size, dyn.alignment)
+    dyn.chunks[addr.chunk].free_tensor(addr.offset, size, tensor)
+    if dyn.trace is not None:
+        dyn.trace(ChunkFreeEvent(tensor, size, addr.chunk, addr.offset))
+
+# %% [markdown]
+# ## 3 · The virtual buffer
+#
+# ```c
+# struct vbuffer {
+#     ggml_backend_buffer_t chunks[GGML_VBUFFER_MAX_CHUNKS];
+# };
+# ```
+#
+# (:397-399, with `ggml_vbuffer_alloc` (:423-439) and `ggml_vbuffer_tensor_alloc` (:441-445).) The
+# compute buffer the graph allocator owns is now one backend buffer per chunk, each of its chunk's
+# `max_size`, all marked COMPUTE. Its size (`ggml_vbuffer_size`, :415-421) is the sum of the chunks'.
+#
+# One deliberate difference. ggml_lite's CPU buffer type is the 2024 one, which pads every buffer by
+# 32 bytes; today's does not. So a chunk of 1,024 B reports 1,056 B here, and the compute buffer's
+# size is the sum of the chunks plus 32 per chunk — as every size in this course counts. But the rule
+# in section 4 compares a chunk's new size with the buffer it has: with the padding, a chunk grown by
+# exactly one 32-byte step would not be reallocated, where today's ggml reallocates it. The port's
+# `chunk_size` therefore answers the size the allocator asked for, which is what today's CPU buffer
+# reports, and decisions stay those of the real ggml.
+
+# %%
+# | export
+class VBuffer:
+    """`struct vbuffer` (`ggml_vbuffer_alloc`, `ggml_vbuffer_free`, `ggml_vbuffer_size`,
+    `ggml_vbuffer_chunk_size`, `ggml_vbuffer_tensor_alloc`, `ggml_vbuffer_reset`): the chunks' buffers
+    and the size each was asked for."""
+
+    __slots__ = ("chunks", "asked")
+
+    def __init__(self):
+        self.chunks: list = []  # backend buffers, chunk order
+        self.asked: list[int] = []  # the size alloc_buffer was given for each
+
+    @property
+    def handle(self):
+        """The first chunk's buffer handle (what a tensor's `buffer` shows), None without chunks."""
+        return self.chunks[0].handle if self.chunks else None
+
+    def __repr__(self):
+        return f"VBuffer(chunks={self.asked})"
+
+    def free(self) -> None:
+        """`ggml_vbuffer_free`."""
+        for buf in self.chunks:
+            buf.free()
+        self.chunks, self.asked = [], []
+
+    def chunk_size(self, chunk: int) -> int:
+        """`ggml_vbuffer_chunk_size`: the size asked for chunk `chunk` (0 past the last; see the text)."""
+        return self.asked[chunk] if chunk < len(self.asked) else 0
+
+    def get_size(self) -> int:
+        """`ggml_vbuffer_size`: the sum of the chunks' buffer sizes."""
+        return sum(buf.get_size() for buf in self.chunks)
+
+    def tensor_alloc(self, tensor, addr: BufferAddress, need: int) -> None:
+        """`ggml_vbuffer_tensor_alloc`: `ggml_backend_tensor_alloc` in chunk `addr.chunk`."""
+        buf = self.chunks[addr.chunk]
+        tensor_alloc(buf, tensor, buf.get_base() + addr.offset, need)
+
+    def reset(self) -> None:
+        """`ggml_vbuffer_reset`."""
+        for buf in self.chunks:
+            buf.reset()
+
+
+def vbuffer_alloc(buft, talloc: ChunkedDynTAllocr, usage=BufferUsage.COMPUTE):
+    """`ggml_vbuffer_alloc` (:423-439): one buffer per chunk of `talloc`, each of its `max_size`;
+    None (and nothing kept) when the buffer type refuses one."""
+    vbuf = VBuffer()
+    for chunk in talloc.chunks:
+        buf = buft.alloc_buffer(chunk.max_size)
+        if buf is None:
+            vbuf.free()
+            return None
+        buf.set_usage(usage)
+        vbuf.chunks.append(buf)
+        vbuf.asked.append(chunk.max_size)
+    return vbuf
+
+# %% [markdown]
+# ## 4 · Today's graph allocator: chapter 05 with four methods replaced
+#
+# ```c
+# ggml_gallocr_t ggml_gallocr_new_n(ggml_backend_buffer_type_t * bufts, int n_bufs) {
+# ...
+#             size_t alignment = ggml_backend_buft_get_alignment(bufts[i]);
+#             size_t max_size = ggml_backend_buft_get_max_size(bufts[i]);
+#             galloc->buf_tallocs[i] = ggml_dyn_tallocr_new(alignment, max_size);
+# ```
+#
+# (`ggml_gallocr_new_n`, :497-531.) The 2024 allocator asked a buffer type for its alignment only; today's
+# also asks its maximum size. `GAllocr2026` is chapter 05's `GAllocr` — the same loops, the same
+# in-place and freeing rules, the same kept plan — with a chunked dynamic allocator per buffer type,
+# a `BufferAddress` wherever chapter 05 kept an offset, and these methods replaced:
+#
+# | method | C function (0.15.3) | what changed |
+# |---|---|---|
+# | `take_parent` | `ggml_gallocr_allocate_node` :622-688 | then `ggml_gallocr_free_extra_space` |
+# | `reserve_n` | `ggml_gallocr_reserve_n_impl` :824-948 | reallocate when any chunk grows; a dry run |
+# | `place` | `ggml_gallocr_init_tensor` :969-994 | into a chunk: `ggml_vbuffer_tensor_alloc` |
+# | `is_allocated` | `ggml_gallocr_is_allocated` :592-596 | a tensor with a `buffer` counts as allocated |
+
+# %%
+# | export
+class GAllocr2026(GAllocr):
+    """`struct ggml_gallocr` of ggml 0.15.3 (`ggml_gallocr_new`, `ggml_gallocr_new_n`): chapter 05's
+    graph allocator on chunked dynamic allocators (`ChunkedDynTAllocr`) and virtual buffers (`VBuffer`).
+    `last_block` as for `ChunkedDynTAllocr` ("first": the allocator of September 2025)."""
+
+    ggml = "2026"
+
+    def __init__(self, bufts, trace=None, last_block: str = "reuse_factor") -> None:
+        super().__init__(bufts)  # (its 2024 allocators, replaced below, report to no trace)
+        self.trace = trace
+        # the same sharing as chapter 05 (one allocator per distinct buffer type), today's allocators
+        made: dict[int, ChunkedDynTAllocr] = {}
+        for i, (old, buft) in enumerate(zip(self.buf_tallocs, self.bufts)):
+            if id(old) not in made:
+                made[id(old)] = ChunkedDynTAllocr(buft.get_alignment(), buft.get_max_size(), last_block, trace)
+            self.buf_tallocs[i] = made[id(old)]  # type: ignore[call-overload]
+
+    def __repr__(self):
+        names = ", ".join(b.get_name() for b in self.bufts)
+        return f"GAllocr2026([{names}], {len(self.planned_nodes)} nodes planned)"
+
+
+
+@method_of(GAllocr2026)
+def is_allocated(galloc, t) -> bool:
+    """`ggml_gallocr_is_allocated` (:592-596): data set, a buffer set ("on external buffer but not yet
+    allocated"), or placed by this plan. (A ggml_lite tensor never has a buffer without data.)"""
+    return t.data is not None or t.buffer is not None or galloc.hash_get(t).allocated
+
+# %% [markdown]
+# ### 4.1 · An in-place child hands back its parent's tail
+#
+# ```c
+#     // note: we want after the freeing the chunks to continue to be aligned
+#     struct ggml_dyn_tallocr * p_alloc = galloc->buf_tallocs[p_hn->buffer_id];
+#     parent_size = aligned_offset(NULL, parent_size, p_alloc->alignment);
+#     node_size = aligned_offset(NULL, node_size, p_alloc->alignment);
+#
+#     if (parent_size > node_size) {
+# ```
+#
+# (`ggml_gallocr_free_extra_space`, :599-620.) A child takes its parent's memory in place only when
+# both have the same layout, so the same `ggml_nbytes`. But a buffer type may ask more than `nbytes`
+# for a tensor (`get_alloc_size`): Metal pads some tensors, and a child of the same layout can then
+# need less than its parent. In 2024 that tail stayed taken until the child was freed; since pull
+# request 16679 (October 2025) it is handed back at once, and since 17884 (December 2025) both sizes
+# are first rounded to the alignment, so that the freed tail starts aligned. On the CPU buffer type the
+# sizes are equal and nothing is freed.
+
+# %%
+# | export
+@method_of(GAllocr2026)
+def free_extra_space(galloc, node, parent) -> None:
+    """`ggml_gallocr_free_extra_space` (:599-620): after `node` took `parent`'s memory in place, give
+    back the parent's bytes beyond the node's (both sizes rounded up to the alignment)."""
+    hn, p_hn = galloc.hash_get(node), galloc.hash_get(parent)
+    parent_size = galloc._alloc_size[p_hn.buffer_id](parent)
+    node_size = galloc._alloc_size[hn.buffer_id](node)
+    if parent_size < node_size:  # GGML_ASSERT(parent_size >= node_size)
+        raise AllocationError(f"in-place {node.name!r} needs {node_size} B, more than its parent "
+                              f"{parent.name!r}'s {parent_size} B")
+    p_alloc = galloc.buf_tallocs[p_hn.buffer_id]
+    parent_size = aligned_offset(None, parent_size, p_alloc.alignment)
+    node_size = aligned_offset(None, node_size, p_alloc.alignment)
+    if parent_size > node_size:
+        p_addr = p_hn.offset
+        p_alloc.free_tensor(BufferAddress(p_addr.chunk, p_addr.offset + node_size), parent_size - node_size)
+
+
+@method_of(GAllocr2026)
+def take_parent(galloc, node, parent, owner) -> None:
+    """`ggml_gallocr_allocate_node`'s in-place step (:641-677): chapter 05's, then
+    `ggml_gallocr_free_extra_space(galloc, node, owner)`."""
+    GAllocr.take_parent(galloc, node, parent, owner)
+    galloc.free_extra_space(node, owner)
+
+# %% [markdown]
+# ### 4.2 · Buffers: any chunk that grew, and a dry run
+#
+# ```c
+#         bool realloc = galloc->buffers[i] == NULL;
+#         size_t new_size = 0;
+#         for (int c = 0; c < galloc->buf_tallocs[i]->n_chunks; c++) {
+#             size_t cur_chunk_size = galloc->buffers[i] ? ggml_vbuffer_chunk_size(galloc->buffers[i], c) : 0;
+#             size_t new_chunk_size = ggml_dyn_tallocr_max_size(galloc->buf_tallocs[i], c);
+#             new_size += new_chunk_size;
+#             if (new_chunk_size > cur_chunk_size) {
+#                 realloc = true;
+# ```
+#
+# (`ggml_gallocr_reserve_n_impl`, :824-948.) In 2024 one buffer grew when the plan outgrew it. Today
+# every chunk is compared with the chunk the buffer has, and if *any* grew, the whole virtual buffer is
+# freed and allocated again at the new sizes. A buffer never shrinks, and neither does its number of
+# chunks: a later, smaller plan keeps the old chunks (and their sizes count in the buffer's size).
+# `no_alloc` is the dry run: plan, free the old buffers, allocate none. `ggml_gallocr_reserve_n_size`
+# (:950-959) returns, per buffer, the sum of its chunks' sizes — what llama.cpp's `--fit` asks of each
+# device before it allocates anything. The "reallocating" message is a debug print now, and only when
+# there was a buffer before.
+
+# %%
+# | export
+@method_of(GAllocr2026)
+def reserve_n_impl(galloc, graph, node_buffer_ids, leaf_buffer_ids, no_alloc: bool) -> bool:
+    """`ggml_gallocr_reserve_n_impl` (:824-948): plan `graph` as chapter 05 does (`plan_and_keep`), then
+    reallocate every virtual buffer one of whose chunks grew — or, with `no_alloc`, drop it."""
+    galloc.plan_and_keep(graph, node_buffer_ids, leaf_buffer_ids)
+    for i in range(galloc.n_buffers):  # reallocate buffers if needed
+        for j in range(i):  # if the buffer type is used multiple times, we reuse the same buffer
+            if galloc.buf_tallocs[j] is galloc.buf_tallocs[i]:
+                galloc.buffers[i] = galloc.buffers[j]
+                break
+        vbuf, talloc = galloc.buffers[i], galloc.buf_tallocs[i]
+        realloc = vbuf is None  # even with no tensors, views need the buffer
+        new_size = 0
+        for c in range(talloc.n_chunks):
+            cur_chunk_size = vbuf.chunk_size(c) if vbuf is not None else 0
+            new_chunk_size = talloc.chunk_max_size(c)
+            new_size += new_chunk_size
+            if new_chunk_size > cur_chunk_size:
+                realloc = True
+        if not realloc:
+            continue
+        name = galloc.bufts[i].get_name()
+        cur_size = sum(vbuf.asked) if vbuf is not None else 0
+        if cur_size > 0:
+            log.info("ggml_gallocr_reserve_n_impl: reallocating %s buffer from size %.02f MiB to %.02f MiB",
+                      name, cur_size / MiB, new_size / MiB)
+        if vbuf is not None:
+            vbuf.free()
+        galloc.buffers[i] = None if no_alloc else vbuffer_alloc(galloc.bufts[i], talloc, BufferUsage.COMPUTE)
+        if not no_alloc and galloc.buffers[i] is None:
+            log.error("ggml_gallocr_reserve_n_impl: failed to allocate %s buffer of size %d", name, new_size)
+            return False
+    return True
+
+
+@method_of(GAllocr2026)
+def reserve_n(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> bool:
+    """`ggml_gallocr_reserve_n` (:961-963): `reserve_n_impl` that allocates."""
+    return galloc.reserve_n_impl(graph, node_buffer_ids, leaf_buffer_ids, False)
+
+
+@method_of(GAllocr2026)
+def reserve_n_size(galloc, graph, node_buffer_ids=None, leaf_buffer_ids=None) -> list:
+    """`ggml_gallocr_reserve_n_size` (:950-959): plan without allocating; per buffer id the sum of its
+    chunks' sizes (a shared allocator's at each of its ids, as in the C)."""
+    if not galloc.reserve_n_impl(graph, node_buffer_ids, leaf_buffer_ids, True):  # GGML_ASSERT
+        raise AllocationError("ggml_gallocr_reserve_n_size: the dry run failed")
+    return [sum(c.max_size for c in talloc.chunks) for talloc in galloc.buf_tallocs]
+
+
+@method_of(GAllocr2026)
+def place(galloc, buffer, tensor, offset, need: int) -> None:
+    """`ggml_gallocr_init_tensor`'s last step today (:969-994): `ggml_vbuffer_tensor_alloc`."""
+    buffer.tensor_alloc(tensor, offset, need)
+
+
+@method_of(GAllocr2026)
+def chunk_sizes(galloc, buffer_id: int = 0) -> list:
+    """The sizes the allocator asked for each chunk of buffer `buffer_id` (empty: no buffer)."""
+    galloc.get_buffer_size(buffer_id)  # the buffer id's check
+    buf = galloc.buffers[buffer_id]
+    return list(buf.asked) if buf is not None else []
+
+
+# %% [markdown]
+# ## 5 · Two eras in one package
+#
+# `GAllocr` plans as llama.cpp's ggml of September 2024 did and stays the default; `GAllocr2026` plans as
+# ggml 0.15.3 does. `new_gallocr(buft, ggml="2026")` picks one by name, which is how the command line's
+# `--ggml 2024|2026` and a recorded file's `"ggml_version"` choose. The list of ops that may work in
+# place is exported by today's ggml (`ggml_op_can_inplace`, :22-50, declared in `ggml-impl.h`):
+#
+# ```c
+# bool ggml_op_can_inplace(enum ggml_op op) {
+#     switch (op) {
+#         case GGML_OP_FILL:
+#         case GGML_OP_SCALE:
+# ```
+#
+# It grew by six ops — FILL, ADD_ID (the expert biases of mixture-of-experts models), and four backward
+# ops for training (ROPE_BACK, SILU_BACK, RMS_NORM_BACK, SOFT_MAX_BACK) — none of which ggml_lite has,
+# so on every graph ggml_lite can build the two eras take the same in-place decisions.
+
+# %%
+# | export
+ERAS = {"2024": GAllocr, "2026": GAllocr2026}
+
+
+def new_gallocr(bufts, trace=None, ggml: str = "2024"):
+    """A graph allocator of the given era: "2024" (llama.cpp daa9623, chapter 05) or "2026" (ggml
+    0.15.3, this chapter)."""
+    if ggml not in ERAS:
+        raise GGMLLiteError(f"ggml: one of {sorted(ERAS)}, not {ggml!r}")
+    return ERAS[ggml](bufts, trace)
+
+
+def op_can_inplace_today(op) -> bool:
+    """`ggml_op_can_inplace` of ggml 0.15.3 (:22-50), now exported: the 2024 list plus FILL, ADD_ID,
+    ROPE_BACK, SILU_BACK, RMS_NORM_BACK and SOFT_MAX_BACK, ops ggml_lite does not have."""
+    return op in CAN_INPLACE or getattr(op, "name", op) in CAN_INPLACE_TODAY_ONLY
+
+
+CAN_INPLACE_TODAY_ONLY = frozenset({"FILL", "ADD_ID", "ROPE_BACK", "SILU_BACK", "RMS_NORM_BACK", "SOFT_MAX_BACK"})
+assert not CAN_INPLACE_TODAY_ONLY & {op.name for op in Op}, "ggml_lite learnt an op today's list adds: see above"
+
+# %% [markdown]
+# ## 6 · A worked example: one LLaMA block in 20 KiB chunks
+#
+# Chapter 05's LLaMA block (fixture 06) needs a 42,880-byte compute buffer: ggml reports 42,912, the
+# CPU buffer's 32 bytes of padding included. Give the CPU buffer type a limit of 20 KiB per allocation.
+# The 2024 allocator ignores it and asks for one 42,880-byte buffer. Today's opens a chunk when no
+# chunk has room under the limit: three chunks here, of 16,704, 10,240 and 13,760 B, and their sum,
+# 40,704 B, is *smaller* than the one buffer. Splitting did not cost memory here, it saved some: the
+# best fit of chapter 04 is a heuristic, and a different layout of the same lifetimes happened to leave
+# fewer holes. (With 16 KiB chunks the sum is 42,880 B again; with 8 KiB, 54,464 B in seven chunks.)
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from pathlib import Path  # noqa: E402
+
+import ggml_lite as gl  # noqa: E402
+from ggml_lite.gallocr_today import GAllocr2026  # noqa: E402
+from ggml_lite.graphio import allocate_external  # noqa: E402
+from ggml_lite.schema import RecordedBufferType  # noqa: E402
+
+FIXTURE = Path("../tests/fixtures/ggml-seed/06_llama_block.json")
+
+
+def planned(era, max_size=None):
+    """Fixture 06 planned by `era` ("2024" or "2026") on the CPU buffer type with `max_size`."""
+    f = gl.read_graph_file(FIXTURE)
+    allocate_external(f)
+    buft = RecordedBufferType("CPU", 32, max_size)
+    galloc = gl.GAllocr(buft) if era == "2024" else GAllocr2026(buft)
+    assert galloc.reserve(f.graph) and galloc.alloc_graph(f.graph)
+    return f, galloc
+
+
+_, g24 = planned("2024", 20480)
+f26, g26 = planned("2026", 20480)
+print("2024:", g24.buf_tallocs[0].max_size, "B in one buffer")
+print("2026:", g26.chunk_sizes(0), "=", sum(g26.chunk_sizes(0)), "B in", len(g26.chunk_sizes(0)), "chunks;",
+      "get_buffer_size", g26.get_buffer_size(0))
+
+# %% [markdown]
+# ## 7 · Check
+
+# %%
+_, unlimited = planned("2026")
+assert unlimited.chunk_sizes(0) == [g24.buf_tallocs[0].max_size]  # no limit: one chunk, the 2024 plan
+assert g26.get_buffer_size(0) == sum(g26.chunk_sizes(0)) + 32 * len(g26.chunk_sizes(0))
+assert g26.chunk_sizes(0) == [16704, 10240, 13760] and all(size <= 20480 for size in g26.chunk_sizes(0))
+assert sum(g26.chunk_sizes(0)) == 40704 and g24.buf_tallocs[0].max_size == 42880
+print("chapter 12 checks passed")
