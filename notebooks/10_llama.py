@@ -760,11 +760,15 @@ def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, ten
 # | export
 def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0,
                 devices: int = 0, tensor_split=None, type_k: str = "f16", type_v: str | None = None,
-                offload_kqv: bool = True, trace: bool = False, tensor_types: dict | None = None) -> dict:
+                offload_kqv: bool = True, trace: bool = False, tensor_types: dict | None = None,
+                gpu_init=None, sched_class=BackendSched) -> dict:
     """What `llama_new_context_with_model` allocates: per backend the weights, the KV cache and the
     compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
     split counts and the scheduler's n_copies. Sizes in bytes. With `trace`, also the graph allocator's
-    trace of the reserve (`events`: chapter 05's events, for `report.peaks`)."""
+    trace of the reserve (`events`: chapter 05's events, for `report.peaks`). `gpu_init(name)` makes a
+    GPU's backend (default: a SIM device like CUDA) and `sched_class` the scheduler, for chapter 12's
+    devices and scheduler of today; `reserved` is false where a device refused a compute buffer
+    (llama.cpp: "failed to allocate compute buffers")."""
     check_context(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v)
     n_ctx, type_v = padded_n_ctx(n_ctx), type_v or "f16"
     placement = layer_placement(params.n_layer, n_gpu_layers, devices, tensor_split, offload_kqv)
@@ -772,7 +776,7 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
     model = {**params.model(n_ctx, type_k, type_v), "tensor_types": tensor_types}
     ctxs, graph, _ = build_llama(model, placement, batch)
     _check_sizes(ctxs, n_ctx, batch["n_tokens"])
-    gpus = [sim_init(f"GPU{i}", alignment=128, offload="cuda") for i in range(devices)]
+    gpus = [(gpu_init or cuda_like)(f"GPU{i}") for i in range(devices)]
     backends = {b.get_name(): b for b in (*gpus, cpu_init())}
     host_buft = sim_host_buffer_type() if devices else cpu_buffer_type()  # llama_default_buffer_type_cpu(true)
     bufts = {name: host_buft if name == "CPU" else b.get_default_buffer_type() for name, b in backends.items()}
@@ -787,7 +791,7 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
     report["CPU"]["output"] = host_buft.alloc_buffer(params.n_vocab * 4).get_size()
     full_offload = n_gpu_layers > params.n_layer and devices > 0
     parallel = devices > 1 and full_offload and offload_kqv
-    sched = BackendSched(list(backends.values()), bufts=list(bufts.values()),
+    sched = sched_class(list(backends.values()), bufts=list(bufts.values()),
                          graph_size=llama_model_max_nodes(params.n_layer), parallel=parallel)
     _pin_like_llama_cpp(sched, graph, placement, backends, batch["n_tokens"] < 32 or full_offload, offload_kqv)
     events: list = []
@@ -795,11 +799,16 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
         sched.galloc.trace = events.append
         for dyn in sched.galloc.buf_tallocs:
             dyn.trace = events.append
-    sched.reserve(graph)
+    reserved = sched.reserve(graph)
     for name, b in backends.items():
         report[name]["compute"] = sched.get_buffer_size(b)
     return dict(devices=report, nodes=len(graph.nodes), splits=sched.n_splits, n_copies=sched.n_copies,
-                placement=placement, graph=graph, sched=sched, events=events)
+                placement=placement, graph=graph, sched=sched, events=events, reserved=reserved)
+
+
+def cuda_like(name: str):
+    """The GPUs of this chapter: SIM devices configured like CUDA (alignment 128, CUDA's offload rule)."""
+    return sim_init(name, alignment=128, offload="cuda")
 
 
 def _check_sizes(ctxs: list, n_ctx: int, n_tokens: int) -> None:
