@@ -36,6 +36,8 @@ one chunk. To see chunks through the C API this module builds a buffer type of i
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import ggml_lite as gl
@@ -139,6 +141,7 @@ class GAllocrChunks:
     chunks: list
     max_chunk_size: int
     planned_sizes: list
+    sizes: list = field(default_factory=list)  # each chunk buffer's size (filled by `RealGAllocr.chunks`)
 
 
 def gallocr_chunks(galloc: int, buft: MaxSizeBufferType) -> GAllocrChunks:
@@ -165,11 +168,126 @@ def gallocr_chunks(galloc: int, buft: MaxSizeBufferType) -> GAllocrChunks:
     return GAllocrChunks(chunks, int(dyn.max_chunk_size), planned)
 
 
+class RealGAllocr:
+    """One real `ggml_gallocr_new(max_size_buffer_type(max_size))`, kept open across calls so that a
+    sequence of graphs can be planned on it as an application does (`free()` when done; also a context
+    manager). Each call takes a `Mirror` (`mirror.mirror`) of the graph.
+
+    * `reserve(m)`, `alloc_graph(m)`: `ggml_gallocr_reserve` / `ggml_gallocr_alloc_graph`; each returns
+      the ok flag and notes in `replaced` whether the call reallocated the compute buffer (see below).
+    * `reserve_n_size(m)`: `ggml_gallocr_reserve_n_size` (ggml-alloc.c:950-959), the dry run: the
+      bytes buffer 0 would need, without allocating it.
+    * `chunks()`: `gallocr_chunks` plus each chunk buffer's size (`ggml_backend_buffer_get_size`);
+      `buffer_allocated()`: is `galloc->buffers[0]` (the `struct vbuffer`) there at all.
+    * `placements(m)`: every mirrored tensor's (chunk, offset) in the compute buffer, None outside it.
+
+    Whether a call reallocated: `ggml_gallocr_reserve_n_impl` (:824-948) frees the virtual buffer and
+    allocates a new one when a chunk grew, and logs it only in a debug build (ggml-python's is a
+    release build). A freed buffer's struct may come back at the same address, so addresses cannot
+    tell. Instead every chunk buffer is marked before the call (`ggml_backend_buffer_set_usage(...,
+    GGML_BACKEND_BUFFER_USAGE_ANY)`): `ggml_vbuffer_alloc` (:423-439) gives every new chunk
+    `GGML_BACKEND_BUFFER_USAGE_COMPUTE`, so a chunk that does not carry the mark is a new one."""
+
+    def __init__(self, max_size: int = UNLIMITED):
+        self.g = need_ggml()
+        self.buft = max_size_buffer_type(max_size)
+        self.galloc = self.g.ggml_gallocr_new(self.buft.ptr)
+        self.replaced: bool | None = None  # did the last call reallocate the compute buffer
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.free()
+
+    def free(self) -> None:
+        if self.galloc:
+            self.g.ggml_gallocr_free(self.galloc)
+            self.galloc = None
+
+    def _call(self, fn, m: Mirror) -> bool:
+        before = self.chunks().chunks
+        for p in before:
+            self.g.ggml_backend_buffer_set_usage(p, USAGE_ANY)
+        ok = bool(fn(self.galloc, m.gf))
+        after = self.chunks().chunks
+        get_usage = buffer_get_usage()
+        self.replaced = bool(after) and (len(after) != len(before) or any(get_usage(p) != USAGE_ANY for p in after))
+        for p in after:  # back to what ggml_vbuffer_alloc set
+            self.g.ggml_backend_buffer_set_usage(p, USAGE_COMPUTE)
+        return ok
+
+    def reserve(self, m: Mirror) -> bool:
+        """`ggml_gallocr_reserve`."""
+        return self._call(self.g.ggml_gallocr_reserve, m)
+
+    def alloc_graph(self, m: Mirror) -> bool:
+        """`ggml_gallocr_alloc_graph`."""
+        return self._call(self.g.ggml_gallocr_alloc_graph, m)
+
+    def reserve_n_size(self, m: Mirror) -> int:
+        """`ggml_gallocr_reserve_n_size(galloc, graph, NULL, NULL, sizes)`: sizes[0]."""
+        sizes = (ctypes.c_size_t * 1)()
+        self.g.ggml_gallocr_reserve_n_size(self.galloc, m.gf, None, None, sizes)
+        self.replaced = None
+        return int(sizes[0])
+
+    def buffer_allocated(self) -> bool:
+        """Does `galloc->buffers[0]` hold a virtual buffer (NULL before the first reserve and after a
+        dry run that had to grow it)?"""
+        return bool(_GAllocrHead.from_address(self.galloc).buffers[0])
+
+    def chunks(self) -> GAllocrChunks:
+        """`gallocr_chunks`, with `sizes`: each chunk buffer's `ggml_backend_buffer_get_size`."""
+        info = gallocr_chunks(self.galloc, self.buft)
+        info.sizes = [int(self.g.ggml_backend_buffer_get_size(p)) for p in info.chunks]
+        return info
+
+    def buffer_size(self) -> int:
+        """`ggml_gallocr_get_buffer_size(galloc, 0)` (the sum of the chunk buffers' sizes)."""
+        return int(self.g.ggml_gallocr_get_buffer_size(self.galloc, 0))
+
+    def placements(self, m: Mirror) -> dict:
+        """{ggml_lite tensor: (chunk, offset) in the compute buffer, or None} for every mirrored tensor."""
+        chunks = self.chunks().chunks
+        index = {p: c for c, p in enumerate(chunks)}
+        bases = [self.g.ggml_backend_buffer_get_base(p) or 0 for p in chunks]
+        out: dict[gl.Tensor, tuple[int, int] | None] = {}
+        for t in m.tensors:
+            c = m.ptr[t].contents
+            chunk = index.get(c.buffer) if c.buffer else None
+            out[t] = None if chunk is None or not c.data else (chunk, c.data - bases[chunk])
+        return out
+
+
+USAGE_ANY, USAGE_COMPUTE = 0, 2  # enum ggml_backend_buffer_usage (ggml-backend.h)
+
+
+def buffer_get_usage():
+    """`ggml_backend_buffer_get_usage` (exported by the library, not wrapped by ggml-python 0.0.45)."""
+    fn = need_ggml().lib.ggml_backend_buffer_get_usage
+    fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
+    return fn
+
+
+def snapshot(m: Mirror) -> list:
+    """Every mirrored tensor's `data` and `buffer` now (before planning), for `restore`."""
+    return [(m.ptr[t].contents, m.ptr[t].contents.data, m.ptr[t].contents.buffer) for t in m.tensors]
+
+
+def restore(saved: list) -> None:
+    """Put back what `snapshot` saw: the tensors a plan placed are unplaced, so the mirror can be
+    planned again (by another allocator, with another max_size)."""
+    for c, data, buffer in saved:
+        c.data, c.buffer = data, buffer
+
+
 def chunked_plan(graph_or_tensors, roots=None, preallocated=(), max_size: int = UNLIMITED,
                  graph_size: int | None = None, mirrored: Mirror | None = None) -> dict:
     """Plan a ggml_lite graph with the real ggml on `max_size_buffer_type(max_size)`: mirror it (or use
-    `mirrored`, left open), `ggml_gallocr_new`, `ggml_gallocr_reserve`, `ggml_gallocr_alloc_graph`, read
-    the chunks (`gallocr_chunks`), free the allocator, and return
+    `mirrored`, left open and, afterwards, as it was: `snapshot`/`restore`), `ggml_gallocr_new`,
+    `ggml_gallocr_reserve`, `ggml_gallocr_alloc_graph`, read the chunks (`gallocr_chunks`), free the
+    allocator, and return
 
     ``{"max_size": max_size,
        "chunk_sizes": [ggml_backend_buffer_get_size of each chunk],    # as ggml-python reports them
@@ -181,33 +299,24 @@ def chunked_plan(graph_or_tensors, roots=None, preallocated=(), max_size: int = 
     for every tensor the mirror holds. ggml-python's CPU buffers report the size asked for, so each
     chunk is 32 bytes smaller than the 2024 reference CPU buffer type's would be
     (`CPU_BUFFER_SIZE_DELTA`)."""
-    g = need_ggml()
-    buft = max_size_buffer_type(max_size)
     m = mirrored or mirror(graph_or_tensors, roots, preallocated, graph_size)
-    galloc = None
+    saved = snapshot(m) if mirrored is not None else []
     try:
-        galloc = g.ggml_gallocr_new(buft.ptr)
-        reserve_ok = bool(g.ggml_gallocr_reserve(galloc, m.gf))
-        alloc_ok = bool(g.ggml_gallocr_alloc_graph(galloc, m.gf)) if reserve_ok else False
-        size = int(g.ggml_gallocr_get_buffer_size(galloc, 0))
-        info = gallocr_chunks(galloc, buft)
-        index = {p: c for c, p in enumerate(info.chunks)}
-        bases = [g.ggml_backend_buffer_get_base(p) or 0 for p in info.chunks]
-        sizes = [int(g.ggml_backend_buffer_get_size(p)) for p in info.chunks]
-        if reserve_ok and sum(sizes) != size:
-            raise RuntimeError(f"chunk sizes {sizes} do not add up to ggml_gallocr_get_buffer_size {size}")
-        placements: dict[gl.Tensor, tuple[int, int] | None] = {}
-        for t in m.tensors:
-            c = m.ptr[t].contents
-            chunk = index.get(c.buffer) if c.buffer else None
-            placements[t] = None if chunk is None or not c.data else (chunk, c.data - bases[chunk])
-        return {"max_size": max_size, "chunk_sizes": sizes, "planned_chunk_sizes": info.planned_sizes,
-                "buffer_size": size, "placements": placements, "reserve_ok": reserve_ok, "alloc_ok": alloc_ok}
+        with RealGAllocr(max_size) as real:
+            reserve_ok = real.reserve(m)
+            alloc_ok = real.alloc_graph(m) if reserve_ok else False
+            size = real.buffer_size()
+            info = real.chunks()
+            if reserve_ok and sum(info.sizes) != size:
+                raise RuntimeError(f"chunk sizes {info.sizes} do not add up to ggml_gallocr_get_buffer_size {size}")
+            return {"max_size": max_size, "chunk_sizes": info.sizes, "planned_chunk_sizes": info.planned_sizes,
+                    "buffer_size": size, "placements": real.placements(m), "reserve_ok": reserve_ok,
+                    "alloc_ok": alloc_ok}
     finally:
-        if galloc:
-            g.ggml_gallocr_free(galloc)
         if mirrored is None:
             m.close()
+        else:
+            restore(saved)
 
 
 def aligned_size(t) -> int:
@@ -275,3 +384,35 @@ def overlaps(plan: dict, graph) -> list:
                 out.append(f"{t.name!r} [{lo}, {hi}) nodes {s0}-{e0} and {u.name!r} [{lo2}, {hi2}) nodes "
                            f"{s1}-{e1} overlap in chunk {c}")
     return out
+
+
+def op_can_inplace_table() -> dict:
+    """{op name: `ggml_op_can_inplace(op)`} for every `enum ggml_op` value below GGML_OP_COUNT, from the
+    library itself: ggml 0.15.3 exports the function (GGML_API in ggml-impl.h, ggml-alloc.c:22-50),
+    which ggml-python does not wrap; each code is named by `ggml_op_name`."""
+    g = need_ggml()
+    fn = g.lib.ggml_op_can_inplace
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_bool
+    return {g.ggml_op_name(code).decode(): bool(fn(code)) for code in range(g.GGML_OP_COUNT)}
+
+
+_LOG_CALLBACK: list = []  # the ctypes callback ggml holds while a capture runs (kept alive here)
+
+
+@contextmanager
+def captured_ggml_log() -> Iterator[list]:
+    """Collect the lines the real ggml logs (every level, through `ggml_log_set`) inside the block, as
+    a list of strings without their newlines; ggml's default logger (stderr) is put back afterwards."""
+    g = need_ggml()
+    pieces: list[str] = []
+    lines: list[str] = []
+    callback = g.ggml_log_callback(lambda level, text, user_data: pieces.append(text.decode(errors="replace")))
+    _LOG_CALLBACK.append(callback)
+    g.ggml_log_set(callback, None)
+    try:
+        yield lines
+    finally:
+        g.ggml_log_set(g.ggml_log_callback(), None)  # NULL: ggml_log_callback_default again
+        _LOG_CALLBACK.remove(callback)
+        text = "".join(pieces)
+        lines.extend(text[:-1].split("\n") if text.endswith("\n") else text.split("\n") if text else [])
