@@ -13,7 +13,9 @@ browser test each run in two processes (pytest-xdist). Every part runs even when
 one run shows everything that is wrong; the exit status is 1 when any part failed.
 `--long` runs pytest with `--long` (the random-graph sweeps over many more graphs), then
 `benchmarks/differential.py` over 100,000 random graphs against the real ggml, which prints the
-mismatch count and the time.
+mismatch count and the time, then `benchmarks/differential_chunked.py` over 100,000 random chunked plans
+(today's allocator on buffer types with a `max_size`, 2 to 16 chunks) against ggml 0.15.3, which prints
+the same and the histogram of chunk counts.
 """
 
 import argparse
@@ -57,7 +59,9 @@ def parts(long: bool) -> list:
          [[py, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "notebooks/", *WORKERS, "--dist", "loadfile"]]),
         (BROWSER, [[py, "-m", "pytest", "tests/ui", "-q", *WORKERS]]),  # each notebook a test of its own
     ] + ([("differential run: 100,000 random graphs against the real ggml (benchmarks/differential.py)",
-           [[py, "benchmarks/differential.py", "--count", "100000", "--progress", "10000"]])] if long else [])
+           [[py, "benchmarks/differential.py", "--count", "100000", "--progress", "10000"]]),
+          ("differential run: 100,000 random chunked plans against the real ggml (benchmarks/differential_chunked.py)",
+           [[py, "benchmarks/differential_chunked.py", "--count", "100000", "--progress", "10000"]])] if long else [])
 
 
 def main(argv=None) -> int:
