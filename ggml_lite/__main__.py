@@ -1,8 +1,8 @@
 """The command line of ggml_lite (DESIGN.md §4); a plain module, not exported from a notebook.
 
     python -m ggml_lite plan GRAPH.json [--json] [--step K] [--planner ggml|greedy-size|greedy-breadth|exact|best]
-                             [--budget SECONDS] [--verify [--max-gib GiB]]
-    python -m ggml_lite check FIXTURE.json [--no-numerics] [--exact] [--limit N] [--max-gib GiB]
+                             [--budget SECONDS] [--verify [--max-gib GiB]] [--ggml 2024|2026]
+    python -m ggml_lite check FIXTURE.json [--no-numerics] [--exact] [--limit N] [--max-gib GiB] [--ggml 2024|2026]
     python -m ggml_lite sched SCENARIO.json [--check]
     python -m ggml_lite llama (--gguf FILE | --preset NAME | --n-vocab N --n-embd N --n-layer N --n-head N --n-head-kv N
                                --n-ff N) [--n-ctx 512] [--n-batch 2048] [--n-ubatch 512] [--type-k f16]
@@ -24,12 +24,23 @@ and the nodes nothing reads), bit for bit, with the graph computed with every te
 own; a difference or an invalid placement exits 1. A graph the CPU kernels refuse, or one that needs
 more than `--max-gib` (default 2) to verify, exits 2: a 7B graph needs about 13.2 GiB.
 
+Which graph allocator plans: the 2024 one (llama.cpp daa9623, chapters 04-05), or today's (ggml 0.15.3,
+chapter 12: a compute buffer in up to 16 chunks where the buffer type has a `max_size`) for a file whose
+`ggml_version` is 0.10.1 or later; `--ggml 2024|2026` overrides the file (appendix A5, `plancheck.era_of`).
+`plan --json` adds `"ggml"`: "2024" or "2026", and for a plan of more than one chunk `"chunks"` (each
+chunk's size) and a `"chunk"` per tensor (null outside the compute buffer; `offset` is inside the chunk).
+The offline planners and --verify plan one buffer without a limit: a file whose buffer type has a
+`max_size` is refused there (exit 2), whatever the era; without one, today's allocator makes one chunk,
+the 2024 plan, and they plan the 2024 allocator's blocks (for a chunked plan `--json`'s `optimal` is true
+when the chunks add up to the lower bound, else null).
+
 `check` runs the graph allocator and compares with the plan recorded in the file (offsets, buffers,
-external offsets, buffer sizes, and the allocator's messages; every step of a sequence file; the first
-`--limit` differences are printed); when the file records computed results (tests/fixtures/README.md)
-it also fills the leafs, computes the graph on the CPU backend and compares every result within the
-tolerance it prints (a file needing more than `--max-gib`, default 1, to compute is refused). It exits
-0 only when everything is equal (results: within tolerance). `sched` prints the
+external offsets, chunks and their sizes, buffer sizes, and the allocator's messages: only its errors for a
+file whose `ggml_build` says release, where ggml's debug diagnostics are compiled out; every step of a
+sequence file; the first `--limit` differences are printed); when the file records computed results
+(tests/fixtures/README.md) it also fills the leafs, computes the graph on the CPU backend and compares
+every result within the tolerance it prints (a file needing more than `--max-gib`, default 1, to compute
+is refused). It exits 0 only when everything is equal (results: within tolerance). `sched` prints the
 scheduler's assignments of a recorded scenario's round-0 graph in GGML_SCHED_DEBUG format; with
 `--check` it replays the whole scenario (appendix A3) and exits 0 only when everything recorded matches.
 `llama` plans a LLaMA as llama.cpp (mid-2024) would (chapter 10) and prints the memory of every device,
@@ -46,7 +57,7 @@ import sys
 
 from ggml_lite.errors import AllocationError, GGMLLiteError, GraphFileError, TensorError, UnsupportedOpError
 from ggml_lite.numerics import validate_numerics, verify_numerics
-from ggml_lite.plancheck import check_plan_file, plan_of, run_plan
+from ggml_lite.plancheck import check_plan_file, check_today, era_of, plan_of, run_plan
 from ggml_lite.planners import DEFAULT_BUDGET, PLANNER_NAMES
 from ggml_lite.schema import RecordedBufferType, buffer_type_of, validate_document
 from ggml_lite.untrusted import read_json
@@ -107,10 +118,11 @@ def _load(path: str) -> dict:
     return read_json(path)
 
 
-def _load_graph_file(path: str, record: bool = False) -> dict:
+def _load_graph_file(path: str, record: bool = False, ggml: str | None = None) -> dict:
     """A graph file (ggml-seed schema) for `plan` and `check`, validated field by field before anything
     is built (`schema.validate_document`; `record`: with the results `check` compares, and the
-    `numerics` block when there is one); a scheduler scenario is pointed to `sched`."""
+    `numerics` block when there is one; the chunk fields for the era `ggml` or the file's:
+    `plancheck.check_today`); a scheduler scenario is pointed to `sched`."""
     doc = _load(path)
     if doc.get("schema") == "ggml-sched-fixture":
         raise GraphFileError(f"{path} is a scheduler scenario (schema 'ggml-sched-fixture'): "
@@ -118,6 +130,7 @@ def _load_graph_file(path: str, record: bool = False) -> dict:
     if "graph" not in doc and "steps" not in doc:
         raise GraphFileError(f"{path}: no `graph` and no `steps`: not a graph file (schema {doc.get('schema')!r})")
     validate_document(doc, record)
+    check_today(doc, era_of(doc, ggml))
     return doc
 
 
@@ -155,19 +168,35 @@ def _ggml_result(doc: dict, args):
     return run_planner(blocks_of(gf.graph, buffer_type_of(doc)), "ggml")  # (on the file's buffer type)
 
 
+def _optimal_today(result, plan) -> bool | None:
+    """--json's `optimal` for a plan of today's allocator: the 2024 verdict where it made one chunk of the 2024
+    plan's size; else true when its chunks add up to the lower bound, null otherwise (no planner plans chunks)."""
+    sizes = plan.chunk_sizes or []
+    if len(sizes) <= 1 and sum(sizes) == result.peak:
+        return result.optimal
+    return True if sum(sizes) == result.lower_bound else None
+
+
 def cmd_plan(args) -> int:
-    doc = _load_graph_file(args.file)
+    doc = _load_graph_file(args.file, ggml=args.ggml)
+    era = era_of(doc, args.ggml)
     if "steps" in doc and args.step is None:
         with_graph = [i for i, s in enumerate(doc["steps"]) if "graph" in s]
         raise GraphFileError(f"{args.file} is a sequence of {len(with_graph)} graphs: "
                              f"pass --step (one of {with_graph})")
     if "graph" in doc and args.step is not None:
         raise GraphFileError(f"{args.file} holds one graph, not a sequence: --step {args.step} does not apply")
+    limit = (doc.get("buffer_type") or {}).get("max_size")
+    if (args.planner != "ggml" or args.verify) and limit is not None:
+        raise GraphFileError(f"{args.file}: buffer_type.max_size: --planner and --verify plan one buffer without a "
+                             f"limit; this file's buffer type allows at most {limit} bytes per buffer (today's "
+                             f"allocator splits the compute buffer into chunks under it: plan without --planner "
+                             f"and --verify)")
     if (args.planner != "ggml" or args.verify) and isinstance(buffer_type_of(doc), RecordedBufferType):
         raise GraphFileError(f"{args.file}: buffer_type: --planner and --verify plan on ggml's CPU buffer type "
                              f"(alignment 32); this file records {doc['buffer_type']}")
     if args.planner == "ggml" and not args.verify:  # the graph allocator alone, as it always was
-        gf, galloc, results = run_plan(doc, args.step, validate=False)  # (validated by _load_graph_file)
+        gf, galloc, results = run_plan(doc, args.step, validate=False, ggml=era)  # (validated by _load_graph_file)
         result, check = (_ggml_result(doc, args) if args.json else None), None
     else:
         gf, galloc, result, check = _planned(doc, args)
@@ -175,23 +204,36 @@ def cmd_plan(args) -> int:
     plan = plan_of(gf, galloc)
     names = {i: gf.records[i]["name"] for i in gf.tensors}
     failed = check is not None and not check.ok
+    chunked = plan.chunks is not None and len(plan.chunk_sizes or []) > 1
     if args.json:
         assert result is not None, "--json plans with a planner result (ggml's own when --planner ggml)"
         out = {"buffer_size": plan.buffer_size,
                "tensors": {names[i]: {"offset": plan.offsets[i]} for i in sorted(gf.tensors)},
-               "planner": args.planner, "lower_bound": result.lower_bound, "optimal": result.optimal}
+               "planner": args.planner, "lower_bound": result.lower_bound,
+               "optimal": _optimal_today(result, plan) if plan.chunk_sizes is not None else result.optimal,
+               "ggml": era}
+        if chunked:
+            assert plan.chunks is not None  # (for mypy: `chunked` says so)
+            out["chunks"] = plan.chunk_sizes
+            for i in gf.tensors:
+                out["tensors"][names[i]]["chunk"] = plan.chunks[i]
         if check is not None:
             out["verified"] = check.ok
         print(json.dumps(out, indent=1))
         return 1 if failed else 0
-    print(f"{'id':>5}  {'name':40s} {'op':10s} {'bytes':>10}  offset")
+    print(f"{'id':>5}  {'name':40s} {'op':10s} {'bytes':>10}  {'chunk:offset' if chunked else 'offset'}")
     for i in sorted(gf.tensors):
         t, off = gf.tensors[i], plan.offsets[i]
+        if off is not None and chunked:
+            assert plan.chunks is not None
+            off = f"{plan.chunks[i]}:{off}"
         where = off if off is not None else ("(view of external)" if t.view_src is not None and t.data is not None
                                              else "(external)" if t.data is not None else "-")
         print(f"{i:>5}  {names[i][:40]:40s} {t.op.name[:10]:10s} {t.nbytes:>10}  {where}")
-    print(f"compute buffer: {plan.buffer_size} bytes ({plan.buffer_size / 1024 / 1024:.2f} MiB); "
-          f"{len(gf.graph.nodes)} nodes, {len(gf.graph.leafs)} leafs")
+    sizes = plan.chunk_sizes or []
+    pieces = f" in {len(sizes)} chunks of {sizes} bytes (max_size {doc['buffer_type']['max_size']})" if chunked else ""
+    print(f"compute buffer: {plan.buffer_size} bytes ({plan.buffer_size / 1024 / 1024:.2f} MiB){pieces}; "
+          f"{len(gf.graph.nodes)} nodes, {len(gf.graph.leafs)} leafs; planned as ggml {era} does")
     for call, res in results.items():
         for line in res["log"]:
             print(f"log ({call}): {line}")
@@ -218,11 +260,11 @@ def cmd_plan(args) -> int:
 
 
 def cmd_check(args) -> int:
-    doc = _load_graph_file(args.file, record=True)
+    doc = _load_graph_file(args.file, record=True, ggml=args.ggml)
     numerics = ("numerics" in doc or doc.get("numeric", False) is not False) and not args.no_numerics
     if numerics:  # validated (and its memory bounded) before anything is planned
         validate_numerics(doc, int(args.max_gib * 2**30))
-    diffs = check_plan_file(doc, limit=args.limit)
+    diffs = check_plan_file(doc, limit=args.limit, ggml=args.ggml)
     if diffs:
         print(f"{args.file}: the plan differs from the recorded one; first differences:")
         for d in diffs:
@@ -231,14 +273,17 @@ def cmd_check(args) -> int:
     graphs = doc["steps"] if "steps" in doc else [doc]
     n = sum(len(g["graph"]["tensors"]) for g in graphs if "graph" in g)
     sizes = ", ".join(str(g["buffer_size"]) for g in graphs)
-    print(f"{args.file}: plan identical to ggml's ({len(graphs)} graph(s), {n} tensors; buffer size {sizes})")
+    chunks = [len(g["chunks"]) for g in graphs if "chunks" in g]
+    pieces = f" in {', '.join(map(str, chunks))} chunk(s)" if chunks else ""
+    print(f"{args.file}: plan identical to ggml's ({len(graphs)} graph(s), {n} tensors; buffer size {sizes}{pieces}; "
+          f"ggml {era_of(doc, args.ggml)}'s allocator)")
     if args.no_numerics and ("numerics" in doc or doc.get("numeric")):
         print("numerics: skipped (--no-numerics)")
-    return _check_numerics(args.file, doc, int(args.max_gib * 2**30), args.exact) if numerics else 0
+    return _check_numerics(args.file, doc, int(args.max_gib * 2**30), args.exact, args.ggml) if numerics else 0
 
 
-def _check_numerics(path: str, doc: dict, max_bytes: int, exact: bool = False) -> int:
-    gf, _, _ = run_plan(doc, validate=False)  # (validated by cmd_check)
+def _check_numerics(path: str, doc: dict, max_bytes: int, exact: bool = False, ggml: str | None = None) -> int:
+    gf, _, _ = run_plan(doc, validate=False, ggml=ggml)  # (validated by cmd_check)
     tol, rows = verify_numerics(doc, gf, exact=exact, max_bytes=max_bytes)
     tier = " with the bit-exact tier (--exact)" if exact else ""
     print(f"numerics: {len(rows)} result(s) computed on the CPU backend{tier}, tolerance {tol:g} "
@@ -356,6 +401,11 @@ def cmd_llama(args) -> int:
     return 0
 
 
+ERA_NAMES = ("2024", "2026")
+ERA_HELP = ("the graph allocator: 2024 (llama.cpp daa9623) or 2026 (ggml 0.15.3: chunked compute buffers); default: "
+            "the file's ggml_version (0.10.1 or later: 2026), else 2024")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ggml_lite", description="ggml's memory planner, in Python.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -363,7 +413,8 @@ def main(argv=None) -> int:
     p.add_argument("file", metavar="GRAPH.json", help="a fixture-schema JSON file")
     p.add_argument("--json", action="store_true",
                    help='print {"buffer_size": int, "tensors": {name: {"offset": int|null}}, "planner", "lower_bound", '
-                   '"optimal": true|false|null} (and "verified" with --verify)')
+                   '"optimal": true|false|null, "ggml": "2024"|"2026"} (and "verified" with --verify; "chunks" and a '
+                   'tensor\'s "chunk" for a plan of more than one chunk)')
     p.add_argument("--step", type=_count("a step number", 0), default=None, help="the step of a sequence file")
     p.add_argument("--planner", choices=PLANNER_NAMES, default="ggml",
                    help="who chooses the offsets: ggml's graph allocator (default) or an offline planner "
@@ -377,6 +428,7 @@ def main(argv=None) -> int:
                    "computed with every tensor in memory of its own (exit 1 on a difference)")
     p.add_argument("--max-gib", type=_memory_gib, default=2.0, metavar="GiB",
                    help="memory --verify may use (default 2; a 7B graph needs about 13.2; at most the physical memory)")
+    p.add_argument("--ggml", choices=ERA_NAMES, default=None, help=ERA_HELP)
     p.set_defaults(run=cmd_plan)
     c = sub.add_parser("check", help="plan again and compare with the plan recorded in the file")
     c.add_argument("file", metavar="FIXTURE.json", help="a ggml-seed fixture file")
@@ -388,6 +440,7 @@ def main(argv=None) -> int:
     c.add_argument("--max-gib", type=_memory_gib, default=1.0, metavar="GiB",
                    help="memory the numerics check may use (default 1, at most the physical memory); a file that "
                    "needs more is refused")
+    c.add_argument("--ggml", choices=ERA_NAMES, default=None, help=ERA_HELP)
     c.set_defaults(run=cmd_check)
     d = sub.add_parser("sched", help="the scheduler's assignments of a recorded scenario (GGML_SCHED_DEBUG format)",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_causes_legend())

@@ -322,8 +322,8 @@ def save_graph_file(gf: GraphFile, path) -> None:
 def allocate_external(gf: GraphFile, buft=None) -> dict:
     """Allocate the file's `external_buffers` contexts (`ggml_backend_alloc_ctx_tensors`); returns
     `{label: Buffer}` after checking each buffer's size and every tensor's `ext_offset`. The buffer type
-    is the file's (`buffer_type_of`) unless `buft` is given."""
-    buft = buft or buffer_type_of(gf.doc)
+    is the file's without its limit (`buffer_type_of(doc, limited=False)`) unless `buft` is given."""
+    buft = buft or buffer_type_of(gf.doc, limited=False)
     buffers = {}
     for ext in gf.doc.get("external_buffers", []):
         label = ext["ctx"]

@@ -4,68 +4,84 @@
 # notebooks/A5_recorded_results.py
 """A recorded plan, run again (the `check` command's first half): a graph file's external buffers
 allocated as the recorder did (`graphio.allocate_external`), `reserve` and `alloc_graph` on a fresh
-`GAllocr`, and every difference with what the real ggml recorded — ok flags, buffer sizes, log lines,
-offsets, buffers."""
+graph allocator of the file's era (`GAllocr` of 2024, or today's `GAllocr2026`), and every difference
+with what the real ggml recorded — ok flags, buffer sizes, log lines, offsets, buffers, chunks."""
 
+import logging
+import re
 from dataclasses import dataclass
 
 from ggml_lite.dyn_tallocr import captured_log
 from ggml_lite.errors import GraphFileError
-from ggml_lite.gallocr import GAllocr
+from ggml_lite.gallocr_today import ERAS, VBUFFER_MAX_CHUNKS, VBuffer, new_gallocr
 from ggml_lite.graphio import GraphFile, allocate_external, load_document, read_graph_file
-from ggml_lite.schema import CALLS, SCHEMAS, buffer_type_of
-from ggml_lite.untrusted import quote
+from ggml_lite.schema import CALLS, SCHEMAS, buffer_type_of, ggml_version
+from ggml_lite.untrusted import check_int, check_list, check_type, fail, quote
 
 
 @dataclass
 class Plan:
     """A compute-buffer plan: the buffer size and each tensor's offset in it (None: not in it),
     keyed by fixture id; and where every tensor is: `buffers[id]`, the label of its buffer ("compute",
-    an external context's, None: no buffer yet), and `ext_offsets[id]`, its offset in an external one."""
+    an external context's, None: no buffer yet), and `ext_offsets[id]`, its offset in an external one.
+    A plan of today's allocator also has `chunks[id]`, the chunk an offset is in (None: not in the
+    compute buffer), and `chunk_sizes`, the size asked for each chunk."""
 
     buffer_size: int
     offsets: dict
     buffers: dict | None = None
     ext_offsets: dict | None = None
+    chunks: dict | None = None
+    chunk_sizes: list | None = None
 
 
 def plan_of(gf: GraphFile, galloc) -> Plan:
-    """The plan `galloc` carried out on `gf`'s tensors: `data - base` of the compute buffer, and of
-    the external buffers."""
+    """The plan `galloc` carried out on `gf`'s tensors: `data - base` of the compute buffer (of the
+    tensor's chunk, for a `VBuffer`: today's allocator), and of the external buffers."""
     buf = galloc.buffers[0]
-    base = buf.get_base() if buf is not None else None
-    offsets, labels, ext = {}, {}, {}
+    parts = list(buf.chunks) if isinstance(buf, VBuffer) else [] if buf is None else [buf]
+    index = {id(b): c for c, b in enumerate(parts)}  # a buffer of the compute buffer -> its chunk
+    offsets, labels, ext, chunks = {}, {}, {}, {}
     for i, t in gf.tensors.items():
         holder = t.view_src.buffer if t.view_src is not None else t.buffer
-        offsets[i] = t.data - base if buf is not None and holder is buf and t.data is not None else None
+        c = chunks[i] = index.get(id(holder)) if holder is not None and t.data is not None else None
+        offsets[i] = None if c is None else t.data - parts[c].get_base()
         root = t
         while root.view_src is not None:
             root = root.view_src
-        labels[i] = None if t.buffer is None else "compute" if t.buffer is buf else root.ctx.name
+        labels[i] = None if t.buffer is None else "compute" if id(t.buffer) in index else root.ctx.name
         own = root.buffer
-        ext[i] = t.data - own.get_base() if own is not None and own is not buf and t.data is not None else None
-    return Plan(galloc.get_buffer_size(0), offsets, labels, ext)
+        ext[i] = t.data - own.get_base() if own is not None and id(own) not in index and t.data is not None else None
+    today = isinstance(buf, VBuffer)
+    return Plan(galloc.get_buffer_size(0), offsets, labels, ext, chunks if today else None,
+                list(buf.asked) if today else None)
 
 
 def recorded_plan(gf: GraphFile) -> Plan:
-    """The plan the file recorded (for a sequence file: that of `gf.step`)."""
+    """The plan the file recorded (for a sequence file: that of `gf.step`); `chunks` and `chunk_sizes`
+    only as far as the file records them."""
     where = gf.doc["steps"][gf.step] if gf.step is not None else gf.doc
     rec = gf.records.items()
+    chunks = {i: r["chunk"] for i, r in rec if "chunk" in r}
     return Plan(where["buffer_size"], {i: r.get("offset") for i, r in rec}, {i: r.get("buffer") for i, r in rec},
-                {i: r.get("ext_offset") for i, r in rec})
+                {i: r.get("ext_offset") for i, r in rec}, chunks or None, where.get("chunks"))
 
 
+# notebooks/A5_recorded_results.py
 def plan_differences(want: Plan, got: Plan, gf: GraphFile, limit: int | None = 10) -> list:
     """The first `limit` differences between two plans (None: all), in id order, each naming the
-    tensor: its offset, and when both plans know them, its buffer and its offset in an external buffer."""
+    tensor: its offset, and when both plans know them, its buffer, its offset in an external buffer
+    and its chunk (and before the tensors, the chunks' sizes)."""
     out = []
     if want.buffer_size != got.buffer_size:
         out.append(f"buffer size: ggml {want.buffer_size}, ggml_lite {got.buffer_size}")
+    if None not in (want.chunk_sizes, got.chunk_sizes) and want.chunk_sizes != got.chunk_sizes:
+        out.append(f"chunks: ggml {want.chunk_sizes}, ggml_lite {got.chunk_sizes}")
     for i in sorted(want.offsets):
-        facts = [("offset", want.offsets, got.offsets), ("buffer", want.buffers, got.buffers),
-                 ("ext_offset", want.ext_offsets, got.ext_offsets)]
-        diff = [f"{f} {quote(w[i])}, ggml_lite {quote(g.get(i))}" for f, w, g in facts
-                if w is not None and g is not None and w[i] != g.get(i)]
+        facts = [("offset", want.offsets, got.offsets, ""), ("buffer", want.buffers, got.buffers, ""),
+                 ("ext_offset", want.ext_offsets, got.ext_offsets, ""), ("chunk", want.chunks, got.chunks, "chunk ")]
+        diff = [f"{f} {quote(w[i])}, ggml_lite {again}{quote(g.get(i))}" for f, w, g, again in facts
+                if w is not None and g is not None and i in w and w[i] != g.get(i)]
         if diff:
             r = gf.records[i]
             out.append(f"tensor #{i} {quote(r['name'])} ({r['op']}, {r.get('nbytes')} B): ggml " + "; ggml ".join(diff))
@@ -74,29 +90,85 @@ def plan_differences(want: Plan, got: Plan, gf: GraphFile, limit: int | None = 1
     return out
 
 
-def _call(galloc, name: str, graph):
-    with captured_log() as lines:
+def _call(galloc, name: str, graph, level: int = logging.INFO):
+    with captured_log(level) as lines:
         ok = getattr(galloc, name)(graph)
     return ok, lines
 
 
 # notebooks/A5_recorded_results.py
-def run_plan(source, step: int | None = None, galloc=None, call: str | None = None, validate: bool = True) -> tuple:
+TODAY = (0, 10, 1)  # the first ggml release planned with today's allocator (chapter 12)
+
+
+def era_of(doc: dict, ggml: str | None = None) -> str:
+    """The graph allocator a file is planned with: `ggml` ("2024" or "2026", the --ggml flag) when given;
+    else today's ("2026") for a `ggml_version` of 0.10.1 or later, the 2024 one otherwise."""
+    if ggml is not None:
+        if ggml not in ERAS:
+            raise GraphFileError(f"--ggml: expected one of {tuple(ERAS)}, found {quote(ggml)}")
+        return ggml
+    version = ggml_version(doc)
+    return "2026" if version is not None and version >= TODAY else "2024"
+
+
+def release_build(doc: dict) -> bool:
+    """Whether the file's `ggml_build` names a release build (NDEBUG: ggml logs only its errors)."""
+    build = doc.get("ggml_build", "")
+    return build.lower().startswith("release") or re.search(r"(?<![Nn][Oo] )NDEBUG", build) is not None
+
+
+def check_today(doc: dict, era: str) -> None:
+    """The fields of today's plans, before anything is built: `ggml_build` a string; `chunks` (of the file
+    or of a step) at most 16 positive sizes; each tensor's `chunk` an index of them, null exactly where its
+    `offset` is; chunk fields only in a file planned with today's allocator (`era` "2026")."""
+    check_type(doc.get("ggml_build", ""), "ggml_build", str, "a string (the build of ggml that recorded the file)")
+    records = [("", doc)] if "graph" in doc else [(f"steps[{k}].", st) for k, st in enumerate(doc["steps"])]
+    for p, rec in records:
+        entries = rec["graph"]["tensors"] if "graph" in rec else []
+        marked = [i for i, e in enumerate(entries) if "chunk" in e]
+        if era != "2026" and ("chunks" in rec or marked):
+            field = f"{p}chunks" if "chunks" in rec else f"{p}graph.tensors[{marked[0]}].chunk"
+            raise GraphFileError(f"{field}: chunks are planned by today's ggml (0.10.1 or later), and this file is "
+                                 f"planned with the 2024 allocator: give it a ggml_version of 0.10.1 or later, or "
+                                 f"pass --ggml 2026")
+        n = VBUFFER_MAX_CHUNKS
+        if "chunks" in rec:
+            n = len(check_list(rec["chunks"], f"{p}chunks", most=VBUFFER_MAX_CHUNKS))
+            for k, size in enumerate(rec["chunks"]):
+                check_int(size, f"{p}chunks[{k}]", 1)
+        for i in marked:
+            c, offset, path = entries[i]["chunk"], entries[i]["offset"], f"{p}graph.tensors[{i}].chunk"
+            if c is None and offset is not None:
+                fail(path, f"a chunk index: the tensor has an offset ({offset}) in the compute buffer", c)
+            if c is not None and (not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < n):
+                fail(path, f"null or a chunk index in [0, {n - 1}]" if n else "null (`chunks` lists none)", c)
+            if c is not None and offset is None:
+                fail(path, "null: the tensor's offset is null (it is not in the compute buffer)", c)
+
+
+# notebooks/A5_recorded_results.py
+def run_plan(source, step: int | None = None, galloc=None, call: str | None = None, validate: bool = True,
+             ggml: str | None = None) -> tuple:
     """Load `source` (path or document, `step` of a sequence), allocate its external contexts, and
     run `call` ("reserve" or "alloc_graph"; default both, as the single-graph files record) on
-    `galloc` (when None, a new `GAllocr` on the file's buffer type: `buffer_type_of`). Returns
-    `(GraphFile, galloc, {call: result})`, where
+    `galloc` (when None, a new graph allocator of the file's era, `era_of(doc, ggml)`, on the file's
+    buffer type: `buffer_type_of`). Returns `(GraphFile, galloc, {call: result})`, where
     a result holds ok, buffer_size_before, buffer_size, the compute buffer's `handle` (the address
-    of its C struct) before and after, and the log lines. (`validate=False`: a dict already validated.)"""
+    of its C struct; a chunked buffer's: its first chunk's) before and after, and the log lines (only
+    the errors for a release build). (`validate=False`: a dict already validated, `check_today` too.)"""
 
     gf = read_graph_file(source, step, validate=validate)
+    era = era_of(gf.doc, ggml)
+    if validate:
+        check_today(gf.doc, era)
     allocate_external(gf)
-    galloc = galloc or GAllocr(buffer_type_of(gf.doc))
+    galloc = galloc or new_gallocr(buffer_type_of(gf.doc), ggml=era)
+    level = logging.ERROR if release_build(gf.doc) else logging.INFO
     results = {}
     for name in ([call] if call else ["reserve", "alloc_graph"]):
         before = galloc.buffers[0]
         handle, size_before = (before.handle, galloc.get_buffer_size(0)) if before is not None else (None, 0)
-        ok, lines = _call(galloc, name, gf.graph)
+        ok, lines = _call(galloc, name, gf.graph, level)
         after = galloc.buffers[0]
         results[name] = {"ok": ok, "buffer_size_before": size_before, "buffer_size": galloc.get_buffer_size(0),
                          "handle_before": handle, "handle": after.handle if after is not None else None,
@@ -119,23 +191,25 @@ def _compare_call(label: str, want: dict, got: dict) -> list:
 
 
 # notebooks/A5_recorded_results.py
-def check_plan_file(source, limit: int | None = 10) -> list:
+def check_plan_file(source, limit: int | None = 10, ggml: str | None = None) -> list:
     """Every difference between the file's recorded plan(s) and ggml_lite's (empty: identical):
-    offsets, buffer sizes, ok flags, logs; for a sequence file, each step on one allocator. The first
-    `limit` differences (an integer >= 1; 0 or None: all of them). The document is validated first,
-    with every recorded result (`validate_document(record=True)`)."""
+    offsets, chunks, buffer sizes, ok flags, logs; for a sequence file, each step on one allocator, of
+    the file's era (`era_of(doc, ggml)`). The first `limit` differences (an integer >= 1; 0 or None: all
+    of them). The document is validated first, with every recorded result (`validate_document(record=True)`,
+    `check_today`)."""
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
         raise GraphFileError(f"limit: expected an integer >= 1 (0 or None: every difference), found {quote(limit)}")
     limit = limit or None
     doc = load_document(source, record=True)
     if doc["schema"] != SCHEMAS[0]:
         raise GraphFileError(f"not a graph-allocator fixture (schema {quote(doc['schema'])})")
+    check_today(doc, era_of(doc, ggml))
     out = []
     if "steps" in doc:
         galloc = seen = None  # seen: the compute buffer's address after the last alloc_graph step
         for k, st in enumerate(doc["steps"]):
             call = CALLS[st["call"]]
-            gf, galloc, res = run_plan(doc, k, galloc, call, validate=False)
+            gf, galloc, res = run_plan(doc, k, galloc, call, validate=False, ggml=ggml)
             got = res[call]
             # the recorder saw the buffer through a tensor's `buffer`, which only alloc_graph sets
             got["replaced"] = None if call != "alloc_graph" or seen is None else got["handle"] != seen
@@ -145,7 +219,7 @@ def check_plan_file(source, limit: int | None = 10) -> list:
             if st["ok"]:  # (after a reserve nothing is placed yet: every recorded offset must be null)
                 out += [f"step {k}: {d}" for d in plan_differences(recorded_plan(gf), plan_of(gf, galloc), gf, limit)]
     else:
-        gf, galloc, res = run_plan(doc, validate=False)
+        gf, galloc, res = run_plan(doc, validate=False, ggml=ggml)
         for call in ("reserve", "alloc_graph"):
             res[call]["replaced"] = None
             out += _compare_call(call, doc[call], res[call])

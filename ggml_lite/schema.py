@@ -7,22 +7,13 @@ built: each tensor entry, the names, node and leaf lists and references of a gra
 type, the external buffers and the recorded results. The entry point is `validate_document`."""
 
 import heapq
+import re
 
 from ggml_lite import ops
 from ggml_lite.buffer import HEAP, TENSOR_ALIGNMENT, Buffer, BufferType, CPUBufferType, cpu_buffer_type
 from ggml_lite.errors import DanglingSourceError, GraphCycleError, GraphFileError, InvalidSizeError, UnknownOpError
 from ggml_lite.tensor import GGML_MAX_OP_PARAMS, GGML_MAX_SRC, Op, TensorFlag, UnaryOp, op_by_name, type_by_name
-from ggml_lite.untrusted import (
-    INT32_RANGE,
-    INT64_MAX,
-    check_int,
-    check_list,
-    check_size,
-    check_type,
-    fail,
-    need,
-    quote,
-)
+from ggml_lite.untrusted import INT32_RANGE, INT64_MAX, check_int, check_list, check_size, check_type, fail, need, quote
 
 SCHEMAS = ("ggml-gallocr-fixture", "ggml-sched-fixture")
 MAX_ALIGNMENT = 2**20  # the largest buffer-type alignment accepted (ggml's are 32..256)
@@ -263,12 +254,13 @@ def _check_buffer_type(bt) -> None:
         fail("buffer_type.alloc_size", "'ggml_nbytes' (the only allocation size ggml_lite knows)", bt["alloc_size"])
 
 
-def buffer_type_of(doc: dict) -> BufferType:
-    """The buffer type a file records: ggml's CPU type itself, or a `RecordedBufferType` like it."""
+def buffer_type_of(doc: dict, limited: bool = True) -> BufferType:
+    """The file's buffer type: ggml's CPU type, or a `RecordedBufferType` like it (not `limited`: no max_size)."""
     bt = doc.get("buffer_type")
-    if bt is None or (bt["name"], bt["alignment"], bt["max_size"]) == ("CPU", TENSOR_ALIGNMENT, None):
+    max_size = bt["max_size"] if bt is not None and limited else None
+    if bt is None or (bt["name"], bt["alignment"], max_size) == ("CPU", TENSOR_ALIGNMENT, None):
         return cpu_buffer_type()
-    return RecordedBufferType(bt["name"], bt["alignment"], bt["max_size"])
+    return RecordedBufferType(bt["name"], bt["alignment"], max_size)
 
 
 def _check_external(doc: dict, sections: list) -> None:
@@ -328,6 +320,7 @@ def validate_document(doc, record: bool = False) -> None:
         return
     if "buffer_type" in doc:
         _check_buffer_type(doc["buffer_type"])
+    ggml_version(doc)
     if ("graph" in doc) == ("steps" in doc):
         raise GraphFileError("the top level: expected either `graph` (one graph) or `steps` (a sequence), "
                              f"found {'both' if 'graph' in doc else 'neither'}")
@@ -372,3 +365,11 @@ def _check_record(doc: dict) -> None:
             fail(f"{p}.call", f"one of {tuple(CALLS)}", st["call"])
         need(st, "graph", f"{p}.graph")
         _check_call(st, p, ("ok", "buffer_size_before", "buffer_size", "compute_buffer_replaced", "log"))
+
+
+def ggml_version(doc: dict) -> tuple | None:
+    """The file's `ggml_version` ("0.15.3") as three integers; None when the file has none."""
+    v = doc.get("ggml_version")
+    if "ggml_version" in doc and not (isinstance(v, str) and re.fullmatch(r"[0-9]{1,9}(\.[0-9]{1,9}){2}", v)):
+        fail("ggml_version", "a version string MAJOR.MINOR.PATCH of three integers >= 0 (e.g. '0.15.3')", v)
+    return None if v is None else tuple(int(x) for x in v.split("."))

@@ -104,7 +104,8 @@ _AUTO_GRAPH_NAME = re.compile(r"(node|leaf)_\d+")
 #   depends on itself (a cycle — something ggml cannot even create);
 # * **the document**: `schema_version` 1, the `buffer_type` (a CPU-like type: alignment a power of two,
 #   `max_size`; the planner uses exactly that type), `external_buffers`, a non-empty `steps` list, and —
-#   for `check` — every recorded result it compares.
+#   for `check` — every recorded result it compares; an optional `ggml_version`, three integers ("0.15.3"):
+#   from 0.10.1 on, the file is planned with chapter 12's allocator, and A5 checks its chunk fields.
 #
 # After loading, the rebuilt tensor must also agree with its record (`type`, `ne`, `nb`, `nbytes`, …,
 # §3), so a file that loads is a file ggml_lite reproduces.
@@ -398,22 +399,13 @@ built: each tensor entry, the names, node and leaf lists and references of a gra
 type, the external buffers and the recorded results. The entry point is `validate_document`."""
 
 import heapq
+import re
 
 from ggml_lite import ops
 from ggml_lite.buffer import HEAP, TENSOR_ALIGNMENT, Buffer, BufferType, CPUBufferType, cpu_buffer_type
 from ggml_lite.errors import DanglingSourceError, GraphCycleError, GraphFileError, InvalidSizeError, UnknownOpError
 from ggml_lite.tensor import GGML_MAX_OP_PARAMS, GGML_MAX_SRC, Op, TensorFlag, UnaryOp, op_by_name, type_by_name
-from ggml_lite.untrusted import (
-    INT32_RANGE,
-    INT64_MAX,
-    check_int,
-    check_list,
-    check_size,
-    check_type,
-    fail,
-    need,
-    quote,
-)
+from ggml_lite.untrusted import INT32_RANGE, INT64_MAX, check_int, check_list, check_size, check_type, fail, need, quote
 
 SCHEMAS = ("ggml-gallocr-fixture", "ggml-sched-fixture")
 MAX_ALIGNMENT = 2**20  # the largest buffer-type alignment accepted (ggml's are 32..256)
@@ -666,12 +658,13 @@ def _check_buffer_type(bt) -> None:
         fail("buffer_type.alloc_size", "'ggml_nbytes' (the only allocation size ggml_lite knows)", bt["alloc_size"])
 
 
-def buffer_type_of(doc: dict) -> BufferType:
-    """The buffer type a file records: ggml's CPU type itself, or a `RecordedBufferType` like it."""
+def buffer_type_of(doc: dict, limited: bool = True) -> BufferType:
+    """The file's buffer type: ggml's CPU type, or a `RecordedBufferType` like it (not `limited`: no max_size)."""
     bt = doc.get("buffer_type")
-    if bt is None or (bt["name"], bt["alignment"], bt["max_size"]) == ("CPU", TENSOR_ALIGNMENT, None):
+    max_size = bt["max_size"] if bt is not None and limited else None
+    if bt is None or (bt["name"], bt["alignment"], max_size) == ("CPU", TENSOR_ALIGNMENT, None):
         return cpu_buffer_type()
-    return RecordedBufferType(bt["name"], bt["alignment"], bt["max_size"])
+    return RecordedBufferType(bt["name"], bt["alignment"], max_size)
 
 
 def _check_external(doc: dict, sections: list) -> None:
@@ -731,6 +724,7 @@ def validate_document(doc, record: bool = False) -> None:
         return
     if "buffer_type" in doc:
         _check_buffer_type(doc["buffer_type"])
+    ggml_version(doc)
     if ("graph" in doc) == ("steps" in doc):
         raise GraphFileError("the top level: expected either `graph` (one graph) or `steps` (a sequence), "
                              f"found {'both' if 'graph' in doc else 'neither'}")
@@ -775,6 +769,14 @@ def _check_record(doc: dict) -> None:
             fail(f"{p}.call", f"one of {tuple(CALLS)}", st["call"])
         need(st, "graph", f"{p}.graph")
         _check_call(st, p, ("ok", "buffer_size_before", "buffer_size", "compute_buffer_replaced", "log"))
+
+
+def ggml_version(doc: dict) -> tuple | None:
+    """The file's `ggml_version` ("0.15.3") as three integers; None when the file has none."""
+    v = doc.get("ggml_version")
+    if "ggml_version" in doc and not (isinstance(v, str) and re.fullmatch(r"[0-9]{1,9}(\.[0-9]{1,9}){2}", v)):
+        fail("ggml_version", "a version string MAJOR.MINOR.PATCH of three integers >= 0 (e.g. '0.15.3')", v)
+    return None if v is None else tuple(int(x) for x in v.split("."))
 
 # %% [markdown]
 # ## 3 · Loading is replaying
@@ -1250,9 +1252,9 @@ print(f"{n_files} fixture files: {n_tensors} tensors rebuilt; shapes, strides, s
 #
 # A graph file says which of its contexts were allocated before planning (`external_buffers`: the
 # weights, the KV cache) and how large their buffers were. `allocate_external` allocates them the way
-# the recorder did — `ggml_backend_alloc_ctx_tensors` (chapter 03) on the file's buffer type, ggml's
-# CPU type in every fixture — and checks on the way each buffer's recorded size and every tensor's
-# `ext_offset`. After it, a fresh graph allocator sees the graph exactly as `ggml_gallocr` saw it:
+# the recorder did — `ggml_backend_alloc_ctx_tensors` (chapter 03) on the file's buffer type without its
+# `max_size` (a limit is the compute buffer's), ggml's CPU type in every fixture — and checks each
+# buffer's recorded size and every tensor's `ext_offset`. After it, a fresh graph allocator sees the graph exactly as `ggml_gallocr` saw it:
 # running it again and comparing the plan is the subject of appendix A5.
 
 # %%
@@ -1260,8 +1262,8 @@ print(f"{n_files} fixture files: {n_tensors} tensors rebuilt; shapes, strides, s
 def allocate_external(gf: GraphFile, buft=None) -> dict:
     """Allocate the file's `external_buffers` contexts (`ggml_backend_alloc_ctx_tensors`); returns
     `{label: Buffer}` after checking each buffer's size and every tensor's `ext_offset`. The buffer type
-    is the file's (`buffer_type_of`) unless `buft` is given."""
-    buft = buft or buffer_type_of(gf.doc)
+    is the file's without its limit (`buffer_type_of(doc, limited=False)`) unless `buft` is given."""
+    buft = buft or buffer_type_of(gf.doc, limited=False)
     buffers = {}
     for ext in gf.doc.get("external_buffers", []):
         label = ext["ctx"]

@@ -72,68 +72,90 @@ FIXTURES = Path("../tests/fixtures/ggml-seed")
 # | export
 """A recorded plan, run again (the `check` command's first half): a graph file's external buffers
 allocated as the recorder did (`graphio.allocate_external`), `reserve` and `alloc_graph` on a fresh
-`GAllocr`, and every difference with what the real ggml recorded — ok flags, buffer sizes, log lines,
-offsets, buffers."""
+graph allocator of the file's era (`GAllocr` of 2024, or today's `GAllocr2026`), and every difference
+with what the real ggml recorded — ok flags, buffer sizes, log lines, offsets, buffers, chunks."""
 
+import logging
+import re
 from dataclasses import dataclass
 
 from ggml_lite.dyn_tallocr import captured_log
 from ggml_lite.errors import GraphFileError
-from ggml_lite.gallocr import GAllocr
+from ggml_lite.gallocr_today import ERAS, VBUFFER_MAX_CHUNKS, VBuffer, new_gallocr
 from ggml_lite.graphio import GraphFile, allocate_external, load_document, read_graph_file
-from ggml_lite.schema import CALLS, SCHEMAS, buffer_type_of
-from ggml_lite.untrusted import quote
+from ggml_lite.schema import CALLS, SCHEMAS, buffer_type_of, ggml_version
+from ggml_lite.untrusted import check_int, check_list, check_type, fail, quote
 
 
 @dataclass
 class Plan:
     """A compute-buffer plan: the buffer size and each tensor's offset in it (None: not in it),
     keyed by fixture id; and where every tensor is: `buffers[id]`, the label of its buffer ("compute",
-    an external context's, None: no buffer yet), and `ext_offsets[id]`, its offset in an external one."""
+    an external context's, None: no buffer yet), and `ext_offsets[id]`, its offset in an external one.
+    A plan of today's allocator also has `chunks[id]`, the chunk an offset is in (None: not in the
+    compute buffer), and `chunk_sizes`, the size asked for each chunk."""
 
     buffer_size: int
     offsets: dict
     buffers: dict | None = None
     ext_offsets: dict | None = None
+    chunks: dict | None = None
+    chunk_sizes: list | None = None
 
 
 def plan_of(gf: GraphFile, galloc) -> Plan:
-    """The plan `galloc` carried out on `gf`'s tensors: `data - base` of the compute buffer, and of
-    the external buffers."""
+    """The plan `galloc` carried out on `gf`'s tensors: `data - base` of the compute buffer (of the
+    tensor's chunk, for a `VBuffer`: today's allocator), and of the external buffers."""
     buf = galloc.buffers[0]
-    base = buf.get_base() if buf is not None else None
-    offsets, labels, ext = {}, {}, {}
+    parts = list(buf.chunks) if isinstance(buf, VBuffer) else [] if buf is None else [buf]
+    index = {id(b): c for c, b in enumerate(parts)}  # a buffer of the compute buffer -> its chunk
+    offsets, labels, ext, chunks = {}, {}, {}, {}
     for i, t in gf.tensors.items():
         holder = t.view_src.buffer if t.view_src is not None else t.buffer
-        offsets[i] = t.data - base if buf is not None and holder is buf and t.data is not None else None
+        c = chunks[i] = index.get(id(holder)) if holder is not None and t.data is not None else None
+        offsets[i] = None if c is None else t.data - parts[c].get_base()
         root = t
         while root.view_src is not None:
             root = root.view_src
-        labels[i] = None if t.buffer is None else "compute" if t.buffer is buf else root.ctx.name
+        labels[i] = None if t.buffer is None else "compute" if id(t.buffer) in index else root.ctx.name
         own = root.buffer
-        ext[i] = t.data - own.get_base() if own is not None and own is not buf and t.data is not None else None
-    return Plan(galloc.get_buffer_size(0), offsets, labels, ext)
+        ext[i] = t.data - own.get_base() if own is not None and id(own) not in index and t.data is not None else None
+    today = isinstance(buf, VBuffer)
+    return Plan(galloc.get_buffer_size(0), offsets, labels, ext, chunks if today else None,
+                list(buf.asked) if today else None)
 
 
 def recorded_plan(gf: GraphFile) -> Plan:
-    """The plan the file recorded (for a sequence file: that of `gf.step`)."""
+    """The plan the file recorded (for a sequence file: that of `gf.step`); `chunks` and `chunk_sizes`
+    only as far as the file records them."""
     where = gf.doc["steps"][gf.step] if gf.step is not None else gf.doc
     rec = gf.records.items()
+    chunks = {i: r["chunk"] for i, r in rec if "chunk" in r}
     return Plan(where["buffer_size"], {i: r.get("offset") for i, r in rec}, {i: r.get("buffer") for i, r in rec},
-                {i: r.get("ext_offset") for i, r in rec})
+                {i: r.get("ext_offset") for i, r in rec}, chunks or None, where.get("chunks"))
 
 
+# %% [markdown]
+# Two plans are compared tensor by tensor, in id order; each difference names the tensor, its op and
+# size, and each fact that differs, what ggml recorded first: `ggml offset 6176, ggml_lite 6144`. A
+# chunked plan adds the chunks' sizes and each tensor's chunk (`ggml chunk 1, ggml_lite chunk 0`).
+
+# %%
+# | export
 def plan_differences(want: Plan, got: Plan, gf: GraphFile, limit: int | None = 10) -> list:
     """The first `limit` differences between two plans (None: all), in id order, each naming the
-    tensor: its offset, and when both plans know them, its buffer and its offset in an external buffer."""
+    tensor: its offset, and when both plans know them, its buffer, its offset in an external buffer
+    and its chunk (and before the tensors, the chunks' sizes)."""
     out = []
     if want.buffer_size != got.buffer_size:
         out.append(f"buffer size: ggml {want.buffer_size}, ggml_lite {got.buffer_size}")
+    if None not in (want.chunk_sizes, got.chunk_sizes) and want.chunk_sizes != got.chunk_sizes:
+        out.append(f"chunks: ggml {want.chunk_sizes}, ggml_lite {got.chunk_sizes}")
     for i in sorted(want.offsets):
-        facts = [("offset", want.offsets, got.offsets), ("buffer", want.buffers, got.buffers),
-                 ("ext_offset", want.ext_offsets, got.ext_offsets)]
-        diff = [f"{f} {quote(w[i])}, ggml_lite {quote(g.get(i))}" for f, w, g in facts
-                if w is not None and g is not None and w[i] != g.get(i)]
+        facts = [("offset", want.offsets, got.offsets, ""), ("buffer", want.buffers, got.buffers, ""),
+                 ("ext_offset", want.ext_offsets, got.ext_offsets, ""), ("chunk", want.chunks, got.chunks, "chunk ")]
+        diff = [f"{f} {quote(w[i])}, ggml_lite {again}{quote(g.get(i))}" for f, w, g, again in facts
+                if w is not None and g is not None and i in w and w[i] != g.get(i)]
         if diff:
             r = gf.records[i]
             out.append(f"tensor #{i} {quote(r['name'])} ({r['op']}, {r.get('nbytes')} B): ggml " + "; ggml ".join(diff))
@@ -142,10 +164,85 @@ def plan_differences(want: Plan, got: Plan, gf: GraphFile, limit: int | None = 1
     return out
 
 
-def _call(galloc, name: str, graph):
-    with captured_log() as lines:
+def _call(galloc, name: str, graph, level: int = logging.INFO):
+    with captured_log(level) as lines:
         ok = getattr(galloc, name)(graph)
     return ok, lines
+
+
+# %% [markdown]
+# ### Files of today's ggml: the era, the chunks, a release build's log
+#
+# Chapter 12 ports the allocator of ggml 0.15.3 beside the 2024 one. A file says which ggml recorded it
+# in an optional `ggml_version` ("0.10.1", "0.15.3"; appendix A1 checks its form): from 0.10.1 on the
+# file is planned by today's allocator (`GAllocr2026`), before it or without the field by the 2024 one.
+# The command line's `--ggml 2024|2026` overrides the file (`era_of`). Where the buffer type has a
+# `max_size`, today's allocator splits the compute buffer into chunks, and the file records them: a
+# top-level (or per-step) `chunks`, the size the real ggml asked for each chunk (`GAllocr2026.chunk_sizes`,
+# at most `GGML_VBUFFER_MAX_CHUNKS` = 16, each positive), `buffer_size` their sum plus 32 per chunk (the
+# CPU buffer pads every buffer), and per tensor a `chunk`: the chunk its `offset` is in, null exactly
+# where the offset is (an external buffer, a view of an external tensor, a tensor not placed). Both are
+# optional, and compared where present. They are checked before anything is built (`check_today`):
+# types, ranges, an index below the number of chunks (below 16 when `chunks` is absent), null iff the
+# offset is — and they belong to today's allocator only: in a file planned with the 2024 one (an older
+# `ggml_version`, or `--ggml 2024`) they are refused, since the 2024 allocator has no chunks to compare.
+#
+# The logs: a debug build of today's ggml prints what the 2024 one printed (`needs_realloc`'s reasons,
+# `alloc_graph`'s "reallocating buffers automatically"), except that `reserve` says "reallocating"
+# only when a buffer existed before. A *release* build (NDEBUG) compiles those diagnostics out and logs
+# only errors ("failed to allocate ..."). So when a file's `ggml_build` says release — it starts with
+# "release", or names NDEBUG other than as "no NDEBUG" (the 2024 fixtures say "debug (no NDEBUG: ...)")
+# — only ggml_lite's ERROR-level messages are compared with the recorded log (`release_build`).
+
+# %%
+# | export
+TODAY = (0, 10, 1)  # the first ggml release planned with today's allocator (chapter 12)
+
+
+def era_of(doc: dict, ggml: str | None = None) -> str:
+    """The graph allocator a file is planned with: `ggml` ("2024" or "2026", the --ggml flag) when given;
+    else today's ("2026") for a `ggml_version` of 0.10.1 or later, the 2024 one otherwise."""
+    if ggml is not None:
+        if ggml not in ERAS:
+            raise GraphFileError(f"--ggml: expected one of {tuple(ERAS)}, found {quote(ggml)}")
+        return ggml
+    version = ggml_version(doc)
+    return "2026" if version is not None and version >= TODAY else "2024"
+
+
+def release_build(doc: dict) -> bool:
+    """Whether the file's `ggml_build` names a release build (NDEBUG: ggml logs only its errors)."""
+    build = doc.get("ggml_build", "")
+    return build.lower().startswith("release") or re.search(r"(?<![Nn][Oo] )NDEBUG", build) is not None
+
+
+def check_today(doc: dict, era: str) -> None:
+    """The fields of today's plans, before anything is built: `ggml_build` a string; `chunks` (of the file
+    or of a step) at most 16 positive sizes; each tensor's `chunk` an index of them, null exactly where its
+    `offset` is; chunk fields only in a file planned with today's allocator (`era` "2026")."""
+    check_type(doc.get("ggml_build", ""), "ggml_build", str, "a string (the build of ggml that recorded the file)")
+    records = [("", doc)] if "graph" in doc else [(f"steps[{k}].", st) for k, st in enumerate(doc["steps"])]
+    for p, rec in records:
+        entries = rec["graph"]["tensors"] if "graph" in rec else []
+        marked = [i for i, e in enumerate(entries) if "chunk" in e]
+        if era != "2026" and ("chunks" in rec or marked):
+            field = f"{p}chunks" if "chunks" in rec else f"{p}graph.tensors[{marked[0]}].chunk"
+            raise GraphFileError(f"{field}: chunks are planned by today's ggml (0.10.1 or later), and this file is "
+                                 f"planned with the 2024 allocator: give it a ggml_version of 0.10.1 or later, or "
+                                 f"pass --ggml 2026")
+        n = VBUFFER_MAX_CHUNKS
+        if "chunks" in rec:
+            n = len(check_list(rec["chunks"], f"{p}chunks", most=VBUFFER_MAX_CHUNKS))
+            for k, size in enumerate(rec["chunks"]):
+                check_int(size, f"{p}chunks[{k}]", 1)
+        for i in marked:
+            c, offset, path = entries[i]["chunk"], entries[i]["offset"], f"{p}graph.tensors[{i}].chunk"
+            if c is None and offset is not None:
+                fail(path, f"a chunk index: the tensor has an offset ({offset}) in the compute buffer", c)
+            if c is not None and (not isinstance(c, int) or isinstance(c, bool) or not 0 <= c < n):
+                fail(path, f"null or a chunk index in [0, {n - 1}]" if n else "null (`chunks` lists none)", c)
+            if c is not None and offset is None:
+                fail(path, "null: the tensor's offset is null (it is not in the compute buffer)", c)
 
 
 # %% [markdown]
@@ -156,22 +253,28 @@ def _call(galloc, name: str, graph):
 
 # %%
 # | export
-def run_plan(source, step: int | None = None, galloc=None, call: str | None = None, validate: bool = True) -> tuple:
+def run_plan(source, step: int | None = None, galloc=None, call: str | None = None, validate: bool = True,
+             ggml: str | None = None) -> tuple:
     """Load `source` (path or document, `step` of a sequence), allocate its external contexts, and
     run `call` ("reserve" or "alloc_graph"; default both, as the single-graph files record) on
-    `galloc` (when None, a new `GAllocr` on the file's buffer type: `buffer_type_of`). Returns
-    `(GraphFile, galloc, {call: result})`, where
+    `galloc` (when None, a new graph allocator of the file's era, `era_of(doc, ggml)`, on the file's
+    buffer type: `buffer_type_of`). Returns `(GraphFile, galloc, {call: result})`, where
     a result holds ok, buffer_size_before, buffer_size, the compute buffer's `handle` (the address
-    of its C struct) before and after, and the log lines. (`validate=False`: a dict already validated.)"""
+    of its C struct; a chunked buffer's: its first chunk's) before and after, and the log lines (only
+    the errors for a release build). (`validate=False`: a dict already validated, `check_today` too.)"""
 
     gf = read_graph_file(source, step, validate=validate)
+    era = era_of(gf.doc, ggml)
+    if validate:
+        check_today(gf.doc, era)
     allocate_external(gf)
-    galloc = galloc or GAllocr(buffer_type_of(gf.doc))
+    galloc = galloc or new_gallocr(buffer_type_of(gf.doc), ggml=era)
+    level = logging.ERROR if release_build(gf.doc) else logging.INFO
     results = {}
     for name in ([call] if call else ["reserve", "alloc_graph"]):
         before = galloc.buffers[0]
         handle, size_before = (before.handle, galloc.get_buffer_size(0)) if before is not None else (None, 0)
-        ok, lines = _call(galloc, name, gf.graph)
+        ok, lines = _call(galloc, name, gf.graph, level)
         after = galloc.buffers[0]
         results[name] = {"ok": ok, "buffer_size_before": size_before, "buffer_size": galloc.get_buffer_size(0),
                          "handle_before": handle, "handle": after.handle if after is not None else None,
@@ -200,23 +303,25 @@ def _compare_call(label: str, want: dict, got: dict) -> list:
 
 # %%
 # | export
-def check_plan_file(source, limit: int | None = 10) -> list:
+def check_plan_file(source, limit: int | None = 10, ggml: str | None = None) -> list:
     """Every difference between the file's recorded plan(s) and ggml_lite's (empty: identical):
-    offsets, buffer sizes, ok flags, logs; for a sequence file, each step on one allocator. The first
-    `limit` differences (an integer >= 1; 0 or None: all of them). The document is validated first,
-    with every recorded result (`validate_document(record=True)`)."""
+    offsets, chunks, buffer sizes, ok flags, logs; for a sequence file, each step on one allocator, of
+    the file's era (`era_of(doc, ggml)`). The first `limit` differences (an integer >= 1; 0 or None: all
+    of them). The document is validated first, with every recorded result (`validate_document(record=True)`,
+    `check_today`)."""
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
         raise GraphFileError(f"limit: expected an integer >= 1 (0 or None: every difference), found {quote(limit)}")
     limit = limit or None
     doc = load_document(source, record=True)
     if doc["schema"] != SCHEMAS[0]:
         raise GraphFileError(f"not a graph-allocator fixture (schema {quote(doc['schema'])})")
+    check_today(doc, era_of(doc, ggml))
     out = []
     if "steps" in doc:
         galloc = seen = None  # seen: the compute buffer's address after the last alloc_graph step
         for k, st in enumerate(doc["steps"]):
             call = CALLS[st["call"]]
-            gf, galloc, res = run_plan(doc, k, galloc, call, validate=False)
+            gf, galloc, res = run_plan(doc, k, galloc, call, validate=False, ggml=ggml)
             got = res[call]
             # the recorder saw the buffer through a tensor's `buffer`, which only alloc_graph sets
             got["replaced"] = None if call != "alloc_graph" or seen is None else got["handle"] != seen
@@ -226,7 +331,7 @@ def check_plan_file(source, limit: int | None = 10) -> list:
             if st["ok"]:  # (after a reserve nothing is placed yet: every recorded offset must be null)
                 out += [f"step {k}: {d}" for d in plan_differences(recorded_plan(gf), plan_of(gf, galloc), gf, limit)]
     else:
-        gf, galloc, res = run_plan(doc, validate=False)
+        gf, galloc, res = run_plan(doc, validate=False, ggml=ggml)
         for call in ("reserve", "alloc_graph"):
             res[call]["replaced"] = None
             out += _compare_call(call, doc[call], res[call])
@@ -252,6 +357,39 @@ moved = next(e for e in wrong["graph"]["tensors"] if e["offset"])
 moved["offset"] += 32
 for d in check_plan_file(wrong):
     print(" ", d)
+
+# %% [markdown]
+# ### A worked example: a file of today's ggml, in chunks
+#
+# Fixture 06 again, as ggml 0.15.3 would record it on a CPU buffer type limited to 20 KiB per buffer: a
+# release build, so the logs hold no diagnostics. Planned by today's allocator (the era of
+# `"ggml_version": "0.15.3"`), the compute buffer is three chunks of 16,704, 10,240 and 13,760 bytes — the
+# real ggml's numbers too (chapter 12; `tests/unit/test_cli_today.py` makes such files with the real ggml
+# and checks every chunk and offset). Written into the document as the recorder writes it, the plan
+# checks identical; one tensor moved to another chunk, and `check` names the chunk.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+today = json.loads((FIXTURES / "06_llama_block.json").read_text())
+today.update(ggml_version="0.15.3", ggml_build="release (NDEBUG)")
+today["buffer_type"]["max_size"] = 20480
+gf_t, galloc_t, _ = run_plan(today)
+plan_t = plan_of(gf_t, galloc_t)
+print("era", era_of(today), "| chunks", plan_t.chunk_sizes, "| buffer size", plan_t.buffer_size)
+today["chunks"], today["buffer_size"] = plan_t.chunk_sizes, plan_t.buffer_size
+for call in ("reserve", "alloc_graph"):
+    today[call].update(buffer_size=plan_t.buffer_size, log=[])
+for i, e in enumerate(today["graph"]["tensors"]):
+    e["chunk"], e["offset"] = plan_t.chunks[i], plan_t.offsets[i]
+print("as recorded:", check_plan_file(today))
+moved_t = next(e for e in today["graph"]["tensors"] if e["chunk"] == 2 and e["view_src"] is None)
+moved_t["chunk"] = 1
+print(*check_plan_file(today), sep="\n")
+today["ggml_version"] = "0.9.9"
+try:
+    check_plan_file(today)
+except gl.errors.GraphFileError as err:
+    print(f"{type(err).__name__}: {err}")
 
 # %% [markdown]
 # ### A picture: the plan ggml recorded, and ggml_lite's on top
@@ -649,6 +787,9 @@ print(verify_numerics(doc01, run_plan(doc01)[0])[1])
 assert check_plan_file(doc02) == []
 assert len(check_plan_file(wrong)) == 2 and check_plan_file(wrong, limit=1) == check_plan_file(wrong)[:1]
 assert want06.offsets == got06.offsets and want06.buffer_size == got06.buffer_size
+assert plan_t.chunk_sizes == [16704, 10240, 13760] and plan_t.buffer_size == sum(plan_t.chunk_sizes) + 3 * 32
+assert era_of(doc02) == "2024" and era_of(doc02, "2026") == "2026" and era_of(today, "2024") == "2024"
+assert release_build({"ggml_build": "release"}) and not release_build(doc02)  # doc02: "debug (no NDEBUG: ...)"
 assert rows[0][2] and not verify_numerics(doc01, run_plan(doc01)[0])[1][0][2]
 assert lcg_states(7, 3).tolist()[:2] == [(LCG_A * 7 + LCG_C) & MASK, (LCG_A * ((LCG_A * 7 + LCG_C) & MASK) + LCG_C) & MASK]
 try:

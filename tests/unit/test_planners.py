@@ -659,7 +659,7 @@ F06, F14 = (str(fixture_path("ggml-seed", n)) for n in ("06_llama_block", "14_ll
 def test_plan_json_with_a_planner(capsys):
     assert main(["plan", F14, "--planner", "best", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"buffer_size", "tensors", "planner", "lower_bound", "optimal"}
+    assert set(out) == {"buffer_size", "tensors", "planner", "lower_bound", "optimal", "ggml"}
     assert out["planner"] == "best" and out["optimal"] is True
     assert out["buffer_size"] == out["lower_bound"] + 32 == 62916640 + 32
     doc = load_json(fixture_path("ggml-seed", "14_llama7b_ctx512_one_output"))
