@@ -7,8 +7,10 @@ ggml_lite's plans compared), `random_graphs`, `source` (a graph as ggml_lite cod
 computed by ggml), `isolation` (ggml in a forked child), `numeric` (whole numeric graphs), `tolerance`
 (how values are compared), `planner_graphs` (graph shapes that stress the planners), `chunked` (a
 CPU buffer type with a `max_size`, so that ggml 0.15.3 splits a compute buffer into chunks, and plans
-read per chunk). Everything a caller needs is imported here: `import ggml_oracle as O`, then
-`O.mirror(...)`, `O.random_graph(...)`.
+read per chunk), `chunked_check` (ggml_lite's chunked allocator compared with it: random graphs at
+drawn limits, sequences, the dry run), `recorder` (chunked plans written as fixture files:
+`python -m ggml_oracle.recorder`). Everything a caller needs is imported here: `import ggml_oracle as O`,
+then `O.mirror(...)`, `O.random_graph(...)`; the last two modules are imported by name.
 
 Four things it does:
 
