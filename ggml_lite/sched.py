@@ -81,6 +81,9 @@ class BackendSched:
     `GGML_SCHED_MAX_COPIES` copies of every input for pipeline parallelism. `debug` (default: the
     GGML_SCHED_DEBUG environment variable) logs the assignments after every split."""
 
+    galloc_class, max_split_inputs = GAllocr, GGML_SCHED_MAX_SPLIT_INPUTS  # chapter 12's scheduler changes these
+    weights_split_always = True  # a weight on another backend starts a split (today: only if its buffer is unusable)
+
     def __init__(self, backends, bufts=None, graph_size: int = GGML_DEFAULT_GRAPH_SIZE, parallel: bool = False,
                  debug: bool | None = None):
         backends = list(backends)
@@ -100,7 +103,7 @@ class BackendSched:
                 raise SchedulerError(f"backend {b.get_name()} cannot use buffer type {buft.get_name()}")
         self.events = [[b.event_new() for _ in range(self.n_copies)] if self.n_copies > 1 else [None]
                        for b in backends]
-        self.galloc = GAllocr(self.bufts)
+        self.galloc = self.galloc_class(self.bufts)
         self.ctx = Context("sched")
         self.splits: list[Split] = []
         self.graph = Graph(0)
@@ -109,7 +112,7 @@ class BackendSched:
         self.copies: dict = {}  # hv_tensor_copies: (tensor, backend id, copy) -> copy
         self.causes: dict = {}  # SET_CAUSE: tensor -> cause
         # calloc'ed arrays of the C, written in place: what a shorter graph leaves is still compared
-        nodes_size = graph_size + graph_size * GGML_SCHED_MAX_SPLIT_INPUTS * 2
+        nodes_size = graph_size + graph_size * self.max_split_inputs * 2
         self.node_backend_ids, self.leaf_backend_ids = [0] * nodes_size, [0] * nodes_size
         self.prev_node_backend_ids, self.prev_leaf_backend_ids = [0] * nodes_size, [0] * nodes_size
         self.callback_eval: Callable[[Tensor, bool], bool] | None = None  # (tensor, ask) -> want it / go on
@@ -405,10 +408,11 @@ def _pass5(sched: BackendSched, graph) -> None:
             for s in node.src:
                 if s is None:
                     continue
-                if s.buffer is not None and s.buffer.usage == BufferUsage.WEIGHTS and ids.get(s, -1) != cur:
+                if s.buffer is not None and s.buffer.usage == BufferUsage.WEIGHTS and ids.get(s, -1) != cur and \
+                        (sched.weights_split_always or not sched.buffer_supported(s, cur)):
                     need_new_split = True  # a weight on another backend
                     break
-                if split.n_inputs == GGML_SCHED_MAX_SPLIT_INPUTS:  # the split is full of inputs
+                if split.n_inputs == sched.max_split_inputs:  # the split is full of inputs
                     if ids.get(s, -1) != cur and (s, cur, 0) not in copies and not sched.buffer_supported(s, cur):
                         need_new_split = True
                         break
@@ -426,8 +430,8 @@ def _pass5(sched: BackendSched, graph) -> None:
                     t = s if c == sched.cur_copy else _copy_of(sched, s, sched.backends[s_b], c)
                     _mark_copy(sched, t)
                     copies[(s, s_b, c)] = t
-                if len(sched.graph_inputs) >= GGML_SCHED_MAX_SPLIT_INPUTS:
-                    raise SchedulerError(f"more than {GGML_SCHED_MAX_SPLIT_INPUTS} graph inputs with n_copies > 1")
+                if len(sched.graph_inputs) >= sched.max_split_inputs:
+                    raise SchedulerError(f"more than {sched.max_split_inputs} graph inputs with n_copies > 1")
                 sched.graph_inputs.append(s)
             if s_b != cur and not sched.buffer_supported(s, cur):
                 if (s, cur, 0) not in copies:  # create a copy of the input in the split's backend
@@ -435,9 +439,9 @@ def _pass5(sched: BackendSched, graph) -> None:
                         t = _copy_of(sched, s, sched.backends[cur], c)
                         _mark_copy(sched, t)
                         copies[(s, cur, c)] = t
-                    if split.n_inputs >= GGML_SCHED_MAX_SPLIT_INPUTS:
+                    if split.n_inputs >= sched.max_split_inputs:
                         raise SchedulerError(f"split {len(sched.splits) - 1} needs more than "
-                                             f"{GGML_SCHED_MAX_SPLIT_INPUTS} inputs (at {node.name!r})")
+                                             f"{sched.max_split_inputs} inputs (at {node.name!r})")
                     split.inputs.append(s)
                 node.set_src(j, copies[(s, cur, sched.cur_copy)])
     split.i_end = len(nodes)
@@ -465,7 +469,7 @@ def _build_graph_copy(sched: BackendSched, graph) -> None:
     # swap node_backend_ids and leaf_backend_ids with the previous ones, then overwrite from index 0
     sched.prev_node_backend_ids, sched.node_backend_ids = sched.node_backend_ids, sched.prev_node_backend_ids
     sched.prev_leaf_backend_ids, sched.leaf_backend_ids = sched.leaf_backend_ids, sched.prev_leaf_backend_ids
-    n_cap = max(graph.n_nodes, graph.n_leafs) + sched.n_splits * GGML_SCHED_MAX_SPLIT_INPUTS * 2 * sched.n_copies
+    n_cap = max(graph.n_nodes, graph.n_leafs) + sched.n_splits * sched.max_split_inputs * 2 * sched.n_copies
     copy = Graph(max(sched.graph.size, n_cap))
     node_ids, leaf_ids = _Writer(sched.node_backend_ids), _Writer(sched.leaf_backend_ids)
     for split in sched.splits:

@@ -52,9 +52,8 @@
 # | 4 | views take their view_src's backend; unassigned sources take their consumer's | `4.vsrc` `4.cur` |
 # | 5 | walk the nodes; a new split starts at a backend change, at a weight on another backend, or when the split's inputs are full; each source on another backend (whose memory the split's backend cannot use) gets a copy `BACKEND#name#c`, and the node reads the copy | `4.cpy` |
 #
-# The cause strings exist only in a debug build (`SET_CAUSE` is `#if 0` in the release source); the
-# scheduler fixtures were recorded with them switched on, and this port always keeps them. What
-# pass 5 produces is a list of splits (ggml-backend.c:1048-1054):
+# The cause strings exist only in a debug build (`SET_CAUSE` is `#if 0` upstream); the fixtures were
+# recorded with them on, and this port keeps them. Pass 5 produces splits (ggml-backend.c:1048-1054):
 #
 # ```c
 # struct ggml_backend_sched_split {
@@ -154,9 +153,9 @@ def fmt_size(size: int) -> str:
 #     GGML_ASSERT(ggml_backend_is_cpu(backends[n_backends - 1])); // last backend must be CPU
 # ```
 #
-# Notice the CPU last: a pass that does not know better falls back to `n_backends - 1`. Here a wrong
-# list is a `SchedulerError`. The per-tensor tables are dicts keyed by the tensor: `ids`
-# (`hv_tensor_backend_ids`, missing = −1) and `copies` (`hv_tensor_copies`, keyed `(tensor, backend_id, copy)`).
+# Notice the CPU last: a pass that does not know better falls back to `n_backends - 1`; a wrong list is
+# a `SchedulerError`. Per-tensor tables are dicts keyed by the tensor: `ids` (`hv_tensor_backend_ids`,
+# missing = −1) and `copies` (`hv_tensor_copies`, keyed `(tensor, backend_id, copy)`).
 
 # %%
 # | export
@@ -165,6 +164,9 @@ class BackendSched:
     last; `bufts` (default: each backend's default buffer type); `parallel` gives
     `GGML_SCHED_MAX_COPIES` copies of every input for pipeline parallelism. `debug` (default: the
     GGML_SCHED_DEBUG environment variable) logs the assignments after every split."""
+
+    galloc_class, max_split_inputs = GAllocr, GGML_SCHED_MAX_SPLIT_INPUTS  # chapter 12's scheduler changes these
+    weights_split_always = True  # a weight on another backend starts a split (today: only if its buffer is unusable)
 
     def __init__(self, backends, bufts=None, graph_size: int = GGML_DEFAULT_GRAPH_SIZE, parallel: bool = False,
                  debug: bool | None = None):
@@ -185,7 +187,7 @@ class BackendSched:
                 raise SchedulerError(f"backend {b.get_name()} cannot use buffer type {buft.get_name()}")
         self.events = [[b.event_new() for _ in range(self.n_copies)] if self.n_copies > 1 else [None]
                        for b in backends]
-        self.galloc = GAllocr(self.bufts)
+        self.galloc = self.galloc_class(self.bufts)
         self.ctx = Context("sched")
         self.splits: list[Split] = []
         self.graph = Graph(0)
@@ -194,7 +196,7 @@ class BackendSched:
         self.copies: dict = {}  # hv_tensor_copies: (tensor, backend id, copy) -> copy
         self.causes: dict = {}  # SET_CAUSE: tensor -> cause
         # calloc'ed arrays of the C, written in place: what a shorter graph leaves is still compared
-        nodes_size = graph_size + graph_size * GGML_SCHED_MAX_SPLIT_INPUTS * 2
+        nodes_size = graph_size + graph_size * self.max_split_inputs * 2
         self.node_backend_ids, self.leaf_backend_ids = [0] * nodes_size, [0] * nodes_size
         self.prev_node_backend_ids, self.prev_leaf_backend_ids = [0] * nodes_size, [0] * nodes_size
         self.callback_eval: Callable[[Tensor, bool], bool] | None = None  # (tensor, ask) -> want it / go on
@@ -552,10 +554,11 @@ def _pass5(sched: BackendSched, graph) -> None:
             for s in node.src:
                 if s is None:
                     continue
-                if s.buffer is not None and s.buffer.usage == BufferUsage.WEIGHTS and ids.get(s, -1) != cur:
+                if s.buffer is not None and s.buffer.usage == BufferUsage.WEIGHTS and ids.get(s, -1) != cur and \
+                        (sched.weights_split_always or not sched.buffer_supported(s, cur)):
                     need_new_split = True  # a weight on another backend
                     break
-                if split.n_inputs == GGML_SCHED_MAX_SPLIT_INPUTS:  # the split is full of inputs
+                if split.n_inputs == sched.max_split_inputs:  # the split is full of inputs
                     if ids.get(s, -1) != cur and (s, cur, 0) not in copies and not sched.buffer_supported(s, cur):
                         need_new_split = True
                         break
@@ -573,8 +576,8 @@ def _pass5(sched: BackendSched, graph) -> None:
                     t = s if c == sched.cur_copy else _copy_of(sched, s, sched.backends[s_b], c)
                     _mark_copy(sched, t)
                     copies[(s, s_b, c)] = t
-                if len(sched.graph_inputs) >= GGML_SCHED_MAX_SPLIT_INPUTS:
-                    raise SchedulerError(f"more than {GGML_SCHED_MAX_SPLIT_INPUTS} graph inputs with n_copies > 1")
+                if len(sched.graph_inputs) >= sched.max_split_inputs:
+                    raise SchedulerError(f"more than {sched.max_split_inputs} graph inputs with n_copies > 1")
                 sched.graph_inputs.append(s)
             if s_b != cur and not sched.buffer_supported(s, cur):
                 if (s, cur, 0) not in copies:  # create a copy of the input in the split's backend
@@ -582,9 +585,9 @@ def _pass5(sched: BackendSched, graph) -> None:
                         t = _copy_of(sched, s, sched.backends[cur], c)
                         _mark_copy(sched, t)
                         copies[(s, cur, c)] = t
-                    if split.n_inputs >= GGML_SCHED_MAX_SPLIT_INPUTS:
+                    if split.n_inputs >= sched.max_split_inputs:
                         raise SchedulerError(f"split {len(sched.splits) - 1} needs more than "
-                                             f"{GGML_SCHED_MAX_SPLIT_INPUTS} inputs (at {node.name!r})")
+                                             f"{sched.max_split_inputs} inputs (at {node.name!r})")
                     split.inputs.append(s)
                 node.set_src(j, copies[(s, cur, sched.cur_copy)])
     split.i_end = len(nodes)
@@ -633,7 +636,7 @@ def _build_graph_copy(sched: BackendSched, graph) -> None:
     # swap node_backend_ids and leaf_backend_ids with the previous ones, then overwrite from index 0
     sched.prev_node_backend_ids, sched.node_backend_ids = sched.node_backend_ids, sched.prev_node_backend_ids
     sched.prev_leaf_backend_ids, sched.leaf_backend_ids = sched.leaf_backend_ids, sched.prev_leaf_backend_ids
-    n_cap = max(graph.n_nodes, graph.n_leafs) + sched.n_splits * GGML_SCHED_MAX_SPLIT_INPUTS * 2 * sched.n_copies
+    n_cap = max(graph.n_nodes, graph.n_leafs) + sched.n_splits * sched.max_split_inputs * 2 * sched.n_copies
     copy = Graph(max(sched.graph.size, n_cap))
     node_ids, leaf_ids = _Writer(sched.node_backend_ids), _Writer(sched.leaf_backend_ids)
     for split in sched.splits:
@@ -814,9 +817,8 @@ def synchronize(sched: BackendSched) -> None:
 #         }
 # ```
 #
-# Notice the second condition: a move to a backend of the *same buffer type* does not count. The
-# allocator plans again only after such a move or when the kept plan does not fit ("failed to
-# allocate graph, reserving"). `graph_compute_async` allocates if the caller has not, then runs.
+# Notice the second condition: a move to the *same buffer type* does not count. The allocator plans again
+# after such a move or when the kept plan does not fit ("failed to allocate graph, reserving").
 
 # %%
 # | export
@@ -973,10 +975,9 @@ def compute_splits(sched: BackendSched) -> Status:
 # ## 5 · A worked example: two layers, two backends
 #
 # A small two-layer MLP: layer 1's weights live on a SIM device (configured like the fixtures' FAKE
-# accelerator: synchronous), layer 2's on the CPU, the input on the CPU. Pass 1 sends each matrix
-# product to its weight (`1.wgt0`) and the input to the CPU (`1.inp`); pass 2 spreads SIM to the
-# unassigned ops around layer 1; pass 5 cuts the graph where the backend changes and copies the
-# two tensors that cross.
+# accelerator: synchronous), layer 2's on the CPU, the input on the CPU. Pass 1 sends each matrix product
+# to its weight (`1.wgt0`) and the input to the CPU (`1.inp`); pass 2 spreads SIM to the unassigned ops
+# around layer 1; pass 5 cuts the graph where the backend changes and copies the two tensors that cross.
 
 # %%
 import ggml_lite as gl  # noqa: E402
@@ -1010,10 +1011,10 @@ split_graph(sched, graph)
 print(print_assignments(sched, graph))
 
 # %% [markdown]
-# Reading it: `h0` follows its weight to SIM (`1.wgt0`); `h1` too (`b1` is in slot 1: `1.wgt1`);
-# `h2` (silu) has no weight and is not an input, so pass 2 expands SIM down onto it (`2.sup`).
-# `logits` follows `w2` to the CPU, which is never expanded first, so `probs` gets `2.sup` from the
-# CPU in the "rest" sweeps. Two tensors cross: `x` into SIM (`SIM#x#0`), `h2` back (`CPU#h2#0`).
+# Reading it: `h0` follows its weight to SIM (`1.wgt0`); `h1` too (`b1` is in slot 1: `1.wgt1`); `h2`
+# (silu) has no weight and is not an input, so pass 2 expands SIM down onto it (`2.sup`). `logits` follows
+# `w2` to the CPU, which is never expanded first, so `probs` gets `2.sup` from the CPU in the "rest"
+# sweeps. Two tensors cross: `x` into SIM (`SIM#x#0`), `h2` back (`CPU#h2#0`).
 #
 # The scheduler's graph copy holds the dependency views and the copies, and the reserve plans one
 # compute buffer per backend:
@@ -1028,9 +1029,9 @@ print("reserve:", reserve(sched2, graph2), "| splits", sched2.n_splits,
       "| compute buffers:", {b.get_name(): sched2.get_buffer_size(b) for b in (sim, cpu)})
 
 # %% [markdown]
-# Two splits; SIM's buffer is 6,144 bytes: `SIM#x#0` (2 KiB) and `h0` (4 KiB), with `h1` and `h2`
-# computed in place of `h0`. The CPU's: `x` is freed once its dependency view has run, so `CPU#h2#0`
-# (4 KiB) reuses its block; then `logits` (1 KiB), `probs` in place of it: 5,120 bytes, plus 32: 5,152.
+# Two splits; SIM's buffer is 6,144 bytes: `SIM#x#0` (2 KiB) and `h0` (4 KiB), with `h1` and `h2` computed
+# in place of `h0`. The CPU's: `x` is freed once its dependency view has run, so `CPU#h2#0` (4 KiB) reuses
+# its block; then `logits` (1 KiB), `probs` in place of it: 5,120 bytes, plus 32: 5,152.
 
 # %% [markdown]
 # ## 6 · Pictures
@@ -1138,11 +1139,10 @@ def buffer_sizes_figure(rows: dict, title: str = "compute buffer per backend") -
 # ### 6.1 · Where every node runs
 #
 # Layers 0-1 and their KV cache on the CPU, layers 2-3 and theirs on SIM, embeddings and output head
-# on the CPU: scenario 03's placement. The graph is cut in three: CPU `[0, 66)`, SIM `[66, 136)`,
-# CPU `[136, 138)`. Pass 2 pulls `l_out-1` (the residual add closing layer 1) and the final
-# `norm_out` onto SIM, as it spreads SIM both ways and never the CPU. So `ffn_down-1` and
-# `ffn_inp-1` cross to SIM, and the head (its weights on the CPU) gets `norm_out` back from SIM:
-# the lines from row to row.
+# on the CPU: scenario 03's placement. The graph is cut in three: CPU `[0, 66)`, SIM `[66, 136)`, CPU
+# `[136, 138)`. Pass 2 pulls `l_out-1` (the residual add closing layer 1) and the final `norm_out` onto
+# SIM, as it spreads SIM both ways and never the CPU. So `ffn_down-1` and `ffn_inp-1` cross to SIM, and
+# the head (its weights on the CPU) gets `norm_out` back from SIM: the lines from row to row.
 
 # %%
 from ggml_lite.models.llama import batch_inputs, build_llama  # noqa: E402
