@@ -40,6 +40,18 @@ def load_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def recorded_graph(name: str):
+    """A seed fixture as the oracle mirrors it: `(graph_file, roots, pre-allocated contexts)`, the
+    contexts holding the tensors the file records as pre-allocated (weights, KV cache)."""
+    f = gl.read_graph_file(fixture_path("ggml-seed", name))
+    pre: list = []
+    for i, rec in f.records.items():
+        t = f.tensors[i]
+        if rec.get("preallocated") and t.view_src is None and not any(t.ctx is c for c in pre):
+            pre.append(t.ctx)
+    return f, [f.tensors[i] for i in f.expand_roots], pre
+
+
 def graph_sections(doc: dict):
     """(step or None, graph section) for every graph a fixture document holds."""
     if "graph" in doc:

@@ -203,7 +203,7 @@ def exporting_notebook(path: Path) -> str | None:
 
 
 def test_imports_follow_the_reading_order():
-    """A chapter (00-11) imports only modules of its own or earlier chapters, never an appendix's: the reading
+    """A chapter (00-12) imports only modules of its own or earlier chapters, never an appendix's: the reading
     path needs no appendix. An appendix may import any chapter and other appendices (without a cycle: the
     DAG test)."""
     mods = modules()
