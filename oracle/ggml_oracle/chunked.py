@@ -206,13 +206,15 @@ class RealGAllocr:
             self.galloc = None
 
     def _call(self, fn, m: Mirror) -> bool:
-        before = self.chunks().chunks
+        had, before = self.buffer_allocated(), self.chunks().chunks
         for p in before:
             self.g.ggml_backend_buffer_set_usage(p, USAGE_ANY)
         ok = bool(fn(self.galloc, m.gf))
         after = self.chunks().chunks
         get_usage = buffer_get_usage()
-        self.replaced = bool(after) and (len(after) != len(before) or any(get_usage(p) != USAGE_ANY for p in after))
+        # (a virtual buffer of no chunks, for a graph with nothing in the compute buffer, is new when it was NULL)
+        self.replaced = self.buffer_allocated() and (not had or len(after) != len(before)
+                                                     or any(get_usage(p) != USAGE_ANY for p in after))
         for p in after:  # back to what ggml_vbuffer_alloc set
             self.g.ggml_backend_buffer_set_usage(p, USAGE_COMPUTE)
         return ok

@@ -132,7 +132,8 @@ def _limit(rgs, rnd) -> int:
     """A limit for a sequence: drawn (`draw_max_sizes`) from the larger graph's peak and largest tensor."""
     plans = [C.chunked_plan(rg.graph, rg.roots, rg.preallocated) for rg in rgs]
     big = max(plans, key=lambda p: p["buffer_size"])
-    return (K.draw_max_sizes(big["buffer_size"], K.largest_tensor(big), rnd, 3) or [C.UNLIMITED])[rnd.randrange(3)]
+    limits = K.draw_max_sizes(big["buffer_size"], K.largest_tensor(big), rnd, 3) or [C.UNLIMITED]  # (tiny graphs)
+    return limits[rnd.randrange(len(limits))]
 
 
 def test_one_allocator_two_random_graphs(long_run) -> None:
@@ -198,6 +199,20 @@ def test_reserve_n_size_is_the_same_and_allocates_nothing():
                 failures.append(f"seed {seed} max_size {ms}: " + "; ".join(map(str, diffs)))
     assert not failures, "\n".join(failures[:5])
     assert checked > 300
+
+
+def test_reserve_n_size_after_a_reserve_keeps_or_drops_the_buffer_alike():
+    """The dry run on an allocator that has a buffer: a graph that fits every chunk keeps it, a bigger
+    one frees it without allocating another (`no_alloc`: `galloc->buffers[i] = NULL`), on both sides."""
+    small, big = O.random_graph(15), O.random_graph(11)  # 64 B and 643,072 B unbounded
+    for second, kept in ((small, True), (big, False)):
+        lite = GAllocr2026(K.lite_buffer_type(4096))
+        with C.RealGAllocr(4096) as real, O.mirror(small.graph, small.roots, small.preallocated) as ms, \
+                O.mirror(second.graph, second.roots, second.preallocated) as m2:
+            assert real.reserve(ms) and lite.reserve(small.graph)
+            sizes = (real.reserve_n_size(m2), lite.reserve_n_size(second.graph)[0])
+            assert sizes[0] == sizes[1] and real.buffer_allocated() is kept and (lite.buffers[0] is not None) is kept
+        lite.free()
 
 
 # -- the in-place op list -----------------------------------------------------------------------------
