@@ -34,12 +34,12 @@ def max_size_for(name: str, parts: int) -> int:
     return max(PAD, peak // parts // PAD * PAD)
 
 
-def _from_ggml(doc: dict, max_size: int) -> tuple:
+def ggml_chunked_plan(doc: dict, max_size: int) -> tuple:
     """(chunk sizes, {id: (chunk, offset) | None}, ok) of the real ggml on the document's graph."""
     from ggml_oracle import chunked as C
 
     gf = gl.read_graph_file(doc)
-    pre = []
+    pre: list = []
     for i, rec in gf.records.items():
         t = gf.tensors[i]
         if rec["preallocated"] and t.view_src is None and not any(t.ctx is c for c in pre):
@@ -50,11 +50,17 @@ def _from_ggml(doc: dict, max_size: int) -> tuple:
     return ref["planned_chunk_sizes"], where, ref["reserve_ok"] and ref["alloc_ok"]
 
 
+def _placements(gf, galloc) -> tuple:
+    """(chunk sizes, {id: (chunk, offset) | None}) of a plan of today's allocator."""
+    plan = plan_of(gf, galloc)
+    assert plan.chunks is not None and plan.chunk_sizes is not None, "not a plan of today's allocator"
+    return plan.chunk_sizes, {i: None if plan.chunks[i] is None else (plan.chunks[i], plan.offsets[i])
+                              for i in gf.tensors}
+
+
 def _from_ggml_lite(doc: dict, step=None) -> tuple:
     gf, galloc, res = run_plan(doc, step, ggml="2026")
-    plan = plan_of(gf, galloc)
-    where = {i: None if plan.chunks[i] is None else (plan.chunks[i], plan.offsets[i]) for i in gf.tensors}
-    return plan.chunk_sizes, where, all(r["ok"] for r in res.values())
+    return (*_placements(gf, galloc), all(r["ok"] for r in res.values()))
 
 
 def _fill(section: dict, record: dict, sizes: list, where: dict) -> None:
@@ -73,7 +79,7 @@ def _document_text(name: str, parts: int, source: str) -> str:
     doc["buffer_type"]["max_size"] = max_size
     doc["description"] = f"{doc.get('description', '')} Planned by ggml 0.15.3 with max_size {max_size} ({source})."
     if "graph" in doc:
-        sizes, where, ok = _from_ggml(doc, max_size) if source == "ggml" else _from_ggml_lite(doc)
+        sizes, where, ok = ggml_chunked_plan(doc, max_size) if source == "ggml" else _from_ggml_lite(doc)
         assert ok, f"{name}: the plan failed"
         _fill(doc["graph"], doc, sizes, where)
         for call in ("reserve", "alloc_graph"):
@@ -86,9 +92,7 @@ def _document_text(name: str, parts: int, source: str) -> str:
     for k, step in enumerate(doc["steps"]):  # one allocator for the whole sequence, as `check` replays it
         call = gl.schema.CALLS[step["call"]]
         gf, galloc, res = run_plan(doc, k, galloc, call, ggml="2026")
-        plan = plan_of(gf, galloc)
-        where = {i: None if plan.chunks[i] is None else (plan.chunks[i], plan.offsets[i]) for i in gf.tensors}
-        _fill(step["graph"], step, plan.chunk_sizes, where)
+        _fill(step["graph"], step, *_placements(gf, galloc))
         got = res[call]
         step.update(ok=got["ok"], buffer_size=got["buffer_size"], buffer_size_before=got["buffer_size_before"])
         step["compute_buffer_replaced"] = None if call != "alloc_graph" or seen is None else got["handle"] != seen

@@ -20,6 +20,11 @@ exit 2 with a specific message, or give a result that is right:
   one, 1 only if it is not (the oracle: ggml_oracle, in a forked process; without ggml-python
   these cases are counted as unverified).
 
+Among the documents are two files of today's ggml (tests/chunked_docs.py: `ggml_version` 0.15.3, a
+`buffer_type.max_size`, `chunks` and a `chunk` per tensor; one a sequence with `chunks` per step), so the
+new fields take the same mutations; for the single graph the oracle is ggml 0.15.3's chunked plan
+(`chunk` and `chunks` compared too).
+
 The quick run (default) tries about 2,300 cases in some 25 s (180 random mutations, 120 hypothesis
 examples, 1,962 in the sweep of every field with every wrong kind, 50 truncations); `--long` (make
 test-long) about 16,700 (2,500, 1,500, 12,618, 400) in some 8 minutes, and prints the counts; the repeated
@@ -36,9 +41,10 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from chunked_docs import chunked_document, ggml_chunked_plan
 from fuzzing import assert_sound, run_cli
 from helpers import SEED_FILES, fixture_path, load_json
 
@@ -47,10 +53,10 @@ COMMANDS = (("plan",), ("plan", "--json"), ("check",), ("check", "--no-numerics"
 SMALL = [n for n in SEED_FILES if not n.startswith(("13_", "14_"))]  # 13 and 14 (7B, 1,421 tensors): --long
 
 # fields of the recorded results: changing one to another well-formed value must make `check` differ
-RECORD_TENSOR = {"offset", "buffer", "ext_offset"}
-RECORD_CALL = {"ok", "buffer_size", "buffer_size_before", "compute_buffer_replaced", "log"}
-# fields no command reads
-INFORMATIONAL = {("fixture",), ("description",), ("ggml_commit",), ("ggml_build",), ("steps", "label"),
+RECORD_TENSOR = {"offset", "buffer", "ext_offset", "chunk"}
+RECORD_CALL = {"ok", "buffer_size", "buffer_size_before", "compute_buffer_replaced", "log", "chunks"}
+# fields no command reads (ggml_build is read: a release build's logs are compared by their errors only)
+INFORMATIONAL = {("fixture",), ("description",), ("ggml_commit",), ("steps", "label"),
                  ("steps", "params"), ("steps", "step"), ("graph", "extra"), ("reserve", "extra")}
 
 RAW = {"@@NaN@@": "NaN", "@@Inf@@": "Infinity", "@@-Inf@@": "-Infinity",
@@ -103,6 +109,8 @@ def documents(long_run: bool) -> dict:
         docs = {n: load_json(fixture_path("ggml-seed", n)) for n in names}
         docs["01_mlp_small+numerics"] = _numerics_document("01_mlp_small", {})
         docs["06_llama_block+numerics"] = _numerics_document("06_llama_block", {"inp_pos": (0, 64)})
+        docs["06_llama_block+chunks"] = chunked_document("06_llama_block", 2)
+        docs["11_realloc_sequence_grow+chunks"] = chunked_document("11_realloc_sequence_grow", 3)
         _DOCS[key] = docs
     return _DOCS[key]
 
@@ -231,14 +239,20 @@ class Case:
         secs = [("graph",)] if "graph" in d else [("steps", k, "graph") for k in range(len(d["steps"]))]
         sec = rng.choice(secs)
         i = rng.randrange(len(_get(d, sec + ("tensors",))))
-        locs = [(sec + ("tensors", i, f), "tensor") for f in RECORD_TENSOR] * 3
-        locs += [(("steps", k, f), "step") for k in range(len(d.get("steps", []))) for f in RECORD_CALL]
+        locs = [(sec + ("tensors", i, f), "tensor") for f in sorted(RECORD_TENSOR)
+                if f in _get(d, sec + ("tensors", i))] * 3
+        locs += [(("steps", k, f), "step") for k, st in enumerate(d.get("steps", [])) for f in sorted(RECORD_CALL)
+                 if f in st]
         locs += [((c, f), "top") for c in ("reserve", "alloc_graph") if c in d for f in ("ok", "buffer_size", "log")]
-        locs += [(("buffer_size",), "top")] if "buffer_size" in d else []
+        locs += [((f,), "top") for f in ("buffer_size", "chunks") if f in d]
         self.path, self.kind = rng.choice(locs)
         self.old, self.op = _get(d, self.path), "replace"
         old = self.old
-        if isinstance(old, bool):
+        if self.path[-1] == "chunks" and isinstance(old, list):  # a chunk fewer, or every chunk larger
+            self.new = old[:-1] if rng.random() < 0.5 else [x + 32 for x in old]
+        elif self.path[-1] == "chunk" and isinstance(old, int):  # another chunk of the plan
+            self.new = (old + 1) % len(_get(d, self.path[:-4] + ("chunks",)) if "steps" in d else d["chunks"])
+        elif isinstance(old, bool):
             self.new = not old
         elif isinstance(old, int):
             self.new = old + rng.choice((32, 64, 1)) if old < 64 or rng.random() < 0.5 else old - 32
@@ -278,6 +292,8 @@ class Case:
         if f in RECORD_CALL and self.kind in ("step", "top") and not isinstance(self.path[-1], int):
             if f == "log":
                 return isinstance(v, list) and all(isinstance(x, str) for x in v)
+            if f == "chunks":
+                return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)
             if f in ("ok", "compute_buffer_replaced"):
                 return isinstance(v, bool) or (v is None and f == "compute_buffer_replaced")
             return size
@@ -316,18 +332,43 @@ def _ggml_plan_ids(doc: dict) -> dict:
             "offsets": {ids[t]: off for t, off in plan["offsets"].items() if t in ids}}
 
 
+def _ggml_chunked_ids(doc: dict) -> dict:
+    """(in a forked child) ggml 0.15.3's chunked plan of the document's graph on its max_size, as
+    `_ggml_plan_ids` gives it, with `chunks` by id and `chunk_sizes`; the buffer size as ggml_lite's CPU
+    buffers report it (+32 per chunk)."""
+    sizes, where, ok = ggml_chunked_plan(doc, doc["buffer_type"]["max_size"])
+    return {"buffer_size": sum(sizes) + 32 * len(sizes), "ok": (ok, ok), "chunk_sizes": sizes,
+            "offsets": {i: None if w is None else w[1] for i, w in where.items()},
+            "chunks": {i: None if w is None else w[0] for i, w in where.items()}}
+
+
 def ggml_plan_of(doc: dict):
     """ggml's plan of `doc`'s graph (None when it cannot say: no ggml-python, a sequence, another buffer
-    type, a graph the mirror refuses)."""
+    type, a graph the mirror refuses); on a max_size, for a file of today's ggml, its chunked plan."""
     import ggml_oracle as O
+    from ggml_lite.plancheck import era_of
 
     bt = doc.get("buffer_type")
-    if not O.available() or "graph" not in doc or (bt and (bt.get("alignment"), bt.get("max_size")) != (32, None)):
+    if not O.available() or "graph" not in doc or not isinstance(bt, dict) or bt.get("alignment") != 32:
+        return None
+    chunked = isinstance(bt.get("max_size"), int) and era_of(doc) == "2026"
+    if bt.get("max_size") is not None and not chunked:
         return None
     try:
-        return O.run_isolated(_ggml_plan_ids, doc, timeout=60)
+        return O.run_isolated(_ggml_chunked_ids if chunked else _ggml_plan_ids, doc, timeout=60)
     except Exception:
         return None
+
+
+def _same_chunks(ref: dict, sizes, chunks: dict) -> bool:
+    """Whether a plan's chunk sizes and chunk per tensor (where it gives them) are the oracle's."""
+    if "chunk_sizes" not in ref:
+        return sizes is None and not chunks
+    return (sizes is None or sizes == ref["chunk_sizes"]) and all(ref["chunks"].get(i) == c for i, c in chunks.items())
+
+
+def _recorded_chunks(doc: dict) -> tuple:
+    return doc.get("chunks"), {i: e["chunk"] for i, e in enumerate(doc["graph"]["tensors"]) if "chunk" in e}
 
 
 # -- the judge ------------------------------------------------------------------------------------------
@@ -426,7 +467,8 @@ def _judge_difference(case: Case, check, what: str, tally: Tally) -> None:
     doc = case.doc
     recorded = {i: e["offset"] for i, e in enumerate(doc["graph"]["tensors"])}
     same_plan = (ref["offsets"] == recorded and ref["buffer_size"] == doc["buffer_size"]
-                 and ref["ok"] == (doc["reserve"]["ok"], doc["alloc_graph"]["ok"]))
+                 and ref["ok"] == (doc["reserve"]["ok"], doc["alloc_graph"]["ok"])
+                 and _same_chunks(ref, *_recorded_chunks(doc)))
     if same_plan:  # then what differs must be a log line, a buffer label or an external offset
         assert all(("log" in line or "buffer" in line or "ext_offset" in line)
                    for line in check.out.splitlines()[1:]), \
@@ -443,13 +485,19 @@ def _judge_plan(case: Case, plan, check, what: str, tally: Tally) -> None:
     out = json.loads(plan.out)
     names = [e["name"] for e in case.doc["graph"]["tensors"]]
     got = {i: out["tensors"][n]["offset"] for i, n in enumerate(names)}
+    chunks = {i: out["tensors"][n]["chunk"] for i, n in enumerate(names) if "chunk" in out["tensors"][n]}
     if ref["ok"] == (True, True):
         assert out["buffer_size"] == ref["buffer_size"] and got == ref["offsets"], \
             "plan --json differs from ggml's plan of the mutated graph: " + what + plan.describe()
+        one = "chunks" not in out and len(ref.get("chunk_sizes", [0])) <= 1  # (one chunk: no chunk fields)
+        assert one or _same_chunks(ref, out.get("chunks"), chunks), \
+            "plan --json's chunks differ from ggml's chunked plan of the mutated graph: " + what + plan.describe()
     if check.code == 0:
         recorded = {i: e["offset"] for i, e in enumerate(case.doc["graph"]["tensors"])}
         assert ref["offsets"] == recorded and ref["buffer_size"] == case.doc["buffer_size"], \
             "check says identical, ggml plans the mutated graph otherwise: " + what + check.describe()
+        assert "chunk_sizes" not in ref or _same_chunks(ref, *_recorded_chunks(case.doc)), \
+            "check says identical, ggml chunks the mutated graph otherwise: " + what + check.describe()
 
 
 def _judge_numerics(case: Case, what: str) -> None:
@@ -516,15 +564,17 @@ def test_fuzz_tensor_fields_with_hypothesis(tmp_path, long_run, capsys):
     fixture 03 (views); `plan --json` and `check` stay sound, and a changed recorded result is never
     reported identical."""
     docs = {n: load_json(fixture_path("ggml-seed", n)) for n in ("03_views_layout", "06_llama_block")}
+    docs["06_llama_block+chunks"] = chunked_document("06_llama_block", 2)
     tally = Tally("tensor fields (hypothesis)")
 
     @settings(max_examples=1500 if long_run else 120, derandomize=True, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
-    @given(name=st.sampled_from(sorted(docs)), i=st.integers(0, 40), field_=st.sampled_from(TENSOR_FIELDS),
+    @given(name=st.sampled_from(sorted(docs)), i=st.integers(0, 40), field_=st.sampled_from(TENSOR_FIELDS + ("chunk",)),
            data=st.data())
     def one(name, i, field_, data):
         doc = copy.deepcopy(docs[name])
         e = doc["graph"]["tensors"][i % len(doc["graph"]["tensors"])]
+        assume(field_ in e)  # (a chunk only in the chunked file)
         old = e[field_]
         value = data.draw(st.one_of(JSON_VALUES, _near(old)))
         e[field_] = value
@@ -547,7 +597,8 @@ def test_fuzz_tensor_fields_with_hypothesis(tmp_path, long_run, capsys):
                 ref = ggml_plan_of(doc)
                 tally.unverified += ref is None
                 recorded = {k: x["offset"] for k, x in enumerate(doc["graph"]["tensors"])}
-                assert ref is None or (ref["offsets"] == recorded and ref["buffer_size"] == doc["buffer_size"]), what
+                assert ref is None or (ref["offsets"] == recorded and ref["buffer_size"] == doc["buffer_size"]
+                                       and _same_chunks(ref, *_recorded_chunks(doc))), what
         tally.cases += 1
 
     one()
@@ -682,7 +733,8 @@ def _well_formed_record(field_: str, v) -> bool:
     size = isinstance(v, int) and not isinstance(v, bool) and v >= 0
     return {"offset": v is None or size, "ext_offset": v is None or size, "buffer": v is None or isinstance(v, str),
             "ok": isinstance(v, bool), "compute_buffer_replaced": v is None or isinstance(v, bool),
-            "buffer_size": size, "buffer_size_before": size,
+            "buffer_size": size, "buffer_size_before": size, "chunk": v is None or size,
+            "chunks": isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v),
             "log": isinstance(v, list) and all(isinstance(x, str) for x in v)}.get(field_, False)
 
 
@@ -694,11 +746,13 @@ def test_every_field_of_every_tensor_takes_every_wrong_kind(tmp_path, long_run, 
     recorded result that differs, or 0 with a file that re-derives to itself."""
     tally = Tally("every field x every wrong kind")
     p = tmp_path / "w.json"
-    plan = {"03_views_layout": "per op", "12_realloc_sequence_reserve_first": "none"}
+    plan = {"03_views_layout": "per op", "12_realloc_sequence_reserve_first": "none", "06_llama_block+chunks": "per op"}
     if long_run:
-        plan = {"03_views_layout": "all", "07_llama4_kvcache": "per op", "12_realloc_sequence_reserve_first": "per op"}
+        plan = {"03_views_layout": "all", "07_llama4_kvcache": "per op", "12_realloc_sequence_reserve_first": "per op",
+                "06_llama_block+chunks": "all", "11_realloc_sequence_grow+chunks": "per op"}
     for name, which in plan.items():
-        doc = load_json(fixture_path("ggml-seed", name))
+        stem, chunked = name.split("+")[0], name.endswith("+chunks")
+        doc = chunked_document(stem, 2) if chunked else load_json(fixture_path("ggml-seed", name))
         sec = ("graph",) if "graph" in doc else ("steps", 1, "graph")
         ents = _get(doc, sec + ("tensors",))
         per_op = {}

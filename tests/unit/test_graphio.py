@@ -193,6 +193,11 @@ def test_deep_nesting_is_refused_not_a_recursion_error(tmp_path):
     ({"buffer_type": {"name": "CPU", "alignment": 32}}, "buffer_type.max_size: missing"),
     ({"external_buffers": [{"ctx": "weights", "size": 10}]}, "external_buffers[0].ctx: expected a context of graph"),
     ({"external_buffers": [{"ctx": "compute", "size": -1}]}, "external_buffers[0].size"),
+    ({"ggml_version": "0.15"}, "ggml_version: expected a version string MAJOR.MINOR.PATCH"),
+    ({"ggml_version": None}, "ggml_version: expected a version string"),
+    ({"ggml_version": 10}, "ggml_version: expected a version string"),
+    ({"ggml_version": "0.15.3-rc1"}, "ggml_version: expected a version string"),
+    ({"ggml_version": "1234567890.0.0"}, "ggml_version: expected a version string"),
 ])
 def test_the_document_around_the_graph_is_checked(doc, top, path):
     with pytest.raises(errors.GraphFileError) as info:
@@ -331,3 +336,28 @@ def test_only_the_lcg_the_format_defines_is_accepted():
                       ("mt19937", "data_generator"), (5, "data_generator")]:
         with pytest.raises(errors.GraphFileError, match=rf"^{path}: expected "):
             data_seed({"data_generator": gen, "data_seed": 7})
+
+
+def test_ggml_version_is_three_integers():
+    from ggml_lite.schema import ggml_version
+
+    assert ggml_version({"ggml_version": "0.15.3"}) == (0, 15, 3) and ggml_version({}) is None
+    assert ggml_version({"ggml_version": "999999999.0.010"}) == (999999999, 0, 10)
+
+
+def test_external_buffers_ignore_the_compute_buffer_s_limit(tmp_path):
+    """A file whose buffer type has a max_size smaller than a weight: the weights are placed as the recorder
+    placed them, in one buffer of the type without its limit (ggml_backend_alloc_ctx_tensors would refuse a
+    tensor above max_size); the graph allocator still gets the limited type."""
+    from ggml_lite.graphio import allocate_external
+    from ggml_lite.plancheck import run_plan
+    from ggml_lite.schema import buffer_type_of
+    from helpers import fixture_path, load_json
+
+    doc = load_json(fixture_path("ggml-seed", "06_llama_block"))
+    doc["buffer_type"]["max_size"] = 1024
+    assert buffer_type_of(doc).get_max_size() == 1024 and buffer_type_of(doc, limited=False).get_max_size() > 2**60
+    buffers = allocate_external(read_graph_file(doc))
+    assert [b.get_size() for b in buffers.values()] == [e["size"] for e in doc["external_buffers"]]
+    _, galloc, _ = run_plan(doc, ggml="2026")
+    assert galloc.bufts[0].get_max_size() == 1024 and len(galloc.chunk_sizes(0)) > 1
