@@ -57,7 +57,8 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(PY) tools/run_tests.py
 
-# The same with the random-graph sweeps and the fuzz tests scaled up, then 100,000 random graphs against the real ggml.
+# The same with the random-graph sweeps and the fuzz tests scaled up, then 100,000 random graphs and 100,000 random
+# chunked plans (today's allocator, buffer types with a max_size) against the real ggml.
 test-long: $(STAMP)
 	$(PY) tools/run_tests.py --long
 
