@@ -227,9 +227,11 @@ def check_today(doc: dict, era: str) -> None:
         marked = [i for i, e in enumerate(entries) if "chunk" in e]
         if era != "2026" and ("chunks" in rec or marked):
             field = f"{p}chunks" if "chunks" in rec else f"{p}graph.tensors[{marked[0]}].chunk"
+            why = (("--ggml 2024", "drop --ggml 2024") if era_of(doc) == "2026" else
+                   (f"ggml_version {doc['ggml_version']}" if "ggml_version" in doc else "no ggml_version",
+                    "give it a ggml_version of 0.10.1 or later, or pass --ggml 2026"))
             raise GraphFileError(f"{field}: chunks are planned by today's ggml (0.10.1 or later), and this file is "
-                                 f"planned with the 2024 allocator: give it a ggml_version of 0.10.1 or later, or "
-                                 f"pass --ggml 2026")
+                                 f"planned with the 2024 allocator ({why[0]}): {why[1]}")
         n = VBUFFER_MAX_CHUNKS
         if "chunks" in rec:
             n = len(check_list(rec["chunks"], f"{p}chunks", most=VBUFFER_MAX_CHUNKS))

@@ -16,7 +16,7 @@ import pytest
 import ggml_oracle as O
 from chunked_docs import RELEASE, chunked_document
 from ggml_lite.__main__ import main
-from ggml_lite.plancheck import check_plan_file, era_of, release_build
+from ggml_lite.plancheck import check_plan_file, era_of, release_build, run_plan
 from helpers import FIXTURES, ROOT, SEED_FILES, fixture_path, load_json
 
 SINGLE = [n for n in SEED_FILES if not n.startswith(("11_", "12_"))]
@@ -374,3 +374,45 @@ def test_every_tensor_moved_to_another_chunk_is_reported(name):
         for delta in (-32, 32):
             d = _edit(doc, ("chunks", k), doc["chunks"][k] + delta)
             assert any(x.startswith("chunks: ggml") for x in check_plan_file(d)), (k, delta)
+
+
+@pytest.mark.parametrize("parts", [2, 6, 40])
+def test_a_graph_computed_in_chunks_equals_it_computed_in_one_buffer(parts):
+    """Fixture 06 computed (bit-exact tier, seeded leaves) in its 2024 plan and in a chunked plan of today's:
+    the last node's bytes are equal, so no chunked placement overwrote a tensor still to be read (and `check`
+    computes a file's numerics in chunks: test_fuzz_graph_files's numerics documents go through it)."""
+    from ggml_lite.backend import tensor_get
+    from ggml_lite.cpu import cpu_init
+    from ggml_lite.numerics import fill_leaf
+
+    out = []
+    for ggml, doc in (("2024", load_json(fixture_path("ggml-seed", "06_llama_block"))),
+                      ("2026", chunked_document("06_llama_block", parts))):
+        gf, galloc, _ = run_plan(doc, ggml=ggml)
+        assert len(galloc.chunk_sizes(0)) > 1 if ggml == "2026" else not hasattr(galloc, "chunk_sizes")
+        for i, e in enumerate(doc["graph"]["tensors"]):
+            if e["graph_role"] == "leaf" and e["view_src"] is None:
+                i32 = e["type"] == "i32"
+                fill_leaf(gf.tensors[i], 77, i, "int" if i32 else "float", (0, 64) if i32 else None)
+        cpu_init(exact=True).graph_compute(gf.graph)
+        out.append(tensor_get(gf.graph.nodes[-1]).tobytes())
+    assert out[0] == out[1]
+
+
+@pytest.mark.skipif(not TODAY_FILES, reason="no recorded fixtures of today's ggml in tests/fixtures/ggml-today/")
+@pytest.mark.parametrize("path", TODAY_FILES, ids=[p.stem for p in TODAY_FILES])
+def test_plan_json_gives_every_recorded_chunk_and_offset(path, capsys):
+    """plan --json of a recorded single-graph file of today's ggml: its buffer size, chunks (for more than one),
+    and every tensor's offset and chunk, as recorded; and --ggml 2024 refuses the file's chunk fields."""
+    doc = load_json(path)
+    if "graph" not in doc:
+        pytest.skip("a sequence: plan plans one step on a fresh allocator, the record holds the sequence's")
+    code, out, _ = _run(capsys, "plan", path, "--json")
+    got = json.loads(out)
+    assert code == 0 and got["ggml"] == "2026" and got["buffer_size"] == doc["buffer_size"]
+    many = len(doc["chunks"]) > 1
+    assert got.get("chunks") == (doc["chunks"] if many else None)
+    assert got["tensors"] == {e["name"]: {"offset": e["offset"], **({"chunk": e["chunk"]} if many else {})}
+                              for e in doc["graph"]["tensors"]}
+    code, _, err = _run(capsys, "check", path, "--ggml", "2024")
+    assert code == 2 and "drop --ggml 2024" in err
