@@ -14,8 +14,9 @@ one chunk. To see chunks through the C API this module builds a buffer type of i
   (`ggml_backend_cpu_buffer_type`, ggml-backend.cpp:2328-2343) with `get_max_size` replaced by a
   ctypes callback returning `max_size`. Buffers it allocates are ordinary CPU buffers (the copied
   `alloc_buffer` is `ggml_backend_cpu_buffer_type_alloc_buffer`, ggml-backend.cpp:2305-2314) whose
-  `buft` is this struct. The struct and its callback are kept alive for the life of the process
-  (ggml keeps the pointer in every buffer and allocator made from it), one per `max_size`.
+  `buft` is this struct. ggml keeps the pointer in every buffer and allocator made from it, so the
+  struct and its callback must outlive them: whoever makes an allocator holds the `MaxSizeBufferType`
+  (`RealGAllocr` does), and the last `KEPT` values are cached besides (one object per value).
 * `chunked_plan(...)`: mirror a ggml_lite graph (`mirror.mirror`), run `ggml_gallocr_new(that buft)`,
   `ggml_gallocr_reserve` and `ggml_gallocr_alloc_graph`, and read for every tensor its (chunk,
   offset). ggml has no accessor for the chunks, so they are read from the allocator's own structs:
@@ -103,12 +104,14 @@ class MaxSizeBufferType:
         self.ptr = ctypes.addressof(self.struct)
 
 
-_KEEP: dict[int, MaxSizeBufferType] = {}  # never freed: ggml buffers and allocators keep the pointer
+KEPT = 256  # buffer types cached, the most recent values (a sweep draws a new limit per plan)
+_KEEP: dict[int, MaxSizeBufferType] = {}
 
 
 def max_size_buffer_type(max_size: int) -> MaxSizeBufferType:
     """The CPU buffer type (`ggml_backend_cpu_buffer_type`) with `get_max_size` returning `max_size`
-    (1 <= max_size <= SIZE_MAX); one per value for the life of the process. ggml reads it through
+    (1 <= max_size <= SIZE_MAX); one object per value while it is among the last `KEPT` asked for
+    (hold it as long as a ggml allocator or buffer made from it lives). ggml reads it through
     `ggml_backend_buft_get_max_size`; every other hook is the CPU buffer type's own."""
     if not 1 <= max_size <= SIZE_MAX:
         raise ValueError(f"max_size must be in [1, 2**64 - 1], got {max_size}")
@@ -126,6 +129,8 @@ def max_size_buffer_type(max_size: int) -> MaxSizeBufferType:
     callback = _GET_MAX_SIZE(lambda buft: max_size)
     struct.iface.get_max_size = ctypes.cast(callback, ctypes.c_void_p).value
     buft = _KEEP[max_size] = MaxSizeBufferType(max_size, struct, callback)
+    while len(_KEEP) > KEPT:  # the oldest value (a dict keeps insertion order)
+        del _KEEP[next(iter(_KEEP))]
     if (g.ggml_backend_buft_get_max_size(buft.ptr) != max_size
             or g.ggml_backend_buft_get_alignment(buft.ptr) != ALIGNMENT
             or g.ggml_backend_buft_name(buft.ptr) != g.ggml_backend_buft_name(g.ggml_backend_cpu_buffer_type())):
