@@ -366,9 +366,11 @@ for d in check_plan_file(wrong):
 # Fixture 06 again, as ggml 0.15.3 would record it on a CPU buffer type limited to 20 KiB per buffer: a
 # release build, so the logs hold no diagnostics. Planned by today's allocator (the era of
 # `"ggml_version": "0.15.3"`), the compute buffer is three chunks of 16,704, 10,240 and 13,760 bytes — the
-# real ggml's numbers too (chapter 12; `tests/unit/test_cli_today.py` makes such files with the real ggml
-# and checks every chunk and offset). Written into the document as the recorder writes it, the plan
-# checks identical; one tensor moved to another chunk, and `check` names the chunk.
+# real ggml's numbers too: `tests/fixtures/ggml-today/03_llama_block_20kib.json` recorded this very case
+# from ggml 0.15.3, and it checks identical, chunk for chunk (so do the other recorded files of that
+# folder; `tests/unit/test_cli_today.py` makes more with the real ggml). Written into the document as the
+# recorder writes it, our plan checks identical; one tensor moved to another chunk, and `check` names the
+# chunk; and a file that says an older ggml recorded it has no business carrying chunks.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -790,6 +792,8 @@ assert check_plan_file(doc02) == []
 assert len(check_plan_file(wrong)) == 2 and check_plan_file(wrong, limit=1) == check_plan_file(wrong)[:1]
 assert want06.offsets == got06.offsets and want06.buffer_size == got06.buffer_size
 assert plan_t.chunk_sizes == [16704, 10240, 13760] and plan_t.buffer_size == sum(plan_t.chunk_sizes) + 3 * 32
+recorded_today = json.loads((FIXTURES.parent / "ggml-today" / "03_llama_block_20kib.json").read_text())
+assert recorded_today["chunks"] == plan_t.chunk_sizes and check_plan_file(recorded_today) == []
 assert era_of(doc02) == "2024" and era_of(doc02, "2026") == "2026" and era_of(today, "2024") == "2024"
 assert release_build({"ggml_build": "release"}) and not release_build(doc02)  # doc02: "debug (no NDEBUG: ...)"
 assert rows[0][2] and not verify_numerics(doc01, run_plan(doc01)[0])[1][0][2]
