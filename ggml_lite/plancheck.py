@@ -111,10 +111,13 @@ def era_of(doc: dict, ggml: str | None = None) -> str:
     return "2026" if version is not None and version >= TODAY else "2024"
 
 
+RELEASE_BUILDS = ("release", "relwithdebinfo", "minsizerel")  # CMake's build types that define NDEBUG
+
+
 def release_build(doc: dict) -> bool:
     """Whether the file's `ggml_build` names a release build (NDEBUG: ggml logs only its errors)."""
     build = doc.get("ggml_build", "")
-    return build.lower().startswith("release") or re.search(r"(?<![Nn][Oo] )NDEBUG", build) is not None
+    return build.lower().startswith(RELEASE_BUILDS) or re.search(r"(?<![Nn][Oo] )NDEBUG", build) is not None
 
 
 def check_today(doc: dict, era: str) -> None:

@@ -191,8 +191,9 @@ def _call(galloc, name: str, graph, level: int = logging.INFO):
 # `alloc_graph`'s "reallocating buffers automatically"), except that `reserve` says "reallocating"
 # only when a buffer existed before. A *release* build (NDEBUG) compiles those diagnostics out and logs
 # only errors ("failed to allocate ..."). So when a file's `ggml_build` says release — it starts with
-# "release", or names NDEBUG other than as "no NDEBUG" (the 2024 fixtures say "debug (no NDEBUG: ...)")
-# — only ggml_lite's ERROR-level messages are compared with the recorded log (`release_build`).
+# "release" (or CMake's other NDEBUG types, "RelWithDebInfo", "MinSizeRel"), or names NDEBUG other than
+# as "no NDEBUG" (the 2024 fixtures say "debug (no NDEBUG: ...)") — only ggml_lite's ERROR-level
+# messages are compared with the recorded log (`release_build`).
 
 # %%
 # | export
@@ -210,10 +211,13 @@ def era_of(doc: dict, ggml: str | None = None) -> str:
     return "2026" if version is not None and version >= TODAY else "2024"
 
 
+RELEASE_BUILDS = ("release", "relwithdebinfo", "minsizerel")  # CMake's build types that define NDEBUG
+
+
 def release_build(doc: dict) -> bool:
     """Whether the file's `ggml_build` names a release build (NDEBUG: ggml logs only its errors)."""
     build = doc.get("ggml_build", "")
-    return build.lower().startswith("release") or re.search(r"(?<![Nn][Oo] )NDEBUG", build) is not None
+    return build.lower().startswith(RELEASE_BUILDS) or re.search(r"(?<![Nn][Oo] )NDEBUG", build) is not None
 
 
 def check_today(doc: dict, era: str) -> None:

@@ -188,7 +188,8 @@ def test_an_unknown_ggml_flag_exits_2(command, value, capsys):
 @pytest.mark.parametrize("build, release", [
     ("release", True), ("Release build", True), ("release (NDEBUG)", True), ("-O3 -DNDEBUG", True),
     ("debug (no NDEBUG: gallocr diagnostics captured in logs)", False), ("DEBUG (NO NDEBUG)", False),
-    ("debug", False), ("", False), ("a build without release", False)])
+    ("RelWithDebInfo", True), ("MinSizeRel -Os", True),
+    ("debug", False), ("", False), ("a build without release", False), ("Debug (assertions on)", False)])
 def test_which_builds_are_release_builds(build, release):
     assert release_build({"ggml_build": build}) is release
 
