@@ -159,6 +159,7 @@ from ggml_lite.registry import (  # noqa: F401
 )
 from ggml_lite.report import MemoryReport, memory_report  # noqa: F401
 from ggml_lite.sched import BackendSched, Split  # noqa: F401
+from ggml_lite.sched_today import BackendSched2026  # noqa: F401
 from ggml_lite.sim import CostModel, SimBackend, SimBufferType, SimClock, Span, is_sim, sim_init  # noqa: F401
 from ggml_lite.tallocr import TAllocr, alloc_ctx_tensors, alloc_ctx_tensors_from_buft, alloc_tensor_range  # noqa: F401
 from ggml_lite.tensor import (  # noqa: F401

@@ -83,6 +83,7 @@ class BackendSched:
 
     galloc_class, max_split_inputs = GAllocr, GGML_SCHED_MAX_SPLIT_INPUTS  # chapter 12's scheduler changes these
     weights_split_always = True  # a weight on another backend starts a split (today: only if its buffer is unusable)
+    passes = property(lambda sched: PASSES)  # the five passes (today's pass 4 adds a last resort)
 
     def __init__(self, backends, bufts=None, graph_size: int = GGML_DEFAULT_GRAPH_SIZE, parallel: bool = False,
                  debug: bool | None = None):
@@ -501,7 +502,7 @@ def _build_graph_copy(sched: BackendSched, graph) -> None:
     sched.graph = copy
 
 
-PASSES = (_pass1, _pass2, _pass3, _pass4, _pass5)
+PASSES: tuple = (_pass1, _pass2, _pass3, _pass4, _pass5)
 
 
 @method_of(BackendSched)
@@ -510,7 +511,7 @@ def split_graph(sched: BackendSched, graph) -> None:
     sched.splits, sched.graph_inputs = [], []
     sched.is_reset = False
     sched.ctx = Context("sched")
-    for run in PASSES:
+    for run in sched.passes:
         run(sched, graph)
     if sched.debug:
         log.debug("%s", print_assignments(sched, graph))
