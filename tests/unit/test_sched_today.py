@@ -11,7 +11,7 @@ from ggml_lite.buffer import BufferType
 from ggml_lite.errors import SchedulerError
 from ggml_lite.gallocr import GAllocr
 from ggml_lite.gallocr_today import GAllocr2026
-from ggml_lite.scenario import load_scenario
+from ggml_lite.scenario import apply_pins, built_scenario, load_scenario
 from ggml_lite.sched import BackendSched
 from ggml_lite.sched_today import BackendSched2026, backend_dev_type
 from ggml_lite.schema import RecordedBufferType
@@ -254,3 +254,38 @@ def test_chunked_compute_buffers_through_the_scheduler():
             placed += 1
         assert placed > 20
     np.testing.assert_allclose(results["2026"], results["2024"], rtol=1e-6)
+
+
+SCENARIOS = [p.stem for p in sorted(fixture_path("ggml-seed-sched", "01_full_offload_all").parent.glob("*.json"))]
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_recorded_scenarios_split_and_plan_alike_in_both_eras(name):
+    """Each recorded scenario, reserved and split by both eras: the same splits and compute buffers, every
+    node on the same backend, only "1.vsrc" read as "1.dst". Scenario 13, where ggml aborted (a KV cache in a
+    device that refuses CPY), aborts in both eras."""
+    doc = load_json(fixture_path("ggml-seed-sched", name))
+    if "graph" not in doc:
+        for cls in ERAS.values():
+            backends, graph = built_scenario(doc)
+            with pytest.raises(SchedulerError, match="pre-allocated tensor"):
+                cls(backends, graph_size=doc["sched_params"]["graph_size"], debug=False).reserve(graph)
+        return
+    seen = {}
+    for era, cls in ERAS.items():
+        sizes, assigned = [], []
+        for step in ("reserve", "split"):
+            sc = load_scenario(doc, fill=False)
+            s = cls(sc.backends, graph_size=doc["sched_params"]["graph_size"], parallel=doc["sched_params"]["parallel"],
+                    debug=False)
+            apply_pins(s, sc.gf.graph, doc, sc.backends)
+            if step == "reserve":
+                assert s.reserve(sc.gf.graph)
+                sizes = [s.n_splits, *(s.get_buffer_size(b) for b in sc.backends)]
+            else:
+                s.split_graph(sc.gf.graph)
+                assigned = [(s.get_tensor_backend(n).get_name(), s.get_cause(n)) for n in sc.gf.graph.nodes]
+        seen[era] = sizes, assigned
+    assert seen["2024"][0] == seen["2026"][0]
+    pairs = list(zip(seen["2024"][1], seen["2026"][1], strict=True))
+    assert all(a == b or (a[0] == b[0] and (a[1], b[1]) == ("1.vsrc", "1.dst")) for a, b in pairs)
