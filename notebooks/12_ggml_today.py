@@ -695,6 +695,133 @@ print("2026:", g26.chunk_sizes(0), "=", sum(g26.chunk_sizes(0)), "B in", len(g26
       "get_buffer_size", g26.get_buffer_size(0))
 
 # %% [markdown]
+# ## 9 · What it changes for real models
+#
+# Since PR 15815 ggml-vulkan's buffer type reports its suballocation block, 1 GiB by default, as
+# `get_max_size`, and its `alloc_buffer` logs an error and returns NULL for a size the driver refuses.
+# Below, chapter 10's GPU on a device that allocates at most 1 GiB at once (a subclass: chapter 08's
+# SIM type allocates any size), passed to `plan_memory` as `gpu_init` with the scheduler as
+# `sched_class`. **Scope:** every graph here is llama.cpp daa9623's (chapter 10's builder: no flash
+# attention, an f32 `KQ` of n_kv × n_ubatch × n_head per layer), not today's llama.cpp's.
+
+# %%
+# | export llama_today
+"""Chapter 10's LLaMA on a GPU that allocates at most 1 GiB at once, like Vulkan (chapter 12, section 9).
+Every graph is llama.cpp daa9623's builder."""
+
+import logging
+from collections import namedtuple
+
+from ggml_lite.gallocr_today import ChunkedDynTAllocr, GAllocr2026
+from ggml_lite.models.llama import plan_memory, preset
+from ggml_lite.sched_today import BackendSched2026
+from ggml_lite.sim import SimBackend, SimBufferType
+
+GiB = 1 << 30
+
+
+class LimitedSimBufferType(SimBufferType):
+    """A SIM buffer type that refuses an allocation above its `max_size`, as ggml-vulkan's
+    `ggml_backend_vk_buffer_type_alloc_buffer` does (an error, then NULL)."""
+
+    def alloc_buffer(self, size):
+        if size <= self.max_size:
+            return super().alloc_buffer(size)
+        logging.getLogger("ggml_lite").error("%s: cannot allocate %d B (max_size %d)", self.name, size, self.max_size)
+        return None
+
+
+def vulkan_like(max_size: int = GiB):
+    """`plan_memory`'s `gpu_init`: chapter 10's GPU, allocating at most `max_size` bytes at once."""
+    return lambda name: SimBackend(name, 128, offload="cuda", buft=LimitedSimBufferType(name, 128, max_size))
+
+# %% [markdown]
+# A `Row` is one configuration's GPU compute buffer. **2024 buffer**: the one buffer the 2024
+# scheduler and allocator ask for; *refused* above the limit (`ggml_gallocr_reserve_n` returns false,
+# llama.cpp "failed to allocate compute buffers"). **Chunks**: today's scheduler and allocator's.
+# **Tails**: their sum minus `unbounded`, today's plan of the same split graph without a limit — what
+# the room a chunk could not use costs. **Live peak**: the most bytes live at once; no layout uses
+# less. **Sept 2025**: the same split graph by `last_block="first"`; **saved**: its sum minus today's.
+
+# %%
+# | export llama_today
+class Row(namedtuple("Row", "config buffer_2024 ok_2024 chunks ok chunks_first ok_first unbounded live_peak largest")):
+    """One configuration's GPU compute buffer, in bytes (`ok*`: the device allocated it)."""
+
+    tails = property(lambda r: sum(r.chunks) - r.unbounded)
+    saved = property(lambda r: sum(r.chunks_first) - sum(r.chunks))
+
+
+def compare(model: str, n_ctx: int, n_ubatch: int = 512, n_gpu_layers: int = 0, max_size: int = GiB,
+            sched_class=BackendSched2026) -> Row:
+    """`plan_memory` on one `vulkan_like(max_size)` GPU by the 2024 scheduler and by `sched_class`; then
+    that split graph by September 2025's rule and, with no limit, by today's (counting live bytes)."""
+    kw: dict = dict(n_ctx=n_ctx, n_ubatch=n_ubatch, n_gpu_layers=n_gpu_layers, devices=1,
+                    gpu_init=vulkan_like(max_size))
+    old, new = plan_memory(preset(model), **kw), plan_memory(preset(model), **kw, sched_class=sched_class)
+    sched = new["sched"]
+    split, gpu = (sched.graph, sched.node_backend_ids, sched.leaf_backend_ids), sched.bufts[0]
+    first = GAllocr2026(sched.bufts, last_block="first")
+    ok_first = first.reserve_n(*split)
+    free = GAllocr2026([SimBufferType(gpu.name, gpu.alignment) if b is gpu else b for b in sched.bufts])
+    live = [0, 0, 0]  # bytes live now, their most, the largest tensor
+
+    def count(ev):
+        size = ev.size if ev.kind == "chunk_alloc" else -ev.size
+        live[:] = [live[0] + size, max(live[1], live[0] + size), max(live[2], size)]
+    free.buf_tallocs[0].trace = count
+    unbounded = free.reserve_n_size(*split)[0]
+    chunks = [tuple(c.max_size for c in t.chunks) for t in (sched.galloc.buf_tallocs[0], first.buf_tallocs[0])
+              if isinstance(t, ChunkedDynTAllocr)]  # (today's allocators)
+    return Row((model, n_ctx, n_ubatch, n_gpu_layers), old["sched"].galloc.buf_tallocs[0].get_max_size(),
+               old["reserved"], chunks[0], new["reserved"], chunks[1], ok_first, unbounded, live[1], live[2])
+
+
+def table(rows) -> str:
+    """`rows` as a markdown table, in MiB with two decimals."""
+    def mib(n, ok=True):
+        return f"{n / 2**20:.2f}" + ("" if ok else " refused")
+    return "\n".join(["| model | n_ctx | n_ubatch | ngl | 2024 buffer | today's chunks | sum | tails | live peak | "
+                      "Sept 2025 | saved |", "|---" * 11 + "|"] + [" | ".join(
+        ["", *map(str, r.config), mib(r.buffer_2024, r.ok_2024), " + ".join(map(mib, r.chunks)),
+         mib(sum(r.chunks), r.ok), mib(r.tails), mib(r.live_peak), mib(sum(r.chunks_first), r.ok_first),
+         mib(r.saved), ""]).strip() for r in rows])
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from ggml_lite.llama_today import compare, table  # noqa: E402
+
+print(table([compare("llama-2-7b", 12500, 512, 19), compare("llama-2-7b", 8192, 1024, 19)]))
+
+# %% [markdown]
+# The first is PR 16788's own example (Llama-2 7B, 19 layers offloaded, micro-batch 512, 12,500 tokens).
+# The 2024 llama.cpp stops there: one buffer of 1049.94 MiB, 782 MiB of it a layer's `KQ`. Today's
+# gives the `KQ`s a chunk of their own: the same 1049.94 MiB in two allocations the device accepts.
+# September 2025's rule grew the first chunk whose last block fitted and asks 684.25 MiB more, the
+# very saving PR 16788 measured on today's graph (1711.19 → 1026.94 MiB). In the second each `KQ` is
+# exactly 1 GiB: once one is freed, `reuse_factor` puts the next layer's 64 MiB copy of `v` at the
+# start of its empty chunk (it fits without growing a chunk), so the next `KQ` opens a third chunk.
+# A heuristic: here it costs 857 MiB. `python benchmarks/chunked_llama.py` prints (in 1 s; the 2024
+# scheduler with today's allocator gives the same numbers, so the allocator alone makes them):
+#
+# | model | n_ctx | n_ubatch | ngl | 2024 buffer | today's chunks | sum | tails | live peak | Sept 2025 | saved |
+# |---|---|---|---|---|---|---|---|---|---|---|
+# | llama-2-7b | 4096 | 512 | 33 | 296.00 | 296.00 | 296.00 | 0.00 | 280.00 | 296.00 | 0.00 |
+# | llama-2-7b | 12500 | 512 | 19 | 1049.94 refused | 267.94 + 782.00 | 1049.94 | 0.00 | 1017.94 | 1734.19 | 684.25 |
+# | llama-2-7b | 16384 | 512 | 33 | 1088.00 refused | 72.00 + 1024.00 | 1096.00 | 8.00 | 1072.00 | 1115.00 | 19.00 |
+# | llama-2-7b | 8192 | 1024 | 19 | 1312.00 refused | 224.00 + 1024.00 + 1024.00 | 2272.00 | 960.00 | 1216.00 | 1415.00 | -857.00 |
+# | llama-2-7b | 12288 | 1024 | 33 | 1648.01 refused | 128.01 + 1536.00 | 1664.01 refused | 16.00 | 1616.01 | 1702.01 refused | 38.00 |
+# | llama-2-13b | 12288 | 512 | 20 | 1270.00 refused | 310.00 + 960.00 | 1270.00 | 0.00 | 1244.00 | 1345.00 | 75.00 |
+# | llama-2-70b | 8192 | 512 | 40 | 1184.00 refused | 176.00 + 1024.00 | 1200.00 | 16.00 | 1104.00 | 1688.00 | 488.00 |
+# | llama-3-8b | 16384 | 512 | 19 | 1268.50 refused | 266.50 + 1024.00 | 1290.50 | 22.00 | 1260.50 | 2042.00 | 751.50 |
+#
+# `--all` plans 324 configurations (every preset, n_ctx 4096 to 32,768, micro-batch 512 and 1024, no,
+# half and full offload) in about a minute. Of the 300 that load, the 2024 buffer is refused in 235; today's
+# chunks are allocated in 64 of those, and the other 171 hold a `KQ` above 1 GiB, which no chunk
+# splits. Where both rules allocate, `reuse_factor` saves in 34 (up to 804 MiB), costs in 6 (up to
+# 857 MiB), ties in 24; the tails cost something in 20 (up to 1008 MiB).
+
+# %% [markdown]
 # ## 7 · Check
 
 # %%
