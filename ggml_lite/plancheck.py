@@ -166,7 +166,7 @@ def run_plan(source, step: int | None = None, galloc=None, call: str | None = No
     era = era_of(gf.doc, ggml)
     if validate:
         check_today(gf.doc, era)
-    allocate_external(gf)
+    allocate_external(gf, None if era == "2026" else buffer_type_of(gf.doc))  # (2024: with the limit, as always)
     galloc = galloc or new_gallocr(buffer_type_of(gf.doc), ggml=era)
     level = logging.ERROR if release_build(gf.doc) else logging.INFO
     results = {}

@@ -1253,8 +1253,8 @@ print(f"{n_files} fixture files: {n_tensors} tensors rebuilt; shapes, strides, s
 # A graph file says which of its contexts were allocated before planning (`external_buffers`: the
 # weights, the KV cache) and how large their buffers were. `allocate_external` allocates them the way
 # the recorder did — `ggml_backend_alloc_ctx_tensors` (chapter 03) on the file's buffer type without its
-# `max_size` (a limit is the compute buffer's), ggml's CPU type in every fixture — and checks each
-# buffer's recorded size and every tensor's `ext_offset`. After it, a fresh graph allocator sees the graph exactly as `ggml_gallocr` saw it:
+# `max_size` (today's recorder, A5, limits the compute buffer only), ggml's CPU type in every fixture —
+# and checks each buffer's recorded size and every tensor's `ext_offset`. After it, a fresh graph allocator sees the graph exactly as `ggml_gallocr` saw it:
 # running it again and comparing the plan is the subject of appendix A5.
 
 # %%

@@ -187,6 +187,10 @@ def _call(galloc, name: str, graph, level: int = logging.INFO):
 # offset is — and they belong to today's allocator only: in a file planned with the 2024 one (an older
 # `ggml_version`, or `--ggml 2024`) they are refused, since the 2024 allocator has no chunks to compare.
 #
+# The external buffers (weights, caches) of a file of today's ggml are allocated on its buffer type
+# without the limit, as its recorder allocated them (the limit is the compute buffer's); a 2024 file's
+# keep the limit, as they always did here.
+#
 # The logs: a debug build of today's ggml prints what the 2024 one printed (`needs_realloc`'s reasons,
 # `alloc_graph`'s "reallocating buffers automatically"), except that `reserve` says "reallocating"
 # only when a buffer existed before. A *release* build (NDEBUG) compiles those diagnostics out and logs
@@ -273,7 +277,7 @@ def run_plan(source, step: int | None = None, galloc=None, call: str | None = No
     era = era_of(gf.doc, ggml)
     if validate:
         check_today(gf.doc, era)
-    allocate_external(gf)
+    allocate_external(gf, None if era == "2026" else buffer_type_of(gf.doc))  # (2024: with the limit, as always)
     galloc = galloc or new_gallocr(buffer_type_of(gf.doc), ggml=era)
     level = logging.ERROR if release_build(gf.doc) else logging.INFO
     results = {}
