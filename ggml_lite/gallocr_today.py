@@ -6,7 +6,7 @@
 04-05: a compute buffer of up to 16 chunks. Only what changed is here; the rest is `ggml_lite.gallocr`."""
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from ggml_lite.align import aligned_offset
@@ -14,8 +14,9 @@ from ggml_lite.bind import method_of
 from ggml_lite.buffer import SIZE_MAX, BufferUsage, tensor_alloc
 from ggml_lite.dyn_tallocr import DynTAllocr
 from ggml_lite.errors import AllocationError, GGMLLiteError, OutOfBufferSpaceError
-from ggml_lite.gallocr import CAN_INPLACE, GAllocr, MiB
+from ggml_lite.gallocr import CAN_INPLACE, GAllocr, MiB, PlaceEvent
 from ggml_lite.tensor import Op
+from ggml_lite.trace import Lifetime, lifetimes
 
 log = logging.getLogger("ggml_lite")
 
@@ -49,10 +50,6 @@ class ChunkAllocEvent:
     how: str
     chunk_sizes: tuple  # every chunk's max_size after the allocation
 
-    def describe(self) -> str:
-        name = getattr(self.tensor, "name", None) or "<unnamed>"
-        return f"alloc {name} ({self.size} B) at chunk {self.chunk} offset {self.offset} — {self.how.replace('_', ' ')}"
-
 
 @dataclass(frozen=True)
 class ChunkFreeEvent:
@@ -64,12 +61,7 @@ class ChunkFreeEvent:
     chunk: int
     offset: int
 
-    def describe(self) -> str:
-        name = getattr(self.tensor, "name", None) or "<bytes>"
-        return f"free {name} ({self.size} B at chunk {self.chunk} offset {self.offset})"
 
-
-# notebooks/12_ggml_today.py
 class ChunkedDynTAllocr:
     """`struct ggml_dyn_tallocr` of ggml 0.15.3 (`ggml_dyn_tallocr_new`, `ggml_dyn_tallocr_reset`,
     `ggml_dyn_tallocr_free`): up to 16 chunks, each a chapter-04 `DynTAllocr` (`struct tallocr_chunk`).
@@ -96,10 +88,6 @@ class ChunkedDynTAllocr:
     def n_chunks(self) -> int:
         return len(self.chunks)
 
-    def __repr__(self):
-        sizes = ", ".join(str(c.max_size) for c in self.chunks)
-        return f"ChunkedDynTAllocr(alignment={self.alignment}, max_chunk_size={self.max_chunk_size}, chunks=[{sizes}])"
-
     if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
         def reset(dyn) -> None: ...
         def free(dyn) -> None: ...
@@ -108,7 +96,6 @@ class ChunkedDynTAllocr:
         def alloc(dyn, size: int, tensor=...) -> BufferAddress: ...
         def _last_block_chunk(dyn, size: int) -> int: ...
         def free_tensor(dyn, addr: BufferAddress, size: int, tensor=...) -> None: ...
-
 
 
 @method_of(ChunkedDynTAllocr)
@@ -295,7 +282,6 @@ class GAllocr2026(GAllocr):
         def chunk_sizes(galloc, buffer_id: int = ...) -> list: ...
 
 
-
 @method_of(GAllocr2026)
 def is_allocated(galloc, t) -> bool:
     """`ggml_gallocr_is_allocated` (:592-596): data set, a buffer set ("on external buffer but not yet
@@ -415,3 +401,36 @@ def op_can_inplace_today(op) -> bool:
 
 CAN_INPLACE_TODAY_ONLY = frozenset({"FILL", "ADD_ID", "ROPE_BACK", "SILU_BACK", "RMS_NORM_BACK", "SOFT_MAX_BACK"})
 assert not CAN_INPLACE_TODAY_ONLY & {op.name for op in Op}, "ggml_lite learnt an op today's list adds: see above"
+
+
+# notebooks/12_ggml_today.py
+def chunk_lifetimes(graph, events) -> list:
+    """`[(chunk, trace.Lifetime)]` of a plan traced from `GAllocr2026`: `trace.lifetimes` with offsets in
+    their chunk, aligned sizes, an in-place child ending where `ggml_gallocr_free_extra_space` cut the tail."""
+    plain, sizes, pending = [], {}, None
+    chunks: list[int] = []
+    tail: dict = {}
+    for ev in events:
+        if isinstance(ev, ChunkAllocEvent):
+            sizes[ev.tensor] = ev.size
+        elif isinstance(ev, ChunkFreeEvent) and ev.tensor is None:
+            pending = ev  # a tail, freed just before the in-place child's PlaceEvent
+        elif isinstance(ev, PlaceEvent) and isinstance(ev.offset, BufferAddress):
+            chunks.append(ev.offset.chunk)
+            if pending is not None and ev.how != "new":
+                tail[ev.tensor] = pending.offset - ev.offset.offset
+            pending, ev = None, replace(ev, offset=ev.offset.offset)
+        plain.append(ev)
+    out: list[tuple[int, Lifetime]] = []
+    placed: dict = {}
+    k = 0  # the tensor blocks come one per PlaceEvent, in their order
+    for lt in lifetimes(graph, plain):
+        if lt.kind == "tensor":
+            parent = placed.get(lt.parent)
+            own = parent[1].size if parent and lt.how != "new" else sizes.get(lt.tensor, lt.size)
+            lt.size = tail.get(lt.tensor, own)
+            placed[lt.tensor], k = (chunks[k] if k < len(chunks) else 0, lt), k + 1
+            out.append(placed[lt.tensor])
+        else:
+            out.append((placed[lt.parent][0] if lt.parent in placed else 0, lt))
+    return out

@@ -11,29 +11,29 @@
 # ---
 
 # %% [markdown]
-# # 12 · ggml today — the allocator of 2025–26, as a diff
+# # 12 · ggml today — the allocator and scheduler of 2025–26, as a diff
 #
-# Chapters 02–11 port ggml as llama.cpp vendored it at daa9623 (September 2024). Open today's
-# `ggml-alloc.c` (ggml 0.15.3, June 2026, the ggml the tests' oracle `ggml-python` 0.0.45 bundles) and
-# the graph allocator looks different: a compute buffer may be split into **chunks**, a tensor's place
-# is a pair `{chunk, offset}`, and a new rule chooses which chunk grows. On a buffer type without a
-# size limit none of it shows: today's ggml puts every tensor where the 2024 one did, which is why the
-# course's differential tests never noticed. It shows on devices with a per-allocation limit — Vulkan
-# allocates at most 1 GiB (often 4 GiB) at once, Metal and SYCL have limits too — where the 2024
-# allocator asks for one buffer the device cannot give.
+# Chapters 02–11 port ggml as llama.cpp vendored it at daa9623 (September 2024). In today's ggml (0.15.3, June 2026,
+# in the tests' oracle `ggml-python` 0.0.45) a compute buffer may be split into **chunks**. Without a size limit
+# nothing shows: every tensor lands where it did in 2024. It shows on devices with a per-allocation limit (Vulkan's
+# 1 or 4 GiB, Metal's, SYCL's), where the 2024 allocator asks for one buffer the device cannot give. This chapter is
+# a diff: per change, the C of 2024 beside today's, why upstream changed it, the Python, an example ggml confirms.
 #
 # **Learning goals**
 #
-# 1. The chunked virtual buffer: `struct vbuffer`, `tallocr_chunk`, `buffer_address {chunk, offset}`,
-#    at most `GGML_VBUFFER_MAX_CHUNKS` = 16 chunks, the 16th unbounded.
-# 2. Where a tensor goes: best fit across the chunks, then the `reuse_factor` choice of a last block,
-#    then a new chunk.
-# 3. The smaller changes: an in-place child hands back its parent's unused tail, buffers are
-#    reallocated when any chunk grows, and a dry run sizes the buffers without allocating them.
+# 1. The chunked virtual buffer: `struct vbuffer`, `tallocr_chunk`, `buffer_address {chunk, offset}`, at most
+#    `GGML_VBUFFER_MAX_CHUNKS` = 16 chunks, the 16th unbounded.
+# 2. Where a tensor goes: best fit across the chunks, the `reuse_factor` choice of a last block, or a new chunk.
+# 3. The smaller changes: an in-place child hands back its parent's unused tail, buffers are replaced when any chunk
+#    grows (and may then shrink), and a dry run sizes them without allocating.
+# 4. One graph, two eras: on a device that refuses an allocation above its limit, the 2024 allocator fails where
+#    today's splits the compute buffer into chunks, and today's has limits of its own.
+# 5. The scheduler today: 30 inputs per split, the `op_offload` switch, the CPU-last check.
+# 6. What it changes for chapter 10's LLaMA on a device that allocates at most 1 GiB at once.
 #
-# Exported: `ggml_lite.gallocr_today`. Only what changed is new code: a chunk *is* chapter 04's
-# `DynTAllocr`, and today's graph allocator is chapter 05's `GAllocr` with four methods replaced.
-# Line numbers below cite `ggml/src/ggml-alloc.c` of ggml 0.15.3 unless they say 2024.
+# Exported: `ggml_lite.gallocr_today` (drawn by `viz.chunks`), `sched_today` and `llama_today`. Only what changed is new code: a chunk *is* chapter 04's `DynTAllocr`, today's graph allocator is
+# chapter 05's `GAllocr` with four methods replaced, and today's scheduler is chapter 09's `BackendSched` through
+# its seams. Line numbers below cite `ggml/src/ggml-alloc.c` of ggml 0.15.3 unless they say 2024.
 
 # %%
 # | default_exp gallocr_today
@@ -43,21 +43,17 @@
 #
 # ```c
 # #define GGML_VBUFFER_MAX_CHUNKS 16
-#
 # // relative memory address within an allocation that can be split into multiple buffers (chunks)
 # struct buffer_address {
 #     int chunk;     // index of a backend buffer
 #     size_t offset; // local memory offset within the buffer
 # };
-#
 # static const struct buffer_address GGML_BUFFER_ADDRESS_INVALID = { -1, SIZE_MAX };
 # ```
 #
-# (`ggml-alloc.c:95-103`.) In 2024 a hash node held `size_t offset`; today it holds this pair, and
-# so does every `tensor_alloc` the plan keeps. The first version of the change (pull request 15815,
-# September 2025) kept a single offset and cut it into chunks afterwards; the reviewers asked for the
-# pair, so that a tensor's chunk is decided once, when it is placed. The port stores the pair where
-# chapter 05 stored the offset: the graph allocator's code passes it along without looking inside.
+# (`ggml-alloc.c:95-103`.) In 2024 a hash node held `size_t offset`; today it holds this pair, as does the port
+# where chapter 05 kept the offset. The first version of pull request 15815 (September 2025) kept one offset and cut
+# it into chunks afterwards; the reviewers asked for the pair, so that a tensor's chunk is decided once.
 
 # %%
 # | export
@@ -65,7 +61,7 @@
 04-05: a compute buffer of up to 16 chunks. Only what changed is here; the rest is `ggml_lite.gallocr`."""
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 from ggml_lite.align import aligned_offset
@@ -73,8 +69,9 @@ from ggml_lite.bind import method_of
 from ggml_lite.buffer import SIZE_MAX, BufferUsage, tensor_alloc
 from ggml_lite.dyn_tallocr import DynTAllocr
 from ggml_lite.errors import AllocationError, GGMLLiteError, OutOfBufferSpaceError
-from ggml_lite.gallocr import CAN_INPLACE, GAllocr, MiB
+from ggml_lite.gallocr import CAN_INPLACE, GAllocr, MiB, PlaceEvent
 from ggml_lite.tensor import Op
+from ggml_lite.trace import Lifetime, lifetimes
 
 log = logging.getLogger("ggml_lite")
 
@@ -110,12 +107,10 @@ ADDRESS_INVALID = BufferAddress(-1, SIZE_MAX)  # GGML_BUFFER_ADDRESS_INVALID
 #     int n_chunks;
 # ```
 #
-# (`ggml-alloc.c:114-124`.) Put chapter 04's `struct ggml_dyn_tallocr` (2024 `ggml-alloc.c:113-120`)
-# beside `tallocr_chunk`: the same free list and the same high-water mark, minus the alignment. A chunk
-# is a 2024 allocator, so the port makes each chunk a `DynTAllocr` and keeps only the new fields here:
-# `max_chunk_size`, the buffer type's `get_max_size` clamped to `SIZE_MAX/2` (`ggml_dyn_tallocr_new`,
-# :365-381), and the list of chunks. `ggml_dyn_tallocr_reset` (:351-363) frees every chunk: a plan
-# starts with none, and the first tensor opens chunk 0.
+# (`ggml-alloc.c:114-124`.) Chapter 04's `struct ggml_dyn_tallocr` (2024 `ggml-alloc.c:113-120`) is `tallocr_chunk`
+# plus an alignment: the same free list, the same high-water mark. So each chunk is a `DynTAllocr`, and only two
+# fields are new: `max_chunk_size` (the buffer type's `get_max_size` clamped to `SIZE_MAX/2`,
+# `ggml_dyn_tallocr_new`, :365-381) and the chunks. `ggml_dyn_tallocr_reset` (:351-363) frees every chunk.
 
 # %%
 # | export
@@ -132,10 +127,6 @@ class ChunkAllocEvent:
     how: str
     chunk_sizes: tuple  # every chunk's max_size after the allocation
 
-    def describe(self) -> str:
-        name = getattr(self.tensor, "name", None) or "<unnamed>"
-        return f"alloc {name} ({self.size} B) at chunk {self.chunk} offset {self.offset} — {self.how.replace('_', ' ')}"
-
 
 @dataclass(frozen=True)
 class ChunkFreeEvent:
@@ -147,13 +138,7 @@ class ChunkFreeEvent:
     chunk: int
     offset: int
 
-    def describe(self) -> str:
-        name = getattr(self.tensor, "name", None) or "<bytes>"
-        return f"free {name} ({self.size} B at chunk {self.chunk} offset {self.offset})"
 
-
-# %%
-# | export
 class ChunkedDynTAllocr:
     """`struct ggml_dyn_tallocr` of ggml 0.15.3 (`ggml_dyn_tallocr_new`, `ggml_dyn_tallocr_reset`,
     `ggml_dyn_tallocr_free`): up to 16 chunks, each a chapter-04 `DynTAllocr` (`struct tallocr_chunk`).
@@ -179,11 +164,6 @@ class ChunkedDynTAllocr:
     @property
     def n_chunks(self) -> int:
         return len(self.chunks)
-
-    def __repr__(self):
-        sizes = ", ".join(str(c.max_size) for c in self.chunks)
-        return f"ChunkedDynTAllocr(alignment={self.alignment}, max_chunk_size={self.max_chunk_size}, chunks=[{sizes}])"
-
 
 
 @method_of(ChunkedDynTAllocr)
@@ -217,11 +197,10 @@ def chunk_max_size(dyn, chunk: int) -> int:
 #     }
 # ```
 #
-# (`ggml_dyn_tallocr_new_chunk`, :159-177.) A chunk's one free block is the buffer type's limit, or the
-# tensor that opens it when that is larger: a chunk never splits a tensor, so a 3 GiB tensor on a
-# 1 GiB device still asks for 3 GiB (and the device may refuse). The 16th chunk is the 2024 allocator's
-# open end, `SIZE_MAX/2`, so allocation never fails for want of chunks. With no limit
-# (`max_chunk_size` = `SIZE_MAX/2`), chunk 0 is exactly the 2024 allocator and no second chunk opens.
+# (`ggml_dyn_tallocr_new_chunk`, :159-177.) A chunk's one free block is the buffer type's limit, or the tensor that
+# opens it when that is larger: a chunk never splits a tensor, so a 3 GiB tensor on a 1 GiB device still asks for 3
+# GiB (and the device may refuse). The 16th chunk is the 2024 allocator's open end, `SIZE_MAX/2`, so allocation
+# never fails for want of chunks. With no limit, chunk 0 is exactly the 2024 allocator and no second chunk opens.
 
 # %%
 # | export
@@ -242,6 +221,18 @@ def new_chunk(dyn, min_size: int) -> int:
 # %% [markdown]
 # ### 2.2 · Where a tensor goes
 #
+# In 2024, one free list (`ggml_dyn_tallocr_alloc` (ggml-alloc.c:148-230) of 2024):
+#
+# ```c
+#     // find the best fitting free block besides the last block
+#     size_t best_fit_size = SIZE_MAX;
+#     for (int i = 0; i < alloc->n_free_blocks - 1; i++) {
+# ...
+#         // the last block is our last resort
+# ```
+#
+# Today, every chunk's:
+#
 # ```c
 #     // find the best fitting free block besides the last block, within any chunk
 #     for (int c = 0; c < alloc->n_chunks; ++c) {
@@ -251,24 +242,16 @@ def new_chunk(dyn, min_size: int) -> int:
 # ...
 #                 int64_t reuse_factor = chunk->max_size - block->offset - size;
 #                 // reuse_factor < 0 : amount of extra memory that needs to be allocated
-#                 // reuse_factor = 0 : allocated free space exactly matches tensor size
-#                 // reuse_factor > 0 : superfluous memory that will remain unused
 #                 bool better_reuse = best_reuse < 0 && reuse_factor > best_reuse;
 #                 bool better_fit = reuse_factor >= 0 && reuse_factor < best_reuse;
 # ```
 #
-# (`ggml_dyn_tallocr_alloc`, :201-308.) Three tries, in order. **Best fit besides the last block**, in
-# every chunk — but notice where `best_fit_size` is set: *inside* the chunk loop. A later chunk's fit
-# replaces an earlier chunk's even when it is larger, so the block taken is the best fit of the *last*
-# chunk that has one. **A last block**: the free space at a chunk's end, which grows the chunk. The
-# first chunked version took the first chunk whose last block fits; pull request 16788 (October 2025)
-# scores each by `reuse_factor`, the bytes of the chunk's current size left unused after the tensor
-# (negative: how much the chunk must grow). A chunk that needs not grow and wastes least wins;
-# otherwise the one that grows least. **A new chunk**, when no chunk has room under the limit.
-#
-# Once the block is chosen, taking it is chapter 04's code: the chosen chunk's own `alloc` picks the
-# very same block (it is that chunk's best fit, or its last block when nothing else fits), carves
-# it and raises the chunk's `max_size`. So the port chooses the chunk and hands over.
+# (`ggml_dyn_tallocr_alloc`, :201-308.) Three tries. **Best fit besides the last block**, in every chunk — but
+# `best_fit_size` is reset *inside* the chunk loop: the block taken is the best fit of the *last* chunk that has
+# one. **A last block**, which grows its chunk: the first chunked version took the first that fits; pull request
+# 16788 (October 2025) scores each by `reuse_factor`, the bytes of the chunk left unused after the tensor (negative:
+# how much it must grow): no growth and least waste wins, else least growth. **A new chunk.** The port chooses the
+# chunk and hands over to its chapter-04 `alloc`, which picks that very block.
 
 # %%
 # | export
@@ -325,12 +308,9 @@ def _last_block_chunk(dyn, size: int) -> int:
 #     struct tallocr_chunk * chunk = alloc->chunks[addr.chunk];
 # ```
 #
-# (`ggml_dyn_tallocr_free_bytes`, :311-349.) The rest is the 2024 free on one chunk
-# (`ggml_dyn_tallocr_free_tensor`, 2024 `ggml-alloc.c:236-283`): merge with the block before, the block
-# after, or insert a new one, at most 256 per chunk. The new name (pull request 17884, December 2025)
-# says what it does now: it frees *bytes*, not always a whole tensor — the unused tail of an in-place
-# parent (section 4.1). The port keeps the method's old name, `free_tensor`, because chapter 05's
-# `ggml_gallocr_free_node` calls it.
+# (`ggml_dyn_tallocr_free_bytes`, :311-349.) The rest is the 2024 free on one chunk (`ggml_dyn_tallocr_free_tensor`,
+# 2024 `ggml-alloc.c:236-283`). The new name (pull request 17884, December 2025) says what it does now: it frees
+# *bytes*, not always a whole tensor — the unused tail of an in-place parent (4.1). The port keeps the old name.
 
 # %%
 # | export
@@ -344,6 +324,67 @@ def free_tensor(dyn, addr: BufferAddress, size: int, tensor=None) -> None:
         dyn.trace(ChunkFreeEvent(tensor, size, addr.chunk, addr.offset))
 
 # %% [markdown]
+# ### 2.4 · The rules at work
+#
+# **New chunks.** Limit 1,024 B, no frees. 600, 3,000 and 600 B (aligned: 608, 3,008, 608): the first opens chunk 0;
+# the second opens chunk 1 of MAX(3,008, 1,024) = 3,008 B, its own; the third fits neither chunk 0's last 416 B nor
+# the full chunk 1: chunk 2. Twenty of 1,024 B: chunks 0–14 take one each, the unbounded 16th five.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+dyn = ChunkedDynTAllocr(alignment=32, max_buffer_size=1024)
+print("placed at", [str(dyn.alloc(size)) for size in (600, 3000, 600)], "- chunk sizes", [c.max_size for c in dyn.chunks])
+dyn = ChunkedDynTAllocr(alignment=32, max_buffer_size=1024)
+addrs = [dyn.alloc(1024) for _ in range(20)]
+print(dyn.n_chunks, "chunks; the last five at", [str(a) for a in addrs[15:]], "- chunk 15:", dyn.chunks[15].max_size, "B")
+
+# %% [markdown]
+# **Best fit, chunk by chunk.** Limit 1,024 B: `a` (256 B) and `b` (512) fill chunk 0 to 768, `d` (384) opens chunk
+# 1, `e` (384) follows it at 384. Free `a` and `d`: chunk 0 has a 256-B hole at 0, chunk 1 a 384-B one. Now `z`, 256
+# B. One best fit over the whole buffer, 2024's rule, would take chunk 0's exact hole; today's loop resets
+# `best_fit_size` per chunk, so chunk 1's hole, seen later, wins: `z` at 1:0, a 128-B hole beside it. A quirk, kept.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+def free_list(blocks):
+    """Free blocks as (offset, size), an open-ended last block as (offset, "…")."""
+    return [(o, size if size < 2**62 else "…") for o, size in blocks]
+
+
+dyn = ChunkedDynTAllocr(alignment=32, max_buffer_size=1024)
+a, b, d, e = (dyn.alloc(size) for size in (256, 512, 384, 384))
+dyn.free_tensor(a, 256)
+dyn.free_tensor(d, 384)
+print(f"a {a}, b {b}, d {d}, e {e}; after freeing a and d:", [free_list(c.blocks) for c in dyn.chunks])
+z_addr = dyn.alloc(256)
+print(f"z {z_addr}; free lists:", [free_list(c.blocks) for c in dyn.chunks])
+
+# %% [markdown]
+# The real ggml does the same: `tests/differential/test_today_examples.py` builds a graph that allocates in this
+# very order (`a`, `b`, `d` negate weights, `e = a @ d` is the last use of `a` and `d`, `z` comes after it), plans
+# it with ggml 0.15.3 on a buffer type whose `get_max_size` is 1,024, and finds `z` at 1:0.
+#
+# **A last block by `reuse_factor`.** Limit 1,024 B again: `p` (512 B) opens chunk 0, `q` (768 B) does not fit chunk
+# 0's last 512 B and opens chunk 1, and `q` is freed, so chunk 1 is empty but 768 B large. Now `r`, 256 B. Neither
+# chunk has a hole besides its last block, so the last blocks decide. The first chunked version (September 2025)
+# takes the first chunk whose last block fits: chunk 0, at 512, and chunk 0 grows to 768 B — 1,536 B in all. Today's
+# scores the chunks: chunk 0's `reuse_factor` is 512 − 512 − 256 = −256 (it must grow), chunk 1's 768 − 0 − 256 =
+# 512 (it need not), so `r` goes to 1:0 and the chunks stay at 512 + 768 = 1,280 B. Pull request 16788 measured it
+# on Vulkan (Llama-2 7B Q4_0, 19 layers offloaded, a 12,500-token prompt): compute buffer 1,711.19 → 1,026.94 MiB.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+chunk_totals = {}
+for rule in ("first", "reuse_factor"):
+    dyn = ChunkedDynTAllocr(alignment=32, max_buffer_size=1024, last_block=rule)
+    p, q = dyn.alloc(512), dyn.alloc(768)
+    dyn.free_tensor(q, 768)
+    r = dyn.alloc(256)
+    sizes = [c.max_size for c in dyn.chunks]
+    chunk_totals[rule] = sum(sizes)
+    print(f"{rule:>12}: p {p}, q {q}, r {r}; chunk sizes {sizes} = {sum(sizes)} B")
+
+# %% [markdown]
 # ## 3 · The virtual buffer
 #
 # ```c
@@ -352,17 +393,13 @@ def free_tensor(dyn, addr: BufferAddress, size: int, tensor=None) -> None:
 # };
 # ```
 #
-# (:397-399, with `ggml_vbuffer_alloc` (:423-439) and `ggml_vbuffer_tensor_alloc` (:441-445).) The
-# compute buffer the graph allocator owns is now one backend buffer per chunk, each of its chunk's
-# `max_size`, all marked COMPUTE. Its size (`ggml_vbuffer_size`, :415-421) is the sum of the chunks'.
+# (:397-399, with `ggml_vbuffer_alloc` (:423-439) and `ggml_vbuffer_tensor_alloc` (:441-445).) A compute buffer is
+# now one backend buffer per chunk, of its chunk's `max_size`; its size is their sum.
 #
-# One deliberate difference. ggml_lite's CPU buffer type is the 2024 one, which pads every buffer by
-# 32 bytes; today's does not. So a chunk of 1,024 B reports 1,056 B here, and the compute buffer's
-# size is the sum of the chunks plus 32 per chunk — as every size in this course counts. But the rule
-# in section 4 compares a chunk's new size with the buffer it has: with the padding, a chunk grown by
-# exactly one 32-byte step would not be reallocated, where today's ggml reallocates it. The port's
-# `chunk_size` therefore answers the size the allocator asked for, which is what today's CPU buffer
-# reports, and decisions stay those of the real ggml.
+# One deliberate difference. ggml_lite's CPU buffer type is the 2024 one, which pads every buffer by 32 bytes;
+# today's does not. So a compute buffer's size is the sum of its chunks plus 32 per chunk, as every size in this
+# course counts. But then a chunk grown by one 32-byte step would not be reallocated (4.2), where today's ggml
+# reallocates it. So `chunk_size` answers the size the allocator asked for, what today's CPU buffer reports.
 
 # %%
 # | export
@@ -428,24 +465,15 @@ def vbuffer_alloc(buft, talloc: ChunkedDynTAllocr, usage=BufferUsage.COMPUTE):
 # ## 4 · Today's graph allocator: chapter 05 with four methods replaced
 #
 # ```c
-# ggml_gallocr_t ggml_gallocr_new_n(ggml_backend_buffer_type_t * bufts, int n_bufs) {
-# ...
 #             size_t alignment = ggml_backend_buft_get_alignment(bufts[i]);
 #             size_t max_size = ggml_backend_buft_get_max_size(bufts[i]);
 #             galloc->buf_tallocs[i] = ggml_dyn_tallocr_new(alignment, max_size);
 # ```
 #
-# (`ggml_gallocr_new_n`, :497-531.) The 2024 allocator asked a buffer type for its alignment only; today's
-# also asks its maximum size. `GAllocr2026` is chapter 05's `GAllocr` — the same loops, the same
-# in-place and freeing rules, the same kept plan — with a chunked dynamic allocator per buffer type,
-# a `BufferAddress` wherever chapter 05 kept an offset, and these methods replaced:
-#
-# | method | C function (0.15.3) | what changed |
-# |---|---|---|
-# | `take_parent` | `ggml_gallocr_allocate_node` :622-688 | then `ggml_gallocr_free_extra_space` |
-# | `reserve_n` | `ggml_gallocr_reserve_n_impl` :824-948 | reallocate when any chunk grows; a dry run |
-# | `place` | `ggml_gallocr_init_tensor` :969-994 | into a chunk: `ggml_vbuffer_tensor_alloc` |
-# | `is_allocated` | `ggml_gallocr_is_allocated` :592-596 | a tensor with a `buffer` counts as allocated |
+# (`ggml_gallocr_new_n`, :497-531.) In 2024 the allocator asked a buffer type for its alignment only. `GAllocr2026`
+# is chapter 05's `GAllocr` — the same loops, in-place and freeing rules, kept plan — with a chunked allocator per
+# buffer type, a `BufferAddress` where chapter 05 kept an offset, and four methods replaced: `take_parent` (then
+# `ggml_gallocr_free_extra_space`, 4.1), `reserve_n` (4.2), `place` (into a chunk), `is_allocated`.
 
 # %%
 # | export
@@ -471,7 +499,6 @@ class GAllocr2026(GAllocr):
         return f"GAllocr2026([{names}], {len(self.planned_nodes)} nodes planned)"
 
 
-
 @method_of(GAllocr2026)
 def is_allocated(galloc, t) -> bool:
     """`ggml_gallocr_is_allocated` (:592-596): data set, a buffer set ("on external buffer but not yet
@@ -483,20 +510,25 @@ def is_allocated(galloc, t) -> bool:
 #
 # ```c
 #     // note: we want after the freeing the chunks to continue to be aligned
-#     struct ggml_dyn_tallocr * p_alloc = galloc->buf_tallocs[p_hn->buffer_id];
 #     parent_size = aligned_offset(NULL, parent_size, p_alloc->alignment);
 #     node_size = aligned_offset(NULL, node_size, p_alloc->alignment);
 #
 #     if (parent_size > node_size) {
 # ```
 #
-# (`ggml_gallocr_free_extra_space`, :599-620.) A child takes its parent's memory in place only when
-# both have the same layout, so the same `ggml_nbytes`. But a buffer type may ask more than `nbytes`
-# for a tensor (`get_alloc_size`): Metal pads some tensors, and a child of the same layout can then
-# need less than its parent. In 2024 that tail stayed taken until the child was freed; since pull
-# request 16679 (October 2025) it is handed back at once, and since 17884 (December 2025) both sizes
-# are first rounded to the alignment, so that the freed tail starts aligned. On the CPU buffer type the
-# sizes are equal and nothing is freed.
+# (`ggml_gallocr_free_extra_space`, :599-620.) In 2024, freeing the child (`ggml_gallocr_free_node` (ggml-alloc.c:542-557)):
+#
+# ```c
+#     size_t size = ggml_backend_buft_get_alloc_size(buft, node);
+#     ggml_dyn_tallocr_free_tensor(alloc, offset, size, node);
+# ```
+#
+# A child takes its parent's memory in place only when both have the same layout, so the same `ggml_nbytes`. But a
+# buffer type may ask more than `nbytes` for a tensor (`get_alloc_size`): Metal pads some tensors, and a child can
+# then need less than its parent. In 2024 that tail was lost for the rest of the graph: the child took the parent's
+# block whole, and freeing the child frees the *child's* size. Since pull request 16679 (October 2025) the tail is
+# handed back at once, and since 17884 (December 2025) both sizes are rounded to the alignment first, so that it
+# starts aligned. On the CPU buffer type the sizes are equal and nothing is freed.
 
 # %%
 # | export
@@ -526,27 +558,61 @@ def take_parent(galloc, node, parent, owner) -> None:
     galloc.free_extra_space(node, owner)
 
 # %% [markdown]
+# A Metal-like buffer type: `get_alloc_size` adds 1 KiB to a MUL_MAT result. `m = W @ x` (1,024 B, 2,048 allocated),
+# `y = m + bias` in place of `m` (1,024 B), `z = -c` (1,024 B), `s = y + z` in place of `y`. In 2024 `z` goes above
+# `m`'s 2,048 B: 3,072 B. Today `y` hands the tail back, `z` lands in it: 2,048 B.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+import ggml_lite as gl  # noqa: E402
+from ggml_lite.buffer import BufferType  # noqa: E402
+
+
+def padded_graph():
+    """m = W @ x, y = m + bias (in place), z = -c, s = y + z (in place, the output)."""
+    w, ctx = gl.Context(), gl.Context()
+    W, x, bias, c = w.new_tensor_2d(gl.F32, 256, 256), *(w.new_tensor_1d(gl.F32, 256) for _ in range(3))
+    gl.alloc_ctx_tensors_from_buft(w, gl.cpu_buffer_type())
+    m, z = gl.mul_mat(ctx, W, x), gl.neg(ctx, c)
+    y = gl.add(ctx, m, bias)
+    s = gl.add(ctx, y, z)
+    m.name, y.name, z.name, s.name = "m", "y", "z", "s"
+    gl.set_output(s)
+    return gl.build_forward(s)
+
+
+metal_like = BufferType("Metal-like", 32, alloc_size=lambda t: gl.nbytes(t) + (1024 if t.op == Op.MUL_MAT else 0))
+padded_sizes = {}
+for era in ("2024", "2026"):
+    gf = padded_graph()
+    galloc = gl.new_gallocr(metal_like, ggml=era)
+    assert galloc.reserve(gf)
+    chunk = galloc.buf_tallocs[0] if era == "2024" else galloc.buf_tallocs[0].chunks[0]
+    padded_sizes[era] = chunk.max_size
+    where = {n.name: str(galloc.hash_get(n).offset) for n in gf.nodes}
+    print(f"{era}: {where}, buffer {chunk.max_size} B, free list at the end {free_list(chunk.blocks)}")
+
+# %% [markdown]
 # ### 4.2 · Buffers: any chunk that grew, and a dry run
 #
 # ```c
 #         bool realloc = galloc->buffers[i] == NULL;
-#         size_t new_size = 0;
 #         for (int c = 0; c < galloc->buf_tallocs[i]->n_chunks; c++) {
 #             size_t cur_chunk_size = galloc->buffers[i] ? ggml_vbuffer_chunk_size(galloc->buffers[i], c) : 0;
 #             size_t new_chunk_size = ggml_dyn_tallocr_max_size(galloc->buf_tallocs[i], c);
-#             new_size += new_chunk_size;
 #             if (new_chunk_size > cur_chunk_size) {
 #                 realloc = true;
 # ```
 #
-# (`ggml_gallocr_reserve_n_impl`, :824-948.) In 2024 one buffer grew when the plan outgrew it. Today
-# every chunk is compared with the chunk the buffer has, and if *any* grew, the whole virtual buffer is
-# freed and allocated again at the new sizes. A buffer never shrinks, and neither does its number of
-# chunks: a later, smaller plan keeps the old chunks (and their sizes count in the buffer's size).
-# `no_alloc` is the dry run: plan, free the old buffers, allocate none. `ggml_gallocr_reserve_n_size`
-# (:950-959) returns, per buffer, the sum of its chunks' sizes — what llama.cpp's `--fit` asks of each
-# device before it allocates anything. The "reallocating" message is a debug print now, and only when
-# there was a buffer before.
+# (`ggml_gallocr_reserve_n_impl`, :824-948.) In 2024, one comparison (`ggml_gallocr_reserve_n` (ggml-alloc.c:670-779)):
+#
+# ```c
+#         if (new_size > cur_size || galloc->buffers[i] == NULL) {
+# ```
+#
+# The 2024 buffer was replaced only when the new total exceeded it, so it never shrank. Today, if *any* chunk grew,
+# the whole virtual buffer is reallocated at the new plan's sizes, fewer, smaller ones if it needs less. The dry run
+# allocates nothing; `ggml_gallocr_reserve_n_size` (:950-959) sums each buffer's chunks, for llama.cpp's `--fit`.
 
 # %%
 # | export
@@ -613,25 +679,51 @@ def chunk_sizes(galloc, buffer_id: int = 0) -> list:
     buf = galloc.buffers[buffer_id]
     return list(buf.asked) if buf is not None else []
 
+# %% [markdown]
+# Four reserves on one allocator, 20 KiB limit: chapter 05's LLaMA block (fixture 06) gets chunks of 16,704, 10,240
+# and 13,760 B; the same graph again grows nothing, the buffer is kept; fixture 03 needs 16,352 and 12,288 B, chunk
+# 1 grew, so the buffer is replaced by two chunks, 28,640 B (the 2024 one would have kept its 42,880 B); the block
+# again: chunk 0 grew, three chunks. The real ggml does the same (`test_today_examples.py`).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from pathlib import Path  # noqa: E402
+
+from ggml_lite.graphio import allocate_external  # noqa: E402
+from ggml_lite.schema import RecordedBufferType  # noqa: E402
+
+
+def fixture_graph(name):
+    """A recorded graph of `tests/fixtures/ggml-seed`, its weights placed as recorded."""
+    f = gl.read_graph_file(Path("../tests/fixtures/ggml-seed") / f"{name}.json")
+    allocate_external(f)
+    return f.graph
+
+
+galloc, replaced = GAllocr2026(RecordedBufferType("CPU", 32, 20480)), []
+for name in ("06_llama_block", "06_llama_block", "03_views_layout", "06_llama_block"):
+    before = galloc.buffers[0]
+    assert galloc.reserve(fixture_graph(name))
+    replaced.append(galloc.buffers[0] is not before)
+    print(f"{name:16} chunks {galloc.chunk_sizes(0)}, buffer", "replaced" if replaced[-1] else "kept")
+
 
 # %% [markdown]
 # ## 5 · Two eras in one package
 #
-# `GAllocr` plans as llama.cpp's ggml of September 2024 did and stays the default; `GAllocr2026` plans as
-# ggml 0.15.3 does. `new_gallocr(buft, ggml="2026")` picks one by name, which is how the command line's
-# `--ggml 2024|2026` and a recorded file's `"ggml_version"` choose. The list of ops that may work in
-# place is exported by today's ggml (`ggml_op_can_inplace`, :22-50, declared in `ggml-impl.h`):
+# `GAllocr` plans as llama.cpp's ggml of September 2024 did and stays the default; `GAllocr2026` plans as ggml
+# 0.15.3 does. `new_gallocr(buft, ggml="2026")` picks one by name, which is how the command line's `--ggml
+# 2024|2026` and a recorded file's `"ggml_version"` choose. The list of ops that may work in place is private to the
+# allocator in 2024 (`ggml_op_can_inplace` (ggml-alloc.c:40-62) of 2024) and exported by today's ggml
+# (`ggml_op_can_inplace`, :22-50, declared in `ggml-impl.h`):
 #
 # ```c
-# bool ggml_op_can_inplace(enum ggml_op op) {
-#     switch (op) {
-#         case GGML_OP_FILL:
-#         case GGML_OP_SCALE:
+# static bool ggml_op_can_inplace(enum ggml_op op) {  // 2024
+# bool ggml_op_can_inplace(enum ggml_op op) {         // today: its first case is the new GGML_OP_FILL
 # ```
 #
-# It grew by six ops — FILL, ADD_ID (the expert biases of mixture-of-experts models), and four backward
-# ops for training (ROPE_BACK, SILU_BACK, RMS_NORM_BACK, SOFT_MAX_BACK) — none of which ggml_lite has,
-# so on every graph ggml_lite can build the two eras take the same in-place decisions.
+# It grew by six ops ggml_lite does not have — FILL, ADD_ID (mixture-of-experts biases) and four backward ops — so
+# on every graph ggml_lite builds, the two eras take the same in-place decisions.
 
 # %%
 # | export
@@ -658,47 +750,163 @@ assert not CAN_INPLACE_TODAY_ONLY & {op.name for op in Op}, "ggml_lite learnt an
 # %% [markdown]
 # ## 6 · A worked example: one LLaMA block in 20 KiB chunks
 #
-# Chapter 05's LLaMA block (fixture 06) needs a 42,880-byte compute buffer: ggml reports 42,912, the
-# CPU buffer's 32 bytes of padding included. Give the CPU buffer type a limit of 20 KiB per allocation.
-# The 2024 allocator ignores it and asks for one 42,880-byte buffer. Today's opens a chunk when no
-# chunk has room under the limit: three chunks here, of 16,704, 10,240 and 13,760 B, and their sum,
-# 40,704 B, is *smaller* than the one buffer. Splitting did not cost memory here, it saved some: the
-# best fit of chapter 04 is a heuristic, and a different layout of the same lifetimes happened to leave
-# fewer holes. (With 16 KiB chunks the sum is 42,880 B again; with 8 KiB, 54,464 B in seven chunks.)
+# Chapter 05's LLaMA block (fixture 06) needs a 42,880-byte compute buffer (ggml reports 42,912 with the CPU
+# buffer's 32 bytes). Give the CPU buffer type a limit of 20 KiB. The 2024 allocator ignores it: one 42,880-byte
+# buffer. Today's: three chunks of 16,704, 10,240 and 13,760 B, whose sum, 40,704 B, is *smaller* — best fit is a
+# heuristic, and this layout left fewer holes. (16 KiB chunks: 42,880 B; 8 KiB: 54,464 B in seven.)
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from pathlib import Path  # noqa: E402
-
-import ggml_lite as gl  # noqa: E402
-from ggml_lite.gallocr_today import GAllocr2026  # noqa: E402
-from ggml_lite.graphio import allocate_external  # noqa: E402
-from ggml_lite.schema import RecordedBufferType  # noqa: E402
-
-FIXTURE = Path("../tests/fixtures/ggml-seed/06_llama_block.json")
+def planned(era, max_size=None, trace=None):
+    """Fixture 06 planned by `era` ("2024" or "2026") on the CPU buffer type with `max_size`, traced."""
+    graph = fixture_graph("06_llama_block")
+    galloc = gl.new_gallocr(RecordedBufferType("CPU", 32, max_size), trace=trace, ggml=era)
+    assert galloc.reserve(graph) and galloc.alloc_graph(graph)
+    return graph, galloc
 
 
-def planned(era, max_size=None):
-    """Fixture 06 planned by `era` ("2024" or "2026") on the CPU buffer type with `max_size`."""
-    f = gl.read_graph_file(FIXTURE)
-    allocate_external(f)
-    buft = RecordedBufferType("CPU", 32, max_size)
-    galloc = gl.GAllocr(buft) if era == "2024" else GAllocr2026(buft)
-    assert galloc.reserve(f.graph) and galloc.alloc_graph(f.graph)
-    return f, galloc
-
-
-_, g24 = planned("2024", 20480)
-f26, g26 = planned("2026", 20480)
+ev24, ev26 = [], []
+gf24, g24 = planned("2024", 20480, ev24.append)
+gf26, g26 = planned("2026", 20480, ev26.append)
 print("2024:", g24.buf_tallocs[0].max_size, "B in one buffer")
-print("2026:", g26.chunk_sizes(0), "=", sum(g26.chunk_sizes(0)), "B in", len(g26.chunk_sizes(0)), "chunks;",
-      "get_buffer_size", g26.get_buffer_size(0))
+print("2026:", g26.chunk_sizes(0), "=", sum(g26.chunk_sizes(0)), "B; get_buffer_size", g26.get_buffer_size(0))
+
+# %% [markdown]
+# That CPU buffer type reports its limit but allocates anything; section 9's `LimitedSimBufferType` refuses more, as
+# Vulkan's does. On it the 2024 `reserve` returns false and logs the 42,880 B it could not get; today's gets its
+# three chunks, after a dry run: `reserve_n_size` answers [40,704] and leaves no buffer (`[None]`). Today's has
+# limits too: fixture 09 in 8 KiB chunks uses all 16, the 16th holding 161,600 B, and its 24 KiB tensors open chunks
+# that size, which such a device refuses.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from ggml_lite.dyn_tallocr import captured_log  # noqa: E402
+from ggml_lite.llama_today import LimitedSimBufferType  # noqa: E402
+
+device_ok = {}
+for era in ("2024", "2026"):
+    galloc = gl.new_gallocr(LimitedSimBufferType("GPU", 32, 20480), ggml=era)
+    if era == "2026":
+        dry = galloc.reserve_n_size(fixture_graph("06_llama_block"))
+        print("2026 dry run:", dry, "buffers", galloc.buffers)
+    with captured_log() as logged:
+        device_ok[era] = galloc.reserve(fixture_graph("06_llama_block"))
+    print(f"{era}: reserve {device_ok[era]}", galloc.chunk_sizes(0) if era == "2026" else logged[-1])
+
+# %% [markdown]
+# ## 7 · Pictures: a compute buffer in chunks
+#
+# Chapter 05 drew a plan as a memory timeline computed by `trace.lifetimes` from the allocator's events. Today's
+# emits them too (a `BufferAddress` for the offset), plus `ChunkAllocEvent` and `ChunkFreeEvent`. `chunk_lifetimes`
+# splits the addresses, runs chapter 05's analysis and restores aligned sizes and handed-back tails.
+
+# %%
+# | export
+def chunk_lifetimes(graph, events) -> list:
+    """`[(chunk, trace.Lifetime)]` of a plan traced from `GAllocr2026`: `trace.lifetimes` with offsets in
+    their chunk, aligned sizes, an in-place child ending where `ggml_gallocr_free_extra_space` cut the tail."""
+    plain, sizes, pending = [], {}, None
+    chunks: list[int] = []
+    tail: dict = {}
+    for ev in events:
+        if isinstance(ev, ChunkAllocEvent):
+            sizes[ev.tensor] = ev.size
+        elif isinstance(ev, ChunkFreeEvent) and ev.tensor is None:
+            pending = ev  # a tail, freed just before the in-place child's PlaceEvent
+        elif isinstance(ev, PlaceEvent) and isinstance(ev.offset, BufferAddress):
+            chunks.append(ev.offset.chunk)
+            if pending is not None and ev.how != "new":
+                tail[ev.tensor] = pending.offset - ev.offset.offset
+            pending, ev = None, replace(ev, offset=ev.offset.offset)
+        plain.append(ev)
+    out: list[tuple[int, Lifetime]] = []
+    placed: dict = {}
+    k = 0  # the tensor blocks come one per PlaceEvent, in their order
+    for lt in lifetimes(graph, plain):
+        if lt.kind == "tensor":
+            parent = placed.get(lt.parent)
+            own = parent[1].size if parent and lt.how != "new" else sizes.get(lt.tensor, lt.size)
+            lt.size = tail.get(lt.tensor, own)
+            placed[lt.tensor], k = (chunks[k] if k < len(chunks) else 0, lt), k + 1
+            out.append(placed[lt.tensor])
+        else:
+            out.append((placed[lt.parent][0] if lt.parent in placed else 0, lt))
+    return out
+
+# %%
+# | export viz.chunks
+"""A chunked compute buffer drawn (chapter 12): today's chunks stacked, each as chapter 05's memory timeline,
+beside the 2024 allocator's one buffer when given. The analysis is `gallocr_today.chunk_lifetimes`."""
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ggml_lite.gallocr_today import chunk_lifetimes
+from ggml_lite.trace import lifetimes
+from ggml_lite.viz.timeline import COLORS, _rect
+
+
+def _blocks(fig, lts, col: int, base: int = 0, legend: bool = True) -> None:
+    """A filled rectangle per tensor block of `lts` (`trace.Lifetime`s) at `base` + its offset, named on hover."""
+    shown = set()
+    for lt in (lt for lt in lts if lt.kind == "tensor" and not lt.superseded):
+        x, y = _rect(lt.start - 0.42, lt.end + 0.42, base + lt.offset, base + lt.offset + lt.size)
+        fig.add_trace(go.Scatter(x=x[:5], y=y[:5], fill="toself", mode="lines", line=dict(color="white", width=1),
+                                 fillcolor=COLORS[lt.how], name=lt.how, legendgroup=lt.how, hoveron="fills",
+                                 showlegend=legend and lt.how not in shown, hoverinfo="text",
+                                 text=f"{lt.tensor.name}: {lt.size} B at {lt.offset}, nodes {lt.start}..{lt.end}"),
+                      row=1, col=col)
+        shown.add(lt.how)
+
+
+def chunk_map(new, chunk_sizes, max_size: int | None = None, old=None, title: str = "a compute buffer in chunks"):
+    """`new` = (graph, events) of today's allocator: x = node, y = bytes, its chunks stacked bottom to top in
+    boxes with gaps, a rectangle per tensor over its lifetime. With `old` = (graph, events) of the 2024
+    allocator, its one buffer on the left, on the same scale, with `max_size` (if any) as a dashed line."""
+    n, col, base, k = len(new[0].nodes), 1 + (old is not None), 0, len(chunk_sizes)
+    limit = f" (max_size {max_size:,} B)" if max_size else ""
+    titles = [f"today: {k} chunk{'s' * (k != 1)}, {sum(chunk_sizes):,} B{limit}"]
+    if old is not None:
+        lts = lifetimes(*old)
+        titles.insert(0, f"2024: one buffer of {max(lt.offset + lt.size for lt in lts if lt.kind == 'tensor'):,} B")
+    fig = make_subplots(rows=1, cols=col, shared_yaxes=True, horizontal_spacing=0.04, subplot_titles=titles)
+    if old is not None:
+        _blocks(fig, lts, 1)
+    if old is not None and max_size:
+        fig.add_shape(type="line", x0=-0.5, x1=n - 0.5, y0=max_size, y1=max_size, row=1, col=1,
+                      line=dict(color="crimson", dash="dash"))
+    cls = chunk_lifetimes(*new)
+    for c, size in enumerate(chunk_sizes):
+        _blocks(fig, [lt for chunk, lt in cls if chunk == c], col, base, legend=old is None and c == 0)
+        fig.add_shape(type="rect", x0=-0.5, x1=n - 0.5, y0=base, y1=base + size, line=dict(color="gray"),
+                      row=1, col=col)
+        fig.add_annotation(x=-0.5, y=base + size, text=f"chunk {c}: {size:,} B", showarrow=False, xanchor="left",
+                           yanchor="bottom", font=dict(size=10), row=1, col=col)
+        base += size + max((max_size or max(chunk_sizes)) // 8, 1)
+    fig.update_xaxes(title_text="node (execution order)")
+    fig.update_layout(title=title, height=520, plot_bgcolor="white", margin=dict(l=60, r=20, t=70, b=50),
+                      yaxis_title="bytes", legend=dict(orientation="h", y=-0.15, x=0, yanchor="top"))
+    return fig
+
+# %% [markdown]
+# The LLaMA block of the example, both eras on one byte scale: the 2024 buffer crosses the 20 KiB line at node 4 and
+# reaches 42,880 B; today's chunk 1 opens at node 4, and chunk 2 holds one tensor, `ffn_up-0` (13,760 B, node 25),
+# that fitted no hole. Then 4.1's graph on the Metal-like buffer type: in 2024 `z` sits above `m`'s dead tail.
+
+# %%
+from ggml_lite.viz.chunks import chunk_map  # noqa: E402
+
+chunk_map((gf26, ev26), g26.chunk_sizes(0), 20480, old=(gf24, ev24), title="fixture 06 in 20 KiB chunks").show()
+traced = {era: (padded_graph(), []) for era in ("2024", "2026")}
+for era, (gf, ev) in traced.items():
+    assert gl.new_gallocr(metal_like, trace=ev.append, ggml=era).reserve(gf)
+chunk_map(traced["2026"], [2048], old=traced["2024"], title="an in-place child's tail, 2024 and today").show()
 
 # %% [markdown]
 # ## 8 · The scheduler today
 #
-# Chapter 09's scheduler is `ggml-backend.c` of 2024; today's is `ggml-backend.cpp`, mostly the same code
-# in C++ dress. What changed, for the graphs ggml_lite can build:
+# The scheduler that drives this allocator changed too. Chapter 09's is `ggml-backend.c` of 2024; today's is
+# `ggml-backend.cpp`, mostly the same code in C++ dress. What changed, for ggml_lite's graphs:
 #
 # | change | 2024 | ggml 0.15.3 | the port |
 # |---|---|---|---|
@@ -709,12 +917,10 @@ print("2026:", g26.chunk_sizes(0), "=", sum(g26.chunk_sizes(0)), "B in", len(g26
 # | a weight on another backend whose memory the split's backend can use | starts a split | stays in the split | `weights_split_always` |
 # | a node unassigned after pass 4 | stays at −1 | the first backend that supports it, or an assert | `pass4` |
 # | the last backend | `ggml_backend_is_cpu` | its device's type is CPU | `backend_dev_type` |
-# | the pipeline copy (`parallel`) | moves on after every compute | picked by `alloc_graph`; 0 after a synchronize with nothing allocated | not ported |
-# | `reserve` / a dry run | synchronizes last / — | synchronizes first / `ggml_backend_sched_reserve_size` | not ported |
-# | the compute buffers | one per backend | chunks where the buffer type has a `max_size` | `GAllocr2026` (section 9) |
+# | the compute buffers | one per backend | chunks where the buffer type has a `max_size` | `GAllocr2026` (1–7) |
 #
-# Not ported: the pipeline copy and the synchronizations change no placement; ggml_lite has nothing for
-# the rest to act on (copying only the experts a `MUL_MAT_ID` uses, `graph_optimize`, graph ids).
+# Not ported, as they change no placement: the pipeline copy's choice, the synchronizations, the dry run
+# `ggml_backend_sched_reserve_size`; nor what ggml_lite has nothing for (`MUL_MAT_ID`'s experts, `graph_optimize`).
 #
 # ### 8.1 · `ggml_backend_sched_new`: 30 inputs, a switch, a device type
 #
@@ -734,14 +940,12 @@ print("2026:", g26.chunk_sizes(0), "=", sum(g26.chunk_sizes(0)), "B in", len(g26
 #     sched->op_offload = op_offload;
 # ```
 #
-# **30 inputs.** Pass 5 tests a split's inputs only when it is *full*: a node that arrives with 9 taken
-# and brings two new ones overflows it, and the C asserts. Pull request 15722 (September 2025) met this
-# with Gemma 3n and flash attention on six GPUs (19 inputs in a split) and raised the limit to 30.
-# **The CPU check** asks the device's type: `ggml-backend.cpp` is part of ggml-base, which no longer
-# links the CPU backend (home of `ggml_backend_is_cpu`). For ggml_lite's backends both rules accept the
-# same lists; the error names the device type. The port: chapter 09's class, four class attributes set
-# otherwise (allocator, input limit, 8.2's passes and weight rule), and a constructor for the check and
-# the switch.
+# **30 inputs.** Pass 5 tests a split's inputs only when it is *full*: a node that arrives with 9 taken and brings
+# two new ones overflows it, and the C asserts. Pull request 15722 (September 2025) met this with Gemma 3n and flash
+# attention on six GPUs (19 inputs in a split) and raised the limit to 30. **The CPU check** asks the device's type:
+# `ggml-backend.cpp` is part of ggml-base, which no longer links the CPU backend (home of `ggml_backend_is_cpu`).
+# For ggml_lite's backends both rules accept the same lists; the error names the device type. The port: chapter 09's
+# class, four class attributes set otherwise (allocator, input limit, 8.2's passes and weight rule), a constructor.
 
 # %%
 # | export sched_today
@@ -803,18 +1007,16 @@ class BackendSched2026(BackendSched):
 #                         if (src_backend_id != cur_backend_id && !ggml_backend_sched_buffer_supported(sched, src, cur_backend_id)) {
 # ```
 #
-# **`op_offload`.** Since March 2024 a device may take an op whose weight is in CPU memory (CUDA asks for
-# batches of 32 rows or more), copying the weight at every evaluation. Once `--override-tensor` (January
-# 2025) let users keep the experts of large mixture-of-experts models in host memory on purpose, those
-# copies made prompt processing slow (issue 13241, llama 4 400B; the only escape was a micro-batch under
-# 32). Pull request 13386 (May 2025) added `--no-op-offload`: it creates the scheduler with `op_offload`
-# false. **Host memory only** (pull requests 11120 and 11124, January 2025): the CPU backend's repacked
-# weight buffers hold rearranged bytes a device cannot copy as they are; ggml_lite's CPU backend takes
-# host buffer types only, so there the test always holds. **ROPE's** weight is a small table of frequency
-# factors, no reason to move the op. **A view** is placed by its view_src's buffer in the first test, so
-# `1.vsrc` never happens. **Pass 5** cuts at a weight on another backend only when the split's backend
-# cannot read its memory (two backends may share host memory). The port asks chapter 09's pass 1 and
-# corrects its answer in these cases; pass 5 reads `weights_split_always`.
+# **`op_offload`.** Since March 2024 a device may take an op whose weight is in CPU memory (CUDA asks for batches of
+# 32 rows or more), copying the weight each time. Once `--override-tensor` (January 2025) let users keep the experts
+# of large mixture-of-experts models in host memory on purpose, those copies made prompt processing slow (issue
+# 13241, llama 4 400B; the only escape was a micro-batch under 32). Pull request 13386 (May 2025) added
+# `--no-op-offload` (`op_offload` false). **Host memory only** (pull requests 11120 and 11124, January 2025): the
+# CPU backend's repacked weight buffers hold rearranged bytes a device cannot copy as they are; ggml_lite's CPU
+# backend takes host buffer types only. **ROPE's** weight is a small table of frequency factors. **A view** is
+# placed by its view_src's buffer in the first test, so `1.vsrc` never happens. **Pass 5** cuts at a weight on
+# another backend only when the split's backend cannot read its memory. The port corrects chapter 09's pass 1 in
+# these cases; pass 5 reads `weights_split_always`.
 
 # %%
 # | export sched_today
@@ -850,14 +1052,11 @@ def backend_id_from_cur(sched, tensor) -> int:
 #         GGML_ASSERT(*cur_backend_id != -1);
 # ```
 #
-# It catches a view of a leaf that is neither an input nor allocated (the differential generator's
-# graphs have such leafs): no pass before gives the leaf a backend, so in 2024 the view stays at −1.
-# The port runs chapter 09's pass 4 one node at a time (a one-node `graph_view`) and the resort after
-# each; the leaf itself stays unassigned, and today's allocator then stops on it
-# (`GGML_ASSERT(buffer_id >= 0)`; here a `BufferIdError`). Against the real scheduler of ggml 0.15.3
-# (`tests/differential/test_sched_today_differential.py`: 150 random graphs, 2,000 with `--long`, half
-# their nodes pinned to one of two CPU backends, the second with a `max_size`): the same splits, every
-# node's backend, and each backend's compute buffer chunk for chunk.
+# It catches a view of a leaf that is neither an input nor allocated (the differential generator's graphs have such
+# leafs): no pass before gives the leaf a backend, so in 2024 the view stays at −1. The port runs chapter 09's pass
+# 4 one node at a time (a one-node `graph_view`) and the resort after each; the leaf itself stays unassigned, and
+# today's allocator then stops on it (`GGML_ASSERT(buffer_id >= 0)`; here a `BufferIdError`). On 150 random graphs
+# ggml 0.15.3's scheduler makes the same splits, backends and chunks (`test_sched_today_differential.py`).
 
 # %%
 # | export sched_today
@@ -876,9 +1075,8 @@ def pass4(sched, graph) -> None:
 # %% [markdown]
 # ### 8.3 · Worked examples
 #
-# **Many inputs.** A SIM device holds a weight `w`, the CPU the inputs. *Overflow*: nine products `w·x_i`,
-# then `w·(x9 + x10)` — the add, which pass 2 puts on SIM, brings two new inputs when nine are taken.
-# *Fan-in*: twelve products `w·x_i` summed on SIM. And the CPU listed first, which both eras refuse.
+# **Many inputs.** A SIM device holds a weight `w`, the CPU the inputs. *Overflow*: nine products `w·x_i`, then
+# `w·(x9 + x10)`: the add, on SIM by pass 2, brings two new inputs when nine are taken. *Fan-in*: twelve summed.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -923,18 +1121,13 @@ for era, cls in ERAS_S:
     s.split_graph(fan_graphs.setdefault(era, fan_in(w_s)))
     print(era, "fan-in: (start, end, inputs)", [(p.i_start, p.i_end, p.n_inputs) for p in s.splits],
           "buffers", {b.get_name(): s.get_buffer_size(b) for b in (sim_s, cpu_s)})
-    try:
-        cls([cpu_s, sim_s])
-    except SchedulerError as e:
-        print(era, "CPU first:", e)
 
 # %% [markdown]
-# In 2024 the overflow is an assert (here a `SchedulerError`): the test for a full split looks for
-# exactly 10 inputs, and the add arrives at 9. Today it is one split of 11. The fan-in is cut after its
-# tenth input in 2024 (nodes 0-18, then 19-22) and stays whole today: one synchronization fewer, but a
-# split's inputs are all copied in at its start, so twelve copies live together and SIM's compute buffer
-# grows from 22,528 B to 26,624 B (two more 2 KiB copies); the CPU's stays 24,608 B. Below, the 2024
-# split: the dotted line at node 19 is the cut today's scheduler does not make.
+# In 2024 the overflow is an assert (here a `SchedulerError`): the test for a full split looks for exactly 10
+# inputs, and the add arrives at 9. Today it is one split of 11. The fan-in is cut after its tenth input in 2024
+# (nodes 0-18, then 19-22) and stays whole today: one synchronization fewer, but a split's inputs are all copied in
+# at its start, so twelve copies live together and SIM's compute buffer grows from 22,528 B to 26,624 B (two more 2
+# KiB copies); the CPU's stays 24,608 B. Below, the 2024 split; today's makes no cut at node 19 (dotted).
 
 # %%
 from ggml_lite.viz.sched import sched_graph_figure  # noqa: E402
@@ -942,13 +1135,11 @@ from ggml_lite.viz.sched import sched_graph_figure  # noqa: E402
 sched_graph_figure(fans["2024"], fan_graphs["2024"], title="2024: the fan-in of twelve inputs, cut after ten")
 
 # %% [markdown]
-# **`--no-op-offload`.** Now the weight is on the CPU and SIM offloads like CUDA (`offload="cuda"`, chapter
-# 08). A product of 32 rows goes to SIM in both eras (`1.off`), with a copy of the weight among its split's
-# two inputs; with `op_offload=False` it stays with its weight (`1.wgt0`): one CPU split, nothing copied.
-# The printout is the assignment table of the three schedulers. On recorded scenario 08 (a 4-layer LLaMA,
-# every weight on the CPU, a FAKE device with CUDA's rule) both eras make ggml's 43 splits; with
-# `op_offload=False`, one. On all 14 recorded scenarios the two eras make the same splits and compute
-# buffers (`tests/unit/test_sched_today.py`).
+# **`--no-op-offload`.** Now the weight is on the CPU and SIM offloads like CUDA (`offload="cuda"`, chapter 08). A
+# product of 32 rows goes to SIM in both eras (`1.off`), with a copy of the weight among its split's two inputs;
+# with `op_offload=False` it stays with its weight (`1.wgt0`): one CPU split, nothing copied. On recorded scenario
+# 08 (a 4-layer LLaMA, weights on the CPU, a FAKE device with CUDA's rule) both eras make ggml's 43 splits;
+# `op_offload=False`, one. Both eras agree on all 14 recorded scenarios (`test_sched_today.py`).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -970,12 +1161,11 @@ for label, cls, kw in (*((era, cls, {}) for era, cls in ERAS_S), ("2026 op_offlo
 # %% [markdown]
 # ## 9 · What it changes for real models
 #
-# Since PR 15815 ggml-vulkan's buffer type reports its suballocation block, 1 GiB by default, as
-# `get_max_size`, and its `alloc_buffer` logs an error and returns NULL for a size the driver refuses.
-# Below, chapter 10's GPU on a device that allocates at most 1 GiB at once (a subclass: chapter 08's
-# SIM type allocates any size), passed to `plan_memory` as `gpu_init` with the scheduler as
-# `sched_class`. **Scope:** every graph here is llama.cpp daa9623's (chapter 10's builder: no flash
-# attention, an f32 `KQ` of n_kv × n_ubatch × n_head per layer), not today's llama.cpp's.
+# Both, at a model's scale. Since PR 15815 ggml-vulkan's buffer type reports its suballocation block, 1 GiB by
+# default, as `get_max_size`, and its `alloc_buffer` returns NULL for a size the driver refuses. Below, chapter 10's
+# GPU on a device that allocates at most 1 GiB at once (a subclass: chapter 08's SIM type allocates any size),
+# passed to `plan_memory` as `gpu_init` with the scheduler as `sched_class`. **Scope:** every graph here is
+# llama.cpp daa9623's (chapter 10's builder: no flash attention, an f32 `KQ` of n_kv × n_ubatch × n_head per layer).
 
 # %%
 # | export llama_today
@@ -1009,12 +1199,11 @@ def vulkan_like(max_size: int = GiB):
     return lambda name: SimBackend(name, 128, offload="cuda", buft=LimitedSimBufferType(name, 128, max_size))
 
 # %% [markdown]
-# A `Row` is one configuration's GPU compute buffer. **2024 buffer**: the one buffer the 2024
-# scheduler and allocator ask for; *refused* above the limit (`ggml_gallocr_reserve_n` returns false,
-# llama.cpp "failed to allocate compute buffers"). **Chunks**: today's scheduler and allocator's.
-# **Tails**: their sum minus `unbounded`, today's plan of the same split graph without a limit — what
-# the room a chunk could not use costs. **Live peak**: the most bytes live at once; no layout uses
-# less. **Sept 2025**: the same split graph by `last_block="first"`; **saved**: its sum minus today's.
+# A `Row` is one configuration's GPU compute buffer. **2024 buffer**: the one buffer the 2024 scheduler and
+# allocator ask for; *refused* above the limit (`ggml_gallocr_reserve_n` returns false, llama.cpp "failed to
+# allocate compute buffers"). **Chunks**: today's scheduler and allocator's. **Tails**: their sum minus `unbounded`,
+# today's plan of the same split graph without a limit — what the room a chunk could not use costs. **Live peak**:
+# the most bytes live at once. **Sept 2025**: the same split graph by `last_block="first"`; **saved**: its excess.
 
 # %%
 # | export llama_today
@@ -1067,43 +1256,43 @@ from ggml_lite.llama_today import compare, table  # noqa: E402
 print(table([compare("llama-2-7b", 12500, 512, 19), compare("llama-2-7b", 8192, 1024, 19)]))
 
 # %% [markdown]
-# The first is PR 16788's own example (Llama-2 7B, 19 layers offloaded, micro-batch 512, 12,500 tokens).
-# The 2024 llama.cpp stops there: one buffer of 1049.94 MiB, 782 MiB of it a layer's `KQ`. Today's
-# gives the `KQ`s a chunk of their own: the same 1049.94 MiB in two allocations the device accepts.
-# September 2025's rule grew the first chunk whose last block fitted and asks 684.25 MiB more, the
-# very saving PR 16788 measured on today's graph (1711.19 → 1026.94 MiB). In the second each `KQ` is
-# exactly 1 GiB: once one is freed, `reuse_factor` puts the next layer's 64 MiB copy of `v` at the
-# start of its empty chunk (it fits without growing a chunk), so the next `KQ` opens a third chunk.
-# A heuristic: here it costs 857 MiB. `python benchmarks/chunked_llama.py` prints (in 1 s; the 2024
-# scheduler with today's allocator gives the same numbers, so the allocator alone makes them):
+# The first is PR 16788's own example (Llama-2 7B, 19 layers offloaded, micro-batch 512, 12,500 tokens). The 2024
+# llama.cpp stops there: one buffer of 1049.94 MiB, 782 MiB of it a layer's `KQ`. Today's gives the `KQ`s a chunk of
+# their own: the same 1049.94 MiB in two allocations the device accepts. September 2025's rule grew the first chunk
+# whose last block fitted and asks 684.25 MiB more, the very saving PR 16788 measured on today's graph (1711.19 →
+# 1026.94 MiB). In the second each `KQ` is exactly 1 GiB: once one is freed, `reuse_factor` puts the next layer's 64
+# MiB copy of `v` at the start of its empty chunk (it fits without growing a chunk), so the next `KQ` opens a third
+# chunk. A heuristic: here it costs 857 MiB. `python benchmarks/chunked_llama.py` prints these two and six more (in 1
+# s; the 2024 scheduler with today's allocator gives the same numbers, so the allocator alone makes them):
 #
 # | model | n_ctx | n_ubatch | ngl | 2024 buffer | today's chunks | sum | tails | live peak | Sept 2025 | saved |
 # |---|---|---|---|---|---|---|---|---|---|---|
 # | llama-2-7b | 4096 | 512 | 33 | 296.00 | 296.00 | 296.00 | 0.00 | 280.00 | 296.00 | 0.00 |
-# | llama-2-7b | 12500 | 512 | 19 | 1049.94 refused | 267.94 + 782.00 | 1049.94 | 0.00 | 1017.94 | 1734.19 | 684.25 |
 # | llama-2-7b | 16384 | 512 | 33 | 1088.00 refused | 72.00 + 1024.00 | 1096.00 | 8.00 | 1072.00 | 1115.00 | 19.00 |
-# | llama-2-7b | 8192 | 1024 | 19 | 1312.00 refused | 224.00 + 1024.00 + 1024.00 | 2272.00 | 960.00 | 1216.00 | 1415.00 | -857.00 |
 # | llama-2-7b | 12288 | 1024 | 33 | 1648.01 refused | 128.01 + 1536.00 | 1664.01 refused | 16.00 | 1616.01 | 1702.01 refused | 38.00 |
 # | llama-2-13b | 12288 | 512 | 20 | 1270.00 refused | 310.00 + 960.00 | 1270.00 | 0.00 | 1244.00 | 1345.00 | 75.00 |
 # | llama-2-70b | 8192 | 512 | 40 | 1184.00 refused | 176.00 + 1024.00 | 1200.00 | 16.00 | 1104.00 | 1688.00 | 488.00 |
 # | llama-3-8b | 16384 | 512 | 19 | 1268.50 refused | 266.50 + 1024.00 | 1290.50 | 22.00 | 1260.50 | 2042.00 | 751.50 |
 #
-# `--all` plans 324 configurations (every preset, n_ctx 4096 to 32,768, micro-batch 512 and 1024, no,
-# half and full offload) in about a minute. Of the 300 that load, the 2024 buffer is refused in 235; today's
-# chunks are allocated in 64 of those, and the other 171 hold a `KQ` above 1 GiB, which no chunk
-# splits. Where both rules allocate, `reuse_factor` saves in 34 (up to 804 MiB), costs in 6 (up to
-# 857 MiB), ties in 24; the tails cost something in 20 (up to 1008 MiB).
+# `--all` plans 324 configurations (every preset, n_ctx 4096 to 32,768, micro-batch 512 and 1024, no, half and full
+# offload) in about a minute. Of the 300 that load, the 2024 buffer is refused in 235; today's chunks are allocated
+# in 64 of those, and the other 171 hold a `KQ` above 1 GiB, which no chunk splits. Where both rules allocate,
+# `reuse_factor` saves in 34 (up to 804 MiB), costs in 6 (up to 857 MiB), ties in 24; tails cost in 20 (≤ 1008 MiB).
 
 # %% [markdown]
-# ## 7 · Check
+# ## 10 · Check
 
 # %%
 _, unlimited = planned("2026")
 assert unlimited.chunk_sizes(0) == [g24.buf_tallocs[0].max_size]  # no limit: one chunk, the 2024 plan
-assert g26.get_buffer_size(0) == sum(g26.chunk_sizes(0)) + 32 * len(g26.chunk_sizes(0))
-assert g26.chunk_sizes(0) == [16704, 10240, 13760] and all(size <= 20480 for size in g26.chunk_sizes(0))
-assert sum(g26.chunk_sizes(0)) == 40704 and g24.buf_tallocs[0].max_size == 42880
-# the scheduler of today (section 8)
+assert g26.chunk_sizes(0) == [16704, 10240, 13760] and g24.buf_tallocs[0].max_size == 42880
+assert g26.get_buffer_size(0) == 40704 + 3 * 32  # the chunks, each a 2024 CPU buffer (+32)
+assert str(z_addr) == "1:0"  # best fit chunk by chunk: the last chunk with a fitting hole wins
+assert chunk_totals == {"first": 1536, "reuse_factor": 1280}  # reuse_factor: no chunk grows
+assert padded_sizes == {"2024": 3072, "2026": 2048}  # the in-place child's tail handed back
+assert replaced == [True, False, True, True]  # any chunk grew: a new buffer, here with fewer chunks
+assert device_ok == {"2024": False, "2026": True} and dry == [40704]
+assert all(op_can_inplace_today(op) == (op in CAN_INPLACE) for op in Op)  # same in-place ops on ggml_lite's graphs
 assert [p.n_inputs for p in fans["2024"].splits] == [10, 2] and [p.n_inputs for p in fans["2026"].splits] == [12]
 assert placed == {"2024": ("SIM", "1.off"), "2026": ("SIM", "1.off"), "2026 op_offload=False": ("CPU", "1.wgt0")}
 assert BackendSched2026.max_split_inputs == 30 and gl.BackendSched.max_split_inputs == 10
