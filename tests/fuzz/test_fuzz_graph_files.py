@@ -734,6 +734,7 @@ def _well_formed_record(field_: str, v) -> bool:
     return {"offset": v is None or size, "ext_offset": v is None or size, "buffer": v is None or isinstance(v, str),
             "ok": isinstance(v, bool), "compute_buffer_replaced": v is None or isinstance(v, bool),
             "buffer_size": size, "buffer_size_before": size, "chunk": v is None or size,
+            "ggml_build": isinstance(v, str),  # (a release build's file said to be a debug build: its logs differ)
             "chunks": isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v),
             "log": isinstance(v, list) and all(isinstance(x, str) for x in v)}.get(field_, False)
 
