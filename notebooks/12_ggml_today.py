@@ -31,9 +31,9 @@
 # 5. The scheduler today: 30 inputs per split, the `op_offload` switch, the CPU-last check.
 # 6. What it changes for chapter 10's LLaMA on a device that allocates at most 1 GiB at once.
 #
-# Exported: `ggml_lite.gallocr_today` (drawn by `viz.chunks`), `sched_today` and `llama_today`. Only what changed is new code: a chunk *is* chapter 04's `DynTAllocr`, today's graph allocator is
-# chapter 05's `GAllocr` with four methods replaced, and today's scheduler is chapter 09's `BackendSched` through
-# its seams. Line numbers below cite `ggml/src/ggml-alloc.c` of ggml 0.15.3 unless they say 2024.
+# Exported: `gallocr_today` (drawn by `viz.chunks`), `sched_today`, `llama_today`. Only what changed is new code: a
+# chunk *is* chapter 04's `DynTAllocr`, today's graph allocator chapter 05's `GAllocr` with four methods replaced,
+# today's scheduler chapter 09's `BackendSched`. Citations: ggml 0.15.3's `ggml-alloc.c` unless a line says 2024.
 
 # %%
 # | default_exp gallocr_today
@@ -333,10 +333,10 @@ def free_tensor(dyn, addr: BufferAddress, size: int, tensor=None) -> None:
 # %%
 # NBVAL_CHECK_OUTPUT
 dyn = ChunkedDynTAllocr(alignment=32, max_buffer_size=1024)
-print("placed at", [str(dyn.alloc(size)) for size in (600, 3000, 600)], "- chunk sizes", [c.max_size for c in dyn.chunks])
+print("placed at", [str(dyn.alloc(size)) for size in (600, 3000, 600)], "- chunks", [c.max_size for c in dyn.chunks])
 dyn = ChunkedDynTAllocr(alignment=32, max_buffer_size=1024)
 addrs = [dyn.alloc(1024) for _ in range(20)]
-print(dyn.n_chunks, "chunks; the last five at", [str(a) for a in addrs[15:]], "- chunk 15:", dyn.chunks[15].max_size, "B")
+print(dyn.n_chunks, "chunks; the last five at", [str(a) for a in addrs[15:]], "- chunk 15:", dyn.chunks[15].max_size)
 
 # %% [markdown]
 # **Best fit, chunk by chunk.** Limit 1,024 B: `a` (256 B) and `b` (512) fill chunk 0 to 768, `d` (384) opens chunk
@@ -516,7 +516,7 @@ def is_allocated(galloc, t) -> bool:
 #     if (parent_size > node_size) {
 # ```
 #
-# (`ggml_gallocr_free_extra_space`, :599-620.) In 2024, freeing the child (`ggml_gallocr_free_node` (ggml-alloc.c:542-557)):
+# (`ggml_gallocr_free_extra_space`, :599-620.) In 2024, a child freed (`ggml_gallocr_free_node` (ggml-alloc.c:542-557)):
 #
 # ```c
 #     size_t size = ggml_backend_buft_get_alloc_size(buft, node);
