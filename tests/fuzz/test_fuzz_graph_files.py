@@ -25,9 +25,9 @@ Among the documents are two files of today's ggml (tests/chunked_docs.py: `ggml_
 new fields take the same mutations; for the single graph the oracle is ggml 0.15.3's chunked plan
 (`chunk` and `chunks` compared too).
 
-The quick run (default) tries about 2,300 cases in some 25 s (180 random mutations, 120 hypothesis
-examples, 1,962 in the sweep of every field with every wrong kind, 50 truncations); `--long` (make
-test-long) about 16,700 (2,500, 1,500, 12,618, 400) in some 8 minutes, and prints the counts; the repeated
+The quick run (default) tries about 3,950 cases in some 35 s (180 random mutations, 120 hypothesis
+examples, 3,600 in the sweep of every field with every wrong kind, 50 truncations); `--long` (make
+test-long) about 22,800 (2,500, 1,500, 18,414, 400) in some 10 minutes, and prints the counts; the repeated
 keys 60 objects x 3 commands (600 with --long), the sizes 3 x 3 and the special files 7 x 3. Cases are
 seeded (case k of a run is the same on every machine) and each is bounded in time and memory by the
 harness.
