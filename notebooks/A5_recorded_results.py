@@ -29,6 +29,8 @@
 # 2. Why one recorded fact, `compute_buffer_replaced`, is compared on the terms of glibc's heap.
 # 3. Recorded numerics: leaf data from a 32-bit LCG stream (generated with a jump-ahead, so a large
 #    leaf costs a few numpy operations), and a tolerance relative to the largest magnitude.
+# 4. Files of today's ggml (chapter 12): which allocator a file asks for, and its compute buffer in
+#    chunks — each chunk's size and each tensor's chunk, compared like offsets.
 #
 # Exported: `ggml_lite.plancheck` and `ggml_lite.numerics`.
 
