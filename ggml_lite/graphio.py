@@ -16,7 +16,7 @@ from pathlib import Path
 from ggml_lite import ops
 from ggml_lite.errors import GGMLLiteError, GraphFileError, RecordMismatchError
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
-from ggml_lite.schema import SCHEMAS, buffer_type_of, creation_order, entry_label, validate_document
+from ggml_lite.schema import SCHEMAS, buffer_type_of, creation_order, entry_label, ggml_version, validate_document
 from ggml_lite.tallocr import alloc_ctx_tensors
 from ggml_lite.tensor import Context, Op, Tensor, TensorFlag, op_by_name, type_by_name
 from ggml_lite.untrusted import quote, read_json
@@ -175,7 +175,7 @@ def read_graph_file(source, step: int | None = None, graph_size: int = GGML_DEFA
             raise type(err)(f"{where}.tensors[{i}]{named}: {err}") from None
         auto_names[i] = t.name
         t.set_name(_recorded_name(e, roots is not None))
-        t.flags = e["flags_value"]
+        t.flags = e["flags_value"] & int(TensorFlag.INPUT | TensorFlag.OUTPUT | TensorFlag.PARAM)
     for ctx in contexts.values():  # creation order = id order
         ctx.tensors.sort(key=T.id_of.__getitem__)
     graph = Graph(max(graph_size, len(entries)))
@@ -329,8 +329,8 @@ def allocate_external(gf: GraphFile, buft=None) -> dict:
         label = ext["ctx"]
         ctx = gf.contexts[label]  # (validated: every label is a context of the graph)
         buf = alloc_ctx_tensors(ctx, buft)
-        size = buf.get_size() if buf is not None else 0
-        if size != ext["size"]:
+        size, today = (buf.get_size() if buf is not None else 0), (ggml_version(gf.doc) or (0,)) >= (0, 10, 1)
+        if size != ext["size"] and not (today and size == ext["size"] + buft.alignment):  # today's CPU type: unpadded
             raise RecordMismatchError(f"context {quote(label)}: ggml's buffer held {ext['size']} bytes, "
                                       f"ggml_lite's {size}")
         for t in ctx.tensors:

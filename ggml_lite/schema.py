@@ -23,7 +23,8 @@ TENSOR_FIELDS = ("id", "name", "ctx", "graph_role", "type", "ne", "nb", "nbytes"
                  "preallocated", "buffer", "offset", "ext_offset")
 REQUIRED_FIELDS = TENSOR_FIELDS  # (and `unary_op` for a UNARY tensor)
 ROLES = ("node", "leaf", "none")
-_FLAG_BITS = {"INPUT": int(TensorFlag.INPUT), "OUTPUT": int(TensorFlag.OUTPUT), "PARAM": int(TensorFlag.PARAM)}
+_FLAG_BITS = {"INPUT": int(TensorFlag.INPUT), "OUTPUT": int(TensorFlag.OUTPUT), "PARAM": int(TensorFlag.PARAM),
+              "LOSS": 8, "COMPUTE": 16}  # ggml 0.10.1+ sets these two too: read, and dropped (no planner reads them)
 
 
 def entry_label(e: dict) -> str:
@@ -99,8 +100,8 @@ def _check_entry(e: dict, i: int, n: int, p: str) -> None:
         if not isinstance(flag, str) or flag not in _FLAG_BITS or bits & _FLAG_BITS[flag]:
             fail(f"{p}.flags[{k}]", f"one of {tuple(_FLAG_BITS)}, each once", flag)
         bits |= _FLAG_BITS[flag]
-    if check_int(e["flags_value"], f"{p}.flags_value", 0, sum(_FLAG_BITS.values())) != bits:
-        fail(f"{p}.flags_value", f"{bits}, the value of flags {e['flags']}", e["flags_value"])
+    if (check_int(e["flags_value"], f"{p}.flags_value", 0, sum(_FLAG_BITS.values())) | 24) != bits | 24:  # LOSS,
+        fail(f"{p}.flags_value", f"{bits}, the value of flags {e['flags']}", e["flags_value"])  # COMPUTE may go unnamed
     check_type(e["preallocated"], f"{p}.preallocated", bool, "true or false")
     check_type(e["buffer"], f"{p}.buffer", str, "a buffer label (a string)", nullable=True)
     for f in ("offset", "ext_offset"):
@@ -248,8 +249,8 @@ def _check_buffer_type(bt) -> None:
     a = check_int(need(bt, "alignment", "buffer_type.alignment"), "buffer_type.alignment", 1, MAX_ALIGNMENT)
     if a & (a - 1):
         fail("buffer_type.alignment", "a power of two", a)
-    if need(bt, "max_size", "buffer_type.max_size") is not None:
-        check_int(bt["max_size"], "buffer_type.max_size", 1)
+    if need(bt, "max_size", "buffer_type.max_size") is not None:  # up to SIZE_MAX, ggml's "no limit"
+        check_int(bt["max_size"], "buffer_type.max_size", 1, 2**64 - 1)
     if bt.get("alloc_size", "ggml_nbytes") != "ggml_nbytes":
         fail("buffer_type.alloc_size", "'ggml_nbytes' (the only allocation size ggml_lite knows)", bt["alloc_size"])
 

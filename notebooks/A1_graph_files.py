@@ -13,10 +13,9 @@
 # %% [markdown]
 # # A1 · Graph files — reading and writing graphs recorded from the real ggml
 #
-# The project's promise is *byte-identical to ggml*. The evidence is a set of JSON files recorded
-# from the real C library (`tests/fixtures/`, carried by the project): every tensor of a graph with its shape, strides,
-# op, sources, view and flags, and what the allocator and scheduler did with it. This appendix
-# turns such a file into ggml_lite tensors and a graph, and back.
+# The project's promise is *byte-identical to ggml*. The evidence is a set of JSON files recorded from the real C
+# library (`tests/fixtures/`, carried by the project): every tensor of a graph with its shape, strides, op, sources,
+# view and flags, and what the allocator and scheduler did with it. This appendix turns them into graphs and back.
 #
 # **Learning goals**
 #
@@ -73,7 +72,7 @@ from pathlib import Path
 from ggml_lite import ops
 from ggml_lite.errors import GGMLLiteError, GraphFileError, RecordMismatchError
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
-from ggml_lite.schema import SCHEMAS, buffer_type_of, creation_order, entry_label, validate_document
+from ggml_lite.schema import SCHEMAS, buffer_type_of, creation_order, entry_label, ggml_version, validate_document
 from ggml_lite.tallocr import alloc_ctx_tensors
 from ggml_lite.tensor import Context, Op, Tensor, TensorFlag, op_by_name, type_by_name
 from ggml_lite.untrusted import quote, read_json
@@ -415,7 +414,8 @@ TENSOR_FIELDS = ("id", "name", "ctx", "graph_role", "type", "ne", "nb", "nbytes"
                  "preallocated", "buffer", "offset", "ext_offset")
 REQUIRED_FIELDS = TENSOR_FIELDS  # (and `unary_op` for a UNARY tensor)
 ROLES = ("node", "leaf", "none")
-_FLAG_BITS = {"INPUT": int(TensorFlag.INPUT), "OUTPUT": int(TensorFlag.OUTPUT), "PARAM": int(TensorFlag.PARAM)}
+_FLAG_BITS = {"INPUT": int(TensorFlag.INPUT), "OUTPUT": int(TensorFlag.OUTPUT), "PARAM": int(TensorFlag.PARAM),
+              "LOSS": 8, "COMPUTE": 16}  # ggml 0.10.1+ sets these two too: read, and dropped (no planner reads them)
 
 
 def entry_label(e: dict) -> str:
@@ -491,8 +491,8 @@ def _check_entry(e: dict, i: int, n: int, p: str) -> None:
         if not isinstance(flag, str) or flag not in _FLAG_BITS or bits & _FLAG_BITS[flag]:
             fail(f"{p}.flags[{k}]", f"one of {tuple(_FLAG_BITS)}, each once", flag)
         bits |= _FLAG_BITS[flag]
-    if check_int(e["flags_value"], f"{p}.flags_value", 0, sum(_FLAG_BITS.values())) != bits:
-        fail(f"{p}.flags_value", f"{bits}, the value of flags {e['flags']}", e["flags_value"])
+    if (check_int(e["flags_value"], f"{p}.flags_value", 0, sum(_FLAG_BITS.values())) | 24) != bits | 24:  # LOSS,
+        fail(f"{p}.flags_value", f"{bits}, the value of flags {e['flags']}", e["flags_value"])  # COMPUTE may go unnamed
     check_type(e["preallocated"], f"{p}.preallocated", bool, "true or false")
     check_type(e["buffer"], f"{p}.buffer", str, "a buffer label (a string)", nullable=True)
     for f in ("offset", "ext_offset"):
@@ -652,8 +652,8 @@ def _check_buffer_type(bt) -> None:
     a = check_int(need(bt, "alignment", "buffer_type.alignment"), "buffer_type.alignment", 1, MAX_ALIGNMENT)
     if a & (a - 1):
         fail("buffer_type.alignment", "a power of two", a)
-    if need(bt, "max_size", "buffer_type.max_size") is not None:
-        check_int(bt["max_size"], "buffer_type.max_size", 1)
+    if need(bt, "max_size", "buffer_type.max_size") is not None:  # up to SIZE_MAX, ggml's "no limit"
+        check_int(bt["max_size"], "buffer_type.max_size", 1, 2**64 - 1)
     if bt.get("alloc_size", "ggml_nbytes") != "ggml_nbytes":
         fail("buffer_type.alloc_size", "'ggml_nbytes' (the only allocation size ggml_lite knows)", bt["alloc_size"])
 
@@ -956,7 +956,7 @@ def read_graph_file(source, step: int | None = None, graph_size: int = GGML_DEFA
             raise type(err)(f"{where}.tensors[{i}]{named}: {err}") from None
         auto_names[i] = t.name
         t.set_name(_recorded_name(e, roots is not None))
-        t.flags = e["flags_value"]
+        t.flags = e["flags_value"] & int(TensorFlag.INPUT | TensorFlag.OUTPUT | TensorFlag.PARAM)
     for ctx in contexts.values():  # creation order = id order
         ctx.tensors.sort(key=T.id_of.__getitem__)
     graph = Graph(max(graph_size, len(entries)))
@@ -1253,9 +1253,9 @@ print(f"{n_files} fixture files: {n_tensors} tensors rebuilt; shapes, strides, s
 # A graph file says which of its contexts were allocated before planning (`external_buffers`: the
 # weights, the KV cache) and how large their buffers were. `allocate_external` allocates them the way
 # the recorder did — `ggml_backend_alloc_ctx_tensors` (chapter 03) on the file's buffer type without its
-# `max_size` (today's recorder, A5, limits the compute buffer only), ggml's CPU type in every fixture —
-# and checks each buffer's recorded size and every tensor's `ext_offset`. After it, a fresh graph allocator sees the graph exactly as `ggml_gallocr` saw it:
-# running it again and comparing the plan is the subject of appendix A5.
+# `max_size` (today's recorder, A5, limits the compute buffer only), ggml's CPU type in every fixture — and checks
+# each buffer's recorded size (for today's ggml, also without the 2024 type's padding) and every `ext_offset`.
+# After it, a fresh graph allocator sees the graph as `ggml_gallocr` saw it; comparing the plan is appendix A5's.
 
 # %%
 # | export
@@ -1269,8 +1269,8 @@ def allocate_external(gf: GraphFile, buft=None) -> dict:
         label = ext["ctx"]
         ctx = gf.contexts[label]  # (validated: every label is a context of the graph)
         buf = alloc_ctx_tensors(ctx, buft)
-        size = buf.get_size() if buf is not None else 0
-        if size != ext["size"]:
+        size, today = (buf.get_size() if buf is not None else 0), (ggml_version(gf.doc) or (0,)) >= (0, 10, 1)
+        if size != ext["size"] and not (today and size == ext["size"] + buft.alignment):  # today's CPU type: unpadded
             raise RecordMismatchError(f"context {quote(label)}: ggml's buffer held {ext['size']} bytes, "
                                       f"ggml_lite's {size}")
         for t in ctx.tensors:
