@@ -230,8 +230,8 @@ def check_plan_file(source, limit: int | None = 10, ggml: str | None = None) -> 
             # the recorder saw the buffer through a tensor's `buffer`, which only alloc_graph sets
             got["replaced"] = None if call != "alloc_graph" or seen is None else got["handle"] != seen
             new_vbuf = isinstance(galloc.buffers[0], VBuffer) and galloc.buffers[0] is not seen_buf
-            if got["replaced"] is not None and new_vbuf:  # a new buffer of today's: either address (see above)
-                got["replaced"] = st.get("compute_buffer_replaced")
+            if got["replaced"] is not None and new_vbuf and isinstance(st.get("compute_buffer_replaced"), bool):
+                got["replaced"] = st["compute_buffer_replaced"]  # a new buffer of today's: either address (see above)
             if call == "alloc_graph":
                 seen, seen_buf = got["handle"], galloc.buffers[0]
             out += _compare_call(f"step {k} ({call})", st, got)

@@ -470,7 +470,7 @@ def _check_weights(doc, where, ctxs) -> None:
             refuse(where, p + (".parts" if "parts" in ext else ".is_multi_buffer"), "parts exactly when "
                    "is_multi_buffer is true", ext.get("parts", ext["is_multi_buffer"]))
     if "external_buffers" in doc and len(exts) != len(labels):
-        refuse(where, "external_buffers", f"a buffer for each of the model's contexts ({', '.join(labels)})", exts)
+        refuse(where, "external_buffers", f"a buffer per context of model and placement ({', '.join(labels)})", exts)
 
 
 # notebooks/A3_scheduler_scenarios.py

@@ -294,9 +294,32 @@ class Case:
                 return isinstance(v, list) and all(isinstance(x, str) for x in v)
             if f == "chunks":
                 return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in v)
+            new_buffer = (f == "compute_buffer_replaced" and self.kind == "step"
+                          and _new_chunked_buffer_at(self.doc, self.path[1]))
+            if new_buffer and isinstance(v, bool):
+                return False  # where today's allocator got a new buffer, either address is right (A5)
             if f in ("ok", "compute_buffer_replaced"):
                 return isinstance(v, bool) or (v is None and f == "compute_buffer_replaced")
             return size
+        return False
+
+
+def _new_chunked_buffer_at(doc, k) -> bool:
+    """Whether step `k` of a sequence planned with today's allocator ends with a new virtual buffer (A5's
+    `check_plan_file` then accepts either `compute_buffer_replaced`)."""
+    from ggml_lite.errors import GGMLLiteError
+    from ggml_lite.gallocr_today import VBuffer
+    from ggml_lite.plancheck import CALLS, run_plan
+
+    try:
+        galloc = seen = None
+        for j, st in enumerate(doc["steps"][: k + 1]):
+            _, galloc, _ = run_plan(doc, j, galloc, CALLS[st["call"]], validate=False)
+            new = isinstance(galloc.buffers[0], VBuffer) and galloc.buffers[0] is not seen
+            if CALLS[st["call"]] == "alloc_graph":
+                seen = galloc.buffers[0]
+        return new
+    except (GGMLLiteError, KeyError, TypeError, IndexError):
         return False
 
 
@@ -454,7 +477,19 @@ def _judge_loaded(doc: dict, what: str) -> None:
         def sec(d: dict, k: int | None = k) -> dict:
             return d["graph"] if k is None else d["steps"][k]["graph"]
 
-        assert json.dumps(sec(again)) == json.dumps(sec(doc)), "loaded, but not as the file says: " + what
+        assert json.dumps(_known_flags(sec(again))) == json.dumps(_known_flags(sec(doc))), \
+            "loaded, but not as the file says: " + what
+
+
+def _known_flags(graph: dict) -> dict:
+    """A graph section with the flags of ggml 0.10.1+ (LOSS 8, COMPUTE 16) left out: a file may record them,
+    ggml_lite reads and drops them (no planner reads them; A1)."""
+    g = copy.deepcopy(graph)
+    for e in g.get("tensors", []) if isinstance(g, dict) else []:
+        if isinstance(e, dict) and isinstance(e.get("flags_value"), int) and isinstance(e.get("flags"), list):
+            e["flags_value"] &= 7
+            e["flags"] = [f for f in e["flags"] if f not in ("LOSS", "COMPUTE")]
+    return g
 
 
 def _judge_difference(case: Case, check, what: str, tally: Tally) -> None:
