@@ -134,7 +134,8 @@ def release_build(doc: dict) -> bool:
 def check_today(doc: dict, era: str) -> None:
     """The fields of today's plans, before anything is built: `ggml_build` a string; `chunks` (of the file
     or of a step) at most 16 positive sizes; each tensor's `chunk` an index of them, null exactly where its
-    `offset` is; chunk fields only in a file planned with today's allocator (`era` "2026")."""
+    `offset` is, recorded by every tensor or none; chunk fields only in a file planned with today's allocator
+    (`era` "2026")."""
     check_type(doc.get("ggml_build", ""), "ggml_build", str, "a string (the build of ggml that recorded the file)")
     records = [("", doc)] if "graph" in doc else [(f"steps[{k}].", st) for k, st in enumerate(doc["steps"])]
     for p, rec in records:
@@ -152,6 +153,10 @@ def check_today(doc: dict, era: str) -> None:
             n = len(check_list(rec["chunks"], f"{p}chunks", most=VBUFFER_MAX_CHUNKS))
             for k, size in enumerate(rec["chunks"]):
                 check_int(size, f"{p}chunks[{k}]", 1)
+        unmarked = next((i for i, e in enumerate(entries) if "chunk" not in e), None) if marked else None
+        if unmarked is not None:  # (a tensor without it would go unchecked)
+            raise GraphFileError(f"{p}graph.tensors[{unmarked}].chunk: missing; every tensor records its chunk (an "
+                                 f"index or null), or none does, and tensor #{marked[0]} does")
         for i in marked:
             c, offset, path = entries[i]["chunk"], entries[i]["offset"], f"{p}graph.tensors[{i}].chunk"
             if c is None and offset is not None:

@@ -439,3 +439,15 @@ def test_plan_json_gives_every_recorded_chunk_and_offset(path, capsys):
                               for e in doc["graph"]["tensors"]}
     code, _, err = _run(capsys, "check", path, "--ggml", "2024")
     assert code == 2 and "drop --ggml 2024" in err
+
+
+def test_a_tensor_without_its_chunk_where_others_have_one_is_refused(tmp_path, capsys):
+    """Every tensor records its chunk, or none does: a tensor left without one would go unchecked."""
+    doc = chunked_document("06_llama_block", 2)
+    i = _placed(doc, 1)
+    del doc["graph"]["tensors"][i]["chunk"]
+    code, _, err = _run(capsys, "check", _write(tmp_path, doc))
+    assert code == 2 and f"graph.tensors[{i}].chunk: missing" in err
+    for e in doc["graph"]["tensors"]:  # none records it: the chunks are not compared per tensor, and that is allowed
+        e.pop("chunk", None)
+    assert _run(capsys, "check", _write(tmp_path, doc))[0] == 0
