@@ -212,6 +212,26 @@ def _compare_call(label: str, want: dict, got: dict) -> list:
 
 
 # notebooks/A5_recorded_results.py
+def run_steps(doc: dict, ggml: str | None = None):
+    """Run a validated sequence file's steps on one allocator (`run_plan`); yields per step `(k, step,
+    call, GraphFile, galloc, result)`, the result with `replaced`, the `compute_buffer_replaced` to compare
+    (None before the second alloc_graph), and `new_buffer`: a new virtual buffer of today's allocator since
+    the last alloc_graph, where either recorded address agrees (see above)."""
+    galloc = seen = seen_buf = None  # seen: the compute buffer's address after the last alloc_graph step
+    for k, st in enumerate(doc["steps"]):
+        call = CALLS[st["call"]]
+        gf, galloc, res = run_plan(doc, k, galloc, call, validate=False, ggml=ggml)
+        got = res[call]
+        # the recorder saw the buffer through a tensor's `buffer`, which only alloc_graph sets
+        got["replaced"] = None if call != "alloc_graph" or seen is None else got["handle"] != seen
+        got["new_buffer"] = isinstance(galloc.buffers[0], VBuffer) and galloc.buffers[0] is not seen_buf
+        if got["replaced"] is not None and got["new_buffer"] and isinstance(st.get("compute_buffer_replaced"), bool):
+            got["replaced"] = st["compute_buffer_replaced"]
+        if call == "alloc_graph":
+            seen, seen_buf = got["handle"], galloc.buffers[0]
+        yield k, st, call, gf, galloc, got
+
+
 def check_plan_file(source, limit: int | None = 10, ggml: str | None = None) -> list:
     """Every difference between the file's recorded plan(s) and ggml_lite's (empty: identical):
     offsets, chunks, buffer sizes, ok flags, logs; for a sequence file, each step on one allocator, of
@@ -227,18 +247,7 @@ def check_plan_file(source, limit: int | None = 10, ggml: str | None = None) -> 
     check_today(doc, era_of(doc, ggml))
     out = []
     if "steps" in doc:
-        galloc = seen = seen_buf = None  # seen: the compute buffer's address after the last alloc_graph step
-        for k, st in enumerate(doc["steps"]):
-            call = CALLS[st["call"]]
-            gf, galloc, res = run_plan(doc, k, galloc, call, validate=False, ggml=ggml)
-            got = res[call]
-            # the recorder saw the buffer through a tensor's `buffer`, which only alloc_graph sets
-            got["replaced"] = None if call != "alloc_graph" or seen is None else got["handle"] != seen
-            new_vbuf = isinstance(galloc.buffers[0], VBuffer) and galloc.buffers[0] is not seen_buf
-            if got["replaced"] is not None and new_vbuf and isinstance(st.get("compute_buffer_replaced"), bool):
-                got["replaced"] = st["compute_buffer_replaced"]  # a new buffer of today's: either address (see above)
-            if call == "alloc_graph":
-                seen, seen_buf = got["handle"], galloc.buffers[0]
+        for k, st, call, gf, galloc, got in run_steps(doc, ggml):
             out += _compare_call(f"step {k} ({call})", st, got)
             if st["ok"]:  # (after a reserve nothing is placed yet: every recorded offset must be null)
                 out += [f"step {k}: {d}" for d in plan_differences(recorded_plan(gf), plan_of(gf, galloc), gf, limit)]

@@ -308,18 +308,11 @@ def _new_chunked_buffer_at(doc, k) -> bool:
     """Whether step `k` of a sequence planned with today's allocator ends with a new virtual buffer (A5's
     `check_plan_file` then accepts either `compute_buffer_replaced`)."""
     from ggml_lite.errors import GGMLLiteError
-    from ggml_lite.gallocr_today import VBuffer
-    from ggml_lite.plancheck import CALLS, run_plan
+    from ggml_lite.plancheck import run_steps
 
     try:
-        galloc = seen = None
-        for j, st in enumerate(doc["steps"][: k + 1]):
-            _, galloc, _ = run_plan(doc, j, galloc, CALLS[st["call"]], validate=False)
-            new = isinstance(galloc.buffers[0], VBuffer) and galloc.buffers[0] is not seen
-            if CALLS[st["call"]] == "alloc_graph":
-                seen = galloc.buffers[0]
-        return new
-    except (GGMLLiteError, KeyError, TypeError, IndexError):
+        return next(got["new_buffer"] for j, *_, got in run_steps(doc) if j == k)
+    except (GGMLLiteError, KeyError, TypeError, IndexError, StopIteration):
         return False
 
 
