@@ -4,6 +4,7 @@
                              [--budget SECONDS] [--verify [--max-gib GiB]] [--ggml 2024|2026]
     python -m ggml_lite check FIXTURE.json [--no-numerics] [--exact] [--limit N] [--max-gib GiB] [--ggml 2024|2026]
     python -m ggml_lite sched SCENARIO.json [--check]
+    python -m ggml_lite exercises [--json]
     python -m ggml_lite llama (--gguf FILE | --preset NAME | --n-vocab N --n-embd N --n-layer N --n-head N --n-head-kv N
                                --n-ff N) [--n-ctx 512] [--n-batch 2048] [--n-ubatch 512] [--type-k f16]
                                [--type-v f16] [--n-gpu-layers 0] [--devices 0] [--tensor-split a,b]
@@ -45,6 +46,10 @@ scheduler's assignments of a recorded scenario's round-0 graph in GGML_SCHED_DEB
 `--check` it replays the whole scenario (appendix A3) and exits 0 only when everything recorded matches.
 `llama` plans a LLaMA as llama.cpp (mid-2024) would (chapter 10) and prints the memory of every device,
 and the lines llama.cpp prints about it; GPUs are simulated devices configured like CUDA.
+
+`exercises` lists the course's exercises (chapters 02-12, appendix A8) by chapter with their state on this
+machine, from the local progress record (`~/.ggml_lite/progress.json`, or `$GGML_LITE_PROGRESS`), and says
+where to go next; `--json` prints a list of `{"id", "chapter", "kind", "minutes", "done"}`.
 
 Exit codes: 0 success; 1 the plan or a result differs from the record, or a plan failed --verify; 2 the
 file or the arguments are unusable.
@@ -402,6 +407,35 @@ def cmd_llama(args) -> int:
 
 
 ERA_NAMES = ("2024", "2026")
+def cmd_exercises(args) -> int:
+    from ggml_lite import exercises as ex
+
+    items, done = ex.catalog(), ex.read_progress()
+    if args.json:
+        print(json.dumps([{"id": e.id, "chapter": e.chapter, "kind": e.kind, "minutes": e.minutes,
+                           "done": e.id in done} for e in items], indent=1))
+        return 0
+    kinds = {k: [e for e in items if e.kind == k] for k in ex.KINDS}
+    n_done = sum(e.id in done for e in items)
+    print(f"The course has {len(items)} exercises in {len(ex.CHAPTERS)} chapters, "
+          f"{sum(e.minutes for e in items) / 60:.1f} hours in all; {n_done} done here ("
+          + ", ".join(f"{k} {sum(e.id in done for e in v)}/{len(v)}" for k, v in kinds.items()) + ").")
+    for number in sorted(ex.CHAPTERS):
+        chapter = ex.CHAPTERS[number]
+        print(f"\n{number} · {chapter.title} (notebooks/{chapter.notebook}.ipynb)")
+        for e in (e for e in items if e.chapter == number):
+            print(f"  [{'x' if e.id in done else ' '}] {e.id:5} {e.kind:9} {e.minutes:3d} min  {e.level:6}  {e.title}")
+    todo = [e for e in items if e.id not in done]
+    if todo:
+        where = ex.CHAPTERS[todo[0].chapter].notebook
+        print(f"\nNext: {todo[0].id} ({todo[0].kind}, {todo[0].title}) in notebooks/{where}.ipynb; `make lab` "
+              "opens the notebooks. Solutions: appendices A8 to A10, after trying.")
+    else:
+        print("\nEvery exercise is done.")
+    print(f"Progress is kept in {ex.progress_path()}.")
+    return 0
+
+
 ERA_HELP = ("the graph allocator: 2024 (llama.cpp daa9623) or 2026 (ggml 0.15.3: chunked compute buffers); default: "
             "the file's ggml_version (0.10.1 or later: 2026), else 2024")
 
@@ -476,6 +510,11 @@ def main(argv=None) -> int:
                    help="with --vram: the largest n_gpu_layers that fits, then the largest n_ctx")
     m.add_argument("--json", action="store_true", help="print the report as JSON (sizes in bytes)")
     m.set_defaults(run=cmd_llama, file="the llama arguments")
+    e = sub.add_parser("exercises", help="the course's exercises by chapter, and which are done on this machine")
+    e.add_argument("--json", action="store_true",
+                   help='print a list of {"id", "chapter", "kind": "predict"|"implement"|"explore", "minutes", '
+                   '"done"}')
+    e.set_defaults(run=cmd_exercises, file="the exercises")
     args = parser.parse_args(argv)
     try:
         return args.run(args)
@@ -484,7 +523,8 @@ def main(argv=None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (GGMLLiteError, OSError) as e:
-        where = "" if str(args.file) in str(e) or args.file == "the llama arguments" else f"{args.file}: "
+        where = "" if str(args.file) in str(e) or args.file in ("the llama arguments", "the exercises") \
+            else f"{args.file}: "
         print(f"error: {type(e).__name__}: {where}{e}", file=sys.stderr)
         return 2
     except MemoryError:  # (what --max-gib and the readers' bounds did not foresee: a message, not "internal")

@@ -169,5 +169,10 @@ class PlannerError(GGMLLiteError, ValueError):
     way of computing, a hand-made block that ends before it starts or has a negative size (chapter 11)."""
 
 
+class ExerciseError(GGMLLiteError, ValueError):
+    """An exercise that does not exist or was asked the wrong way (an answer to an implement-exercise, a
+    grader handed something that is not a function), or a progress record that cannot be read (A8)."""
+
+
 class LayoutMismatchError(BackendError, ValueError):
     """A tensor copy between tensors of different type, shape or strides (`ggml_backend_tensor_copy`)."""

@@ -176,3 +176,67 @@ for bad in (0, 3, 24, -32):
     except al.AlignmentError:
         pass
 print("chapter 02: all checks passed")
+
+# %% [markdown]
+# ## 5 · Exercises
+#
+# Four exercises, about 25 minutes. Predictions are answered with `answer(id, value)`: replace the `...`
+# and run the cell; it says right or wrong, then why. An implementation is graded with `check(id, fn)`
+# against the port on the chapter's cases and 300 random ones; a failure shows the smallest case where
+# your function and ggml disagree and the rule it breaks. `python -m ggml_lite exercises` lists what you
+# have done. Solutions are in appendix A8; try first.
+
+# %%
+from ggml_lite.exercises import answer, check, done  # noqa: E402
+
+# %% [markdown]
+# **02.1 · Predict** (easy, 3 min). A buffer's base address is `0x1004` (not on a 32-byte boundary). What
+# does `aligned_offset(0x1004, 100, 32)` return?
+
+# %%
+answer("02.1", ...)
+
+# %% [markdown]
+# **02.2 · Predict** (easy, 3 min). Three tensors of 100, 32 and 200 bytes are placed back to back from
+# offset 0 of an aligned buffer, each starting at a multiple of 64. At which offset does the third start?
+
+# %%
+answer("02.2", ...)
+
+# %% [markdown]
+# **02.3 · Implement** `aligned_offset` (easy, 10 min). Write it without scrolling up, from the C
+# (`ggml-alloc.c:64-68`):
+#
+# ```c
+# static size_t aligned_offset(const void * buffer, size_t offset, size_t alignment) {
+#     assert(alignment && !(alignment & (alignment - 1))); // power of 2
+#     size_t align = (alignment - (((uintptr_t)buffer + offset) % alignment)) % alignment;
+#     return offset + align;
+# }
+# ```
+#
+# `buffer` is an address (an `int`) or `None` for NULL. Where the C asserts, raise
+# `ggml_lite.errors.AlignmentError`.
+
+# %%
+# exercise 02.3
+def aligned_offset(buffer, offset, alignment):
+    raise NotImplementedError  # your code here
+
+
+check("02.3", aligned_offset)
+
+# %% [markdown]
+# **02.4 · Explore** (medium, 10 min). Without its power-of-two check, what would `GGML_PAD(x, 24)` give
+# for x = 1 … 48? Would a placement built from it still be safe? Run `done("02.4")` when you have an answer.
+#
+# <details><summary>A worked answer</summary>
+#
+# `~(24 - 1)` is `~0b10111`: it clears bits 0, 1, 2 and 4, not "everything below 24". So the result is a
+# multiple of 8 with bit 4 clear: x = 1…8 give 8, 9…16 give 32, 17…24 give 40, 25…32 give 32 again, 33…40
+# give 40, 41…48 give 64. None is a multiple of 24 except by luck, and the function is not even monotonic:
+# a 24-byte tensor would take 40 bytes and a 25-byte one 32. Every result happens to be ≥ x, so tensors
+# would not overlap, but their offsets would break a device's 24-byte rule. This is why both functions
+# refuse a non-power-of-two here, where the C only asserts, and release builds compile asserts out.
+#
+# </details>

@@ -1034,3 +1034,96 @@ assert cb.get_tensor(x, 4, 4) == np.float32(1).tobytes()
 assert len(wbuf.buffers) == 4 and all(p.get_usage() == BufferUsage.WEIGHTS for p in wbuf.buffers)
 assert wbuf.get_size() == sum(p.get_size() for p in wbuf.buffers)
 print("chapter 03: all checks passed")
+
+# %% [markdown]
+# ## 10 · Exercises
+#
+# Four exercises, about 45 minutes. A prediction is answered with `answer(id, value)`: replace the `...` and
+# run the cell; it says right or wrong, then why. The implementation is graded with `check(id, fn)` against
+# the port on the chapter's cases, the weights and KV caches of three recorded models (a 7B among them) and
+# 400 random contexts; a failure shows the smallest case where your function and ggml disagree and the rule
+# it breaks. `python -m ggml_lite exercises` lists what you have done. Solutions are in appendix A8; try
+# first.
+
+# %%
+from ggml_lite.exercises import answer, check, done  # noqa: E402
+
+# %% [markdown]
+# **03.1 · Predict** (easy, 5 min). A context holds three f32 tensors of 10, 25 and 8 elements, in that order,
+# and a `view_1d` of 5 elements of the second. `alloc_ctx_tensors(ctx, cpu_buffer_type())` allocates them.
+# How many bytes does the returned buffer's `get_size()` report?
+
+# %%
+answer("03.1", ...)
+
+# %% [markdown]
+# **03.2 · Predict** (medium, 5 min). `talloc = TAllocr(cpu_buffer_type().alloc_buffer(100))`; then f32
+# tensors of 8 elements each are placed with `talloc.alloc`, one after another. How many are placed before
+# one is refused with `OutOfBufferSpaceError`?
+
+# %%
+answer("03.2", ...)
+
+# %% [markdown]
+# **03.3 · Implement** the split of `ggml_backend_alloc_ctx_tensors_from_buft` into buffers (medium, 20 min).
+# Write it without scrolling up, from the C (`ggml-alloc.c:978-1014`, its message and cleanup left out):
+#
+# ```c
+# size_t cur_buf_size = 0;
+# struct ggml_tensor * first = ggml_get_first_tensor(ctx);
+# for (struct ggml_tensor * t = first; t != NULL; t = ggml_get_next_tensor(ctx, t)) {
+#     size_t this_size = 0;
+#     if (t->data == NULL && t->view_src == NULL) {
+#         this_size = GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), alignment);
+#     }
+#     if (this_size > max_size) {
+#         /* "tensor is too large to fit", free the buffers so far */ return NULL;
+#     }
+#     if ((cur_buf_size + this_size) > max_size) {
+#         // allocate tensors in the current buffer
+#         if (!alloc_tensor_range(ctx, first, t, buft, cur_buf_size, &buffers, &n_buffers)) { return NULL; }
+#         first = t;
+#         cur_buf_size = this_size;
+#     } else {
+#         cur_buf_size += this_size;
+#     }
+# }
+# // allocate remaining tensors
+# if (cur_buf_size > 0) {
+#     if (!alloc_tensor_range(ctx, first, NULL, buft, cur_buf_size, &buffers, &n_buffers)) { return NULL; }
+# }
+# ```
+#
+# `sizes` lists the context's tensors in creation order: each one's alloc size in bytes (at least 1), or
+# `None` for a tensor that needs no memory of its own (a view, or one allocated before). Return the buffers
+# as a list of `(first, last, size)`: tensors `first` to `last - 1` go into a buffer of `size` bytes
+# (`alloc_tensor_range` from `first` up to `t`, or to the end for the last). Where the C gives up on a tensor
+# larger than `max_size`, raise `ggml_lite.errors.TensorTooLargeError`.
+
+# %%
+# exercise 03.3
+def split_buffers(sizes, alignment, max_size):
+    """sizes: [bytes or None, ...]; returns [(first, last, size), ...], one per buffer."""
+    raise NotImplementedError  # your code here
+
+
+check("03.3", split_buffers)
+
+# %% [markdown]
+# **03.4 · Explore** (medium, 15 min). `alloc_ctx_tensors_from_buft` splits in creation order and never looks
+# back. Find tensor sizes for which another order of the same tensors needs fewer buffers under the same
+# `max_size`. Does splitting in creation order ever cost *bytes*? Run `done("03.4")` when you have an answer.
+#
+# <details><summary>A worked answer</summary>
+#
+# Eight 512-byte tensors alternating with eight 32-byte ones, `max_size` 1024, alignment 32: in creation
+# order each 512 is joined by the 32 after it (544 bytes), and the next 512 no longer fits, so there are 8
+# buffers of 544 bytes. The same tensors with the 512s first fill four buffers of exactly 1024 bytes and a
+# fifth of 8 × 32 = 256: 5 buffers. The rule is *next fit* from bin packing: a buffer closes only when the
+# next tensor does not fit, so any two neighbouring buffers together hold more than `max_size`, and the count
+# stays below 2 · total / max_size + 1, about twice the fewest possible at worst. No bytes are lost to the
+# split: each buffer is exactly its range's padded sum (4,352 bytes either way here), so the cost is the
+# number of buffers, plus whatever a buffer type adds to each (the CPU type's 32 bytes). In exchange, one pass
+# decides everything, and a tensor's buffer depends only on the tensors created before it.
+#
+# </details>

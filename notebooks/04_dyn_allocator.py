@@ -744,3 +744,139 @@ assert dyn.max_size == 192 and ff.max_size == 256
 assert fevents[-1].how == "last_block" and fdyn.max_size == 640
 assert dbg.free_blocks[0] == (0, 64) and dbg.free_blocks[1][0] == 0 and dbg.live_debug_tensors() == []
 print("chapter 04: all checks passed")
+
+# %% [markdown]
+# ## 9 · Exercises
+#
+# Four exercises, about 65 minutes. A prediction is answered with `answer(id, value)`: replace the `...` and
+# run the cell; it says right or wrong, then why. An implementation is graded with `check(id, fn)` against the
+# port on the chapter's cases, on every call the allocator gets while ggml_lite plans eleven of the recorded
+# ggml-seed graphs, and on the calls of random runs; a failure shows the smallest case where your function
+# and ggml disagree and the rule it breaks. `python -m ggml_lite exercises` lists what you have done.
+# Solutions are in appendix A8; try first.
+
+# %%
+from ggml_lite.exercises import answer, check, done  # noqa: E402
+
+# %% [markdown]
+# **04.1 · Predict** (easy, 5 min). A fresh `DynTAllocr(32)` allocates a (96 bytes), then x, b, y, c and z
+# (64 bytes each), in that order, and frees a, b and c. At which offset does a following request for 50
+# bytes go?
+
+# %%
+answer("04.1", ...)
+
+# %% [markdown]
+# **04.2 · Implement** the best-fit choice of `ggml_dyn_tallocr_alloc` (medium, 20 min). Write it without
+# scrolling up, from the C (`ggml-alloc.c:149-191`, its debug lines left out):
+#
+# ```c
+# size = aligned_offset(NULL, size, alloc->alignment);
+# // find the best fitting free block besides the last block
+# int best_fit_block = -1;
+# size_t best_fit_size = SIZE_MAX;
+# for (int i = 0; i < alloc->n_free_blocks - 1; i++) {
+#     struct free_block * block = &alloc->free_blocks[i];
+#     if (block->size >= size && block->size <= best_fit_size) {
+#         best_fit_block = i;
+#         best_fit_size = block->size;
+#     }
+# }
+# if (best_fit_block == -1) {
+#     // the last block is our last resort
+#     struct free_block * block = &alloc->free_blocks[alloc->n_free_blocks - 1];
+#     if (block->size >= size) {
+#         best_fit_block = alloc->n_free_blocks - 1;
+#     } else {
+#         GGML_ABORT("not enough space in the buffer");
+#     }
+# }
+# struct free_block * block = &alloc->free_blocks[best_fit_block];
+# size_t offset = block->offset;
+# block->offset = offset + size;
+# block->size -= size;
+# if (block->size == 0) { /* remove block if empty: shift the later blocks down by one */ }
+# ```
+#
+# The free list is a plain list `[(offset, size), ...]` in address order, its last block last. Return the
+# offset and the free list after, `(offset, [(offset, size), ...])`; where the C aborts, raise
+# `ggml_lite.errors.OutOfBufferSpaceError`.
+
+# %%
+# exercise 04.2
+def best_fit_alloc(free_blocks, size, alignment):
+    """free_blocks: [(offset, size), ...]; returns (offset, the free list after)."""
+    raise NotImplementedError  # your code here
+
+
+check("04.2", best_fit_alloc)
+
+# %% [markdown]
+# **04.3 · Implement** the merges of `ggml_dyn_tallocr_free_tensor` (medium, 25 min), from the C
+# (`ggml-alloc.c:234-287`, its debug lines left out):
+#
+# ```c
+# size = aligned_offset(NULL, size, alloc->alignment);
+# for (int i = 0; i < alloc->n_free_blocks; i++) {       // see if we can merge with an existing block
+#     struct free_block * block = &alloc->free_blocks[i];
+#     if (block->offset + block->size == offset) {        // ptr is at the end of the block
+#         block->size += size;
+#         if (i < alloc->n_free_blocks - 1 && block->offset + block->size == alloc->free_blocks[i+1].offset) {
+#             block->size += alloc->free_blocks[i+1].size;  // merge with the next block: remove it
+#             alloc->n_free_blocks--; /* shift the blocks after i+1 down by one */
+#         }
+#         return;
+#     }
+#     if (offset + size == block->offset) {               // ptr is at the beginning of the block
+#         block->offset = offset;
+#         block->size += size;
+#         if (i > 0 && alloc->free_blocks[i-1].offset + alloc->free_blocks[i-1].size == block->offset) {
+#             alloc->free_blocks[i-1].size += block->size;  // merge with the previous block: remove block i
+#             alloc->n_free_blocks--; /* shift the blocks after i down by one */
+#         }
+#         return;
+#     }
+# }
+# // otherwise, add a new block
+# GGML_ASSERT(alloc->n_free_blocks < MAX_FREE_BLOCKS && "out of free blocks");
+# int insert_pos = 0;                                     // keep the array sorted by address
+# while (insert_pos < alloc->n_free_blocks && alloc->free_blocks[insert_pos].offset < offset) {
+#     insert_pos++;
+# }
+# /* shift the blocks from insert_pos up by one */
+# alloc->free_blocks[insert_pos].offset = offset;
+# alloc->free_blocks[insert_pos].size = size;
+# alloc->n_free_blocks++;
+# ```
+#
+# The range `[offset, offset + size)` lies in a gap of the free list (it was allocated). Return the free
+# list after, as a list of `(offset, size)`; where the C asserts, raise `ggml_lite.errors.OutOfFreeBlocksError`
+# (`MAX_FREE_BLOCKS` is 256).
+
+# %%
+# exercise 04.3
+def free_range(free_blocks, offset, size, alignment):
+    """free_blocks: [(offset, size), ...]; returns the free list after freeing [offset, offset + size)."""
+    raise NotImplementedError  # your code here
+
+
+check("04.3", free_range)
+
+# %% [markdown]
+# **04.4 · Explore** (medium, 15 min). § 5 shows best fit beating first fit. Find a script of allocations and
+# frees after which best fit has the larger `max_size` (the chapter's `run` and `FirstFit` replay a script
+# with either rule). Why can the better fit lose? Run `done("04.4")` when you have an answer.
+#
+# <details><summary>A worked answer</summary>
+#
+# Leave two holes, 160 bytes at offset 0 and 128 bytes at 192: allocate a (160), x (32), b (128), y (32),
+# then free a and b. Now ask for 96, 64 and 128 bytes. Best fit puts the 96 into the tighter 128-byte hole
+# (at 192), leaving 32 bytes there; the 64 then goes into the 160-byte hole (at 0), leaving 96; no hole can
+# take the 128, which goes to the end at 352: `max_size` 480. First fit puts the 96 at 0, the 64 exactly into
+# the 64 bytes left behind it, and the 128 exactly into the second hole: `max_size` 352, nothing new at the
+# end. Best fit minimises the leftover of *this* request, but a small leftover (32 bytes) is often useless
+# later, while first fit's larger leftover (64) happened to fit the next request exactly. Neither rule is
+# best for every sequence; it depends on sizes that come later, which an online allocator cannot see. The
+# offline planners of chapter 11 see the whole graph in advance.
+#
+# </details>

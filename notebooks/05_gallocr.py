@@ -1297,3 +1297,115 @@ assert max(live_bytes(lts_tw, len(g_tw.nodes))) == ga_tw.buf_tallocs[0].max_size
 assert any(isinstance(e, PlaceEvent) and e.how == "inplace" and e.parent is b for e in ev)
 assert not any(isinstance(e, PlaceEvent) and e.how == "inplace_view" for e in events)
 print("chapter 05: all checks passed")
+
+# %% [markdown]
+# ## 9 · Exercises
+#
+# Four exercises, about 45 minutes. Predictions are answered with `answer(id, value)`: replace the `...`
+# and run the cell; it says right or wrong, then why. An implementation is graded with `check(id, fn)`
+# against the port on the chapter's cases, on what the graph allocator met while planning the recorded
+# fixtures of the real ggml, and on random cases; a failure shows the smallest case where your function
+# and ggml disagree and the rule it breaks. `python -m ggml_lite exercises` lists what you have done.
+# Solutions are in appendix A9; try first.
+
+# %%
+from ggml_lite.exercises import answer, check, done  # noqa: E402
+
+# %% [markdown]
+# **05.1 · Predict** (medium, 5 min). `x` is an INPUT of 256 f32 (1,024 bytes). The graph is
+# `a = scale(x, 2.0)`, `b = sqr(a)`, `c = add(x, b)`, in that order, nothing flagged OUTPUT, and
+# `GAllocr(cpu_buffer_type()).reserve(build_forward(c))` plans it (`x` lands at offset 0). At which offsets
+# are `a`, `b` and `c`? Answer with a tuple `(a, b, c)`.
+
+# %%
+answer("05.1", ...)
+
+# %% [markdown]
+# **05.2 · Implement** the in-place decision of `ggml_gallocr_allocate_node` (medium, 15 min). The C, condensed
+# and without its debug prints (`ggml-alloc.c:483-531`):
+#
+# ```c
+#         if (ggml_op_can_inplace(node->op)) {
+#             for (int i = 0; i < GGML_MAX_SRC; i++) {
+#                 struct ggml_tensor * parent = node->src[i];
+#                 if (parent == NULL) { continue; }
+#                 // if the node's data is external, then we cannot re-use it
+#                 if (!ggml_gallocr_is_own(galloc, parent)) { continue; }
+#                 // outputs cannot be reused
+#                 if (parent->flags & GGML_TENSOR_FLAG_OUTPUT || (parent->view_src != NULL &&
+#                     parent->view_src->flags & GGML_TENSOR_FLAG_OUTPUT)) { continue; }
+#                 if (!ggml_are_same_layout(node, parent)) { continue; }
+#                 struct hash_node * p_hn = ggml_gallocr_hash_get(galloc, parent);
+#                 if (p_hn->n_children == 1 && p_hn->n_views == 0) {
+#                     if (ggml_is_view(parent)) { /* reuse the view's source: see 05.4 */ }
+#                     else { /* take the parent's buffer_id and offset */ return; }
+#                 }
+#             }
+#         }
+#         // allocate tensor from the buffer
+# ```
+#
+# Your function gets what the allocator knows at that moment, as plain facts: `can_inplace`
+# (`ggml_op_can_inplace(node->op)`) and `parents`, `node->src` in slot order, each `None` (an empty slot)
+# or a `Parent` with `own` (`ggml_gallocr_is_own`: placed by this allocator and its block still held; false
+# for a pre-allocated tensor, a view, a freed block, or one already handed to another child), `output` (it,
+# or the tensor it views, is OUTPUT), `same_layout`, `n_children` and `n_views` (consumers and views not
+# yet run; this node still counts, as the counts drop only after it is placed). A view parent is never
+# `own`, so the view branch never runs here: leave it out. Return the index of the slot whose memory the
+# node takes, or `None` for a new block.
+
+# %%
+# exercise 05.2
+def inplace_parent(can_inplace, parents):
+    """can_inplace: bool; parents: a list of None or Parent(own, output, same_layout, n_children, n_views).
+    Returns the slot index whose memory the node takes, or None (a new block)."""
+    raise NotImplementedError  # your code here
+
+
+check("05.2", inplace_parent)
+
+# %% [markdown]
+# **05.3 · Implement** `ggml_gallocr_node_needs_realloc` (easy, 10 min), from the C (`ggml-alloc.c:814-817`):
+#
+# ```c
+# static bool ggml_gallocr_node_needs_realloc(ggml_gallocr_t galloc, struct ggml_tensor * node, struct tensor_alloc * talloc) {
+#     size_t node_size = (node->data || node->view_src) ? 0 : ggml_backend_buft_get_alloc_size(galloc->bufts[talloc->buffer_id], node);
+#     return talloc->size_max >= node_size;
+# }
+# ```
+#
+# The tensor comes as plain facts: `data` (its address, or `None` for NULL), `view_src` (the name of the
+# tensor it views, or `None`) and `alloc_size` (the bytes it needs in the slot's buffer). `talloc` is its
+# slot's record in the kept plan, a `TensorAlloc(buffer_id, offset, size_max)`. A record with `buffer_id`
+# -1 means the plan placed nothing in that slot (a view or a pre-allocated tensor sat there); a tensor
+# that needs memory is not valid there: return `False` (the C would read `bufts[-1]`). Mind the name.
+
+# %%
+# exercise 05.3
+def node_needs_realloc(data, view_src, alloc_size, talloc):
+    """data: int or None; view_src: str or None; alloc_size: int; talloc: TensorAlloc. Returns the C's bool."""
+    raise NotImplementedError  # your code here
+
+
+check("05.3", node_needs_realloc)
+
+# %% [markdown]
+# **05.4 · Explore** (hard, 15 min). `allocate_node` has a branch for a parent that is a view ("reusing view
+# parent"), meant for `Qcur_rope-0` of §3, which reads `Qcur-0` only through its reshape. Show that the
+# branch never runs. What would change if it did? Run `done("05.4")` when you have an answer.
+#
+# <details><summary>A worked answer</summary>
+#
+# A view is never `own`. `allocate_node` returns at once for a view (`!ggml_is_view(node)` is part of its
+# first test), before it sets `allocated`, so a view's hash node keeps `allocated = false`, and the first
+# test of the loop, `ggml_gallocr_is_own(galloc, parent)`, skips every view parent as "external" before
+# the branch is reached. The branch's own tests were written for the case: `Qcur_rope-0` is the only user
+# left of the reshape of `Qcur-0` (`n_children == 1`, `n_views == 0`), `Qcur-0` has that one view and no
+# other child (`n_views == 1`, `n_children == 0`), and while planning both `data` are NULL, so they compare
+# equal. Let the branch run (a subclass of `GAllocr` whose `allocate_node` first marks a view parent as
+# held when its source is) and every ROPE takes its source's block: 2 reuses in §3's block, which still
+# plans 42,880 bytes (`max_size`); 8 in fixture 07's four layers, from 38,560 to 34,464 bytes; 64 in the
+# 7B of fixture 13, which stays at 73,924,608 bytes (70.50 MiB). ggml 0.15.3 still tests `is_own` first,
+# so the branch is dead there too.
+#
+# </details>

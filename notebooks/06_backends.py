@@ -841,3 +841,84 @@ assert reg.reg_find_by_name("CUDA") is None and sim_r.get_alignment() == 256
 assert np.array_equal(tensor_get(a_t), np.arange(12, dtype=np.float32).reshape(3, 4).T)
 assert cpu_r.supports_buft(gl.cpu_buffer_type()) and not sim_r.supports_buft(gl.cpu_buffer_type())
 print("chapter 06: all checks passed")
+
+# %% [markdown]
+# ## 5 · Exercises
+#
+# Three exercises, about 30 minutes. Predictions are answered with `answer(id, value)`: replace the `...`
+# and run the cell; it says right or wrong, then why. An implementation is graded with `check(id, fn)`
+# against the port on the chapter's cases, on the copies the real ggml's scheduler made in its recorded
+# scenarios, and on random cases; a failure shows the smallest case where your function and ggml disagree
+# and the rule it breaks. `python -m ggml_lite exercises` lists what you have done. Solutions are in
+# appendix A9; try first.
+
+# %%
+from ggml_lite.exercises import answer, check, done  # noqa: E402
+
+# %% [markdown]
+# **06.1 · Predict** (medium, 5 min). Take §1.1's `a` again (4×3 f32, filled with 0 … 11 row by row) and
+# its transpose `a_t`, whose whole read printed the matrix turned over. Which float do the four bytes
+# `tensor_get(a_t, offset=16, size=4)` hold (read them with `np.frombuffer(..., np.float32)`)?
+
+# %%
+answer("06.1", ...)
+
+# %% [markdown]
+# **06.2 · Implement** the dispatch of `ggml_backend_tensor_copy` (medium, 15 min), from the C
+# (`ggml-backend.c:317-338`; the slow copy condensed):
+#
+# ```c
+# void ggml_backend_tensor_copy(struct ggml_tensor * src, struct ggml_tensor * dst) {
+#     GGML_ASSERT(ggml_are_same_layout(src, dst) && "cannot copy tensors with different layouts");
+#     if (src == dst) {
+#         return;
+#     }
+#     if (ggml_backend_buffer_is_host(src->buffer)) {
+#         ggml_backend_tensor_set(dst, src->data, 0, ggml_nbytes(src));
+#     } else if (ggml_backend_buffer_is_host(dst->buffer)) {
+#         ggml_backend_tensor_get(src, dst->data, 0, ggml_nbytes(src));
+#     } else if (!ggml_backend_buffer_copy_tensor(src, dst)) {
+#         /* "slow copy": malloc a host array, */
+#         ggml_backend_tensor_get(src, data, 0, nbytes);
+#         ggml_backend_tensor_set(dst, data, 0, nbytes);
+#     }
+# }
+# ```
+#
+# Your function gets the facts as booleans: `same_layout`, `same_tensor` (`src == dst`), `src_host` and
+# `dst_host` (`ggml_backend_buffer_is_host` of each buffer), and `dst_copies`: what the destination
+# buffer's `cpy_tensor` answers when `ggml_backend_buffer_copy_tensor` asks it (true: it copied). Return
+# the list of calls the copy makes on the two buffers, in order, each one of `"dst.set_tensor"`,
+# `"src.get_tensor"` and `"dst.cpy_tensor"` (the question counts as a call, whatever it answers). Where the
+# C asserts, raise `ggml_lite.errors.LayoutMismatchError`.
+
+# %%
+# exercise 06.2
+def tensor_copy_calls(same_layout, same_tensor, src_host, dst_host, dst_copies):
+    """Five booleans; returns a list of "dst.set_tensor", "src.get_tensor", "dst.cpy_tensor" in call order."""
+    raise NotImplementedError  # your code here
+
+
+check("06.2", tensor_copy_calls)
+
+# %% [markdown]
+# **06.3 · Explore** (medium, 10 min). When the destination backend has no `cpy_tensor_async`,
+# `ggml_backend_tensor_copy_async` (:340-358) synchronizes the source backend *and* the destination backend
+# before its blocking copy. Why the destination too: what could go wrong if only the source were waited
+# for? Run `done("06.3")` when you have an answer.
+#
+# <details><summary>A worked answer</summary>
+#
+# Waiting for the source makes sure `src` holds its final bytes: the work that computes it may still be
+# queued. Waiting for the destination protects the other side. Its queue may still hold work that *reads*
+# `dst`, such as the previous batch's graph, which uses the input copied last time. A blocking
+# `set_tensor` into `dst` now would change those bytes under a computation in flight (a write after a
+# read), and nothing would report it: the results would just be wrong, now and then, depending on timing.
+# An asynchronous copy queued on the destination backend is ordered after that work by the queue itself,
+# which is why `cpy_tensor_async` needs no wait. The scheduler of chapter 09 avoids the full wait in its
+# own copies: it waits for an event recorded after the split that last used the copy, and with
+# `n_copies` > 1 it writes the next batch's inputs into another copy while the device still reads this
+# one. The recorded traces show the plain case: in `ggml-seed-sched` 03 each copy into FAKE comes after a
+# `FAKE.synchronize`.
+#
+# </details>

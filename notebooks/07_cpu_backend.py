@@ -1295,3 +1295,95 @@ assert np.abs(cpu_result - reference).max() <= 1e-6 * np.abs(reference).max()
 assert not np.allclose(broken, reference, atol=1e-3) and np.array_equal(broken, 2 * sq2)
 assert cpu.supports_buft(gl.cpu_buffer_type())
 print("chapter 07: all checks passed")
+
+# %% [markdown]
+# ## 6 · Exercises
+#
+# Three exercises, about 45 minutes. Predictions are answered with `answer(id, value)`: replace the `...`
+# and run the cell; it says right or wrong, then why. An implementation is graded with `check(id, fn)`
+# against the port on the chapter's cases, the rows ggml quantized for the recorded op fixtures and 300
+# random rows; a failure shows the smallest case where your function and ggml disagree and the rule it
+# breaks. `python -m ggml_lite exercises` lists what you have done. Solutions are in appendix A9; try first.
+
+# %%
+from ggml_lite.exercises import answer, check, done  # noqa: E402
+
+# %% [markdown]
+# **07.1 · Predict** (easy, 5 min). A q4_0 weight `w` with ne = [4096, 11008] meets an f32 `x` with
+# ne = [4096, 8] in `mul_mat(w, x)`. Before the first dot product, the CPU backend converts all of `x`.
+# How many bytes does the converted `x` take?
+
+# %%
+answer("07.1", ...)
+
+# %% [markdown]
+# **07.2 · Implement** `quantize_row_q8_0_ref` (medium, 25 min). Write the reference q8_0 quantizer, the
+# one that stores a model's weights, without scrolling up, from the C (`ggml-quants.c:841-864`, llama.cpp
+# 1d1ccce):
+#
+# ```c
+# void quantize_row_q8_0_ref(const float * restrict x, block_q8_0 * restrict y, int64_t k) {
+#     assert(k % QK8_0 == 0);
+#     const int nb = k / QK8_0;
+#
+#     for (int i = 0; i < nb; i++) {
+#         float amax = 0.0f; // absolute max
+#
+#         for (int j = 0; j < QK8_0; j++) {
+#             const float v = x[i*QK8_0 + j];
+#             amax = MAX(amax, fabsf(v));
+#         }
+#
+#         const float d = amax / ((1 << 7) - 1);
+#         const float id = d ? 1.0f/d : 0.0f;
+#
+#         y[i].d = GGML_FP32_TO_FP16(d);
+#
+#         for (int j = 0; j < QK8_0; ++j) {
+#             const float x0 = x[i*QK8_0 + j]*id;
+#
+#             y[i].qs[j] = roundf(x0);
+#         }
+#     }
+# }
+# ```
+#
+# `x` is a list of floats, each a float32 value, and its length a multiple of 32 (`QK8_0`). Return a list
+# with one `(d, qs)` per block: `d` the scale as stored, as a Python float (the f16 value), and `qs` the 32
+# stored values as ints. Every `float` of the C is a float32: compute with `np.float32` as the C does.
+
+# %%
+# exercise 07.2
+def quantize_row_q8_0_ref(x):
+    """x: a list of float32 values (a multiple of 32 of them) -> [(d, [32 ints]), ...], one tuple per block."""
+    raise NotImplementedError  # your code here
+
+
+check("07.2", quantize_row_q8_0_ref)
+
+# %% [markdown]
+# **07.3 · Explore** (medium, 15 min). `MUL_MAT` rounds an f32 src1 to q8_0 before it meets a q4_0 or q8_0
+# weight (§3). How much error does that add, next to the error the weight's own quantization made? Measure
+# it on random matrices with `quantize_row_q4_0_ref`, `quantize_row_q8_0_ref`, `quantize_row_q8_0` and the
+# dequantizers of §2 (import them from `ggml_lite.quants`: 07.2's stub took one of their names), and say why
+# ggml pays it. Run `done("07.3")` when you have an answer.
+#
+# <details><summary>A worked answer</summary>
+#
+# Take W, 256 rows of 4096 standard normal values, and x, 8 rows (numpy seed 0), and compare three products
+# with the exact one in float64: the quantized weight times the f32 x, the same with x rounded to q8_0 as
+# ggml does, and the error of each, as the RMS of the difference over the RMS of the exact product.
+#
+# | weight | error of the weight alone | added by converting x | both |
+# |---|---|---|---|
+# | q4_0 | 8.8 % | 0.53 % | 8.85 % |
+# | q8_0 | 0.52 % | 0.53 % | 0.74 % |
+#
+# The two errors are independent, so they add in squares. A q8_0 block's step is max|x|/127, and rounding
+# to it costs about 0.5 % of the values' RMS, whatever the weight's type; a q4_0 step is 16 times coarser
+# (max/8). Next to a q4_0 weight, converting x is lost in the weight's own error; next to a q8_0 weight, it
+# makes the error √2 times larger. What it buys: both sides of a dot product are small integers, so the
+# 32 products of a block are summed as integers in SIMD registers and scaled once, by d_w·d_x; and x,
+# converted once and then read by every row of the weight, shrinks from 128 to 34 bytes per 32 values.
+#
+# </details>

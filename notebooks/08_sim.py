@@ -871,3 +871,91 @@ d2d = next(sp for sp in clock2.spans if sp.kind == "d2d")
 assert d2d.lane == "SIM1" and d2d.start >= max(sp.end for sp in clock2.spans if sp.kind == "compute")
 assert cpu_b.supports_buft(gl.cpu_buffer_type()) and not sim0.supports_buft(gl.cpu_buffer_type())
 print("chapter 08: all checks passed")
+
+# %% [markdown]
+# ## 10 · Exercises
+#
+# Three exercises, about 55 minutes. Predictions are answered with `answer(id, value)`: replace the `...`
+# and run the cell; it says right or wrong, then why. An implementation is graded with `check(id, fn)`
+# against the port on the chapter's cases and 250 random ones; a failure shows the smallest case where
+# your function and SIM disagree and the rule it breaks. `python -m ggml_lite exercises` lists what you
+# have done. Solutions are in appendix A9; try first.
+
+# %%
+from ggml_lite.exercises import answer, check, done  # noqa: E402
+
+# %% [markdown]
+# **08.1 · Predict** (easy, 5 min). Two SIM devices share one clock, both with `CostModel(copy_bw=1e9,
+# latency=0)`: a byte takes a nanosecond, nothing else takes time. `x` (3 MB, MB = 10⁶ bytes) lives on
+# SIM0, `y` (2 MB) on SIM1. From host time 0 the host calls:
+#
+# ```python
+# sim1.tensor_set_async(y, ...)  # 2 MB up to SIM1
+# sim0.tensor_set_async(x, ...)  # 3 MB up to SIM0
+# e = sim0.event_new()
+# e.record()
+# sim1.event_wait(e)
+# sim1.tensor_get_async(y, ...)  # 2 MB back from SIM1
+# sim1.synchronize()
+# ```
+#
+# What is the host's time, in µs, after the synchronize?
+
+# %%
+answer("08.1", ...)
+
+# %% [markdown]
+# **08.2 · Implement** SIM's queue (hard, 35 min). Events are how ggml orders work on two queues without
+# stopping the host; the scheduler, before it overwrites a split's input (`ggml-backend.c:1797-1801`):
+#
+# ```c
+# // wait for the split backend to finish using the input before overwriting it
+# if (sched->events[split_backend_id][sched->cur_copy] != NULL) {
+#     ggml_backend_event_wait(split_backend, sched->events[split_backend_id][sched->cur_copy]);
+# } else {
+#     ggml_backend_synchronize(split_backend);
+# ```
+#
+# Write what SIM does with such calls: play the host's `calls` in order and return `(spans, host)`, the
+# spans of the work items in the order they ran, each `(device, label, start, end)`, and the host's time at
+# the end. Times are integers (µs) and everything starts at 0. A call is one of:
+#
+# - `("work", device, label, us)`: queue `us` µs of work on the device (as `graph_compute_async` does);
+# - `("host", us)`: the host works `us` µs itself;
+# - `("record", device, event)`: queue a record of `event` (always recorded by this device);
+# - `("wait", device, event)`: queue a wait for `event`'s latest record so far (another device's event);
+# - `("sync", device)`: `synchronize` the device; `("event_sync", event)`: `event.synchronize()`.
+#
+# The rules are §4's: a queue runs in order, an item starts no earlier than it was queued, and nothing runs
+# before a synchronize or a wait needs it.
+
+# %%
+# exercise 08.2
+def simulate(calls):
+    """calls: a list of tuples as above -> (spans, host): spans [(device, label, start, end), ...] of the work
+    items in the order they ran, host the host's time at the end."""
+    raise NotImplementedError  # your code here
+
+
+check("08.2", simulate)
+
+# %% [markdown]
+# **08.3 · Explore** (medium, 15 min). On a SIM, queue an upload of ones into an f32 tensor `x` with
+# `sim.tensor_set_async(x, ones)`, then write twos into it with the blocking `gl.tensor_set(x, twos)`,
+# then `sim.synchronize()`. What does `x` hold at the end, and why? What must a program, or ggml's
+# scheduler, do about it? Run `done("08.3")` when you have an answer.
+#
+# <details><summary>A worked answer</summary>
+#
+# Ones. The blocking copy is the *buffer's* `set_tensor`: it knows nothing of any backend's queue, so it
+# writes the twos at once (host time passes on the lane "host copies"), while the async upload of the ones
+# is still queued. `synchronize` then runs the queue, and the upload writes its ones over the twos. A read
+# with `gl.tensor_get(x)` between the two would have shown the twos. The C has the same shape: CUDA's
+# `ggml_backend_cuda_buffer_set_tensor` copies on `cudaStreamPerThread` and waits for that stream only, not
+# for the backend's. So a program must synchronize the backend (or an event recorded after the async work)
+# before a blocking call touches memory the queue still uses, and ggml's scheduler does exactly that for
+# the user's inputs (`ggml-backend.c:1788-1795`): it synchronizes the split's backend (or the event of
+# that copy slot), then copies the input at once with the blocking `ggml_backend_tensor_copy`, so that the
+# user cannot overwrite the data before the copy is done.
+#
+# </details>

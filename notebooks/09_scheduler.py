@@ -1298,3 +1298,139 @@ assert sched.get_tensor_backend(x) is cpu and sched.get_cause(x) == "1.inp"
 assert sched.copies[(x, 0, 0)].name == "SIM#x#0" and sched.get_cause(sched.copies[(x, 0, 0)]) == "4.cpy"
 assert graph.nodes[0].src[1] is sched.copies[(x, 0, 0)]  # h0 now reads the copy
 print("chapter 09: all checks passed")
+# %% [markdown]
+# ## 8 · Exercises
+#
+# Four exercises, about 75 minutes. Predictions are answered with `answer(id, value)`: replace the `...`
+# and run the cell; it says right or wrong, then why. An implementation is graded with `check(id, fn)`
+# against the port on small cases, 300 random ones and (09.3) the scheduler runs recorded from the real
+# ggml; a failure shows the smallest case where your function and ggml disagree and the rule it breaks. `python -m ggml_lite exercises` lists what you have done. Solutions are in appendix A10; try
+# first.
+
+# %%
+from ggml_lite.exercises import answer, check, done  # noqa: E402
+
+# %% [markdown]
+# **09.1 · Predict** (medium, 5 min). Take the MLP of §5 and move two weights: `b1` to the CPU and `w2` to
+# SIM (`w1` stays on SIM, `x` is still an input). Which backends do the splits run on, in order? Answer
+# with a tuple of names, e.g. `("CPU", "SIM")`.
+
+# %%
+answer("09.1", ...)
+
+# %% [markdown]
+# **09.2 · Implement** pass 1 for one tensor (medium, 20 min): `ggml_backend_sched_backend_id_from_cur`.
+# It asks, in this order: can a backend run the op where the tensor's own buffer is (`1.dst`), or else
+# where its view_src's buffer is (`1.vsrc`), each with `ggml_backend_sched_backend_from_buffer` of §2.1
+# (the first backend that uses the buffer type *and* runs the op)? If the tensor is pre-allocated all
+# the same, the C aborts. A graph INPUT goes to the last backend (`1.inp`). Then the weights
+# (`ggml-backend.c:1184-1203`):
+#
+# ```c
+#     // operations with weights are preferably run on the same backend as the weights
+#     for (int i = 0; i < GGML_MAX_SRC; i++) {
+#         const struct ggml_tensor * src = tensor->src[i];
+#         if (src == NULL) {
+#             continue;
+#         }
+#         if (src->buffer != NULL && src->buffer->usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS) {
+#             int src_backend_id = ggml_backend_sched_backend_from_buffer(sched, src, tensor);
+#             // check if a backend with higher prio wants to offload the op
+#             if (src_backend_id == sched->n_backends - 1) {
+#                 for (int b = 0; b < src_backend_id; b++) {
+#                     if (ggml_backend_supports_op(sched->backends[b], tensor) && ggml_backend_offload_op(sched->backends[b], tensor)) {
+#                         SET_CAUSE(tensor, "1.off");
+#                         return b;
+#                     }
+#                 }
+#             }
+#             SET_CAUSE(tensor, "1.wgt%d", i);
+#             return src_backend_id;
+#         }
+# ```
+#
+# Nothing decided: −1. The tensor and the backends come as plain data, described in the docstring; where
+# the C aborts, raise `ggml_lite.errors.SchedulerError`.
+
+# %%
+# exercise 09.2
+def pass1_backend(can_use, node):
+    """The backend id (priority order, the CPU last) pass 1 gives a tensor, or -1. `can_use[i]`: the names of
+    the buffer types backend i can use. `node`: `buffer` and `view_src`, the buffer type names of the tensor's
+    buffer and of its view_src's (None: none); `is_input`; `weights[j]`, the buffer type name of src[j] when
+    it is in a WEIGHTS buffer (else None); `runs[i]` and `offloads[i]`: backend i's `supports_op` and
+    `offload_op` for this tensor."""
+    raise NotImplementedError  # your code here
+
+
+check("09.2", pass1_backend)
+
+# %% [markdown]
+# **09.3 · Implement** the splits of pass 5 (hard, 35 min). Passes 1-4 gave every node a backend; pass 5 of
+# `ggml_backend_sched_split_graph` walks the nodes, skipping views, and starts a new split where the backend
+# changes, or, in a split that already has inputs, at a weight of another backend
+# (`ggml-backend.c:1535-1547`) or when the split is full (`ggml-backend.c:1552-1559`):
+#
+# ```c
+#             if (node_backend_id == cur_backend_id && split->n_inputs > 0) {
+#                 for (int j = 0; j < GGML_MAX_SRC; j++) {
+#                     struct ggml_tensor * src = node->src[j];
+#                     if (src == NULL) {
+#                         continue;
+#                     }
+#                     // check if a weight is on a different backend
+#                     // by starting a new split, the memory of the previously offloaded weights can be reused
+#                     if (src->buffer != NULL && src->buffer->usage == GGML_BACKEND_BUFFER_USAGE_WEIGHTS) {
+#                         int src_backend_id = tensor_backend_id(src);
+#                         if (src_backend_id != cur_backend_id) {
+#                             need_new_split = true;
+#                             break;
+# ```
+# ```c
+#                     if (split->n_inputs == GGML_SCHED_MAX_SPLIT_INPUTS) {
+#                         const size_t id = hash_id(src);
+#                         int src_backend_id = sched->hv_tensor_backend_ids[id];
+#                         bool supported = ggml_backend_sched_buffer_supported(sched, src, cur_backend_id);
+#                         if (src_backend_id != cur_backend_id && tensor_id_copy(id, cur_backend_id, 0) == NULL && !supported) {
+#                             //printf("starting new split because of too many inputs: node %s, input %s\n", node->name, src->name);
+#                             need_new_split = true;
+#                             break;
+# ```
+#
+# Then each source is copied as §3.2 shows: the first time a split of backend B needs a tensor of another
+# backend that B cannot use, a copy for B is made, and that tensor becomes an input of the split (at most
+# `max_inputs`: the C asserts it; raise `ggml_lite.errors.SchedulerError`). Return the splits as in the
+# docstring.
+
+# %%
+# exercise 09.3
+def make_splits(nodes, max_inputs=10):
+    """[(backend, i_start, i_end, (input names...)), ...] in order. `nodes`: the graph's nodes in order, each
+    with `name`, `backend`, `view` (a view op) and `srcs`: its sources, each with `name`, `backend`, `weight`
+    (in a WEIGHTS buffer) and `usable` (the backends that can use its memory). `max_inputs`:
+    GGML_SCHED_MAX_SPLIT_INPUTS."""
+    raise NotImplementedError  # your code here
+
+
+check("09.3", make_splits)
+
+# %% [markdown]
+# **09.4 · Explore** (medium, 15 min). In §6.4, `parallel=True` (n_copies 4) makes SIM's compute buffer
+# grow from 34,560 to 84,480 bytes and the CPU's from 38,592 to 52,384. Why does pipeline parallelism keep
+# four copies of every split input, and why do they cost more than four times the bytes of one? Run
+# `done("09.4")` when you have an answer.
+#
+# <details><summary>A worked answer</summary>
+#
+# `compute_splits` rotates `cur_copy` over `GGML_SCHED_MAX_COPIES` = 4: evaluation *k* reads the copies
+# `SIM#name#(k mod 4)`. While SIM may still be computing evaluation *k*, the host copies evaluation *k+1*'s
+# inputs into the next copy, waiting only for the event recorded four evaluations ago on that copy. With
+# one copy it would overwrite bytes SIM may still be reading, so it must synchronize SIM first: that wait is
+# what §6.3 shows disappearing. The copies cost more than four times one because pass 5 flags every copy
+# INPUT and OUTPUT and the graph copy lists them as leafs: the graph allocator places them first and never
+# frees them, so they no longer share space with tensors that die before them, as a single copy does. The
+# user's INPUT tensors (tokens, positions, mask, output ids) get four copies too, on their own backend: most
+# of the CPU's growth. Memory bought for overlap: worth it only when the host does not wait at the end of each
+# evaluation anyway (scenario 03's CPU head, §6.3).
+#
+# </details>

@@ -1221,3 +1221,76 @@ got = {label: (r["nodes"], r["splits"], *(round(d[k] / MiB, 2) for d in r["devic
 assert list(got.values()) == [(1030, 2, 70.50, 256.0, 9.01, 0.0), (1030, 2, 560.0, 1024.0, 24.01, 0.0),
                               (1030, 1, 164.01, 1024.0)]
 print("chapter 10: all checks passed")
+
+# %% [markdown]
+# ## 11 · Exercises
+#
+# Three exercises, about 40 minutes. Predictions are answered with `answer(id, value)`: replace the `...`
+# and run the cell; it says right or wrong, then why. An implementation is graded with `check(id, fn)`
+# against the port on small cases, the chapter's setups and 300 random ones; a failure shows the smallest
+# case where your function and llama.cpp disagree and the rule it breaks. `python -m ggml_lite exercises`
+# lists what you have done. Solutions are in appendix A10; try first.
+
+# %%
+from ggml_lite.exercises import answer, check, done  # noqa: E402
+
+# %% [markdown]
+# **10.1 · Predict** (easy, 5 min). Mistral 7B has 32 layers, `n_embd` 4096, 32 attention heads but only 8
+# key/value heads. With an f16 cache and `--n-ctx 3000`, how many MiB is its KV cache ("KV self size")?
+
+# %%
+answer("10.1", ...)
+
+# %% [markdown]
+# **10.2 · Implement** which layers go to which GPU (medium, 20 min). `llm_load_tensors` keeps the first
+# `i_gpu_start = max(n_layer - n_gpu_layers, 0)` layers on the host (`llama.cpp:6669`). The split points are
+# the running sums of `tensor_split`, divided by their total (when it is missing or all zero, by free
+# memory: here, equal shares; a list shorter than the GPUs gives the others 0), all in `float`. Then
+# (`llama.cpp:6707-6719` at daa9623):
+#
+# ```c
+#         // assign the repeating layers to the devices according to the splits
+#         int act_gpu_layers = std::min(n_gpu_layers, (int)n_layer + 1);
+#         for (int i = i_gpu_start; i < n_layer; ++i) {
+#             int layer_gpu = std::upper_bound(splits.begin(), splits.begin() + device_count, float(i - i_gpu_start)/act_gpu_layers) - splits.begin();
+#             model.buft_layer[i] = llama_default_buffer_type_offload(model, layer_gpu);
+#         }
+#         // assign the output layer
+#         if (n_gpu_layers > n_layer) {
+#             int layer_gpu = std::upper_bound(splits.begin(), splits.begin() + device_count, float(act_gpu_layers - 1)/act_gpu_layers) - splits.begin();
+#             model.buft_output = llama_default_buffer_type_offload(model, layer_gpu);
+#         } else {
+#             model.buft_output = llama_default_buffer_type_cpu(true);
+#         }
+# ```
+#
+# With no GPU at all (`n_devices` 0), nothing is offloaded. `float` is 32 bits: use `numpy.float32`.
+
+# %%
+# exercise 10.2
+def gpu_layers(n_layer, n_gpu_layers, n_devices, tensor_split=None):
+    """(a list of n_layer names, the output's name): "CPU", or "GPU0", "GPU1", ... for the GPU that holds it.
+    All counts are >= 0; `tensor_split` is None or a list of non-negative floats."""
+    raise NotImplementedError  # your code here
+
+
+check("10.2", gpu_layers)
+
+# %% [markdown]
+# **10.3 · Explore** (medium, 15 min). Plan the Llama-2 7B at `n_ctx` 512 on one GPU with `n_gpu_layers=32`
+# and with 33 (`plan_memory(p7, 512, n_gpu_layers=..., devices=1)`). Every repeating layer is on the GPU in
+# both; only the output layer moves. Compare the GPU's weights and compute buffer, and the splits. Which
+# would you run, and why? Run `done("10.3")` when you have an answer.
+#
+# <details><summary>A worked answer</summary>
+#
+# With 33 the GPU holds 12,603.02 MiB of weights and a 70.50 MiB compute buffer, in 2 splits. With 32 its
+# weights drop by the output head, `output.weight` (32000 × 4096 f16, 250 MiB), to 12,353.00 MiB, but its
+# compute buffer grows to 320.50 MiB, and the graph has 4 splits. The head's weights now live in the host's
+# buffer, yet CUDA's offload rule (a batch of at least 32 rows) makes pass 1 give the head's ops to the GPU
+# (`1.off`, chapter 09); each weight of another backend starts a split, and the weights are copied into the
+# GPU's compute buffer: the 250 MiB are back, as a copy. The GPU's total is the same to 0.02 MiB, and every
+# evaluation of a large batch copies 250 MiB over the bus. So 33: keeping the output on the host saves no
+# VRAM here, and costs a copy per batch (with batches under 32 tokens the head would run on the CPU instead).
+#
+# </details>

@@ -1295,3 +1295,94 @@ assert sum(p["greedy-size"].peak > p["ggml"].peak for _, p in table.values()) ==
 assert [plans87[n].peak for n in ("ggml", "greedy-size", "greedy-breadth")] == [3072, 3552, 3040]
 assert all(c.ok for c in checks87)
 print("chapter 11: all checks passed")
+
+# %% [markdown]
+# ## 14 · Exercises
+#
+# Four exercises, about 75 minutes. Predictions are answered with `answer(id, value)`: replace the `...` and
+# run the cell; it says right or wrong, then why. An implementation is graded with `check(id, fn)` against
+# the planners of this chapter on small block sets made by hand, on the blocks of the recorded graphs
+# (fixtures 01 to 12 and 14) and on 300 random block sets; a failure shows the smallest block set where your
+# function and the port disagree and the rule it breaks. `python -m ggml_lite exercises` lists what you have
+# done. Solutions are in appendix A10; try first.
+
+# %%
+from ggml_lite.exercises import answer, check, done  # noqa: E402
+
+# %% [markdown]
+# **11.1 · Predict** (medium, 8 min). Four blocks, each `(size, first node, last node)`: block 0 is
+# `(64, 1, 1)`, block 1 `(64, 0, 1)`, block 2 `(64, 0, 2)` and block 3 `(96, 2, 2)`. What is their lower
+# bound, and what peak does greedy by size (§4) reach? Answer with the pair `(lower_bound, peak)`.
+
+# %%
+answer("11.1", ...)
+
+# %% [markdown]
+# **11.2 · Implement** the peak-live lower bound (easy, 15 min). ggml has no offline planner, so there is no
+# C to port here: the rules are those of §1 and §2. A block `(size, start, end)` is alive at every node from
+# `start` to `end`, both included. At each node, the blocks alive there need their sizes added up; the lower
+# bound is the highest of these totals. Return it with the first node that reaches it, as `Problem` keeps
+# them (`lower_bound`, `lb_step`). With no blocks, nothing is alive: `(0, 0)`.
+
+# %%
+# exercise 11.2
+def peak_live(blocks):
+    """`blocks`: a list of `(size, start, end)`, nodes `start..end` included. Returns `(bound, node)`: the
+    most bytes alive at one node and the first node where that many are alive."""
+    raise NotImplementedError  # your code here
+
+
+check("11.2", peak_live)
+
+# %% [markdown]
+# **11.3 · Implement** greedy by size (medium, 30 min). Again no C: the planner of §4, on plain tuples. The
+# rules, in full:
+#
+# - blocks of 0 bytes need no memory: they keep offset 0 and take no part;
+# - the others are placed one at a time, the largest first; of equal sizes, the one starting earlier, then
+#   the one given first;
+# - a block looks at the blocks placed before it that are alive at a common node (§1: ends included). Sorted
+#   by offset, those leave gaps between them, from offset 0 up to the highest end seen so far. The block
+#   takes the *smallest* gap that holds it, the lowest of equal ones, else goes at the highest end of them
+#   all (0 when there are none).
+#
+# Sizes are given already aligned. Return the offsets in the order of `blocks`.
+
+# %%
+# exercise 11.3
+def greedy_offsets(blocks):
+    """`blocks`: a list of `(size, start, end)` as in 11.2. Returns a list with each block's offset, in the
+    order of `blocks`, as greedy by size places them."""
+    raise NotImplementedError  # your code here
+
+
+check("11.3", greedy_offsets)
+
+# %% [markdown]
+# **11.4 · Explore** (hard, 20 min). ggml plans *online*: blocks in the order of their first node, each
+# placed by chapter 04's best fit (`DynTAllocr`) and freed after its last node. Greedy by size sees every
+# lifetime first, yet §11 showed it losing to ggml on a graph of 10 blocks. Make a set of four blocks on
+# which greedy by size needs more bytes than the online rule. (To try one, `problem_from_blocks` and
+# `greedy_by_size` give greedy's peak; for the online rule, loop over the nodes calling a `DynTAllocr(32)`'s
+# `alloc` for the blocks starting there, then `free_tensor` for those ending there.) Run `done("11.4")` when
+# you have an answer.
+#
+# <details><summary>A worked answer</summary>
+#
+# Take A `(64, 0, 0)`, B `(32, 0, 2)`, C `(32, 1, 3)` and D `(64, 3, 5)`. At most 96 bytes are alive at once
+# (A and B at node 0, C and D at node 3), so 96 is the lower bound.
+#
+# Greedy by size places the two 64-byte blocks first. A and D never meet, so both go at offset 0. B meets A
+# and goes above it, at 64. Then C meets B at nodes 1 and 2 (bytes 64 to 96) and D at node 3 (bytes 0 to 64):
+# no gap is left below 96, so C goes on top, at 96, and the peak is 128.
+#
+# Online, node 0 places A at 0 and B at 64, then frees A. At node 1, C takes the best-fitting hole, A's bytes,
+# at 0; 32 bytes of that hole stay free. After node 2, B's bytes are freed and merge with them and with the
+# open end, so at node 3 D goes at 32, and the peak is 96, the lower bound.
+#
+# Sharing offset 0 between A and D was right for the two of them and wrong for C, which meets both: greedy
+# by size decides the big blocks alone, before it knows where the small ones must go. Online, C came first
+# and D fitted around it. Greedy by breadth also ends at 128 here; the exact search finds 96. §11's graph 87
+# loses the same way, at a larger scale.
+#
+# </details>

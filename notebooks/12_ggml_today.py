@@ -1297,3 +1297,97 @@ assert [p.n_inputs for p in fans["2024"].splits] == [10, 2] and [p.n_inputs for 
 assert placed == {"2024": ("SIM", "1.off"), "2026": ("SIM", "1.off"), "2026 op_offload=False": ("CPU", "1.wgt0")}
 assert BackendSched2026.max_split_inputs == 30 and gl.BackendSched.max_split_inputs == 10
 print("chapter 12 checks passed")
+
+# %% [markdown]
+# ## 11 · Exercises
+#
+# Three exercises, about 45 minutes, all on today's chunked dynamic allocator (§2). Predictions are answered
+# with `answer(id, value)`: replace the `...` and run the cell; it says right or wrong, then why. An
+# implementation is graded with `check(id, fn)` against `ChunkedDynTAllocr` on the chapter's cases, on
+# every allocation today's allocator makes while planning the 13 single graphs of `tests/fixtures/ggml-today`
+# and on random ones; a failure shows the smallest case where your function and ggml 0.15.3 disagree and the
+# rule it breaks. `python -m ggml_lite exercises` lists what you have done. Solutions are in appendix A10;
+# try first.
+
+# %%
+from ggml_lite.exercises import answer, check, done  # noqa: E402
+
+# %% [markdown]
+# **12.1 · Predict** (medium, 5 min). A `ChunkedDynTAllocr(alignment=32, max_buffer_size=1024)`, empty. Allocate
+# `a` (300 B), `b` (900 B) and `c` (2,000 B), free `b`, then allocate `d` (100 B). What are the chunks' sizes
+# then (each chunk's `max_size`, in chunk order), as a list?
+
+# %%
+answer("12.1", ...)
+
+# %% [markdown]
+# **12.2 · Implement** the chunk `ggml_dyn_tallocr_alloc` chooses (medium, 25 min). From the C of ggml
+# 0.15.3 (`ggml_dyn_tallocr_alloc`, ggml-alloc.c:201-308):
+#
+# ```c
+#     for (int c = 0; c < alloc->n_chunks; ++c) {
+#         struct tallocr_chunk * chunk = alloc->chunks[c];
+#         size_t best_fit_size = SIZE_MAX;
+#         for (int i = 0; i < chunk->n_free_blocks - 1; i++) {
+#             struct free_block * block = &chunk->free_blocks[i];
+#             if (block->size >= size && block->size <= best_fit_size) {
+#                 best_fit_chunk = c;
+#                 best_fit_block = i;
+#                 best_fit_size = block->size;
+#             }
+#         }
+#     }
+#     if (best_fit_block == -1) {
+#         int64_t best_reuse = INT64_MIN;
+#         for (int c = 0; c < alloc->n_chunks; ++c) {
+#             struct tallocr_chunk * chunk = alloc->chunks[c];
+#             if (chunk->n_free_blocks > 0) {
+#                 struct free_block * block = &chunk->free_blocks[chunk->n_free_blocks - 1];
+#                 int64_t reuse_factor = chunk->max_size - block->offset - size;
+#                 bool better_reuse = best_reuse < 0 && reuse_factor > best_reuse;
+#                 bool better_fit = reuse_factor >= 0 && reuse_factor < best_reuse;
+#                 if (block->size >= size && (better_reuse || better_fit)) {
+#                     best_fit_chunk = c;
+#                     best_fit_block = chunk->n_free_blocks - 1;
+#                     best_reuse = reuse_factor;
+# ...
+#     if (best_fit_block == -1) {
+#         best_fit_chunk = ggml_dyn_tallocr_new_chunk(alloc, size);
+# ```
+#
+# A chunk is given as `(free_blocks, max_size)`: its free list `[(offset, size), ...]` sorted by offset (the
+# last entry is its last block; a full chunk has none) and its high-water mark. `size` is already aligned.
+# Return the index of the chosen chunk, or `len(chunks)` for a new one (there are never 16 chunks here).
+
+# %%
+# exercise 12.2
+def choose_chunk(chunks, size):
+    """`chunks`: a list of `(free_blocks, max_size)`, `free_blocks` a list of `(offset, size)`; `size`: the
+    tensor's aligned size. Returns the index of the chunk it goes to, `len(chunks)` for a new chunk."""
+    raise NotImplementedError  # your code here
+
+
+check("12.2", choose_chunk)
+
+# %% [markdown]
+# **12.3 · Explore** (medium, 15 min). `reuse_factor` saved 684 MiB on PR 16788's example and cost 857 MiB on
+# another (§9). Make it cost in miniature: on a `ChunkedDynTAllocr(32, 1024)`, find a short sequence of
+# allocations and frees after which today's chunks add up to more bytes than those of `last_block="first"`
+# (September 2025's rule: the first chunk whose last block fits). Run `done("12.3")` when you have an answer.
+#
+# <details><summary>A worked answer</summary>
+#
+# Allocate `p` (512 B), then `q` (1,024 B), free `q`, then allocate `r` (256 B) and `s` (1,024 B). `p` opens
+# chunk 0, and `q`, too large for chunk 0's last 512 B, opens chunk 1 and fills it. Once `q` is freed, chunk
+# 1 is empty but 1,024 B large. For `r`, no chunk has a hole besides its last block, so the last blocks
+# decide. `reuse_factor` scores chunk 0 at 512 − 512 − 256 = −256 (it would grow) and chunk 1 at
+# 1,024 − 0 − 256 = 768 (it would not), so `r` goes to 1:0. Now `s` finds no room anywhere: chunk 0 has
+# 512 B left, chunk 1 has 768. It opens chunk 2: the chunks are 512 + 1,024 + 1,024 = 2,560 B.
+#
+# The September 2025 rule puts `r` in the first chunk whose last block fits, chunk 0, at 512 (chunk 0 grows to
+# 768 B), and `s` then takes the empty chunk 1 whole: 768 + 1,024 = 1,792 B, 768 B less. `reuse_factor`
+# judges one tensor at a time: to spare chunk 0 256 B of growth, it put `r` into the one place where the
+# next large tensor would have fitted. This is §9's second model at 1/2²⁰ scale: a small copy of `v` at the
+# start of a freed 1 GiB chunk, and the next `KQ` in a chunk of its own.
+#
+# </details>

@@ -2,9 +2,17 @@
 line that says which real ggml the differential tests compare with, and how (bit for bit, or within
 the documented tolerance)."""
 
+import os
+import tempfile
+
 import pytest
 
 import ggml_oracle as O
+
+# The exercises' progress record: a test that answers or checks an exercise writes to a temporary file, never
+# to the learner's ~/.ggml_lite (tools/run_tests.py sets one for every part; this covers a bare pytest).
+os.environ.setdefault("GGML_LITE_PROGRESS", os.path.join(tempfile.mkdtemp(prefix="ggml_lite-progress-"),
+                                                         "progress.json"))
 
 
 def pytest_addoption(parser):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Print, per chapter, what the course promises about its shape (CONTRIBUTING.md, "Chapters"):
 
-- lines of the `.py` source (at most 1,300 per notebook);
+- lines of the `.py` source before its "Exercises" section (at most 1,300 per notebook: what a reader
+  reads), and of that section, the chapter's last (at most 160: what a learner does);
 - prose words per code word (at least 0.3): words of the markdown cells against words of the code
   cells (directive lines left out), a word being what whitespace separates;
 - code cells over 80 lines;
@@ -24,6 +25,8 @@ from nbexport import ExportError, notebook_parser, resolve_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 1300
+MAX_EXERCISE_LINES = 160
+EXERCISES = re.compile(r"^# %% \[markdown\]\n# ## \d+ · Exercises$", re.M)  # the cell that opens the exercises
 MIN_RATIO = 0.3
 MAX_CELL_LINES = 80
 C_BESIDE_PORT = ("05_", "07_", "09_")  # chapters whose every export cell follows the C it ports
@@ -60,8 +63,11 @@ def stats(path: Path) -> dict:
     if path.name.startswith(C_BESIDE_PORT):
         bare = [i for i, c in enumerate(nb.cells)
                 if c.cell_type == "code" and is_export(c) and not (i > 0 and has_c_excerpt(nb.cells[i - 1]))]
-    n_lines = path.read_text(encoding="utf-8").count("\n")
-    return {"lines": n_lines, "prose": prose, "code": code, "ratio": prose / code if code else float("inf"),
+    text = path.read_text(encoding="utf-8")
+    heading = EXERCISES.search(text)
+    n_lines = (text[:heading.start()] if heading else text).count("\n")
+    return {"lines": n_lines, "exercise_lines": text.count("\n") - n_lines,
+            "prose": prose, "code": code, "ratio": prose / code if code else float("inf"),
             "long_cells": long_cells, "export_cells_without_c": bare}
 
 
@@ -69,6 +75,8 @@ def problems(name: str, s: dict) -> list:
     out = []
     if s["lines"] > MAX_LINES:
         out.append(f"{name}: {s['lines']} lines (at most {MAX_LINES})")
+    if s["exercise_lines"] > MAX_EXERCISE_LINES:
+        out.append(f"{name}: an Exercises section of {s['exercise_lines']} lines (at most {MAX_EXERCISE_LINES})")
     if s["ratio"] < MIN_RATIO:
         out.append(f"{name}: {s['ratio']:.2f} prose words per code word (at least {MIN_RATIO})")
     if s["long_cells"]:
@@ -85,12 +93,12 @@ def main(argv=None) -> int:
     except ExportError as e:
         print(f"chapter_stats: error: {e}", file=sys.stderr)
         return 2
-    print(f"{'chapter':28} {'lines':>6} {'prose':>7} {'code':>7} {'ratio':>6} {'cells>80':>8} {'no C':>5}")
+    print(f"{'chapter':28} {'lines':>6} {'exer.':>5} {'prose':>7} {'code':>7} {'ratio':>6} {'cells>80':>8} {'no C':>5}")
     found = []
     for path in paths:
         s = stats(path)
-        print(f"{path.stem:28} {s['lines']:6d} {s['prose']:7d} {s['code']:7d} {s['ratio']:6.2f} "
-              f"{len(s['long_cells']):8d} {len(s['export_cells_without_c']):5d}")
+        print(f"{path.stem:28} {s['lines']:6d} {s['exercise_lines']:5d} {s['prose']:7d} {s['code']:7d} "
+              f"{s['ratio']:6.2f} {len(s['long_cells']):8d} {len(s['export_cells_without_c']):5d}")
         found += problems(path.stem, s)
     for line in found:
         print(line)

@@ -27,6 +27,10 @@ def pytest_terminal_summary(terminalreporter):
             f"browser test: {c['notebooks']} notebooks run in JupyterLab ({c['cells']} code cells, no error output), "
             f"{c['figures']} figures rendered ({c['committed figures']} shown as pictures from the committed files), "
             f"{c['steppers']} steppers stepped by slider and by play, {c['other widgets']} other widget(s) moved")
+    if CHECKED["exercise outputs"]:
+        terminalreporter.write_line(
+            f"browser test: {CHECKED['exercise outputs']} runs of chapter 02's exercise cells in JupyterLab, their "
+            "feedback read from the page (02.1 answered wrong then right, 02.3 checked failing then passing)")
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,11 @@
 `python -m jupyter lab` (this interpreter) on a free port with a random token, on a temporary copy of
 `notebooks/` beside a link to `tests/` (the notebooks read `../tests/fixtures`), so that JupyterLab's
 autosave can never touch the committed files. Its settings and workspaces live in the same temporary
-folder: notebooks render every cell (no windowing, so every output is in the page) and the app is
-exposed as `window.jupyterapp` so the test can run commands and read the notebook model.
+folder: notebooks render every cell (no windowing, so every output is in the page), documents are never
+autosaved (a test edits and runs cells, and nothing it does may be written back), and the app is exposed as
+`window.jupyterapp` so the test can run commands and read the notebook model. The server, and so every
+kernel it starts, runs with `GGML_LITE_PROGRESS` pointing into that folder: an exercise answered or checked
+in the browser never writes the learner's ~/.ggml_lite.
 """
 
 import json
@@ -24,8 +27,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
+# the JupyterLab app (exposed by `Lab`), its current notebook panel, and "that notebook's kernel is idle"
+APP = "window.jupyterapp"
+PANEL = f"{APP}.shell.currentWidget"
+KERNEL_READY = f"() => {APP} && {PANEL} && {PANEL}.sessionContext && {PANEL}.sessionContext.session " \
+               f"&& {PANEL}.sessionContext.session.kernel && {PANEL}.sessionContext.session.kernel.status === 'idle'"
+
 # what the browser test checked, counted by test_browser and printed by conftest at the end of the run
-CHECKED = {"notebooks": 0, "cells": 0, "figures": 0, "committed figures": 0, "steppers": 0, "other widgets": 0}
+# (and by test_exercises_browser: the exercise outputs it read from the page)
+CHECKED = {"notebooks": 0, "cells": 0, "figures": 0, "committed figures": 0, "steppers": 0, "other widgets": 0,
+           "exercise outputs": 0}
 
 
 def find_chromium() -> str | None:
@@ -54,6 +65,10 @@ class Lab:
         settings = self.tmp / "settings" / "@jupyterlab" / "notebook-extension"
         settings.mkdir(parents=True)
         (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+        docmanager = self.tmp / "settings" / "@jupyterlab" / "docmanager-extension"
+        docmanager.mkdir(parents=True)
+        (docmanager / "plugin.jupyterlab-settings").write_text(json.dumps({"autosave": False}))
+        self.progress = self.tmp / "progress.json"  # the exercises' record (ggml_lite.exercises)
         self.port, self.token = _free_port(), secrets.token_hex(16)
         cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={self.port}", "--ip=127.0.0.1",
                f"--ServerApp.token={self.token}", f"--notebook-dir={self.tmp / 'notebooks'}",
@@ -63,7 +78,8 @@ class Lab:
             cmd.append("--allow-root")
         self.log = open(self.tmp / "lab.log", "w")
         # a session of its own, so that stop() reaches the kernels JupyterLab starts, too
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = {**os.environ, "GGML_LITE_PROGRESS": str(self.progress)}
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         self.pid = self.proc.pid
         self._wait_ready(timeout)
 

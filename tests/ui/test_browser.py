@@ -14,16 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from ui.lab import CHECKED
+from ui.lab import APP, CHECKED, KERNEL_READY, PANEL
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
 PLOTLY = "application/vnd.plotly.v1+json"
 
-APP = "window.jupyterapp"
-PANEL = f"{APP}.shell.currentWidget"
-KERNEL_READY = f"() => {APP} && {PANEL} && {PANEL}.sessionContext && {PANEL}.sessionContext.session " \
-               f"&& {PANEL}.sessionContext.session.kernel && {PANEL}.sessionContext.session.kernel.status === 'idle'"
 ALL_RUN = f"""() => {{
     const cells = {PANEL}.content.model.cells;
     for (let i = 0; i < cells.length; i++) {{

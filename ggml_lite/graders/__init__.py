@@ -1,0 +1,1 @@
+"""graders: modules exported from the notebooks."""
