@@ -6,10 +6,12 @@
 grader that runs a learner's function on a chapter's cases against the port and shows the smallest case
 where they disagree, and the local record of what is done (`python -m ggml_lite exercises`)."""
 
+import collections
 import copy
 import datetime
 import importlib
 import inspect
+import itertools
 import json
 import os
 import pkgutil
@@ -27,7 +29,7 @@ from ggml_lite.errors import ExerciseError
 
 KINDS = ("predict", "implement", "explore")
 LEVELS = ("easy", "medium", "hard")
-ID = re.compile(r"^(\d\d)\.(\d{1,2})$")
+ID = re.compile(r"^(\d\d)\.(\d{1,2})\Z")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,9 +50,16 @@ class Exercise:
         return int(self.id.split(".")[1])
 
 
+def _plain(x: Any) -> Any:
+    """A numpy value as Python's own: an array as a list, a numpy scalar as a bool, int or float."""
+    return x.tolist() if type(x).__module__ == "numpy" and hasattr(x, "tolist") else x
+
+
 def _same(a: Any, b: Any) -> bool:
     """Answers compare as numbers when both are numbers (96 == 96.0), as words ignoring case and the
-    spaces around them when both are text, and by equality otherwise (tuples, lists)."""
+    spaces around them when both are text, and by equality otherwise (tuples and lists alike, item by
+    item); numpy values compare as the Python values they hold."""
+    a, b = _plain(a), _plain(b)
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, int | float) and isinstance(b, int | float):
@@ -188,9 +197,11 @@ def read_progress(path: Path | None = None) -> dict[str, str]:
         doc = json.loads(text)
     except ValueError as e:
         raise ExerciseError(f"{path}: not JSON ({e})") from None
+    except RecursionError:
+        raise ExerciseError(f"{path}: nested too deeply to be a progress record") from None
     if not isinstance(doc, dict):
         raise ExerciseError(f"{path}: expected an object with 'version' and 'done'")
-    if doc.get("version") != PROGRESS_VERSION:
+    if type(doc.get("version")) is not int or doc["version"] != PROGRESS_VERSION:
         raise ExerciseError(f"{path}: version: expected {PROGRESS_VERSION}, found {doc.get('version')!r}")
     done = doc.get("done")
     if not isinstance(done, dict):
@@ -248,12 +259,15 @@ def answer(exercise_id: str, value: Any, record_done: bool = True) -> Answered:
         print(f"{ex.id}: {value!r} is not one of the choices: {', '.join(map(repr, ex.choices))}.")
         return Answered(ex.id, False, False)
     expected = ex.expected()
-    right = ex.same(value, expected)
+    try:
+        right = ex.same(value, expected)
+    except Exception:  # (an answer that cannot even be compared is not the answer)
+        right = False
     print(f"{ex.id} · {ex.title}: " + ("right." if right else f"not quite: you said {value!r}."))
     print("Why: " + ex.reasoning.replace("{expected}", repr(expected)))
     if right and record_done:
         record(ex.id)
-    return Answered(ex.id, right, True)
+    return Answered(ex.id, bool(right), True)
 
 
 def done(exercise_id: str) -> None:
@@ -274,11 +288,14 @@ class Raised:
     message: str
 
     def __repr__(self) -> str:
+        if self.error is _Timeout:
+            return self.message
         return f"raises {self.error.__name__}" + (f" ({self.message[:80]})" if self.message else "")
 
 
-class _Timeout(Exception):
-    """A call of the learner's function that ran past CASE_SECONDS."""
+class _Timeout(BaseException):
+    """A call of the learner's function that ran past CASE_SECONDS (a BaseException, so that a learner's
+    `except Exception:` cannot swallow it)."""
 
 
 def _alarm(signum, frame):
@@ -306,7 +323,12 @@ def _call(fn: Callable, args: tuple, seconds: int = 0) -> Any:
 def _agree(ex: Implement, expected: Any, got: Any) -> bool:
     if isinstance(expected, Raised):
         return isinstance(got, Raised) and issubclass(got.error, expected.error)
-    return not isinstance(got, Raised) and ex.same(expected, got)
+    if isinstance(got, Raised):
+        return False
+    try:
+        return bool(ex.same(expected, got))
+    except Exception:  # (a result that cannot even be compared with ggml's disagrees with it)
+        return False
 
 
 # notebooks/A8_exercises.py
@@ -348,11 +370,34 @@ def _show(value: Any) -> str:
 
 def _call_text(ex: Implement, fn: Callable, case: Case) -> str:
     try:
-        names = list(inspect.signature(fn).parameters)
+        names = list(itertools.takewhile(lambda name: name, (
+            p.name if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) else ""
+            for p in inspect.signature(fn).parameters.values())))
     except (TypeError, ValueError):
         names = []
     parts = [f"{n}={_show(a)}" if n else _show(a) for n, a in zip(names + [""] * len(case.args), case.args)]
     return f"{ex.function}({', '.join(parts)})"
+
+
+def _failure(ex: Implement, fn: Callable, cases: list[Case], bad: list, stopped: Raised | None) -> str:
+    """The message for a check that failed: the smallest disagreeing case, what ggml and the learner gave,
+    its rule; where other rules' cases failed as well, the share of each (the mistake is often where the
+    share is largest); and a case that ran out of time, if one did."""
+    case, expected, got = bad[0]
+    lines = [f"{ex.id} · {ex.title}: {len(bad)} of {len(cases)} cases disagree with {ex.against}. "
+             f"The smallest ({case.source}):",
+             f"    {_call_text(ex, fn, case)}",
+             f"    {ex.against}: {_show(expected)}",
+             f"    yours: {_show(got)}",
+             f"    rule: {case.rule}: {ex.rules.get(case.rule, '')}"]
+    failing = collections.Counter(c.rule for c, _, _ in bad)
+    if len(failing) > 1:
+        total = collections.Counter(c.rule for c in cases)
+        worst = sorted(failing, key=lambda r: (-failing[r] / total[r], r))[:4]
+        lines.append("    failing cases by rule: " + ", ".join(f"{r} {failing[r]} of {total[r]}" for r in worst))
+    if stopped is not None:
+        lines.append(f"    (stopped: on a case of rule {bad[-1][0].rule}, yours was {stopped!r})")
+    return "\n".join(lines)
 
 
 def _where(cases: list[Case]) -> str:
@@ -381,14 +426,15 @@ def check(exercise_id: str, fn: Callable, record_done: bool = True, quiet: bool 
         v = Verdict(ex.id, False, False, len(cases), message=f"{head}: not done yet. Write {ex.function} "
                     "above (replace its `raise NotImplementedError`), then run the cell again.")
     else:
-        bad = []
+        bad, stopped = [], None
         for i, case in enumerate(cases):
             got = first if i == 0 else _call(fn, case.args, CASE_SECONDS)
             expected = _call(ex.reference, case.args)
             if not _agree(ex, expected, got):
                 bad.append((case, expected, got))
             if isinstance(got, Raised) and got.error is _Timeout:
-                break  # (an endless loop would take every case's seconds: the first one is shown)
+                stopped = got
+                break  # (an endless loop would take every case's seconds: no further case is run)
         if not bad:
             v = Verdict(ex.id, True, True, len(cases), message=f"{head}: passed. Your {ex.function} agrees with "
                         f"{ex.against} on all {len(cases)} cases ({_where(cases)}).")
@@ -396,12 +442,8 @@ def check(exercise_id: str, fn: Callable, record_done: bool = True, quiet: bool 
                 record(ex.id)
         else:
             case, expected, got = bad[0]
-            v = Verdict(ex.id, False, True, len(cases), len(bad), case, expected, got, "\n".join((
-                f"{head}: {len(bad)} of {len(cases)} cases disagree with {ex.against}. The smallest ({case.source}):",
-                f"    {_call_text(ex, fn, case)}",
-                f"    {ex.against}: {_show(expected)}",
-                f"    yours: {_show(got)}",
-                f"    rule: {case.rule}: {ex.rules.get(case.rule, '')}")))
+            v = Verdict(ex.id, False, True, len(cases), len(bad), case, expected, got,
+                        _failure(ex, fn, cases, bad, stopped))
     v.seconds = time.perf_counter() - t0
     if not quiet:
         print(v.message)

@@ -1350,9 +1350,9 @@ answer("05.1", ...)
 # or a `Parent` with `own` (`ggml_gallocr_is_own`: placed by this allocator and its block still held; false
 # for a pre-allocated tensor, a view, a freed block, or one already handed to another child), `output` (it,
 # or the tensor it views, is OUTPUT), `same_layout`, `n_children` and `n_views` (consumers and views not
-# yet run; this node still counts, as the counts drop only after it is placed). A view parent is never
-# `own`, so the view branch never runs here: leave it out. Return the index of the slot whose memory the
-# node takes, or `None` for a new block.
+# yet run; this node still counts, as the counts drop only after it is placed). Leave the view branch out
+# (05.4 asks why it may). Return the index of the slot whose memory the node takes, or `None` for a new
+# block.
 
 # %%
 # exercise 05.2

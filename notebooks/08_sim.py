@@ -933,7 +933,7 @@ answer("08.1", ...)
 # exercise 08.2
 def simulate(calls):
     """calls: a list of tuples as above -> (spans, host): spans [(device, label, start, end), ...] of the work
-    items in the order they ran, host the host's time at the end."""
+    items that ran (in any order), host the host's time at the end."""
     raise NotImplementedError  # your code here
 
 

@@ -58,10 +58,12 @@
 grader that runs a learner's function on a chapter's cases against the port and shows the smallest case
 where they disagree, and the local record of what is done (`python -m ggml_lite exercises`)."""
 
+import collections
 import copy
 import datetime
 import importlib
 import inspect
+import itertools
 import json
 import os
 import pkgutil
@@ -79,7 +81,7 @@ from ggml_lite.errors import ExerciseError
 
 KINDS = ("predict", "implement", "explore")
 LEVELS = ("easy", "medium", "hard")
-ID = re.compile(r"^(\d\d)\.(\d{1,2})$")
+ID = re.compile(r"^(\d\d)\.(\d{1,2})\Z")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,9 +102,16 @@ class Exercise:
         return int(self.id.split(".")[1])
 
 
+def _plain(x: Any) -> Any:
+    """A numpy value as Python's own: an array as a list, a numpy scalar as a bool, int or float."""
+    return x.tolist() if type(x).__module__ == "numpy" and hasattr(x, "tolist") else x
+
+
 def _same(a: Any, b: Any) -> bool:
     """Answers compare as numbers when both are numbers (96 == 96.0), as words ignoring case and the
-    spaces around them when both are text, and by equality otherwise (tuples, lists)."""
+    spaces around them when both are text, and by equality otherwise (tuples and lists alike, item by
+    item); numpy values compare as the Python values they hold."""
+    a, b = _plain(a), _plain(b)
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, int | float) and isinstance(b, int | float):
@@ -257,9 +266,11 @@ def read_progress(path: Path | None = None) -> dict[str, str]:
         doc = json.loads(text)
     except ValueError as e:
         raise ExerciseError(f"{path}: not JSON ({e})") from None
+    except RecursionError:
+        raise ExerciseError(f"{path}: nested too deeply to be a progress record") from None
     if not isinstance(doc, dict):
         raise ExerciseError(f"{path}: expected an object with 'version' and 'done'")
-    if doc.get("version") != PROGRESS_VERSION:
+    if type(doc.get("version")) is not int or doc["version"] != PROGRESS_VERSION:
         raise ExerciseError(f"{path}: version: expected {PROGRESS_VERSION}, found {doc.get('version')!r}")
     done = doc.get("done")
     if not isinstance(done, dict):
@@ -321,12 +332,15 @@ def answer(exercise_id: str, value: Any, record_done: bool = True) -> Answered:
         print(f"{ex.id}: {value!r} is not one of the choices: {', '.join(map(repr, ex.choices))}.")
         return Answered(ex.id, False, False)
     expected = ex.expected()
-    right = ex.same(value, expected)
+    try:
+        right = ex.same(value, expected)
+    except Exception:  # (an answer that cannot even be compared is not the answer)
+        right = False
     print(f"{ex.id} · {ex.title}: " + ("right." if right else f"not quite: you said {value!r}."))
     print("Why: " + ex.reasoning.replace("{expected}", repr(expected)))
     if right and record_done:
         record(ex.id)
-    return Answered(ex.id, right, True)
+    return Answered(ex.id, bool(right), True)
 
 
 def done(exercise_id: str) -> None:
@@ -345,7 +359,11 @@ def done(exercise_id: str) -> None:
 #
 # Your function raising `NotImplementedError` on the first case means the stub is untouched: "not done
 # yet", no error. Otherwise every case runs, and the smallest disagreeing one is printed: the call, ggml's
-# result and yours, and the rule the case exercises. The reference's code is never shown.
+# result and yours, and the rule the case exercises. A small case can exercise more than one rule, so when
+# cases of several rules fail, the share of each rule's cases that failed is printed too: a mistake fails
+# nearly every case of its own rule and only some of the others. The reference's code is never shown.
+# Results compare as values: a list and a tuple with the same items are equal, and a numpy array or scalar
+# is compared as the Python list or number it holds.
 
 # %%
 # | export
@@ -359,11 +377,14 @@ class Raised:
     message: str
 
     def __repr__(self) -> str:
+        if self.error is _Timeout:
+            return self.message
         return f"raises {self.error.__name__}" + (f" ({self.message[:80]})" if self.message else "")
 
 
-class _Timeout(Exception):
-    """A call of the learner's function that ran past CASE_SECONDS."""
+class _Timeout(BaseException):
+    """A call of the learner's function that ran past CASE_SECONDS (a BaseException, so that a learner's
+    `except Exception:` cannot swallow it)."""
 
 
 def _alarm(signum, frame):
@@ -391,7 +412,12 @@ def _call(fn: Callable, args: tuple, seconds: int = 0) -> Any:
 def _agree(ex: Implement, expected: Any, got: Any) -> bool:
     if isinstance(expected, Raised):
         return isinstance(got, Raised) and issubclass(got.error, expected.error)
-    return not isinstance(got, Raised) and ex.same(expected, got)
+    if isinstance(got, Raised):
+        return False
+    try:
+        return bool(ex.same(expected, got))
+    except Exception:  # (a result that cannot even be compared with ggml's disagrees with it)
+        return False
 
 # %%
 # | export
@@ -433,11 +459,34 @@ def _show(value: Any) -> str:
 
 def _call_text(ex: Implement, fn: Callable, case: Case) -> str:
     try:
-        names = list(inspect.signature(fn).parameters)
+        names = list(itertools.takewhile(lambda name: name, (
+            p.name if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) else ""
+            for p in inspect.signature(fn).parameters.values())))
     except (TypeError, ValueError):
         names = []
     parts = [f"{n}={_show(a)}" if n else _show(a) for n, a in zip(names + [""] * len(case.args), case.args)]
     return f"{ex.function}({', '.join(parts)})"
+
+
+def _failure(ex: Implement, fn: Callable, cases: list[Case], bad: list, stopped: Raised | None) -> str:
+    """The message for a check that failed: the smallest disagreeing case, what ggml and the learner gave,
+    its rule; where other rules' cases failed as well, the share of each (the mistake is often where the
+    share is largest); and a case that ran out of time, if one did."""
+    case, expected, got = bad[0]
+    lines = [f"{ex.id} · {ex.title}: {len(bad)} of {len(cases)} cases disagree with {ex.against}. "
+             f"The smallest ({case.source}):",
+             f"    {_call_text(ex, fn, case)}",
+             f"    {ex.against}: {_show(expected)}",
+             f"    yours: {_show(got)}",
+             f"    rule: {case.rule}: {ex.rules.get(case.rule, '')}"]
+    failing = collections.Counter(c.rule for c, _, _ in bad)
+    if len(failing) > 1:
+        total = collections.Counter(c.rule for c in cases)
+        worst = sorted(failing, key=lambda r: (-failing[r] / total[r], r))[:4]
+        lines.append("    failing cases by rule: " + ", ".join(f"{r} {failing[r]} of {total[r]}" for r in worst))
+    if stopped is not None:
+        lines.append(f"    (stopped: on a case of rule {bad[-1][0].rule}, yours was {stopped!r})")
+    return "\n".join(lines)
 
 
 def _where(cases: list[Case]) -> str:
@@ -466,14 +515,15 @@ def check(exercise_id: str, fn: Callable, record_done: bool = True, quiet: bool 
         v = Verdict(ex.id, False, False, len(cases), message=f"{head}: not done yet. Write {ex.function} "
                     "above (replace its `raise NotImplementedError`), then run the cell again.")
     else:
-        bad = []
+        bad, stopped = [], None
         for i, case in enumerate(cases):
             got = first if i == 0 else _call(fn, case.args, CASE_SECONDS)
             expected = _call(ex.reference, case.args)
             if not _agree(ex, expected, got):
                 bad.append((case, expected, got))
             if isinstance(got, Raised) and got.error is _Timeout:
-                break  # (an endless loop would take every case's seconds: the first one is shown)
+                stopped = got
+                break  # (an endless loop would take every case's seconds: no further case is run)
         if not bad:
             v = Verdict(ex.id, True, True, len(cases), message=f"{head}: passed. Your {ex.function} agrees with "
                         f"{ex.against} on all {len(cases)} cases ({_where(cases)}).")
@@ -481,12 +531,8 @@ def check(exercise_id: str, fn: Callable, record_done: bool = True, quiet: bool 
                 record(ex.id)
         else:
             case, expected, got = bad[0]
-            v = Verdict(ex.id, False, True, len(cases), len(bad), case, expected, got, "\n".join((
-                f"{head}: {len(bad)} of {len(cases)} cases disagree with {ex.against}. The smallest ({case.source}):",
-                f"    {_call_text(ex, fn, case)}",
-                f"    {ex.against}: {_show(expected)}",
-                f"    yours: {_show(got)}",
-                f"    rule: {case.rule}: {ex.rules.get(case.rule, '')}")))
+            v = Verdict(ex.id, False, True, len(cases), len(bad), case, expected, got,
+                        _failure(ex, fn, cases, bad, stopped))
     v.seconds = time.perf_counter() - t0
     if not quiet:
         print(v.message)
@@ -720,7 +766,7 @@ def fixture_contexts() -> tuple:
 # | a buffer closed when it reaches max_size (`>=`) | `[64, 64, 32]`, max 128 | fits exactly |
 # | sizes not padded | `[40, 100]` | pad |
 # | trailing views left out of the last range | `[64, None, 64, None]` | no memory |
-# | no check for a tensor larger than max_size | `[64, 256]`, max 128 | too large |
+# | no check for a tensor larger than max_size, or one on the unpadded size | `[64, 256]`, max 128; `[100]`, max 120 | too large |
 # | an empty buffer when nothing needs memory | `[None, None]` | nothing to allocate |
 
 # %%
@@ -752,6 +798,7 @@ def split_cases():
                             ([64, None, 64, None], 1000), ([64, None, 96], 128), ([64, 256], 128),
                             ([None, None], 128), ([], 128)):
         yield split_case(sizes, 32, max_size, "chapter")
+    yield split_case([100], 32, 120, "chapter", 10)  # fits unpadded, not padded
     yield split_case([120, 68, None], 32, SIZE_MAX, "chapter", 10)  # § 9's check
     yield split_case([4000, 2400, 2400, 2800, 400, None], 128, 4096, "chapter", 10)  # § 7's weights
     for name, sizes in fixture_contexts():
@@ -768,6 +815,10 @@ def split_cases():
         max_size = rng.choice((sum(real[:k + 1]), max(real) + alignment * rng.randrange(0, 8), 2048, SIZE_MAX,
                                sum(real[:k + 2]))) - (alignment if rng.random() < 0.05 else 0)
         yield split_case(sizes, alignment, max_size, "random", 100)
+    rng = random.Random(31)  # a max_size that is not a multiple of the alignment: the padded size decides
+    for _ in range(50):
+        alignment, sizes = rng.choice((16, 32, 64)), [rng.randrange(1, 300) for _ in range(rng.randrange(1, 6))]
+        yield split_case(sizes, alignment, max(sizes) + rng.randrange(0, alignment), "random", 100)
 
 
 register(

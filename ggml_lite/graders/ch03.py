@@ -93,6 +93,7 @@ def split_cases():
                             ([64, None, 64, None], 1000), ([64, None, 96], 128), ([64, 256], 128),
                             ([None, None], 128), ([], 128)):
         yield split_case(sizes, 32, max_size, "chapter")
+    yield split_case([100], 32, 120, "chapter", 10)  # fits unpadded, not padded
     yield split_case([120, 68, None], 32, SIZE_MAX, "chapter", 10)  # § 9's check
     yield split_case([4000, 2400, 2400, 2800, 400, None], 128, 4096, "chapter", 10)  # § 7's weights
     for name, sizes in fixture_contexts():
@@ -109,6 +110,10 @@ def split_cases():
         max_size = rng.choice((sum(real[:k + 1]), max(real) + alignment * rng.randrange(0, 8), 2048, SIZE_MAX,
                                sum(real[:k + 2]))) - (alignment if rng.random() < 0.05 else 0)
         yield split_case(sizes, alignment, max_size, "random", 100)
+    rng = random.Random(31)  # a max_size that is not a multiple of the alignment: the padded size decides
+    for _ in range(50):
+        alignment, sizes = rng.choice((16, 32, 64)), [rng.randrange(1, 300) for _ in range(rng.randrange(1, 6))]
+        yield split_case(sizes, alignment, max(sizes) + rng.randrange(0, alignment), "random", 100)
 
 
 register(

@@ -20,6 +20,7 @@ F4 = np.float32
 Q8_RULES = {
     "zero block": "a block of zeros has d = 0 and id = 0 (`d ? 1.0f/d : 0.0f`): its values are 0, no NaN",
     "halves away": "`roundf` rounds a half away from zero: 2.5 gives 3 and -2.5 gives -3 (not to even)",
+    "below a half": "`roundf` rounds the value itself: 0.49999997 gives 0, though 0.49999997 + 0.5 in float32 is 1.0",
     "absmax": "d is the largest *magnitude* over 127: max|x|, even when that value is negative",
     "f16 scale": "the stored d is the f32 d rounded to f16 (to nearest even), `GGML_FP32_TO_FP16`",
     "unrounded id": "the values are scaled by id = 1/d of the f32 d, not of the f16 d that is stored",
@@ -51,7 +52,8 @@ def q8_rule(x) -> str:
         v = (xb * np.where(d != 0, F4(1) / d, F4(0)).astype(F4)[:, None]).astype(F4)
         dh = d.astype(np.float16).astype(F4)
         q, q16 = _round(v), _round(xb * np.where(dh != 0, F4(1) / dh, F4(0)).astype(F4)[:, None])
-        seen = {"zero block": (amax == 0).any(), "halves away": (np.abs(v) % 1 == 0.5).any(),
+        up = np.trunc((np.abs(v) + F4(0.5)).astype(F4)) != np.trunc(np.abs(v).astype(np.float64) + 0.5)
+        seen = {"zero block": (amax == 0).any(), "halves away": (np.abs(v) % 1 == 0.5).any(), "below a half": up.any(),
                 "absmax": (xb.max(axis=1) < amax).any(), "f16 scale": (dh != d).any(),
                 "unrounded id": (q16 != q).any(),
                 "1/d": ((_round(xb * (F4(127) / amax)[:, None]) != q) | (_round(xb / d[:, None]) != q)).any()}
@@ -67,6 +69,7 @@ def _block(*head) -> np.ndarray:
 
 Q8_CHAPTER_CASES = (  # (rule, row), each built so that only its rule is at stake (the 1/d rows found by search)
     ("zero block", _block()), ("halves away", _block(127, 2.5, -2.5, 0.5, -0.5, 1.5, 63.5, -100)),
+    ("below a half", _block(127, 0.49999997, -0.49999997)),
     ("absmax", _block(-127, 100, 3, -7, 12.25)), ("f16 scale", _block(1, 0.25, -0.75)),
     ("unrounded id", _block(1, 0.49998)), ("1/d", _block(0.9214553833007812, 0.4389610290527344)),
     ("1/d", _block(1.134989619255066, 0.344071626663208)),

@@ -2,66 +2,113 @@
 # Edit the notebook, then run `make export`.
 
 # notebooks/A10_exercises.py
-"""Chapter 09's exercises (appendix A10): `ggml_backend_sched_backend_id_from_cur`, `ggml_backend_sched_split_graph`."""
+"""Chapter 09's exercises (appendix A10): the backend scheduler, `ggml_backend_sched_backend_id_from_cur` and
+`ggml_backend_sched_split_graph`."""
 
 import json
 import logging
 import random
-from collections import namedtuple
 from pathlib import Path
 from types import SimpleNamespace as NS
-from typing import Any
+from typing import Any, NamedTuple
 
 from ggml_lite.buffer import BufferUsage
 from ggml_lite.cpu import cpu_init
+from ggml_lite.errors import SchedulerError
 from ggml_lite.exercises import Case, Chapter, Explore, Implement, Predict, register
 from ggml_lite.graph import build_forward
 from ggml_lite.ops import add, mul_mat, silu, soft_max
+from ggml_lite.scenario import built_scenario, load_scenario
 from ggml_lite.sched import PASSES, BackendSched, backend_id_from_cur, split_graph
 from ggml_lite.sim import sim_init
 from ggml_lite.tallocr import alloc_ctx_tensors
 from ggml_lite.tensor import F16, F32, Context, Op, TensorFlag, is_view_op, set_input
 
-FIXTURES = Path(split_graph.__code__.co_filename).resolve().parents[1] / "tests" / "fixtures" / "ggml-seed-sched"
-SCENARIOS = ("03_partial_offload", "07_op_offload_mul_mat", "12_deny_mul_mat_weights_in_fake")
-Node = namedtuple("Node", "buffer view_src is_input weights runs offloads",  # 09.2's stub describes the fields
-                  defaults=(None, None, False, (), (True, True), (False, False)))
-GNode = namedtuple("GNode", "name backend view srcs", defaults=(False, ()))  # 09.3's stub describes them
-Src = namedtuple("Src", "name backend weight usable", defaults=(False, ()))
+REPO = Path(split_graph.__code__.co_filename).resolve().parents[1]  # (ggml_lite/sched.py's: no __file__ here)
+FIXTURES = REPO / "tests" / "fixtures" / "ggml-seed-sched"
+SCENARIOS = ("03_partial_offload", "07_op_offload_mul_mat", "12_deny_mul_mat_weights_in_fake")  # 09.3's
+
 
 def mlp_split_backends() -> tuple:
-    """Chapter 09's MLP (§5), b1 moved to the CPU, w2 to SIM: its splits' backends (09.1)."""
-    backends, ctxs = [sim_init("SIM", asynchronous=False), cpu_init()], [Context("w:SIM"), Context("w:CPU")]
-    w1, w2 = ctxs[0].new_tensor_2d(F16, 64, 128, name="w1"), ctxs[0].new_tensor_2d(F16, 128, 32, name="w2")
-    b1 = ctxs[1].new_tensor_1d(F32, 128, name="b1")
-    for ctx, backend in zip(ctxs, backends):
+    """09.1's answer: the backends' names of the splits of chapter 09's MLP (§5) with b1 on the CPU, w2 on SIM."""
+    backends = [sim_init("SIM", asynchronous=False), cpu_init()]
+    weights = [Context("w:SIM"), Context("w:CPU")]
+    w1 = weights[0].new_tensor_2d(F16, 64, 128, name="w1")
+    w2 = weights[0].new_tensor_2d(F16, 128, 32, name="w2")
+    b1 = weights[1].new_tensor_1d(F32, 128, name="b1")
+    for ctx, backend in zip(weights, backends):
         alloc_ctx_tensors(ctx, backend).set_usage(BufferUsage.WEIGHTS)
-    set_input(x := (c := Context("compute")).new_tensor_2d(F32, 64, 8, name="x"))
-    graph = build_forward(soft_max(c, mul_mat(c, w2, silu(c, add(c, mul_mat(c, w1, x), b1)))))
-    split_graph(sched := BackendSched(backends, debug=False), graph)
-    return tuple(backends[sp.backend_id].get_name() for sp in sched.splits)
+    c = Context("compute")
+    x = c.new_tensor_2d(F32, 64, 8, name="x")
+    set_input(x)
+    h0 = mul_mat(c, w1, x).set_name("h0")
+    h1 = add(c, h0, b1).set_name("h1")
+    h2 = silu(c, h1).set_name("h2")
+    logits = mul_mat(c, w2, h2).set_name("logits")
+    graph = build_forward(soft_max(c, logits).set_name("probs"))
+    sched = BackendSched(backends, debug=False)
+    split_graph(sched, graph)
+    return tuple(backends[split.backend_id].get_name() for split in sched.splits)
+
+
+def load_recorded(name: str) -> tuple:
+    """A recorded scenario of FIXTURES: (backends, round-0 graph, the file's document); for scenario 13, which
+    aborts before recording a graph, the graph built from its model."""
+    doc = json.loads((FIXTURES / f"{name}.json").read_text())
+    if "graph" in doc:
+        scenario = load_scenario(doc, fill=False)
+        return scenario.backends, scenario.gf.graph, doc
+    backends, graph = built_scenario(doc)
+    return backends, graph, doc
 
 
 # notebooks/A10_exercises.py
-Stand = type("Stand", (NS,), {"__hash__": object.__hash__})  # a stand-in for a tensor, hashed by identity
+class Node(NamedTuple):
+    """09.2's tensor: the buffer types (names) of its buffer and of its view_src's (None: none), whether it is a
+    graph INPUT, the buffer type of each source in a WEIGHTS buffer (None for the others), and what each backend
+    says of its op (`supports_op`, `offload_op`)."""
+    buffer: str | None = None
+    view_src: str | None = None
+    is_input: bool = False
+    weights: tuple = ()
+    runs: tuple = (True, True)
+    offloads: tuple = (False, False)
 
 
-def pass1_reference(can_use, node):
-    """`ggml_backend_sched_backend_id_from_cur` (the port) on stand-ins built from the plain data of 09.2."""
-    def stand(buft, usage=BufferUsage.ANY, **kw):
-        return Stand(buffer=buft and NS(buft=buft, usage=usage, get_name=lambda: buft), op=Op.NONE, name="t", **kw)
-    sched: Any = NS(n_backends=len(can_use), causes={}, backends=[
-        NS(supports_buft=u.__contains__, supports_op=lambda op, r=r: r, offload_op=lambda op, o=o: o)
-        for u, r, o in zip(can_use, node.runs, node.offloads, strict=True)])
-    t = stand(node.buffer, view_src=node.view_src and stand(node.view_src), flags=int(TensorFlag.INPUT) * node.is_input,
-              src=[w and stand(w, BufferUsage.WEIGHTS) for w in node.weights])
+class Stand:
+    """A stand-in for a tensor: the attributes the port reads (`fields`), hashed by identity as a tensor is."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+def stand_in(buft: str | None, usage: BufferUsage = BufferUsage.ANY, **fields) -> Stand:
+    """A tensor in a buffer of type `buft` (None: no buffer) used as `usage`, op NONE, with `fields`."""
+    buffer = None if buft is None else NS(buft=buft, usage=usage, get_name=lambda: buft)
+    return Stand(buffer=buffer, op=Op.NONE, name="t", **fields)
+
+
+def pass1_reference(can_use: tuple, node: Node) -> int:
+    """09.2's reference: `ggml_backend_sched_backend_id_from_cur` (the port) on stand-ins of the plain data.
+    Takes `can_use` (per backend, the names of the buffer types it can use) and a `Node`; returns the backend id
+    pass 1 gives, or -1, and raises SchedulerError where the C aborts."""
+    backends = [NS(supports_buft=uses.__contains__, supports_op=lambda op, r=runs: r,
+                   offload_op=lambda op, o=offloads: o)
+                for uses, runs, offloads in zip(can_use, node.runs, node.offloads, strict=True)]
+    sched: Any = NS(n_backends=len(backends), backends=backends, causes={})
+    view_src = None if node.view_src is None else stand_in(node.view_src)
+    weights = [None if w is None else stand_in(w, BufferUsage.WEIGHTS) for w in node.weights]
+    flags = int(TensorFlag.INPUT) if node.is_input else 0
+    tensor = stand_in(node.buffer, view_src=view_src, flags=flags, src=weights)
     log = logging.getLogger("ggml_lite")
-    log.disabled, was = True, log.disabled  # the port's warning "no backend supports op ...": not for the grader
+    was_disabled, log.disabled = log.disabled, True  # the port's "no backend supports op ..." is not for the grader
     try:
-        return backend_id_from_cur(sched, t)
+        return backend_id_from_cur(sched, tensor)
     finally:
-        log.disabled = was
+        log.disabled = was_disabled
 
+
+# notebooks/A10_exercises.py
 PASS1_RULES = {
     "own buffer": "a tensor with a buffer goes to the first backend that can use its buffer type and runs the op",
     "view": "else a view goes to the first backend that can use its view_src's buffer type and runs the op",
@@ -73,82 +120,166 @@ PASS1_RULES = {
     "unassigned": "no buffer, no allocated view_src, not an input, no weight source: -1 (the later passes decide)",
 }
 
-def pass1_case(can_use, node, source, size=0):
-    def first(buft):
-        return next((i for i, u in enumerate(can_use) if buft in u and node.runs[i]), -1)
-    ws = [w for w in node.weights if w is not None]
-    b = first(ws[0]) if ws else None
-    rule = ("own buffer" if node.buffer and first(node.buffer) != -1 else
-            "view" if node.view_src and first(node.view_src) != -1 else
-            "pre-allocated" if node.buffer or node.view_src else "input" if node.is_input else "unassigned"
-            if b is None else "first weight only" if b == -1 and any(first(w) != -1 for w in ws[1:]) else
-            "offload" if b > 0 and any(node.offloads[:b]) else "weight")
-    size += 10 * len(can_use) + len(node.weights) + sum(node.offloads) + bool(node.buffer) + bool(node.view_src)
-    return Case((can_use, node), rule, source, size)
 
-GC, GGC = (("G",), ("C",)), (("G",), ("G1",), ("C",))  # backends: GPUs using their own buffer type only, the CPU
-FT, TF = (False, True), (True, False)
-SMALL_PASS1 = ((GC, Node()), (GC, Node(buffer="G")), ((("G", "C"), ("C",)), Node(buffer="C")),
-               (GC, Node(is_input=True)), (GC, Node(buffer="G", runs=FT)), (GC, Node(view_src="C")),
-               (GC, Node(view_src="G", runs=FT)), (GC, Node(weights=("G",))), (GC, Node(weights=(None, "C"))),
-               (GC, Node(weights=("G",), runs=FT)),
-               (GC, Node(weights=("G", "C"), runs=FT)), (GC, Node(weights=("C",), offloads=TF)),
-               (GC, Node(weights=("C",), runs=FT, offloads=TF)), (GGC, Node(weights=("G1",), runs=(True,) * 3,
-                                                                            offloads=(True, False, False))))
+def pass1_rule(can_use: tuple, node: Node) -> str:
+    """The rule of PASS1_RULES that a mistake on this case (`can_use`, `node`) breaks first."""
+    def first_backend(buft):  # ggml_backend_sched_backend_from_buffer
+        return next((i for i, uses in enumerate(can_use) if buft in uses and node.runs[i]), -1)
+
+    if node.buffer and first_backend(node.buffer) != -1:
+        return "own buffer"
+    if node.view_src and first_backend(node.view_src) != -1:
+        return "view"
+    if node.buffer or node.view_src:
+        return "pre-allocated"
+    if node.is_input:
+        return "input"
+    weights = [w for w in node.weights if w is not None]
+    if not weights:
+        return "unassigned"
+    b = first_backend(weights[0])
+    if b == -1 and any(first_backend(w) != -1 for w in weights[1:]):
+        return "first weight only"
+    if b > 0 and any(node.offloads[:b]):
+        return "offload"
+    return "weight"
+
+
+def pass1_case(can_use: tuple, node: Node, source: str, size: int = 0) -> Case:
+    """A case of 09.2 with its rule; `size` is added to the case's own (0 for the small cases)."""
+    size += 10 * len(can_use) + len(node.weights) + sum(node.offloads) + bool(node.buffer) + bool(node.view_src)
+    return Case((can_use, node), pass1_rule(can_use, node), source, size)
 
 
 # notebooks/A10_exercises.py
-def pass1_cases():
-    rng = random.Random(9)
-    yield from (pass1_case(can_use, node, "chapter") for can_use, node in SMALL_PASS1)
-    for _ in range(300):
-        n = rng.randrange(2, 5)
-        bufts = [f"G{i}" for i in range(n - 1)] + ["C"]
-        can_use = [tuple(sorted({bufts[i]} | {b for b in bufts if rng.random() < 0.2})) for i in range(n - 1)]
-        maybe = [rng.choice(bufts) if rng.random() < p else None for p in (0.15, 0.2)]
-        node = Node(maybe[0], maybe[1], rng.random() < 0.15, tuple(rng.choice(bufts) if rng.random() < 0.6 else None
-                                                        for _ in range(rng.randrange(4))),
-                    tuple(rng.random() < 0.8 for _ in range(n)), tuple(rng.random() < 0.4 for _ in range(n)))
-        yield pass1_case((*can_use, ("C",)), node, "random", 1000)
+GC, GGC = (("G",), ("C",)), (("G",), ("G1",), ("C",))  # can_use: a GPU and the CPU; two GPUs and the CPU
+FT, TF = (False, True), (True, False)
+SMALL_PASS1 = (
+    (GC, Node()), (GC, Node(buffer="G")), ((("G", "C"), ("C",)), Node(buffer="C")), (GC, Node(is_input=True)),
+    (GC, Node(buffer="G", runs=FT)), (GC, Node(view_src="C")), (GC, Node(view_src="G", runs=FT)),
+    (GC, Node(weights=("G",))), (GC, Node(weights=(None, "C"))), (GC, Node(weights=("G",), runs=FT)),
+    (GC, Node(weights=("G", "C"), runs=FT)), (GC, Node(weights=("C",), offloads=TF)),
+    (GC, Node(weights=("C",), runs=FT, offloads=TF)),
+    (GGC, Node(weights=("G1",), runs=(True,) * 3, offloads=(True, False, False))),
+)
 
-def splits_reference(nodes, max_inputs=10):
-    """Pass 5 of `ggml_backend_sched_split_graph` (the port's `_pass5`) on tensors built from the plain nodes."""
-    ctx, tensors, usable = Context("plain"), dict[str, Any](), dict[str, Any]()
+
+def buft_name(tensor) -> str | None:
+    """The name of the buffer type of `tensor`'s buffer (None: no tensor, or no buffer)."""
+    return None if tensor is None or tensor.buffer is None else tensor.buffer.buft.get_name()
+
+
+def plain_node(tensor, backends) -> Node:
+    """A real tensor as 09.2's `Node`, its op judged by each of `backends`."""
+    weights = [buft_name(s) if s is not None and s.buffer is not None and s.buffer.usage == BufferUsage.WEIGHTS
+               else None for s in tensor.src]
+    while weights and weights[-1] is None:
+        weights.pop()
+    return Node(buft_name(tensor), buft_name(tensor.view_src), bool(tensor.flags & TensorFlag.INPUT),
+                tuple(weights), tuple(b.supports_op(tensor) for b in backends),
+                tuple(b.offload_op(tensor) for b in backends))
+
+
+def plain_can_use(backends, graph) -> tuple:
+    """09.2's `can_use` of a scenario: per backend, the names of the buffer types of `graph` it can use."""
+    bufts = {b.get_default_buffer_type() for b in backends}
+    for t in (*graph.leafs, *graph.nodes):
+        bufts |= {x.buffer.buft for x in (t, t.view_src, *t.src) if x is not None and x.buffer is not None}
+    return tuple(tuple(sorted(buft.get_name() for buft in bufts if b.supports_buft(buft))) for b in backends)
+
+
+def pass1_fixture_cases():
+    """09.2's cases of the recorded scenarios (none without FIXTURES): each tensor pass 1 decides (not pinned),
+    each different case once, named by the first scenario that has it."""
+    seen = set()
+    for path in sorted(FIXTURES.glob("*.json")):
+        backends, graph, doc = load_recorded(path.stem)
+        can_use = plain_can_use(backends, graph)
+        pinned = {pin["tensor"] for pin in doc.get("pins", [])}
+        for tensor in (*graph.leafs, *graph.nodes):
+            node = plain_node(tensor, backends)
+            if tensor.name not in pinned and (can_use, node) not in seen:
+                seen.add((can_use, node))
+                yield pass1_case(can_use, node, f"fixture {path.stem}", 100)
+
+
+# notebooks/A10_exercises.py
+def pass1_random_case(rng: random.Random) -> Case:
+    """A random case of 09.2, drawn from `rng`."""
+    n = rng.randrange(2, 5)
+    bufts = [f"G{i}" for i in range(n - 1)] + ["C"]
+    can_use = [tuple(sorted({bufts[i]} | {b for b in bufts if rng.random() < 0.2})) for i in range(n - 1)]
+    buffer = rng.choice(bufts) if rng.random() < 0.15 else None
+    view_src = rng.choice(bufts) if rng.random() < 0.2 else None
+    is_input = rng.random() < 0.15
+    weights = tuple(rng.choice(bufts) if rng.random() < 0.6 else None for _ in range(rng.randrange(4)))
+    runs = tuple(rng.random() < 0.8 for _ in range(n))
+    offloads = tuple(rng.random() < 0.4 for _ in range(n))
+    node = Node(buffer, view_src, is_input, weights, runs, offloads)
+    return pass1_case((*can_use, ("C",)), node, "random", 1000)
+
+
+def pass1_cases():
+    """09.2's cases: the small ones, the recorded ones, 300 random ones."""
+    for can_use, node in SMALL_PASS1:
+        yield pass1_case(can_use, node, "chapter")
+    yield from pass1_fixture_cases()
+    rng = random.Random(9)
+    for _ in range(300):
+        yield pass1_random_case(rng)
+
+
+# notebooks/A10_exercises.py
+class Src(NamedTuple):
+    """A source of a 09.3 node: its name, backend, whether it is in a WEIGHTS buffer, the backends that can use
+    its memory."""
+    name: str
+    backend: int
+    weight: bool = False
+    usable: tuple = ()
+
+
+class GNode(NamedTuple):
+    """A node of 09.3's graph: its name, backend, whether it is a view, its sources (`Src`)."""
+    name: str
+    backend: int
+    view: bool = False
+    srcs: tuple = ()
+
+
+def splits_reference(nodes, max_inputs: int = 10) -> list:
+    """09.3's reference: pass 5 of `ggml_backend_sched_split_graph` (the port's `_pass5`) on tensors built from the
+    plain `nodes` (GNode, ...), at most `max_inputs` inputs a split. Returns [(backend, i_start, i_end, (input
+    names, ...)), ...] and raises SchedulerError where the C asserts."""
+    ctx = Context("plain")
+    tensors: dict[str, Any] = {}  # name -> tensor
+    usable: dict[Any, tuple] = {}  # tensor -> the backends that can use its memory
     sched = BackendSched.__new__(BackendSched)  # what pass 5 reads, no more: no backends, no buffers
-    sched.__dict__.update(ids={}, copies={}, causes={}, splits=[], graph_inputs=[], ctx=Context("sched"), n_copies=1,
-                          cur_copy=0, max_split_inputs=max_inputs, backends=[NS(get_name=lambda: "B")] * 16,
-                          buffer_supported=lambda t, b: b in usable[t])
-    for n in nodes:
-        for s in (*n.srcs, n):
-            if s.name not in tensors:
-                tensors[s.name] = ctx.new_tensor_1d(F32, 1, name=s.name)
-        for j, s in enumerate(n.srcs):
-            usable.setdefault(tensors[s.name], s.usable)
-            sched.ids.setdefault(tensors[s.name], s.backend)
-            tensors[s.name].buffer = NS(usage=BufferUsage.WEIGHTS) if s.weight else tensors[s.name].buffer
-            tensors[n.name].set_src(j, tensors[s.name])
-        tensors[n.name].op, sched.ids[tensors[n.name]] = Op.VIEW if n.view else Op.ADD, n.backend
-    PASSES[4](sched, NS(nodes=[tensors[n.name] for n in nodes]))
+    sched.__dict__.update(ids={}, copies={}, causes={}, splits=[], graph_inputs=[], ctx=Context("sched"),
+                          n_copies=1, cur_copy=0, max_split_inputs=max_inputs,
+                          backends=[NS(get_name=lambda: "B")] * 16, buffer_supported=lambda t, b: b in usable[t])
+
+    def tensor(name):  # the tensor of that name, made on first use
+        if name not in tensors:
+            tensors[name] = ctx.new_tensor_1d(F32, 1, name=name)
+        return tensors[name]
+
+    for node in nodes:
+        t = tensor(node.name)
+        for j, src in enumerate(node.srcs):
+            s = tensor(src.name)
+            usable.setdefault(s, src.usable)
+            sched.ids.setdefault(s, src.backend)
+            if src.weight:
+                s.buffer = NS(usage=BufferUsage.WEIGHTS)
+            t.set_src(j, s)
+        t.op = Op.VIEW if node.view else Op.ADD
+        sched.ids[t] = node.backend
+    PASSES[4](sched, NS(nodes=[tensors[node.name] for node in nodes]))
     return [(s.backend_id, s.i_start, s.i_end, tuple(t.name for t in s.inputs)) for s in sched.splits]
 
-def fixture_cases():
-    """Each recorded scenario's graph after passes 1-4 (names are unique), whole and in 70 windows of 3-12 nodes."""
-    from ggml_lite.scenario import load_scenario
 
-    rng = random.Random(9)
-    for name in SCENARIOS if FIXTURES.is_dir() else ():
-        sc = load_scenario(json.loads((FIXTURES / f"{name}.json").read_text()), fill=False)
-        sched, graph, nb = BackendSched(sc.backends, debug=False), sc.gf.graph, len(sc.backends)
-        for run in PASSES[:4]:
-            run(sched, graph)
-        nodes = [GNode(n.name, sched.ids[n], is_view_op(n.op), tuple(
-            Src(s.name, sched.ids.get(s, -1), s.buffer is not None and s.buffer.usage == BufferUsage.WEIGHTS,
-                tuple(b for b in range(nb) if sched.buffer_supported(s, b))) for s in n.src if s is not None))
-            for n in graph.nodes]
-        yield split_case(nodes, 10, f"fixture {name}", 1000)
-        for i, k in ((rng.randrange(len(nodes) - 3), rng.randrange(3, 13)) for _ in range(70)):
-            yield split_case(nodes[i:i + k], rng.choice([2, 3, 10, 10]), f"fixture {name}", 100)
-
+# notebooks/A10_exercises.py
 SPLIT_RULES = {
     "backend change": "a split ends (exclusive i_end) where a non-view node of another backend starts the next",
     "views skipped": "views start no split and bring no input; the first split has the first non-view node's backend",
@@ -158,55 +289,138 @@ SPLIT_RULES = {
     "inputs full": "a split holding max_inputs inputs ends before a node that needs a copy not yet made",
     "too many inputs": "a node needing more new copies than its split has room left for: SchedulerError (C: abort)",
 }
+SPLIT_ORDER = ("too many inputs", "weight split", "inputs full", "copy once", "views skipped", "copy needed")
 
 
-# notebooks/A10_exercises.py
-def split_case(nodes, max_inputs, source, size=0):
-    nodes, flags, copied = tuple(nodes), set(), set()
-    try:
-        splits = splits_reference(nodes, max_inputs)
-    except Exception:  # the port refuses the case
-        splits, flags = [], {"too many inputs"}
+def split_flags(nodes: tuple, max_inputs: int, splits: list) -> set:
+    """The rules of SPLIT_RULES whose conditions a case (`nodes`, `max_inputs`, its right `splits`) involves."""
+    flags: set[str] = set()
+    copied: set[tuple] = set()  # (tensor name, backend): the copies the splits before made
     for k, (b, i0, i1, inputs) in enumerate(splits):
-        full = max_inputs < 10 and len(inputs) == max_inputs or k and b == splits[k - 1][0]
-        flags |= {"inputs full"} if full else set()
-        for n in nodes[i0:i1]:
-            flags |= {"views skipped"} if n.view and (n.backend != b or any(s.backend != b for s in n.srcs)) else set()
-            for s in () if n.view else n.srcs:
-                flags |= {"weight split"} if s.weight and s.backend != b else set()
-                flags |= {"copy needed"} if s.backend != b and b in s.usable else set()
-                flags |= {"copy once"} if (s.name, b) in copied and s.name not in inputs else set()
-        copied |= {(x, b) for x in inputs}
-    rule = next((r for r in ("too many inputs", "weight split", "inputs full", "copy once", "views skipped",
-                             "copy needed") if r in flags), "backend change")
+        if max_inputs < 10 and len(inputs) == max_inputs:
+            flags.add("inputs full")
+        if k > 0 and b == splits[k - 1][0]:
+            flags.add("inputs full")  # two splits of one backend in a row: a weight or a full split cut them
+        for node in nodes[i0:i1]:
+            if node.view:
+                if node.backend != b or any(s.backend != b for s in node.srcs):
+                    flags.add("views skipped")
+                continue
+            for s in node.srcs:
+                if s.weight and s.backend != b:
+                    flags.add("weight split")
+                if s.backend != b and b in s.usable:
+                    flags.add("copy needed")
+                if (s.name, b) in copied and s.name not in inputs:
+                    flags.add("copy once")
+        copied |= {(name, b) for name in inputs}
+    return flags
+
+
+def split_case(nodes, max_inputs: int, source: str, size: int = 0) -> Case:
+    """A case of 09.3 with its rule; `size` is added to the case's own (0 for the small cases)."""
+    nodes = tuple(nodes)
+    try:
+        flags = split_flags(nodes, max_inputs, splits_reference(nodes, max_inputs))
+    except SchedulerError:
+        flags = {"too many inputs"}
+    rule = next((r for r in SPLIT_ORDER if r in flags), "backend change")
     size += 10 * len(nodes) + sum(len(n.srcs) for n in nodes) + (max_inputs < 10)
     return Case((nodes, max_inputs), rule, source, size)
 
-def _s(name, b, *usable, weight=False):
-    return Src(name, b, weight, usable or (b,))
+
+# notebooks/A10_exercises.py
+def _s(name: str, backend: int, *usable: int, weight: bool = False) -> Src:
+    """A source on `backend` whose memory the backends `usable` can use (none given: only its own)."""
+    return Src(name, backend, weight, usable or (backend,))
 
 
-def _n(name, b, *srcs, view=False):
-    return GNode(name, b, view, srcs)
+def _n(name: str, backend: int, *srcs: Src, view: bool = False) -> GNode:
+    """A node on `backend` reading `srcs`."""
+    return GNode(name, backend, view, srcs)
 
-SMALL_SPLITS = (  # (nodes, max_inputs): backend 0 a GPU, 1 the CPU
-    ([_n("n0", 0, _s("x", 1, 0, 1))], 10), ([_n("n0", 0, _s("w", 1, weight=True))], 10),
+
+SMALL_SPLITS = (  # (nodes, max_inputs)
+    ([_n("n0", 0, _s("x", 1, 0, 1))], 10),
+    ([_n("n0", 0, _s("w", 1, weight=True))], 10),
     ([_n("n0", 0, _s("x", 1)), _n("n1", 1, _s("n0", 0))], 10),
     ([_n("v0", 1, view=True), _n("n1", 0, _s("v0", 1, 0, 1))], 10),
     ([_n("n0", 0, _s("x", 1)), _n("v1", 1, _s("n0", 0), view=True)], 10),
     ([_n("n0", 0, _s("x", 1)), _n("n1", 0, _s("n0", 0), _s("w", 1, weight=True))], 10),
     ([_n("n0", 0, _s("x", 1)), _n("n1", 0, _s("n0", 0), _s("w", 1, 0, 1, weight=True))], 10),
     ([_n("n0", 0, _s("x", 1)), _n("n1", 0, _s("n0", 0), _s("y", 1))], 1),
+    ([_n("n0", 0, _s("x", 1)), _n("n1", 0, _s("y", 1, 0, 1))], 1),
     ([_n("n0", 0, _s("x", 1)), _n("n1", 0, _s("n0", 0), _s("x", 1))], 1),
     ([_n("n0", 0, _s("x", 1)), _n("n1", 0, _s("y", 1), _s("z", 1))], 2),
-    ([_n("n0", 0, _s("x", 1)), _n("n1", 1, _s("n0", 0)), _n("n2", 0, _s("x", 1), _s("n1", 1))], 10))
+    ([_n("n0", 0, _s("x", 1)), _n("n1", 1, _s("n0", 0)), _n("n2", 0, _s("x", 1), _s("n1", 1))], 10),
+)
+
+
+# notebooks/A10_exercises.py
+def scenario_nodes(name: str) -> list:
+    """A recorded scenario's graph after passes 1-4 as 09.3's plain nodes (its tensor names are unique)."""
+    backends, graph, _ = load_recorded(name)
+    sched = BackendSched(backends, debug=False)
+    for run in PASSES[:4]:
+        run(sched, graph)
+
+    def plain_src(s):
+        weight = s.buffer is not None and s.buffer.usage == BufferUsage.WEIGHTS
+        usable = tuple(b for b in range(len(backends)) if sched.buffer_supported(s, b))
+        return Src(s.name, sched.ids.get(s, -1), weight, usable)
+
+    return [GNode(n.name, sched.ids[n], is_view_op(n.op), tuple(plain_src(s) for s in n.src if s is not None))
+            for n in graph.nodes]
+
+
+def split_fixture_cases():
+    """Each of SCENARIOS whole, then in 70 random windows (none without FIXTURES)."""
+    rng = random.Random(9)
+    for name in SCENARIOS if FIXTURES.is_dir() else ():
+        nodes = scenario_nodes(name)
+        yield split_case(nodes, 10, f"fixture {name}", 1000)
+        for _ in range(70):
+            start, length = rng.randrange(len(nodes) - 3), rng.randrange(3, 13)
+            window, max_inputs = nodes[start:start + length], rng.choice([2, 3, 10, 10])
+            if not all(n.view for n in window):  # (a window of views alone has no split backend to ask for)
+                yield split_case(window, max_inputs, f"fixture {name}", 100)
+
+
+def split_random_case(rng: random.Random) -> Case:
+    """A random case of 09.3, drawn from `rng`."""
+    n_backends = rng.choice([2, 2, 3])
+
+    def usable(b):
+        return tuple(sorted({b} | {other for other in range(n_backends) if rng.random() < 0.15}))
+
+    pool = []  # what a node may read: inputs, weights and the nodes before it
+    for k in range(rng.randrange(1, 5)):
+        b, weight = rng.randrange(n_backends), rng.random() < 0.5
+        pool.append(Src(f"w{k}" if weight else f"x{k}", b, weight, usable(b)))
+    nodes, backend = [], rng.randrange(n_backends)
+    for i in range(rng.randrange(2, 11)):
+        if rng.random() < 0.5:
+            backend = rng.randrange(n_backends)
+        view = rng.random() < 0.15
+        srcs = rng.sample(pool, min(len(pool), 1 if view else rng.randrange(1, 4)))
+        nodes.append(GNode(f"n{i}", backend, view, tuple(srcs)))
+        pool.append(Src(f"n{i}", backend, False, usable(backend)))
+    return split_case(nodes, rng.choice([1, 2, 3, 10, 10]), "random", 1000)
 
 
 def split_cases():
-    yield from (split_case(*args, "chapter") for args in SMALL_SPLITS)
-    yield from fixture_cases()
+    """09.3's cases: the small ones, the recorded ones, 300 random ones."""
+    for nodes, max_inputs in SMALL_SPLITS:
+        yield split_case(nodes, max_inputs, "chapter")
+    yield from split_fixture_cases()
+    rng = random.Random(9)
+    for _ in range(300):
+        case = split_random_case(rng)
+        if not all(n.view for n in case.args[0]):
+            yield case
 
 
+# notebooks/A10_exercises.py
 register(
     Chapter("09", "The backend scheduler", "09_scheduler"),
     Predict(id="09.1", title="the splits of the MLP, weights moved", minutes=5, level="medium",

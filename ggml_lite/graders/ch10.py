@@ -21,7 +21,8 @@ PLACEMENT_RULES = {
     "cpu layers": "the first n_layer - n_gpu_layers layers stay on the CPU (i_gpu_start); the last go to the GPUs",
     "no devices": "without a GPU (n_devices 0) every layer and the output stay on the CPU, whatever n_gpu_layers is",
     "output": "the output goes to a GPU only when n_gpu_layers > n_layer, the GPU of the fraction (act - 1) / act",
-    "act": "a layer's fraction is (i - i_gpu_start) / act with act = min(n_gpu_layers, n_layer + 1)",
+    "act": "a layer's fraction is (i - i_gpu_start) / act with act = min(n_gpu_layers, n_layer + 1), in float32 "
+           "as llama.cpp computes it (a float64 fraction can fall on the other side of a split point)",
     "upper bound": "a layer goes to the first GPU whose split point is above its fraction: equal goes to the next",
     "split points": "split points: running sums of tensor_split over their total (None or zeros: even; short: 0s)",
 }

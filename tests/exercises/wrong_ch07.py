@@ -45,6 +45,8 @@ WRONG = {
     "07.2": [
         ("no zero check: 1/0 gives inf, 0·inf gives NaN", _quantize(zero_check=False), "zero block"),
         ("rounds halves to even (np.rint)", _quantize(rounding=np.rint), "halves away"),
+        ("roundf as trunc(v ± 0.5) in float32", _quantize(rounding=lambda v: np.trunc((v + np.copysign(F4(0.5), v))
+                                                                                       .astype(F4))), "below a half"),
         ("the largest value, not the largest magnitude", _quantize(amax=np.max), "absmax"),
         ("stores the f32 d, not rounded to f16", _quantize(store_f16=False), "f16 scale"),
         ("id from the stored f16 d", _quantize(id_of_f16=True), "unrounded id"),

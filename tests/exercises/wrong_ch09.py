@@ -34,7 +34,7 @@ def pass1(can_use, node, offload_checks_op=True, offload_cpu_only=True, first_we
 
 
 def splits(nodes, max_inputs=10, late=False, skip_views=True, usable=True, copy_once=True, weight_split=True,
-           full_split=True, full_counts_copied=False):
+           full_split=True, full_counts_copied=False, full_checks_usable=True):
     """Pass 5's splits with one of its conditions changed by a flag."""
     copied, out = set(), []
     first = next((n for n in nodes if not n.view or not skip_views), None)
@@ -50,7 +50,8 @@ def splits(nodes, max_inputs=10, late=False, skip_views=True, usable=True, copy_
                 if weight_split and s.weight and s.backend != cur:
                     new = True
                     break
-                if full_split and len(split[3]) == max_inputs and s.backend != cur and cur not in s.usable and \
+                if full_split and len(split[3]) == max_inputs and s.backend != cur and \
+                        (cur not in s.usable or not full_checks_usable) and \
                         ((s.name, cur) not in copied or full_counts_copied):
                     new = True
                     break
@@ -88,5 +89,7 @@ WRONG = {
         ("no new split for a weight of another backend", partial(splits, weight_split=False), "weight split"),
         ("no new split when the inputs are full", partial(splits, full_split=False), "inputs full"),
         ("a full split also counts tensors already copied", partial(splits, full_counts_copied=True), "inputs full"),
+        ("a full split ends before a source the backend can use", partial(splits, full_checks_usable=False),
+         "inputs full"),
     ],
 }

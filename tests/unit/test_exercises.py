@@ -151,3 +151,53 @@ def test_the_command_lists_every_exercise(progress, capsys):
     assert main(["exercises"]) == 0
     out = capsys.readouterr().out
     assert "[x] 02.3" in out and "[ ] 02.1" in out and f"{len(rows)} exercises" in out and "Next: 02.1" in out
+
+
+def test_numpy_results_compare_as_python_values():
+    import numpy as np
+
+    assert ex.check("02.3", lambda b, o, a: np.int64(good(b, o, a)), record_done=False, quiet=True).passed
+    assert ex._same(np.array([192, 224]), (192, 224)) and ex._same(np.True_, True) and not ex._same(np.True_, 1)
+    assert ex._same([np.float32(0.5), (1, 2)], (0.5, [1, 2]))
+    right = ex.answer("02.1", np.int64(124), record_done=False)
+    assert right and type(right.right) is bool
+    assert not ex.answer("02.1", np.array([124, 1]), record_done=False)  # compared, not a traceback
+
+
+def test_an_endless_loop_inside_except_exception_still_ends(monkeypatch):
+    monkeypatch.setattr(ex, "CASE_SECONDS", 0.2)
+
+    def stubborn(buffer, offset, alignment):
+        while True:
+            try:
+                while True:
+                    pass
+            except Exception:  # (a learner's catch-all must not swallow the grader's alarm)
+                pass
+
+    v = ex.check("02.3", stubborn, record_done=False, quiet=True)
+    assert not v.passed and "still running after 0.2 s" in v.message and "_Timeout" not in v.message
+
+
+def test_the_shown_call_names_only_positional_parameters():
+    def star(*args):
+        return args[1] + 1
+
+    v = ex.check("02.3", star, record_done=False, quiet=True)
+    assert "aligned_offset(None, " in v.message and "a=" not in v.message
+
+
+def test_failing_cases_of_several_rules_are_counted_by_rule():
+    def no_check(buffer, offset, alignment):  # right except that it refuses nothing, and ignores the buffer
+        return offset + (alignment - offset % alignment) % alignment if alignment > 0 else offset
+
+    v = ex.check("02.3", no_check, record_done=False, quiet=True)
+    assert v.rule == "address" and "failing cases by rule: " in v.message and "power of two 2 of 2" in v.message
+
+
+@pytest.mark.parametrize("doc", ['{"version": true, "done": {}}', '{"version": 1.0, "done": {}}',
+                                 '{"version": 1, "done": {"02.3\\n": "t"}}', "[" * 100_000 + "]" * 100_000])
+def test_near_miss_progress_records_are_refused(progress, doc):
+    progress.write_text(doc)
+    with pytest.raises(ExerciseError):
+        ex.read_progress()
