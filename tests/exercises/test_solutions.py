@@ -3,11 +3,15 @@ and every check passes and every prediction is right; as committed (stubs unfill
 says "not done yet" or "not answered yet", never an error (nbval runs them; this reads what they printed)."""
 
 import json
+import os
+import subprocess
+import sys
 
+import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from exercises.plug import NOTEBOOKS, chapters, exercise_cells, plugged, solutions
+from exercises.plug import NOTEBOOKS, ROOT, chapters, exercise_cells, plugged, plugged_ipynb, solutions
 
 CHAPTERS = chapters()
 
@@ -57,3 +61,18 @@ def test_committed_chapter_shows_every_exercise_unfinished(path):
     for ex_id in predicts:
         assert any(t.startswith(f"{ex_id} ") and "not answered yet" in t for t in said), (path.name, ex_id)
     assert stubs or predicts, f"{path.name} has no exercises"
+
+
+def test_nbval_passes_with_the_solutions_plugged_in(tmp_path):
+    """nbval itself on the chapters with the solutions plugged in: every cell runs without an error, and the
+    cells whose printed output is a chapter's result (NBVAL_CHECK_OUTPUT) still print what was recorded. The
+    copies sit in a notebooks/ folder beside a link to tests/, so that their `../tests/fixtures` paths hold."""
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "tests").symlink_to(ROOT / "tests")
+    for path in CHAPTERS:
+        nbformat.write(plugged_ipynb(path), tmp_path / "notebooks" / path.with_suffix(".ipynb").name)
+    run = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-q", "-p",
+                          "no:cacheprovider", "notebooks"], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, timeout=1200)
+    print(run.stdout.strip().split("\n")[-1])
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
