@@ -10,9 +10,11 @@ the solution's VALUE and every stub cell replaced by its solution cell, whole.
 
 import ast
 import re
+import tempfile
 from pathlib import Path
 
 import jupytext
+from jupyter_client.manager import KernelManager
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -83,3 +85,27 @@ def plugged_ipynb(path: Path):
         if new != cell.source:
             cell.source, cell.outputs, cell.execution_count = new, [], None
     return nb
+
+
+# Kernels talk over IPC sockets (files), not TCP ports: several test processes starting kernels at once race
+# for free ports (jupyter_client issue 487), which can stall a run for minutes; files cannot collide. The
+# sockets' path is absolute: a relative one would be taken from the kernel's working directory by the kernel
+# and from the client's by the client. The manager that started a kernel removes its socket files.
+class IPCKernelManager(KernelManager):
+    """A kernel manager whose kernel listens on IPC sockets under the temporary folder."""
+
+    def __init__(self, **kwargs):
+        super().__init__(transport="ipc", ip=tempfile.mktemp(prefix="ggml-lite-kernel-"), **kwargs)
+
+
+# For nbval in a subprocess: a conftest.py that makes nbval start its kernels with IPCKernelManager.
+IPC_CONFTEST = f"""
+import sys
+
+import nbval.kernel
+
+sys.path.insert(0, {str(ROOT / "tests")!r})
+from exercises.plug import IPCKernelManager  # noqa: E402
+
+nbval.kernel.KernelManager = IPCKernelManager
+"""

@@ -11,7 +11,17 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from exercises.plug import NOTEBOOKS, ROOT, chapters, exercise_cells, plugged, plugged_ipynb, solutions
+from exercises.plug import (
+    IPC_CONFTEST,
+    NOTEBOOKS,
+    ROOT,
+    IPCKernelManager,
+    chapters,
+    exercise_cells,
+    plugged,
+    plugged_ipynb,
+    solutions,
+)
 
 CHAPTERS = chapters()
 
@@ -36,7 +46,8 @@ def test_every_exercise_has_a_solution_and_every_solution_an_exercise():
 @pytest.mark.parametrize("path", CHAPTERS, ids=[p.stem for p in CHAPTERS])
 def test_chapter_runs_with_the_solutions_plugged_in(path):
     nb, stubs, predicts = plugged(path)
-    NotebookClient(nb, timeout=600, resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    NotebookClient(nb, kernel_manager_class=IPCKernelManager, timeout=600,
+                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
     outputs = {i: texts(c) for i, c in enumerate(nb.cells) if c.cell_type == "code"}
     s, p = exercise_cells(nb)  # the plugged cells still carry their ids (the solution cell's own marker)
     checks = [t for t in outputs.values() if ": passed. Your " in t]
@@ -66,9 +77,11 @@ def test_committed_chapter_shows_every_exercise_unfinished(path):
 def test_nbval_passes_with_the_solutions_plugged_in(tmp_path):
     """nbval itself on the chapters with the solutions plugged in: every cell runs without an error, and the
     cells whose printed output is a chapter's result (NBVAL_CHECK_OUTPUT) still print what was recorded. The
-    copies sit in a notebooks/ folder beside a link to tests/, so that their `../tests/fixtures` paths hold."""
+    copies sit in a notebooks/ folder beside a link to tests/, so that their `../tests/fixtures` paths hold; a
+    conftest.py there starts nbval's kernels on IPC sockets (plug.py)."""
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "tests").symlink_to(ROOT / "tests")
+    (tmp_path / "conftest.py").write_text(IPC_CONFTEST)
     for path in CHAPTERS:
         nbformat.write(plugged_ipynb(path), tmp_path / "notebooks" / path.with_suffix(".ipynb").name)
     run = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-q", "-p",
