@@ -45,7 +45,8 @@ is refused). It exits 0 only when everything is equal (results: within tolerance
 scheduler's assignments of a recorded scenario's round-0 graph in GGML_SCHED_DEBUG format; with
 `--check` it replays the whole scenario (appendix A3) and exits 0 only when everything recorded matches.
 `llama` plans a LLaMA as llama.cpp (mid-2024) would (chapter 10) and prints the memory of every device,
-and the lines llama.cpp prints about it; GPUs are simulated devices configured like CUDA.
+and the lines llama.cpp prints about it; GPUs are simulated devices configured like CUDA. `--n-ctx 0` is the
+model's training context, as in llama.cpp (from `--gguf` or `--preset`; refused for a model given by flags).
 
 `exercises` lists the course's exercises (chapters 02-12, appendix A8) by chapter with their state on this
 machine, from the local progress record (`~/.ggml_lite/progress.json`, or `$GGML_LITE_PROGRESS`), and says
@@ -388,6 +389,12 @@ def cmd_llama(args) -> int:
             raise ModelError(f"tensor_split (--tensor-split): expected numbers separated by commas, found "
                              f"{args.tensor_split!r}") from None
     params, tensor_types = _llama_params(args)
+    if args.n_ctx == 0:  # llama.cpp: a context of 0 is the model's training context (hparams.n_ctx_train)
+        if args.gguf is None and args.preset is None:
+            raise ModelError("n_ctx (--n-ctx) 0 means the model's training context (a GGUF's llama.context_length), "
+                             "which hyperparameters given as flags do not say: give --n-ctx N, --gguf FILE or "
+                             "--preset NAME")
+        args.n_ctx = params.n_ctx_train
     rep = memory_report(params, args.n_ctx, args.n_batch, args.n_ubatch, args.n_gpu_layers, args.devices, split,
                         args.type_k, args.type_v, not args.no_kv_offload, tensor_types)
     doc = rep.to_json()
@@ -491,7 +498,8 @@ def main(argv=None) -> int:
         m.add_argument(f"--{dim}", type=int, default=None)
     m.add_argument("--wtype", default=None, help="the weights' type (default f16)")
     # (llama.cpp's short flags as aliases: -c, -b, -ub, -ctk, -ctv, -ngl, -ts, -nkvo)
-    m.add_argument("--n-ctx", "-c", type=int, default=512, help="the context (1 to 2^31 - 32; padded to 32)")
+    m.add_argument("--n-ctx", "-c", type=int, default=512, help="the context (1 to 2^31 - 32; padded to 32); 0: the "
+                   "model's training context, from --gguf or --preset")
     m.add_argument("--n-batch", "-b", type=int, default=2048, help="the logical batch (0 to 2^31 - 1)")
     m.add_argument("--n-ubatch", "-ub", type=int, default=512, help="the micro-batch (0 to 2^31 - 1)")
     m.add_argument("--type-k", "-ctk", default="f16",

@@ -517,3 +517,23 @@ def test_llama_short_flags_are_llama_cpp_s(capsys):
         docs.append(json.loads(capsys.readouterr().out))
     assert docs[0] == docs[1]
     assert docs[0]["context"]["n_ubatch"] == 128 and docs[0]["context"]["tensor_split"] == [3.0, 1.0]
+
+
+def test_llama_n_ctx_0_is_the_training_context(tmp_path, capsys):
+    """llama.cpp reads a context of 0 as the model's training context (`hparams.n_ctx_train`): a GGUF's
+    llama.context_length or a preset's; hyperparameters given as flags do not say it, so 0 is refused there,
+    naming what is missing."""
+    from ggml_lite.models.llama import LlamaParams
+    from gguf_writer import TINY, write_llama_gguf
+
+    path = tmp_path / "ctx1000.gguf"
+    write_llama_gguf(path, LlamaParams(**{**TINY.__dict__, "n_ctx_train": 1000}), sparse=True)
+    for model, want in ((["--gguf", str(path)], 1024), (["--preset", "tinyllama-1.1b"], 2048)):
+        assert main(["llama", *model, "-c", "0", "--json"]) == 0
+        zero = json.loads(capsys.readouterr().out)
+        assert zero["context"]["n_ctx"] == want  # padded to 32, as any n_ctx
+        assert main(["llama", *model, "-c", str(want), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == zero
+    flags = ["--n-vocab", "64", "--n-embd", "64", "--n-layer", "2", "--n-head", "4", "--n-ff", "96"]
+    assert main(["llama", *flags, "--n-ctx", "0"]) == 2
+    assert "n_ctx (--n-ctx) 0 means the model's training context" in capsys.readouterr().err
