@@ -394,6 +394,9 @@ def cmd_llama(args) -> int:
             raise ModelError("n_ctx (--n-ctx) 0 means the model's training context (a GGUF's llama.context_length), "
                              "which hyperparameters given as flags do not say: give --n-ctx N, --gguf FILE or "
                              "--preset NAME")
+        if params.n_ctx_train == 0:  # (llama.cpp's words)
+            raise ModelError("n_ctx (--n-ctx) 0: n_ctx and model->hparams.n_ctx_train cannot both be zero (the "
+                             "model's llama.context_length is 0)")
         args.n_ctx = params.n_ctx_train
     rep = memory_report(params, args.n_ctx, args.n_batch, args.n_ubatch, args.n_gpu_layers, args.devices, split,
                         args.type_k, args.type_v, not args.no_kv_offload, tensor_types)

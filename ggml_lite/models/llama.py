@@ -92,9 +92,11 @@ class LlamaParams:
     wtype: str = "f16"
 
     def __post_init__(self):
-        for field in ("n_vocab", "n_embd", "n_head", "n_head_kv", "n_ff", "n_ctx_train"):
-            flag = "--" + field.replace("_", "-") if field != "n_ctx_train" else None
-            check_int(f"LlamaParams: {field}", getattr(self, field), 1, UINT32_MAX, flag, " (a uint32_t)")
+        for field in ("n_vocab", "n_embd", "n_head", "n_head_kv", "n_ff"):
+            check_int(f"LlamaParams: {field}", getattr(self, field), 1, UINT32_MAX, "--" + field.replace("_", "-"),
+                      " (a uint32_t)")
+        # (0 is a training context llama.cpp accepts: a context must then be asked for, n_ctx 0 is refused)
+        check_int("LlamaParams: n_ctx_train", self.n_ctx_train, 0, UINT32_MAX, None, " (a uint32_t)")
         check_int("LlamaParams: n_layer", self.n_layer, 1, LLAMA_MAX_LAYERS, "--n-layer", " (LLAMA_MAX_LAYERS)")
         if self.n_embd % self.n_head:
             raise ModelError(f"LlamaParams: n_head (--n-head): expected a divisor of n_embd {self.n_embd}, "

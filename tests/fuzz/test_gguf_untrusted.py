@@ -367,9 +367,6 @@ def test_the_command_line_notes_a_header_only_file(tmp_path):
     ({"llama.attention.layer_norm_rms_epsilon": (1e-5, VT.FLOAT64)}, "expected a float32, found a float64"),
     ({"llama.attention.layer_norm_rms_epsilon": (float("nan"), VT.FLOAT32)}, "rms_norm_eps: expected a finite number"),
     ({"llama.rope.freq_base": (float("inf"), VT.FLOAT32)}, "rope_freq_base: expected a finite number above 0"),
-    ({"llama.context_length": (0, VT.UINT32)},
-     'kv["llama.context_length"]: the header\'s hyperparameters make no model: '
-     "LlamaParams: n_ctx_train: expected an integer from 1"),
     ({"llama.expert_count": (8, VT.UINT32), "llama.expert_used_count": (2, VT.UINT32)}, "a mixture-of-experts llama"),
     ({"general.architecture": (7, VT.UINT32)}, 'kv["general.architecture"]: expected a string, found a uint32 (7)'),
 ])

@@ -537,3 +537,9 @@ def test_llama_n_ctx_0_is_the_training_context(tmp_path, capsys):
     flags = ["--n-vocab", "64", "--n-embd", "64", "--n-layer", "2", "--n-head", "4", "--n-ff", "96"]
     assert main(["llama", *flags, "--n-ctx", "0"]) == 2
     assert "n_ctx (--n-ctx) 0 means the model's training context" in capsys.readouterr().err
+    # a llama.context_length of 0 is a model llama.cpp starts when a context is asked for, and refuses with 0
+    write_llama_gguf(path, LlamaParams(**{**TINY.__dict__, "n_ctx_train": 0}), sparse=True)
+    assert main(["llama", "--gguf", str(path), "-c", "256"]) == 0
+    capsys.readouterr()
+    assert main(["llama", "--gguf", str(path), "-c", "0"]) == 2
+    assert "n_ctx and model->hparams.n_ctx_train cannot both be zero" in capsys.readouterr().err
