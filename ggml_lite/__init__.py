@@ -81,6 +81,9 @@ from ggml_lite.graph import (  # noqa: F401
 from ggml_lite.graphio import GraphFile, graph_document, load_graph, read_graph_file, save_graph_file  # noqa: F401
 from ggml_lite.models import llama as _llama  # noqa: F401
 from ggml_lite.ops import (  # noqa: F401
+    GGML_KQ_MASK_PAD,
+    GGML_PREC_DEFAULT,
+    GGML_PREC_F32,
     add,
     add1,
     add_inplace,
@@ -96,6 +99,8 @@ from ggml_lite.ops import (  # noqa: F401
     div_inplace,
     dup,
     exp,
+    flash_attn_ext,
+    flash_attn_ext_set_prec,
     gelu,
     get_rows,
     leaky_relu,

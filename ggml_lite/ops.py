@@ -9,7 +9,15 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from ggml_lite import tensor  # (its layout predicates and op-parameter bits: tensor.is_contiguous, ...)
-from ggml_lite.errors import DataTypeError, LayoutError, PermuteAxisError, ReshapeError, ShapeError, UnknownOpError
+from ggml_lite.errors import (
+    DataTypeError,
+    LayoutError,
+    PermuteAxisError,
+    ReshapeError,
+    ShapeError,
+    TensorError,
+    UnknownOpError,
+)
 from ggml_lite.tensor import F16, F32, GGML_MAX_DIMS, GGML_MAX_OP_PARAMS, I32, Op, Tensor, UnaryOp, describe
 
 
@@ -280,6 +288,43 @@ def rope_ext(ctx, a: Tensor, pos: Tensor, freq_factors, n_dims: int, mode: int, 
 
 
 # notebooks/01_ops_and_graphs.py
+GGML_KQ_MASK_PAD = 32  # ggml.h: the rows of a flash-attention mask are padded to a multiple of this
+GGML_PREC_DEFAULT, GGML_PREC_F32 = 0, 1  # `enum ggml_prec` (ggml.h of 2024)
+
+
+def flash_attn_ext(ctx, q: Tensor, k: Tensor, v: Tensor, mask, scale: float, max_bias: float,
+                   logit_softcap: float) -> Tensor:
+    """`ggml_flash_attn_ext`: softmax(k·q·scale + mask)·v per head in one op; result f32
+    `[q.ne0, q.ne2, q.ne1, q.ne3]` (permuted); `op_params` = (scale, max_bias, logit_softcap) as f32
+    bits; `src` = (q, k, v, mask)."""
+    if not (k.ne[0] == q.ne[0] and q.ne[2] % k.ne[2] == 0 and q.ne[3] % k.ne[3] == 0):
+        raise ShapeError(f"ggml_flash_attn_ext: k {describe(k)} cannot multiply q {describe(q)} (need equal "
+                         "ne[0] and q.ne[2], q.ne[3] multiples of k's)")
+    if mask is not None:
+        if not tensor.is_contiguous(mask):
+            raise LayoutError(f"ggml_flash_attn_ext: the mask {describe(mask)} must be contiguous (nb = {mask.nb})")
+        if mask.ne[2] != 1 or mask.ne[3] != 1:
+            raise ShapeError(f"ggml_flash_attn_ext: the mask {describe(mask)} must be a matrix (ne[2] = ne[3] = 1)")
+        rows = -(-q.ne[1] // GGML_KQ_MASK_PAD) * GGML_KQ_MASK_PAD  # GGML_PAD(q->ne[1], GGML_KQ_MASK_PAD)
+        if mask.ne[1] < rows:
+            raise ShapeError(f"ggml_flash_attn_ext: the mask {describe(mask)} has {mask.ne[1]} rows; the "
+                             f"{q.ne[1]} queries of {describe(q)} need at least {rows} (padded to "
+                             f"GGML_KQ_MASK_PAD = {GGML_KQ_MASK_PAD})")
+    if max_bias > 0 and mask is None:
+        raise ShapeError(f"ggml_flash_attn_ext: max_bias > 0 needs a mask ({describe(q)})")
+    t = _set(ctx.new_tensor(F32, [q.ne[0], q.ne[2], q.ne[1], q.ne[3]]), Op.FLASH_ATTN_EXT, q, k, v, mask)
+    t.set_op_params(*(tensor.float_to_word(x) for x in (scale, max_bias, logit_softcap)))
+    return t
+
+
+def flash_attn_ext_set_prec(a: Tensor, prec: int) -> None:
+    """`ggml_flash_attn_ext_set_prec`: the precision (`enum ggml_prec`) as the int32 `op_params[3]`."""
+    if a.op is not Op.FLASH_ATTN_EXT:
+        raise TensorError(f"ggml_flash_attn_ext_set_prec: {describe(a)} is a {a.op.name}, not FLASH_ATTN_EXT")
+    a.op_params[3] = int(prec)
+
+
+# notebooks/01_ops_and_graphs.py
 def _view_impl(ctx, a: Tensor, ne, offset: int) -> Tensor:
     # ggml_view_impl: op VIEW, op_params = the byte offset as a size_t (two int32 words)
     t = ctx._new_tensor_impl(a.type, ne, a, offset)
@@ -469,6 +514,7 @@ class OpSpec(NamedTuple):
     shape: str = ""  # arguments from the result's shape, before params: "ne" or "ne nb" (ne, then nb[1:])
     inplace: str = ""  # "variant": ggml_<ctor>_inplace exists; "argument": a trailing bool; "": none
     view: bool = False  # a view by nature; for other ops a view_src means "built in place"
+    setters: tuple = ()  # calls after the constructor: ((ggml_<setter> on the result, decoder, word), ...)
 
     @property
     def n_required(self) -> int:
@@ -509,6 +555,8 @@ OPS: dict = {
     Op.ROPE: OpSpec("rope_ext", 3, required=2, inplace="variant",
                     params=(("i32", 1), ("i32", 2), ("i32", 4), *(("f32", i) for i in range(5, 11)))),
     Op.LEAKY_RELU: OpSpec("leaky_relu", params=_F0, inplace="argument"),
+    Op.FLASH_ATTN_EXT: OpSpec("flash_attn_ext", 4, required=3, params=tuple(("f32", i) for i in range(3)),
+                              setters=(("flash_attn_ext_set_prec", "i32", 3),)),
     Op.UNARY: OpSpec("unary", params=(("unary", 0),), inplace="variant"),
 }
 
@@ -523,6 +571,7 @@ class OpCall(NamedTuple):
         call = op_call(t)                                  # a Tensor; decode_op(...) for recorded fields
         ops.build(ctx, call)                               # ggml_lite
         getattr(ggml, call.c_name)(ctx, *srcs, *call.c_args)   # ggml-python (map UnaryOp args to its codes)
+        for setter, value in call.then: ...                # then `setter` on the result, in ggml as ggml_<setter>
         f"gl.{call.ctor}(ctx, {args}{', inplace=True' if call.inplace else ''})"   # ggml_lite source code
     """
 
@@ -531,6 +580,7 @@ class OpCall(NamedTuple):
     inplace: bool
     sources: tuple
     args: tuple
+    then: tuple = ()  # setters to call on the result: ((setter, value), ...); in C, ggml_<setter>(t, value)
 
     @property
     def c_name(self) -> str:
@@ -556,7 +606,8 @@ def decode_op(op: Op, op_params, src, ne, nb, has_view_src: bool) -> OpCall:
     args = (*shape, *(PARAM_DECODERS[d](words, i) for d, i in spec.params))
     sources = (*src, *[None] * spec.n_src)[: spec.n_src]
     inplace = has_view_src and not spec.view and spec.inplace != ""
-    return OpCall(op, spec.ctor, inplace, sources, args)
+    then = tuple((setter, PARAM_DECODERS[d](words, i)) for setter, d, i in spec.setters)
+    return OpCall(op, spec.ctor, inplace, sources, args, then)
 
 
 def op_call(t: Tensor, src=None) -> OpCall:
@@ -565,6 +616,10 @@ def op_call(t: Tensor, src=None) -> OpCall:
 
 
 def build(ctx, call: OpCall) -> Tensor:
-    """Make the call with ggml_lite's constructors: `ops.<ctor>(ctx, *sources, *args[, inplace=True])`."""
+    """Make the call with ggml_lite's constructors: `ops.<ctor>(ctx, *sources, *args[, inplace=True])`,
+    then each setter of `call.then` on the result."""
     fn = globals()[call.ctor]
-    return fn(ctx, *call.sources, *call.args, inplace=True) if call.inplace else fn(ctx, *call.sources, *call.args)
+    t = fn(ctx, *call.sources, *call.args, inplace=True) if call.inplace else fn(ctx, *call.sources, *call.args)
+    for setter, value in call.then:
+        globals()[setter](t, value)
+    return t

@@ -143,6 +143,7 @@ class Op(enum.Enum):
     SOFT_MAX = "SOFT_MAX"
     ROPE = "ROPE"
     LEAKY_RELU = "LEAKY_RELU"
+    FLASH_ATTN_EXT = "FLASH_ATTN_EXT"
     UNARY = "UNARY"
 
     def __repr__(self):

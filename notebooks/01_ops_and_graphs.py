@@ -69,7 +69,15 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from ggml_lite import tensor  # (its layout predicates and op-parameter bits: tensor.is_contiguous, ...)
-from ggml_lite.errors import DataTypeError, LayoutError, PermuteAxisError, ReshapeError, ShapeError, UnknownOpError
+from ggml_lite.errors import (
+    DataTypeError,
+    LayoutError,
+    PermuteAxisError,
+    ReshapeError,
+    ShapeError,
+    TensorError,
+    UnknownOpError,
+)
 from ggml_lite.tensor import F16, F32, GGML_MAX_DIMS, GGML_MAX_OP_PARAMS, I32, Op, Tensor, UnaryOp, describe
 
 
@@ -383,6 +391,60 @@ def rope_ext(ctx, a: Tensor, pos: Tensor, freq_factors, n_dims: int, mode: int, 
 
 
 # %% [markdown]
+# Flash attention folds the three steps of attention — `kq = mul_mat(k, q)`, the masked softmax, and
+# `mul_mat(v, kq)` — into one op, `ggml_flash_attn_ext(ctx, q, k, v, mask, scale, max_bias,
+# logit_softcap)`, so the `n_kv × n_queries × n_head` matrix of scores never becomes a tensor. Its
+# sources are `q`, `k`, `v` and the optional mask in slots 0-3; V comes *untransposed*, laid out like K.
+# The result is f32 and permuted: `ne = {q->ne[0], q->ne[2], q->ne[1], q->ne[3]}` — head size, heads,
+# queries — where `mul_mat(v, kq)` gave head size, queries, heads. (In mid-2024 ggml the first
+# dimension is `q->ne[0]`; ggml later takes `v->ne[0]`, which differs only when K and V have different
+# head sizes.) The asserts are few: K must multiply Q as in `ggml_can_mul_mat` (equal `ne[0]`, and
+# Q's heads a multiple of K's: grouped-query attention), and a mask must be contiguous, one matrix,
+# and have at least `GGML_PAD(n_queries, GGML_KQ_MASK_PAD)` rows, `GGML_KQ_MASK_PAD` being 32 (so that
+# GPU kernels need no bounds checks, says llama.cpp). An ALiBi bias (`max_bias > 0`) needs a mask. The three
+# floats are words 0-2 of `op_params`; `ggml_flash_attn_ext_set_prec` writes an `enum ggml_prec` as
+# the int32 word 3 (`GGML_PREC_F32` is 1 in 2024's ggml.h, 10 in today's). `ggml_op_can_inplace`
+# does not list the op: the graph allocator never reuses a parent's memory for it.
+
+# %%
+# | export
+GGML_KQ_MASK_PAD = 32  # ggml.h: the rows of a flash-attention mask are padded to a multiple of this
+GGML_PREC_DEFAULT, GGML_PREC_F32 = 0, 1  # `enum ggml_prec` (ggml.h of 2024)
+
+
+def flash_attn_ext(ctx, q: Tensor, k: Tensor, v: Tensor, mask, scale: float, max_bias: float,
+                   logit_softcap: float) -> Tensor:
+    """`ggml_flash_attn_ext`: softmax(k·q·scale + mask)·v per head in one op; result f32
+    `[q.ne0, q.ne2, q.ne1, q.ne3]` (permuted); `op_params` = (scale, max_bias, logit_softcap) as f32
+    bits; `src` = (q, k, v, mask)."""
+    if not (k.ne[0] == q.ne[0] and q.ne[2] % k.ne[2] == 0 and q.ne[3] % k.ne[3] == 0):
+        raise ShapeError(f"ggml_flash_attn_ext: k {describe(k)} cannot multiply q {describe(q)} (need equal "
+                         "ne[0] and q.ne[2], q.ne[3] multiples of k's)")
+    if mask is not None:
+        if not tensor.is_contiguous(mask):
+            raise LayoutError(f"ggml_flash_attn_ext: the mask {describe(mask)} must be contiguous (nb = {mask.nb})")
+        if mask.ne[2] != 1 or mask.ne[3] != 1:
+            raise ShapeError(f"ggml_flash_attn_ext: the mask {describe(mask)} must be a matrix (ne[2] = ne[3] = 1)")
+        rows = -(-q.ne[1] // GGML_KQ_MASK_PAD) * GGML_KQ_MASK_PAD  # GGML_PAD(q->ne[1], GGML_KQ_MASK_PAD)
+        if mask.ne[1] < rows:
+            raise ShapeError(f"ggml_flash_attn_ext: the mask {describe(mask)} has {mask.ne[1]} rows; the "
+                             f"{q.ne[1]} queries of {describe(q)} need at least {rows} (padded to "
+                             f"GGML_KQ_MASK_PAD = {GGML_KQ_MASK_PAD})")
+    if max_bias > 0 and mask is None:
+        raise ShapeError(f"ggml_flash_attn_ext: max_bias > 0 needs a mask ({describe(q)})")
+    t = _set(ctx.new_tensor(F32, [q.ne[0], q.ne[2], q.ne[1], q.ne[3]]), Op.FLASH_ATTN_EXT, q, k, v, mask)
+    t.set_op_params(*(tensor.float_to_word(x) for x in (scale, max_bias, logit_softcap)))
+    return t
+
+
+def flash_attn_ext_set_prec(a: Tensor, prec: int) -> None:
+    """`ggml_flash_attn_ext_set_prec`: the precision (`enum ggml_prec`) as the int32 `op_params[3]`."""
+    if a.op is not Op.FLASH_ATTN_EXT:
+        raise TensorError(f"ggml_flash_attn_ext_set_prec: {describe(a)} is a {a.op.name}, not FLASH_ATTN_EXT")
+    a.op_params[3] = int(prec)
+
+
+# %% [markdown]
 # ### Views, reshapes, permutes, copies
 #
 # These make a tensor that **shares memory** with its source. ggml keeps `view_src` pointing at the
@@ -616,7 +678,10 @@ except ViewBoundsError as e:
 # * `inplace`: `"variant"` when ggml has `ggml_<ctor>_inplace`, `"argument"` when the in-place choice
 #   is a trailing `bool` (`ggml_leaky_relu`), empty when the op has no in-place form;
 # * `view`: the result is a view by nature (view, reshape, permute, transpose, cpy). For any other op
-#   a `view_src` means the tensor was made in place.
+#   a `view_src` means the tensor was made in place;
+# * `setters`: words that no constructor argument writes but a setter called afterwards does, each as
+#   (setter, decoder, word index): `FLASH_ATTN_EXT`'s precision, word 3, is written by
+#   `ggml_flash_attn_ext_set_prec`.
 #
 # `ROPE` shows why the table is worth it: its eleven words are `(0, n_dims, mode, 0, n_ctx_orig,
 # freq_base, …, beta_slow)`, and `ggml_rope_ext` takes them in a different order, skipping words 0
@@ -659,6 +724,7 @@ class OpSpec(NamedTuple):
     shape: str = ""  # arguments from the result's shape, before params: "ne" or "ne nb" (ne, then nb[1:])
     inplace: str = ""  # "variant": ggml_<ctor>_inplace exists; "argument": a trailing bool; "": none
     view: bool = False  # a view by nature; for other ops a view_src means "built in place"
+    setters: tuple = ()  # calls after the constructor: ((ggml_<setter> on the result, decoder, word), ...)
 
     @property
     def n_required(self) -> int:
@@ -705,6 +771,8 @@ OPS: dict = {
     Op.ROPE: OpSpec("rope_ext", 3, required=2, inplace="variant",
                     params=(("i32", 1), ("i32", 2), ("i32", 4), *(("f32", i) for i in range(5, 11)))),
     Op.LEAKY_RELU: OpSpec("leaky_relu", params=_F0, inplace="argument"),
+    Op.FLASH_ATTN_EXT: OpSpec("flash_attn_ext", 4, required=3, params=tuple(("f32", i) for i in range(3)),
+                              setters=(("flash_attn_ext_set_prec", "i32", 3),)),
     Op.UNARY: OpSpec("unary", params=(("unary", 0),), inplace="variant"),
 }
 
@@ -717,6 +785,7 @@ OPS: dict = {
 # call = op_call(t)                                        # or decode_op(...) for a recorded entry
 # ops.build(ctx, call)                                     # ggml_lite: ops.<ctor>(ctx, *sources, *args, inplace=...)
 # getattr(ggml, call.c_name)(ctx, *srcs, *call.c_args)     # ggml-python: ggml_<ctor>[_inplace](...)
+# for setter, value in call.then: ...                      # then ggml_<setter>(t, value) on the result
 # f"gl.{call.ctor}(ctx, {', '.join(names + [repr(a) for a in call.args])})"   # code (UnaryOp: gl.UnaryOp.X)
 # ```
 
@@ -731,6 +800,7 @@ class OpCall(NamedTuple):
         call = op_call(t)                                  # a Tensor; decode_op(...) for recorded fields
         ops.build(ctx, call)                               # ggml_lite
         getattr(ggml, call.c_name)(ctx, *srcs, *call.c_args)   # ggml-python (map UnaryOp args to its codes)
+        for setter, value in call.then: ...                # then `setter` on the result, in ggml as ggml_<setter>
         f"gl.{call.ctor}(ctx, {args}{', inplace=True' if call.inplace else ''})"   # ggml_lite source code
     """
 
@@ -739,6 +809,7 @@ class OpCall(NamedTuple):
     inplace: bool
     sources: tuple
     args: tuple
+    then: tuple = ()  # setters to call on the result: ((setter, value), ...); in C, ggml_<setter>(t, value)
 
     @property
     def c_name(self) -> str:
@@ -764,7 +835,8 @@ def decode_op(op: Op, op_params, src, ne, nb, has_view_src: bool) -> OpCall:
     args = (*shape, *(PARAM_DECODERS[d](words, i) for d, i in spec.params))
     sources = (*src, *[None] * spec.n_src)[: spec.n_src]
     inplace = has_view_src and not spec.view and spec.inplace != ""
-    return OpCall(op, spec.ctor, inplace, sources, args)
+    then = tuple((setter, PARAM_DECODERS[d](words, i)) for setter, d, i in spec.setters)
+    return OpCall(op, spec.ctor, inplace, sources, args, then)
 
 
 def op_call(t: Tensor, src=None) -> OpCall:
@@ -773,9 +845,13 @@ def op_call(t: Tensor, src=None) -> OpCall:
 
 
 def build(ctx, call: OpCall) -> Tensor:
-    """Make the call with ggml_lite's constructors: `ops.<ctor>(ctx, *sources, *args[, inplace=True])`."""
+    """Make the call with ggml_lite's constructors: `ops.<ctor>(ctx, *sources, *args[, inplace=True])`,
+    then each setter of `call.then` on the result."""
     fn = globals()[call.ctor]
-    return fn(ctx, *call.sources, *call.args, inplace=True) if call.inplace else fn(ctx, *call.sources, *call.args)
+    t = fn(ctx, *call.sources, *call.args, inplace=True) if call.inplace else fn(ctx, *call.sources, *call.args)
+    for setter, value in call.then:
+        globals()[setter](t, value)
+    return t
 
 
 # %% [markdown]
@@ -792,6 +868,32 @@ for t in (q3, qp, qc, rows, row, scale_inplace(ctx, h, 0.5), soft_max_ext(ctx, q
     assert same(build(ctx, call), t), call
 print(op_call(rows))
 print(op_call(rows).c_name, op_call(rows).c_args)
+
+
+# %% [markdown]
+# A worked example of flash attention's shapes: 7 queries of 8 heads of size 64 against a cache of 256
+# cells with 2 KV heads (grouped-query attention, 4 query heads per KV head), and an f16 mask of 256 ×
+# 32 rows (7 queries padded to `GGML_KQ_MASK_PAD`). The result is `[64, 8, 7, 1]`, f32, 14,336 bytes,
+# with words 0-2 the scale 1/8 and two zeros; `ggml_flash_attn_ext_set_prec(fa, GGML_PREC_F32)` makes
+# word 3 a 1, and the op table's call sets it again. The unfused path's `kq = mul_mat(k, q)` alone is
+# `[256, 7, 8, 1]`: 57,344 bytes that flash attention never holds. A mask of 8 rows is refused.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+fq = ctx.new_tensor_3d(F32, 64, 7, 8, name="fa_q")
+fk = ctx.new_tensor_3d(F16, 64, 256, 2, name="fa_k")
+fv = ctx.new_tensor_3d(F16, 64, 256, 2, name="fa_v")
+fmask = ctx.new_tensor_2d(F16, 256, 32, name="fa_mask")
+fa = flash_attn_ext(ctx, fq, fk, fv, fmask, 0.125, 0.0, 0.0)
+flash_attn_ext_set_prec(fa, GGML_PREC_F32)
+print(fa.op.name, fa.type.name, fa.ne, fa.nb, fa.nbytes, fa.op_params[:4])
+print(op_call(fa).c_name, op_call(fa).args, op_call(fa).then)
+assert same(build(ctx, op_call(fa)), fa)
+print("unfused kq:", mul_mat(ctx, fk, fq).ne, mul_mat(ctx, fk, fq).nbytes, "bytes")
+try:
+    flash_attn_ext(ctx, fq, fk, fv, ctx.new_tensor_2d(F16, 256, 8, name="short_mask"), 0.125, 0.0, 0.0)
+except ShapeError as err:
+    print(err)
 
 
 # %% [markdown]
@@ -1058,6 +1160,9 @@ assert v.view_src is t and v.view_offs == 320 and v.op_params[:2] == [64, 0]
 assert gl.transpose(c, t).nb[:2] == [128, 4]
 assert gl.mul_mat(c, c.new_tensor_2d(gl.F16, 32, 10), t).ne == [10, 16, 4, 1]
 assert gl.soft_max(c, t).op_params[:2] == [1065353216, 0]
+fa = gl.flash_attn_ext(c, c.new_tensor_3d(gl.F32, 32, 5, 4), c.new_tensor_3d(gl.F16, 32, 64, 2),
+                       c.new_tensor_3d(gl.F16, 32, 64, 2), c.new_tensor_2d(gl.F16, 64, 32), 0.5, 0.0, 0.0)
+assert fa.ne == [32, 4, 5, 1] and fa.type is gl.F32 and fa.op_params[:3] == [1056964608, 0, 0] and fa.view_src is None
 cp = gl.cpy(c, t, c.new_tensor_1d(gl.F16, 2048, name="dst"))
 assert cp.name == "dst (copy of )" and cp.view_src.name == "dst" and cp.op is gl.Op.CPY
 for bad in (lambda: gl.add(c, t, c.new_tensor_1d(gl.F32, 5)),

@@ -311,7 +311,8 @@ def compute_forward_norm(params, node) -> None:
 # adds it to chapter 07's `FORWARD` when the module is imported. Nothing else changes: `supports_op`
 # still accepts every op but a `MUL_MAT` whose src1 is neither f32 nor src0's dot type, and an op
 # without a kernel still raises `UnsupportedOpError` when a graph reaches it — an op that could only
-# be missing if this module were not imported, which `ggml_lite/__init__.py` makes sure of. Chapter
+# be missing if this module were not imported, which `ggml_lite/__init__.py` makes sure of (or
+# `FLASH_ATTN_EXT`, which chapter 01 builds and plans but which has no CPU kernel yet). Chapter
 # 08's SIM backend and appendix A2's exact tier compute through the same `FORWARD`, so they get the ten
 # kernels too. The case the table stands for, ggml.c:17197-17200:
 # ```c
@@ -409,6 +410,8 @@ print("SUM, double as ggml:", tensor_get(total).item(), "  float32 one by one:",
 # %%
 assert all(e <= 1e-6 for e in errors.values()), errors
 assert tensor_get(total).item() == 1.0 and in_f32.item() == 0.0
-assert set(gl.Op) <= set(FORWARD), "every op of chapter 01 has a CPU kernel"
+# every op of chapter 01 has a CPU kernel, but FLASH_ATTN_EXT: its kernel comes later (issue 26), and
+# until then the CPU backend plans it and refuses to compute it with UnsupportedOpError
+assert set(gl.Op) - {gl.Op.FLASH_ATTN_EXT} <= set(FORWARD), "every op of chapter 01 has a CPU kernel"
 assert all(cpu.supports_op(t) for t in results.values())
 print("appendix A7: all checks passed")

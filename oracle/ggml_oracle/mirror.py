@@ -24,10 +24,15 @@ def _addr(p) -> int:
 def _call_op(g, ctx, t, s):
     """Call the ggml constructor that builds `t` (a ggml_lite tensor) from the mirrored sources `s`: the
     call the op table gives (`ops.op_call`: `ggml_<ctor>[_inplace](ctx, *sources, *args)`), with a
-    `UnaryOp` argument mapped to ggml's code."""
+    `UnaryOp` argument mapped to ggml's code; then the table's setters on the result (`call.then`:
+    `ggml_<setter>(t, value)`, e.g. `ggml_flash_attn_ext_set_prec`)."""
     call = op_call(t, s)
     args = [_unary_code(a) if isinstance(a, UnaryOp) else a for a in call.c_args]
-    return getattr(g, call.c_name)(ctx, *call.sources, *args)
+    p = getattr(g, call.c_name)(ctx, *call.sources, *args)
+    for setter, value in call.then:
+        if p:
+            getattr(g, f"ggml_{setter}")(p, value)
+    return p
 
 
 def _trimmed(words) -> list:

@@ -20,6 +20,8 @@ def graph_to_code(rg: RandomGraph) -> str:
             var = f"t{len(names)}"
             names[t] = var
             lines.append(f"{var} = {_tensor_code(t, v, names)}")
+            if t.op is not Op.NONE:
+                lines += [f"gl.{setter}({var}, {value!r})" for setter, value in op_call(t).then]
             if t.name:
                 lines.append(f"{var}.set_name({t.name!r})")
             if t.flags:

@@ -394,3 +394,29 @@ def test_flags_copied_raw_from_ggml_0_10_1_load(doc):
     ts[0]["flags_value"] |= 1 if "INPUT" not in ts[0]["flags"] else 2
     with pytest.raises(errors.GraphFileError, match=r"graph.tensors\[0\].flags_value"):
         read_graph_file(doc)
+
+
+def test_flash_attn_ext_round_trips_with_its_precision():
+    """FLASH_ATTN_EXT through a graph file: four sources (the mask may be null), three floats and the
+    precision word that `flash_attn_ext_set_prec` wrote; a mask too short is refused with the tensor named."""
+    ctx = gl.Context("compute")
+    q = ctx.new_tensor_3d(gl.F32, 32, 5, 4, name="q")
+    k = ctx.new_tensor_3d(gl.F16, 32, 64, 2, name="k")
+    v = ctx.new_tensor_3d(gl.F16, 32, 64, 2, name="v")
+    fa = gl.flash_attn_ext(ctx, q, k, v, ctx.new_tensor_2d(gl.F16, 64, 32, name="mask"), 0.25, 0.0, 0.0)
+    gl.flash_attn_ext_set_prec(fa, gl.GGML_PREC_F32)
+    fb = gl.flash_attn_ext(ctx, q, k, v, None, 0.5, 0.0, 20.0)
+    out = gl.add(ctx, gl.reshape_2d(ctx, fa, 128, 5), gl.reshape_2d(ctx, fb, 128, 5))
+    g = gl.build_forward(out)
+    doc = graph_document(g, [ctx], [out], fixture="fa")
+    gf = read_graph_file(doc)
+    assert json.dumps(to_document(gf)) == json.dumps(doc)
+    got = {t.name: t for t in gf.graph.nodes}
+    assert got[fa.name].op_params[:4] == fa.op_params[:4] and got[fa.name].op_params[3] == 1
+    assert len(got[fb.name].src) == 3 and got[fb.name].ne == [32, 4, 5, 1]  # no mask: src[3] stays NULL
+    m = next(j for j, e in enumerate(doc["graph"]["tensors"]) if e["name"] == "mask")
+
+    def short_mask(ts):
+        ts[m].update(ne=[64, 8, 1, 1], nb=[2, 128, 1024, 1024], nbytes=1024, alloc_size=1024)
+    with pytest.raises(errors.ShapeError, match="'mask'.*need at least 32"):
+        load_edited(doc, short_mask)

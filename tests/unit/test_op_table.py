@@ -20,6 +20,8 @@ def _every_op(c: gl.Context) -> list:
     pos = c.new_tensor_1d(gl.I32, 4, name="pos")
     a3 = gl.reshape_3d(c, a, 8, 1, 4)
     rope = (8, 0, 4096, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
+    fa = gl.flash_attn_ext(c, a3, a3, a3, c.new_tensor_2d(gl.F16, 1, 32, name="fa_mask"), 0.5, 2.0, 0.0)
+    gl.flash_attn_ext_set_prec(fa, gl.GGML_PREC_F32)  # word 3: rebuilt by the table's setter
     return [
         gl.dup(c, a), gl.dup(c, a, inplace=True), gl.add(c, a, b), gl.add_inplace(c, a, b), gl.sub(c, a, b),
         gl.mul_inplace(c, a, b), gl.div(c, a, b, inplace=True), gl.add1(c, a, s), gl.add1(c, a, s, inplace=True),
@@ -31,7 +33,7 @@ def _every_op(c: gl.Context) -> list:
         gl.diag_mask_zero(c, a, 2, True), gl.soft_max(c, a), gl.soft_max_ext(c, a, mask, 0.125, 0.0, True),
         gl.rope_ext(c, a3, pos, None, *rope), gl.rope_ext(c, a3, pos, None, *rope, inplace=True),
         gl.leaky_relu(c, a, 0.1), gl.leaky_relu(c, a, 0.1, True), gl.silu(c, a), gl.gelu(c, a, True),
-        gl.unary(c, a, gl.UnaryOp.TANH),
+        gl.unary(c, a, gl.UnaryOp.TANH), fa, gl.flash_attn_ext(c, a3, a3, a3, None, 1.0, 0.0, 30.0),
     ]
 
 

@@ -200,6 +200,54 @@ def test_rope_ext_params(ctx):
         gl.rope_ext(ctx, q, ctx.new_tensor_1d(gl.I32, 8, name="pos8"), None, 16, 0, 0, 1e4, 1, 0, 1, 32, 1)
 
 
+def test_flash_attn_ext_shape_params_and_sources(ctx):
+    q = ctx.new_tensor_3d(gl.F32, 64, 7, 8, name="q")
+    k = ctx.new_tensor_3d(gl.F16, 64, 256, 2, name="k")  # 2 KV heads for 8 query heads (GQA)
+    v = ctx.new_tensor_3d(gl.F16, 64, 256, 2, name="v")
+    mask = ctx.new_tensor_2d(gl.F16, 256, 32, name="mask")
+    r = gl.flash_attn_ext(ctx, q, k, v, mask, 0.125, 0.0, 0.0)
+    assert (r.type, r.ne, r.nb, r.op) == (gl.F32, [64, 8, 7, 1], [4, 256, 2048, 14336], gl.Op.FLASH_ATTN_EXT)
+    assert r.src == [q, k, v, mask] and r.view_src is None and r.name == ""
+    assert r.op_params[:4] == [*words(0.125, 0.0, 0.0), 0]
+    gl.flash_attn_ext_set_prec(r, gl.GGML_PREC_F32)
+    assert r.op_params[:4] == [*words(0.125, 0.0, 0.0), 1]
+    assert gl.flash_attn_ext(ctx, q, k, v, None, 1.0, 0.0, 50.0).src == [q, k, v]
+    # mid-2024 ggml takes the result's ne[0] from q, not v (a V head size other than K's is not checked)
+    v32 = ctx.new_tensor_3d(gl.F16, 32, 256, 2, name="v32")
+    assert gl.flash_attn_ext(ctx, q, k, v32, mask, 1.0, 0.0, 0.0).ne == [64, 8, 7, 1]
+    assert not gl.gallocr.op_can_inplace(gl.Op.FLASH_ATTN_EXT)  # not in ggml_op_can_inplace (ggml-alloc.c)
+
+
+def test_flash_attn_ext_refusals(ctx):
+    q = ctx.new_tensor_3d(gl.F32, 64, 33, 8, name="q")
+    k = ctx.new_tensor_3d(gl.F16, 64, 256, 2, name="k")
+    mask64 = ctx.new_tensor_2d(gl.F16, 256, 64, name="mask64")
+    assert gl.flash_attn_ext(ctx, q, k, k, mask64, 1.0, 8.0, 0.0).ne == [64, 8, 33, 1]
+    with pytest.raises(errors.ShapeError, match=r"'mask32'.*need at least 64"):  # 33 queries pad to 64 rows
+        gl.flash_attn_ext(ctx, q, k, k, ctx.new_tensor_2d(gl.F16, 256, 32, name="mask32"), 1.0, 0.0, 0.0)
+    with pytest.raises(errors.ShapeError, match="'k48'"):
+        gl.flash_attn_ext(ctx, q, ctx.new_tensor_3d(gl.F16, 48, 256, 2, name="k48"), k, mask64, 1.0, 0.0, 0.0)
+    with pytest.raises(errors.ShapeError, match="'k3'"):  # 8 query heads are no multiple of 3 KV heads
+        gl.flash_attn_ext(ctx, q, ctx.new_tensor_3d(gl.F16, 64, 256, 3, name="k3"), k, mask64, 1.0, 0.0, 0.0)
+    with pytest.raises(errors.ShapeError, match="must be a matrix"):
+        gl.flash_attn_ext(ctx, q, k, k, ctx.new_tensor_3d(gl.F16, 256, 64, 2, name="m3"), 1.0, 0.0, 0.0)
+    with pytest.raises(errors.LayoutError, match="contiguous"):
+        gl.flash_attn_ext(ctx, q, k, k, gl.transpose(ctx, ctx.new_tensor_2d(gl.F16, 64, 256)), 1.0, 0.0, 0.0)
+    with pytest.raises(errors.ShapeError, match="max_bias"):
+        gl.flash_attn_ext(ctx, q, k, k, None, 1.0, 8.0, 0.0)
+    with pytest.raises(errors.TensorError, match="not FLASH_ATTN_EXT"):
+        gl.flash_attn_ext_set_prec(gl.scale(ctx, q, 2.0), gl.GGML_PREC_F32)
+
+
+def test_flash_attn_ext_has_no_cpu_kernel_yet(ctx):
+    """The kernel comes later: the CPU backend refuses the op with a clear error (and plans it)."""
+    q = ctx.new_tensor_3d(gl.F32, 16, 2, 2, name="q")
+    k = ctx.new_tensor_3d(gl.F32, 16, 8, 2, name="k")
+    r = gl.flash_attn_ext(ctx, q, k, k, None, 1.0, 0.0, 0.0)
+    with pytest.raises(errors.UnsupportedOpError, match="FLASH_ATTN_EXT"):
+        gl.cpu.compute_forward(r)
+
+
 # -- views ---------------------------------------------------------------------------------------------
 
 def test_views_accumulate_offsets_and_point_at_root(ctx):
