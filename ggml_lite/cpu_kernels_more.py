@@ -3,16 +3,17 @@
 
 # notebooks/A7_more_cpu_kernels.py
 """The CPU kernels a LLaMA graph does not need (appendix A7): ADD1, SQR, SQRT, LOG, LEAKY_RELU, SUM,
-SUM_ROWS, MEAN, CONCAT and NORM, ports of ggml.c's `ggml_compute_forward_*` (llama.cpp 1d1ccce lines),
+SUM_ROWS, MEAN, CONCAT, NORM and FLASH_ATTN_EXT, ports of ggml.c's `ggml_compute_forward_*` (llama.cpp 1d1ccce lines),
 registered into the CPU backend's kernel table `ggml_lite.cpu.FORWARD` when this module is imported
 (`import ggml_lite` imports it)."""
 
 import numpy as np
 
-from ggml_lite.cpu import FORWARD, _need_nb0, _need_type, _norm_input, _unary_rows
-from ggml_lite.errors import DataTypeError, ShapeError
-from ggml_lite.quants import F4, F8
-from ggml_lite.tensor import F16, F32, I32, Op, describe, word_to_float
+from ggml_lite.cpu import FORWARD, _alibi_slopes, _need_nb0, _need_type, _norm_input, _unary_rows
+from ggml_lite.errors import DataTypeError, LayoutError, ShapeError, UnsupportedOpError
+from ggml_lite.ops import GGML_PREC_DEFAULT, GGML_PREC_F32
+from ggml_lite.quants import F4, F8, fp16_to_fp32, fp32_to_fp16
+from ggml_lite.tensor import F16, F32, I32, Op, describe, is_contiguous, word_to_float
 
 
 # notebooks/A7_more_cpu_kernels.py
@@ -131,11 +132,72 @@ def compute_forward_norm(params, node) -> None:
 
 
 # notebooks/A7_more_cpu_kernels.py
+def compute_forward_flash_attn_ext(params, node) -> None:
+    """`ggml_compute_forward_flash_attn_ext_f16` (both precisions, as `ggml_compute_forward_flash_attn_ext`):
+    per query row and head, s = k·q·scale (Q converted to K's dot type), softcap, + slope·mask, the online
+    softmax over the KV positions in order (f16 accumulator for an f16 V), result permuted [D, head, row, ne3]."""
+    q, k, v = node.src[0], node.src[1], node.src[2]
+    mask = node.src[3] if len(node.src) > 3 else None
+    if node.op_params[3] not in (GGML_PREC_DEFAULT, GGML_PREC_F32):
+        raise UnsupportedOpError(f"FLASH_ATTN_EXT {describe(node)}: precision {node.op_params[3]} (op_params[3]) "
+                                 "is neither GGML_PREC_DEFAULT nor GGML_PREC_F32: ggml aborts")
+    for t, what in ((k, "K"), (v, "V")):
+        if t.type not in (F16, F32):
+            raise UnsupportedOpError(f"FLASH_ATTN_EXT {describe(node)}: no CPU kernel here for a {t.type.name} "
+                                     f"{what} ({describe(t)}); only f16 and f32 K/V are computed")
+    _need_type(node, q, (F32,), "q")
+    for t, what in ((q, "q"), (k, "k"), (v, "v"), (node, "the result")):
+        _need_nb0(node, t, what)
+    D, N = q.ne[0], q.ne[1]
+    if k.ne[0] != D or v.ne[0] != D or list(node.ne) != [D, q.ne[2], N, q.ne[3]] or v.ne[1] != k.ne[1] or \
+            q.ne[2] % v.ne[2] or q.ne[3] % v.ne[3] or q.ne[2] % k.ne[2] or q.ne[3] % k.ne[3]:
+        raise ShapeError(f"FLASH_ATTN_EXT {describe(node)}: q {describe(q)}, k {describe(k)}, v {describe(v)} "
+                         "do not make the result (equal ne[0], V's positions K's, heads multiples)")
+    scale, max_bias, softcap = (F4(word_to_float(w)) for w in node.op_params[:3])
+    if softcap != 0:
+        scale = scale / softcap
+    n3, nh, n_kv = q.ne[3], q.ne[2], k.ne[1]
+    i3, i2 = np.arange(n3)[:, None], np.arange(nh)[None, :]
+    kb = params.view(k)[i3 // (n3 // k.ne[3]), i2 // (nh // k.ne[2])]  # (n3, nh, n_kv, D): K's head per q head
+    vb = params.view(v)[i3 // (n3 // v.ne[3]), i2 // (nh // v.ne[2])]
+    s = params.arith.mul_mat(k.type, kb, params.read_f32(q)) * scale  # (n3, nh, N, n_kv)
+    if softcap != 0:
+        s = softcap * params.arith.math("tanhf", s)
+    mv = np.zeros_like(s)
+    if mask is not None:
+        _need_type(node, mask, (F16, F32), "the mask")
+        if not is_contiguous(mask) or mask.ne[0] < n_kv or mask.ne[1] < N:
+            raise LayoutError(f"FLASH_ATTN_EXT {describe(node)}: the mask {describe(mask)} must be a contiguous "
+                              f"[>= {n_kv}, >= {N}] matrix")
+        slopes = _alibi_slopes(params.arith, nh, float(max_bias))[None, :, None, None]
+        mv = slopes * params.read_f32(mask)[0, 0, :N, :n_kv]  # row iq1 of the mask, slope 1 without ALiBi
+    s = s + mv
+    rows = n3 * nh * N
+    s, mv = s.reshape(rows, n_kv), mv.reshape(rows, n_kv)
+    acc = np.zeros((rows, D), dtype=np.float16 if v.type is F16 else F4)  # VKQ16 or VKQ32
+    M, S = np.full(rows, -np.inf, F4), np.zeros(rows, F4)
+    for ic in range(n_kv):
+        si, live = s[:, ic], mv[:, ic] != -np.inf
+        new = live & (si > M)
+        ms = np.where(new, params.arith.math("expf", M - si), F4(1))  # ms = 1, no scaling, when not new
+        vs = np.where(new, F4(1), np.where(live, params.arith.math("expf", si - M), F4(0)))
+        M = np.where(new, si, M)
+        a = acc.astype(F4) * ms[:, None]  # ggml_vec_scale_f16 / _f32 (stored as f16 for an f16 V)
+        a = fp16_to_fp32(fp32_to_fp16(a)) if v.type is F16 else a
+        vi = np.broadcast_to(vb[:, :, None, ic], (n3, nh, N, D)).reshape(rows, D).astype(F4)
+        a = params.arith.fma(vi, vs[:, None], a)  # ggml_vec_mad_f16 / _f32: V += v·vs
+        acc = np.where(live[:, None], fp32_to_fp16(a) if v.type is F16 else a, acc)
+        S = np.where(live, S * ms + vs, S)
+    out = acc.astype(F4) * (F4(1) / S)[:, None]  # 1/S = inf (NaN row) when every position is masked, as ggml
+    params.write(node, out.reshape(n3, nh, N, D).transpose(0, 2, 1, 3))
+
+
+# notebooks/A7_more_cpu_kernels.py
 MORE_KERNELS = {  # op -> kernel, the cases of `ggml_compute_forward`'s switch that chapter 07 leaves out
     Op.ADD1: compute_forward_add1, Op.SQR: compute_forward_sqr, Op.SQRT: compute_forward_sqrt,
     Op.LOG: compute_forward_log, Op.LEAKY_RELU: compute_forward_leaky_relu,
     Op.SUM: compute_forward_sum, Op.SUM_ROWS: compute_forward_sum_rows, Op.MEAN: compute_forward_mean,
-    Op.CONCAT: compute_forward_concat, Op.NORM: compute_forward_norm,
+    Op.CONCAT: compute_forward_concat, Op.NORM: compute_forward_norm, Op.FLASH_ATTN_EXT: compute_forward_flash_attn_ext,
 }
 
 

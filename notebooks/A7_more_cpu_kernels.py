@@ -16,7 +16,7 @@
 # Chapter 07 ported the CPU backend and the kernels a LLaMA graph computes: copies, the four binary
 # ops, the unary ops, scale, rms_norm, mul_mat, get_rows, the causal mask, softmax and rope. Chapter 01
 # builds more ops than that, and ggml's CPU backend computes all of them. This appendix ports the
-# rest — ADD1, SQR, SQRT, LOG, LEAKY_RELU, SUM, SUM_ROWS, MEAN, CONCAT and NORM — each after the few
+# rest — ADD1, SQR, SQRT, LOG, LEAKY_RELU, SUM, SUM_ROWS, MEAN, CONCAT, NORM and FLASH_ATTN_EXT — each after the few
 # lines of `ggml.c` it follows, and adds them to the backend's kernel table, the way a backend's op
 # table grows: one case per op, nothing else touched.
 #
@@ -66,16 +66,17 @@ from ggml_lite.backend import tensor_get, tensor_set
 # %%
 # | export
 """The CPU kernels a LLaMA graph does not need (appendix A7): ADD1, SQR, SQRT, LOG, LEAKY_RELU, SUM,
-SUM_ROWS, MEAN, CONCAT and NORM, ports of ggml.c's `ggml_compute_forward_*` (llama.cpp 1d1ccce lines),
+SUM_ROWS, MEAN, CONCAT, NORM and FLASH_ATTN_EXT, ports of ggml.c's `ggml_compute_forward_*` (llama.cpp 1d1ccce lines),
 registered into the CPU backend's kernel table `ggml_lite.cpu.FORWARD` when this module is imported
 (`import ggml_lite` imports it)."""
 
 import numpy as np
 
-from ggml_lite.cpu import FORWARD, _need_nb0, _need_type, _norm_input, _unary_rows
-from ggml_lite.errors import DataTypeError, ShapeError
-from ggml_lite.quants import F4, F8
-from ggml_lite.tensor import F16, F32, I32, Op, describe, word_to_float
+from ggml_lite.cpu import FORWARD, _alibi_slopes, _need_nb0, _need_type, _norm_input, _unary_rows
+from ggml_lite.errors import DataTypeError, LayoutError, ShapeError, UnsupportedOpError
+from ggml_lite.ops import GGML_PREC_DEFAULT, GGML_PREC_F32
+from ggml_lite.quants import F4, F8, fp16_to_fp32, fp32_to_fp16
+from ggml_lite.tensor import F16, F32, I32, Op, describe, is_contiguous, word_to_float
 
 # %% [markdown]
 # ## 2 · Element-wise kernels
@@ -304,16 +305,113 @@ def compute_forward_norm(params, node) -> None:
     params.write(node, v * scale[..., None])
 
 # %% [markdown]
-# ## 5 · The op table grows
+# ## 5 · Flash attention
+#
+# FLASH_ATTN_EXT (chapter 01 builds it) is attention in one op: per query row and head, the scores
+# k·q, the softmax and the weighted sum of V, without the `[n_kv, n_q, n_head]` matrix of scores. The
+# CPU kernel, `ggml_compute_forward_flash_attn_ext_f16` (ggml.c:15686-15896, for both precisions:
+# ggml.c:15898-15917), first converts the query row to K's dot type, ggml.c:15806-15807:
+# ```c
+# const float * pq = (const float *) ((char *) q->data + (iq1*nbq1 + iq2*nbq2 + iq3*nbq3));
+# q_to_vec_dot(pq, Q_q, D);
+# ```
+# Notice that with an f16 K the dot products see Q rounded to f16, as MUL_MAT's src1 is (chapter 07):
+# the tier's `mul_mat` does that conversion. Then each KV position `ic` in order, ggml.c:15813-15826:
+# the mask times the head's ALiBi slope (`-INFINITY` skips the position), `s = k·q·scale`, and with a
+# softcap `s = softcap·tanhf(s)`, the scale having been divided by the softcap beforehand
+# (ggml.c:15757-15759). The slopes are SOFT_MAX's (chapter 07's `_alibi_slopes`, ggml.c:15780). Heads
+# broadcast: K and V head `iq2 / (neq2/nek2)`, so grouped-query and multi-query attention need no copy.
+#
+# The softmax is online, ggml.c:15839-15852 (the f16 V branch):
+# ```c
+# if (s > M) {
+#     M = s;
+#     ms = expf(Mold - M);
+#     ggml_vec_scale_f16(D, VKQ16, ms);
+# } else {
+#     vs = expf(s - M);
+# }
+# ggml_vec_mad_f16(D, VKQ16, (const ggml_fp16_t *) v_data, vs);
+# ```
+# Notice where the sum of V lives: with an f16 V the accumulator `VKQ16` is f16, rounded after every
+# position (`ggml_vec_mad_f16` stores f16); with an f32 V it is float32. The kernel below keeps that,
+# and walks the positions in order for all rows at once (one numpy step per position). `S = S·ms + vs`
+# (ggml.c:15872) sums the weights, and the row is `VKQ·(1/S)`, stored permuted: query `iq1` of head
+# `iq2` lands at `[:, iq2, iq1, iq3]` of the `[D, n_head, n_q, ne3]` result (ggml.c:15893-15894). K or V
+# quantized (a q8_0 cache) is refused: ggml converts such rows with `to_float` per position, which
+# this port does not do yet. Planning such a graph still works; only computing it raises.
+
+# %%
+# | export
+def compute_forward_flash_attn_ext(params, node) -> None:
+    """`ggml_compute_forward_flash_attn_ext_f16` (both precisions, as `ggml_compute_forward_flash_attn_ext`):
+    per query row and head, s = k·q·scale (Q converted to K's dot type), softcap, + slope·mask, the online
+    softmax over the KV positions in order (f16 accumulator for an f16 V), result permuted [D, head, row, ne3]."""
+    q, k, v = node.src[0], node.src[1], node.src[2]
+    mask = node.src[3] if len(node.src) > 3 else None
+    if node.op_params[3] not in (GGML_PREC_DEFAULT, GGML_PREC_F32):
+        raise UnsupportedOpError(f"FLASH_ATTN_EXT {describe(node)}: precision {node.op_params[3]} (op_params[3]) "
+                                 "is neither GGML_PREC_DEFAULT nor GGML_PREC_F32: ggml aborts")
+    for t, what in ((k, "K"), (v, "V")):
+        if t.type not in (F16, F32):
+            raise UnsupportedOpError(f"FLASH_ATTN_EXT {describe(node)}: no CPU kernel here for a {t.type.name} "
+                                     f"{what} ({describe(t)}); only f16 and f32 K/V are computed")
+    _need_type(node, q, (F32,), "q")
+    for t, what in ((q, "q"), (k, "k"), (v, "v"), (node, "the result")):
+        _need_nb0(node, t, what)
+    D, N = q.ne[0], q.ne[1]
+    if k.ne[0] != D or v.ne[0] != D or list(node.ne) != [D, q.ne[2], N, q.ne[3]] or v.ne[1] != k.ne[1] or \
+            q.ne[2] % v.ne[2] or q.ne[3] % v.ne[3] or q.ne[2] % k.ne[2] or q.ne[3] % k.ne[3]:
+        raise ShapeError(f"FLASH_ATTN_EXT {describe(node)}: q {describe(q)}, k {describe(k)}, v {describe(v)} "
+                         "do not make the result (equal ne[0], V's positions K's, heads multiples)")
+    scale, max_bias, softcap = (F4(word_to_float(w)) for w in node.op_params[:3])
+    if softcap != 0:
+        scale = scale / softcap
+    n3, nh, n_kv = q.ne[3], q.ne[2], k.ne[1]
+    i3, i2 = np.arange(n3)[:, None], np.arange(nh)[None, :]
+    kb = params.view(k)[i3 // (n3 // k.ne[3]), i2 // (nh // k.ne[2])]  # (n3, nh, n_kv, D): K's head per q head
+    vb = params.view(v)[i3 // (n3 // v.ne[3]), i2 // (nh // v.ne[2])]
+    s = params.arith.mul_mat(k.type, kb, params.read_f32(q)) * scale  # (n3, nh, N, n_kv)
+    if softcap != 0:
+        s = softcap * params.arith.math("tanhf", s)
+    mv = np.zeros_like(s)
+    if mask is not None:
+        _need_type(node, mask, (F16, F32), "the mask")
+        if not is_contiguous(mask) or mask.ne[0] < n_kv or mask.ne[1] < N:
+            raise LayoutError(f"FLASH_ATTN_EXT {describe(node)}: the mask {describe(mask)} must be a contiguous "
+                              f"[>= {n_kv}, >= {N}] matrix")
+        slopes = _alibi_slopes(params.arith, nh, float(max_bias))[None, :, None, None]
+        mv = slopes * params.read_f32(mask)[0, 0, :N, :n_kv]  # row iq1 of the mask, slope 1 without ALiBi
+    s = s + mv
+    rows = n3 * nh * N
+    s, mv = s.reshape(rows, n_kv), mv.reshape(rows, n_kv)
+    acc = np.zeros((rows, D), dtype=np.float16 if v.type is F16 else F4)  # VKQ16 or VKQ32
+    M, S = np.full(rows, -np.inf, F4), np.zeros(rows, F4)
+    for ic in range(n_kv):
+        si, live = s[:, ic], mv[:, ic] != -np.inf
+        new = live & (si > M)
+        ms = np.where(new, params.arith.math("expf", M - si), F4(1))  # ms = 1, no scaling, when not new
+        vs = np.where(new, F4(1), np.where(live, params.arith.math("expf", si - M), F4(0)))
+        M = np.where(new, si, M)
+        a = acc.astype(F4) * ms[:, None]  # ggml_vec_scale_f16 / _f32 (stored as f16 for an f16 V)
+        a = fp16_to_fp32(fp32_to_fp16(a)) if v.type is F16 else a
+        vi = np.broadcast_to(vb[:, :, None, ic], (n3, nh, N, D)).reshape(rows, D).astype(F4)
+        a = params.arith.fma(vi, vs[:, None], a)  # ggml_vec_mad_f16 / _f32: V += v·vs
+        acc = np.where(live[:, None], fp32_to_fp16(a) if v.type is F16 else a, acc)
+        S = np.where(live, S * ms + vs, S)
+    out = acc.astype(F4) * (F4(1) / S)[:, None]  # 1/S = inf (NaN row) when every position is masked, as ggml
+    params.write(node, out.reshape(n3, nh, N, D).transpose(0, 2, 1, 3))
+
+# %% [markdown]
+# ## 6 · The op table grows
 #
 # A backend's op table grows one case at a time: ggml added ADD1's case beside ADD's, and a port adds
-# a kernel and its entry. Here the ten kernels are one table, `MORE_KERNELS`, and `register_kernels`
+# a kernel and its entry. Here the eleven kernels are one table, `MORE_KERNELS`, and `register_kernels`
 # adds it to chapter 07's `FORWARD` when the module is imported. Nothing else changes: `supports_op`
 # still accepts every op but a `MUL_MAT` whose src1 is neither f32 nor src0's dot type, and an op
 # without a kernel still raises `UnsupportedOpError` when a graph reaches it — an op that could only
-# be missing if this module were not imported, which `ggml_lite/__init__.py` makes sure of (or
-# `FLASH_ATTN_EXT`, which chapter 01 builds and plans but which has no CPU kernel yet). Chapter
-# 08's SIM backend and appendix A2's exact tier compute through the same `FORWARD`, so they get the ten
+# be missing if this module were not imported, which `ggml_lite/__init__.py` makes sure of. Chapter
+# 08's SIM backend and appendix A2's exact tier compute through the same `FORWARD`, so they get the eleven
 # kernels too. The case the table stands for, ggml.c:17197-17200:
 # ```c
 # case GGML_OP_NORM:
@@ -330,7 +428,7 @@ MORE_KERNELS = {  # op -> kernel, the cases of `ggml_compute_forward`'s switch t
     Op.ADD1: compute_forward_add1, Op.SQR: compute_forward_sqr, Op.SQRT: compute_forward_sqrt,
     Op.LOG: compute_forward_log, Op.LEAKY_RELU: compute_forward_leaky_relu,
     Op.SUM: compute_forward_sum, Op.SUM_ROWS: compute_forward_sum_rows, Op.MEAN: compute_forward_mean,
-    Op.CONCAT: compute_forward_concat, Op.NORM: compute_forward_norm,
+    Op.CONCAT: compute_forward_concat, Op.NORM: compute_forward_norm, Op.FLASH_ATTN_EXT: compute_forward_flash_attn_ext,
 }
 
 
@@ -344,7 +442,7 @@ def register_kernels(table: dict | None = None) -> None:
 register_kernels()
 
 # %% [markdown]
-# ## 6 · A worked example
+# ## 7 · A worked example
 #
 # One graph computes all ten ops on the CPU backend — two small f32 matrices `a` and `b` (`b` positive,
 # for SQRT and LOG) and a scalar `k` — and each result is compared with numpy's. The tensors live in
@@ -405,13 +503,52 @@ in_f32 = np.cumsum(V, dtype=np.float32)[-1]
 print("SUM, double as ggml:", tensor_get(total).item(), "  float32 one by one:", in_f32.item())
 
 # %% [markdown]
-# ## 7 · Check
+# Flash attention on a small grouped-query case: 3 queries of 4 heads of size 16 against 24 cached
+# positions of 2 KV heads (f16), a causal mask and ALiBi (max_bias 8). The reference is plain numpy in
+# float64, the textbook way: all scores, softmax, then times V. The kernel's f16 accumulator and f16
+# query keep the two within `Arithmetic.TOLERANCE_MIXED` (5e-3 of the largest value); the run prints
+# 1.5e-3, a few f16 roundings of the accumulator. A q8_0 V builds and plans, but computing it is refused, naming the tensor.
+
+# %%
+f_ctx = gl.Context("fa")
+fq = f_ctx.new_tensor_3d(gl.F32, 16, 3, 4, name="q")
+fk = f_ctx.new_tensor_3d(gl.F16, 16, 24, 2, name="k")
+fv = f_ctx.new_tensor_3d(gl.F16, 16, 24, 2, name="v")
+fm = f_ctx.new_tensor_2d(gl.F16, 24, 32, name="KQ_mask")
+fa = gl.flash_attn_ext(f_ctx, fq, fk, fv, fm, 0.25, 8.0, 0.0)
+gl.alloc_ctx_tensors(f_ctx, cpu)
+Q = rng.standard_normal((4, 3, 16)).astype(np.float32)
+KK, VV = (rng.standard_normal((2, 24, 16)).astype(np.float16) for _ in range(2))
+Mask = np.where(np.arange(24)[None, :] <= 21 + np.arange(32)[:, None], 0, -np.inf).astype(np.float16)
+for t, x in ((fq, Q), (fk, KK), (fv, VV), (fm, Mask)):
+    tensor_set(t, x)
+cpu.graph_compute(gl.build_forward(fa))
+slopes = gl.cpu._alibi_slopes(gl.cpu.NUMPY, 4, 8.0).astype(np.float64)
+w = 0.25 * Q.astype(np.float64) @ np.repeat(KK, 2, axis=0).astype(np.float64).transpose(0, 2, 1)
+w = w + slopes[:, None, None] * Mask[:3].astype(np.float64)
+p = np.exp(w - w.max(axis=-1, keepdims=True))
+ref = (p / p.sum(axis=-1, keepdims=True)) @ np.repeat(VV, 2, axis=0).astype(np.float64)  # (head, query, D)
+got = tensor_get(fa).reshape(3, 4, 16).transpose(1, 0, 2)  # the result is permuted: [D, head, query]
+fa_error = float(np.abs(got - ref).max() / np.abs(ref).max())
+print(f"flash_attn_ext ne {fa.ne}: max |ggml_lite - numpy| / max |numpy| = {fa_error:.1e}")
+fv8 = f_ctx.new_tensor_3d(gl.Q8_0, 32, 24, 2, name="v_q8_0")
+fk32 = f_ctx.new_tensor_3d(gl.F16, 32, 24, 2, name="k32")
+fa8 = gl.flash_attn_ext(f_ctx, f_ctx.new_tensor_3d(gl.F32, 32, 3, 4, name="q32"), fk32, fv8, fm, 0.25, 0.0, 0.0)
+try:
+    gl.cpu.compute_forward(fa8)
+    refused = ""
+except gl.errors.UnsupportedOpError as e:
+    refused = str(e)
+print(refused)
+
+# %% [markdown]
+# ## 8 · Check
 
 # %%
 assert all(e <= 1e-6 for e in errors.values()), errors
 assert tensor_get(total).item() == 1.0 and in_f32.item() == 0.0
-# every op of chapter 01 has a CPU kernel, but FLASH_ATTN_EXT: its kernel comes later (issue 26), and
-# until then the CPU backend plans it and refuses to compute it with UnsupportedOpError
-assert set(gl.Op) - {gl.Op.FLASH_ATTN_EXT} <= set(FORWARD), "every op of chapter 01 has a CPU kernel"
+assert set(gl.Op) <= set(FORWARD), "every op of chapter 01 has a CPU kernel"
+assert fa_error <= gl.cpu.Arithmetic.TOLERANCE_MIXED, fa_error
+assert refused.startswith("FLASH_ATTN_EXT") and "q8_0" in refused
 assert all(cpu.supports_op(t) for t in results.values())
 print("appendix A7: all checks passed")

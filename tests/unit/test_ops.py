@@ -239,13 +239,29 @@ def test_flash_attn_ext_refusals(ctx):
         gl.flash_attn_ext_set_prec(gl.scale(ctx, q, 2.0), gl.GGML_PREC_F32)
 
 
-def test_flash_attn_ext_has_no_cpu_kernel_yet(ctx):
-    """The kernel comes later: the CPU backend refuses the op with a clear error (and plans it)."""
-    q = ctx.new_tensor_3d(gl.F32, 16, 2, 2, name="q")
-    k = ctx.new_tensor_3d(gl.F32, 16, 8, 2, name="k")
-    r = gl.flash_attn_ext(ctx, q, k, k, None, 1.0, 0.0, 0.0)
-    with pytest.raises(errors.UnsupportedOpError, match="FLASH_ATTN_EXT"):
-        gl.cpu.compute_forward(r)
+def test_flash_attn_ext_quantized_v_is_planned_but_not_computed(ctx):
+    """The CPU kernel (appendix A7) computes f16 and f32 K/V; a q8_0 V builds and plans, and computing it
+    is refused with a clear error naming the tensor. f32 K/V give softmax(k·q·scale)·v per head."""
+    q = ctx.new_tensor_3d(gl.F32, 32, 2, 2, name="q")
+    k = ctx.new_tensor_3d(gl.F32, 32, 8, 2, name="k")
+    v8 = ctx.new_tensor_3d(gl.Q8_0, 32, 8, 2, name="v8")
+    r = gl.flash_attn_ext(ctx, q, k, k, None, 0.5, 0.0, 0.0)
+    r8 = gl.flash_attn_ext(ctx, q, k, v8, None, 0.5, 0.0, 0.0)
+    galloc = gl.GAllocr([gl.cpu_init().get_default_buffer_type()])
+    assert galloc.reserve(gl.build_forward(r8))
+    gl.alloc_ctx_tensors(ctx, gl.cpu_init())
+    rng = np.random.default_rng(26)
+    Q, K = rng.standard_normal((2, 2, 32)).astype(np.float32), rng.standard_normal((2, 8, 32)).astype(np.float32)
+    gl.backend.tensor_set(q, Q)
+    gl.backend.tensor_set(k, K)
+    gl.cpu.compute_forward(r)
+    w = 0.5 * Q.astype(np.float64) @ K.astype(np.float64).transpose(0, 2, 1)
+    p = np.exp(w - w.max(axis=-1, keepdims=True))
+    want = ((p / p.sum(axis=-1, keepdims=True)) @ K).transpose(1, 0, 2)  # permuted: (query, head, D)
+    got = gl.backend.tensor_get(r).reshape(2, 2, 32)
+    assert np.abs(got - want).max() <= gl.cpu.Arithmetic.TOLERANCE_F32 * np.abs(want).max()
+    with pytest.raises(errors.UnsupportedOpError, match="FLASH_ATTN_EXT .*q8_0 V .*'v8'"):
+        gl.cpu.compute_forward(r8)
 
 
 # -- views ---------------------------------------------------------------------------------------------
