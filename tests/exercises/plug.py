@@ -56,16 +56,23 @@ def exercise_cells(nb) -> tuple[dict[str, int], dict[str, int]]:
     return stubs, predicts
 
 
+def plug(source: str, cells: dict[str, str], answers: dict[str, str]) -> str:
+    """A code cell's source with the solutions in: a stub cell becomes its solution cell, whole; each `...` of a
+    prediction becomes the solution's value."""
+    stub = STUB.search(source)
+    if stub:
+        return cells[stub.group(1)]
+    return PLACEHOLDER.sub(lambda m: f'answer("{m.group(1)}", {answers[m.group(1)]}, record_done=False)', source)
+
+
 def plugged(path: Path):
     """The chapter at `path` (a jupytext notebook) with the solutions plugged in, and the ids plugged."""
     cells, answers = solutions()
     nb = jupytext.read(path)
     stubs, predicts = exercise_cells(nb)
-    for ex_id, i in stubs.items():
-        nb.cells[i].source = cells[ex_id]
-    for ex_id, i in predicts.items():
-        nb.cells[i].source = nb.cells[i].source.replace(f'answer("{ex_id}", ...)',
-                                                        f'answer("{ex_id}", {answers[ex_id]}, record_done=False)')
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = plug(cell.source, cells, answers)
     return nb, sorted(stubs), sorted(predicts)
 
 
@@ -77,12 +84,7 @@ def plugged_ipynb(path: Path):
     cells, answers = solutions()
     nb = nbformat.read(path.with_suffix(".ipynb"), as_version=4)
     for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        stub = STUB.search(cell.source)
-        new = cells[stub.group(1)] if stub else PLACEHOLDER.sub(
-            lambda m: f'answer("{m.group(1)}", {answers[m.group(1)]}, record_done=False)', cell.source)
-        if new != cell.source:
+        if cell.cell_type == "code" and (new := plug(cell.source, cells, answers)) != cell.source:
             cell.source, cell.outputs, cell.execution_count = new, [], None
     return nb
 
