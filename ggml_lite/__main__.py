@@ -6,9 +6,10 @@
     python -m ggml_lite sched SCENARIO.json [--check]
     python -m ggml_lite exercises [--json]
     python -m ggml_lite llama (--gguf FILE | --preset NAME | --n-vocab N --n-embd N --n-layer N --n-head N --n-head-kv N
-                               --n-ff N) [--n-ctx 512] [--n-batch 2048] [--n-ubatch 512] [--type-k f16]
-                               [--type-v f16] [--n-gpu-layers 0] [--devices 0] [--tensor-split a,b]
-                               [--no-kv-offload] [--vram GiB [--fit]] [--json]
+                               --n-ff N [--n-expert N --n-expert-used K]) [--n-ctx 512] [--n-batch 2048]
+                               [--n-ubatch 512] [--flash-attn] [--type-k f16] [--type-v f16] [--n-gpu-layers 0]
+                               [--devices 0] [--tensor-split a,b] [--no-kv-offload] [--vram GiB [--fit]] [--json]
+                               (llama.cpp's short flags too: -c -b -ub -fa -ctk -ctv -ngl -ts -nkvo)
 
 `plan` runs the graph allocator (`GAllocr.reserve`, then `alloc_graph`) on a fixture-schema graph on
 the buffer type the file records (ggml's CPU type for every fixture) and prints where every tensor goes.
@@ -47,6 +48,9 @@ scheduler's assignments of a recorded scenario's round-0 graph in GGML_SCHED_DEB
 `llama` plans a LLaMA as llama.cpp (mid-2024) would (chapter 10) and prints the memory of every device,
 and the lines llama.cpp prints about it; GPUs are simulated devices configured like CUDA. `--n-ctx 0` is the
 model's training context, as in llama.cpp (from `--gguf` or `--preset`; refused for a model given by flags).
+`--flash-attn` builds attention as one FLASH_ATTN_EXT per layer (the KV cache padded to 256 cells, V stored
+untransposed, a V cache of any type); without it a V cache other than f16 is refused, as llama.cpp refuses it.
+A mixture of experts comes from a GGUF's `llama.expert_count` or from `--n-expert` and `--n-expert-used`.
 
 `exercises` lists the course's exercises (chapters 02-12, appendix A8) by chapter with their state on this
 machine, from the local progress record (`~/.ggml_lite/progress.json`, or `$GGML_LITE_PROGRESS`), and says
@@ -348,6 +352,10 @@ def _llama_params(args):
     from ggml_lite.models.llama import LlamaParams, preset
 
     dims = {k: getattr(args, k) for k in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "n_ff")}
+    experts = {k: getattr(args, k) for k in ("n_expert", "n_expert_used")}
+    if any(v is not None for v in experts.values()) and (args.gguf is not None or args.preset is not None):
+        raise ModelError("--n-expert and --n-expert-used go with hyperparameters given as flags: a GGUF file or a "
+                         "preset says its own experts")
     if args.gguf is not None:
         if args.preset is not None or any(v is not None for v in dims.values()):
             raise ModelError("give one model: --gguf FILE, --preset NAME or the hyperparameters")
@@ -367,12 +375,14 @@ def _llama_params(args):
     if missing:
         raise ModelError(f"no model: give --preset NAME or the hyperparameters; missing {', '.join(missing)}")
     dims["n_head_kv"] = dims["n_head"] if dims["n_head_kv"] is None else dims["n_head_kv"]
-    return LlamaParams(**dims, wtype=args.wtype or "f16"), None
+    experts = {k: 0 if v is None else v for k, v in experts.items()}
+    return LlamaParams(**dims, **experts, wtype=args.wtype or "f16"), None
 
 
 def cmd_llama(args) -> int:
     from ggml_lite.errors import ModelError
-    from ggml_lite.report import check_vram, fit, format_report, memory_report
+    from ggml_lite.fit import fit
+    from ggml_lite.report import check_vram, format_report, memory_report
 
     # the flags alone first (memory_report checks the rest, with the model, before it plans)
     if args.vram is not None:
@@ -399,12 +409,12 @@ def cmd_llama(args) -> int:
                              "model's llama.context_length is 0)")
         args.n_ctx = params.n_ctx_train
     rep = memory_report(params, args.n_ctx, args.n_batch, args.n_ubatch, args.n_gpu_layers, args.devices, split,
-                        args.type_k, args.type_v, not args.no_kv_offload, tensor_types)
+                        args.type_k, args.type_v, not args.no_kv_offload, tensor_types, flash_attn=args.flash_attn)
     doc = rep.to_json()
     if args.fit:  # (checked before planning: --vram and a GPU are there)
         layers, n_ctx = fit(params, args.vram, args.n_ctx, args.devices, n_batch=args.n_batch,
                             n_ubatch=args.n_ubatch, tensor_split=split, type_k=args.type_k, type_v=args.type_v,
-                            offload_kqv=not args.no_kv_offload, tensor_types=tensor_types)
+                            offload_kqv=not args.no_kv_offload, tensor_types=tensor_types, flash_attn=args.flash_attn)
         doc["fit"] = {"n_gpu_layers": layers, "n_ctx": n_ctx}
     if args.json:
         print(json.dumps(doc, indent=1))
@@ -499,15 +509,20 @@ def main(argv=None) -> int:
                    help="a model by name: llama-2-7b, llama-3.1-70b, mistral-7b, ... (see the error for all)")
     for dim in ("n-vocab", "n-embd", "n-layer", "n-head", "n-head-kv", "n-ff"):
         m.add_argument(f"--{dim}", type=int, default=None)
+    m.add_argument("--n-expert", type=int, default=None, help="a mixture of experts: experts per layer (0 to 160)")
+    m.add_argument("--n-expert-used", type=int, default=None, help="experts each token uses (1 to --n-expert)")
     m.add_argument("--wtype", default=None, help="the weights' type (default f16)")
-    # (llama.cpp's short flags as aliases: -c, -b, -ub, -ctk, -ctv, -ngl, -ts, -nkvo)
-    m.add_argument("--n-ctx", "-c", type=int, default=512, help="the context (1 to 2^31 - 32; padded to 32); 0: the "
-                   "model's training context, from --gguf or --preset")
+    # (llama.cpp's short flags as aliases: -c, -b, -ub, -fa, -ctk, -ctv, -ngl, -ts, -nkvo)
+    m.add_argument("--n-ctx", "-c", type=int, default=512, help="the context (1 to 2^31 - 32; padded to 32, to 256 "
+                   "with --flash-attn); 0: the model's training context, from --gguf or --preset")
+    m.add_argument("--flash-attn", "-fa", action="store_true",
+                   help="flash attention (llama.cpp's -fa): FLASH_ATTN_EXT, the cache padded to 256, any V cache type")
     m.add_argument("--n-batch", "-b", type=int, default=2048, help="the logical batch (0 to 2^31 - 1)")
     m.add_argument("--n-ubatch", "-ub", type=int, default=512, help="the micro-batch (0 to 2^31 - 1)")
     m.add_argument("--type-k", "-ctk", default="f16",
                    help="the K cache's type: f32, f16, bf16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1")
-    m.add_argument("--type-v", "-ctv", default="f16", help="f16 (V cache quantization needs flash attention)")
+    m.add_argument("--type-v", "-ctv", default="f16", help="the V cache's type, as --type-k; other than f16 only with "
+                   "--flash-attn, as in llama.cpp")
     m.add_argument("--n-gpu-layers", "-ngl", type=int, default=0,
                    help="layers on the GPUs (n_layer + 1: the output too)")
     m.add_argument("--devices", type=int, default=0, help="number of GPUs, 0 to 15 (simulated, configured like CUDA; "

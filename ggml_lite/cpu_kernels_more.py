@@ -2,18 +2,27 @@
 # Edit the notebook, then run `make export`.
 
 # notebooks/A7_more_cpu_kernels.py
-"""The CPU kernels a LLaMA graph does not need (appendix A7): ADD1, SQR, SQRT, LOG, LEAKY_RELU, SUM,
-SUM_ROWS, MEAN, CONCAT, NORM and FLASH_ATTN_EXT, ports of ggml.c's `ggml_compute_forward_*` (llama.cpp 1d1ccce lines),
-registered into the CPU backend's kernel table `ggml_lite.cpu.FORWARD` when this module is imported
-(`import ggml_lite` imports it)."""
+"""The CPU kernels a dense LLaMA graph does not need (appendix A7): ADD1, SQR, SQRT, LOG, LEAKY_RELU, SUM,
+SUM_ROWS, MEAN, CONCAT, NORM, FLASH_ATTN_EXT, ARGSORT and MUL_MAT_ID, ports of ggml.c's
+`ggml_compute_forward_*` (llama.cpp 1d1ccce lines), registered into the CPU backend's kernel table
+`ggml_lite.cpu.FORWARD` when this module is imported (`import ggml_lite` imports it)."""
 
 import numpy as np
 
-from ggml_lite.cpu import FORWARD, _alibi_slopes, _need_nb0, _need_type, _norm_input, _unary_rows
-from ggml_lite.errors import DataTypeError, LayoutError, ShapeError, UnsupportedOpError
-from ggml_lite.ops import GGML_PREC_DEFAULT, GGML_PREC_F32
-from ggml_lite.quants import F4, F8, fp16_to_fp32, fp32_to_fp16
-from ggml_lite.tensor import F16, F32, I32, Op, describe, is_contiguous, word_to_float
+from ggml_lite.cpu import (
+    FORWARD,
+    VEC_DOT_TYPE,
+    _alibi_slopes,
+    _need_nb0,
+    _need_rows,
+    _need_type,
+    _norm_input,
+    _unary_rows,
+)
+from ggml_lite.errors import DataTypeError, LayoutError, ShapeError, TensorBoundsError, UnsupportedOpError
+from ggml_lite.ops import GGML_PREC_DEFAULT, GGML_PREC_F32, SortOrder
+from ggml_lite.quants import F4, F8, QK, fp16_to_fp32, fp32_to_fp16
+from ggml_lite.tensor import F16, F32, I32, Q8_0, Op, describe, is_contiguous, word_to_float
 
 
 # notebooks/A7_more_cpu_kernels.py
@@ -193,11 +202,78 @@ def compute_forward_flash_attn_ext(params, node) -> None:
 
 
 # notebooks/A7_more_cpu_kernels.py
+def compute_forward_argsort(params, node) -> None:
+    """`ggml_compute_forward_argsort_f32`: per row, the i32 indices sorted by value (`op_params[0]`: ASC or
+    DESC), with ggml's exchange sort where a row has equal values or a NaN; another order leaves 0..n-1."""
+    src = node.src[0]
+    _need_type(node, src, (F32,), "src0")
+    _need_nb0(node, node, "the result")
+    _need_rows(node, src, "src0")
+    _need_rows(node, node, "the result")
+    n = src.ne[0]
+    vals = params.read_f32(src).reshape(-1, n)
+    idx = np.tile(np.arange(n, dtype=np.int32), (vals.shape[0], 1))
+    order = node.op_params[0]
+    if order in (SortOrder.ASC, SortOrder.DESC) and n > 1:
+        s = np.sort(vals, axis=1)
+        ties = (s[:, 1:] == s[:, :-1]).any(axis=1) | np.isnan(vals).any(axis=1)
+        plain = np.argsort(vals if order == SortOrder.ASC else -vals, axis=1, kind="stable")
+        idx[~ties] = plain[~ties]
+        v, p = vals[ties], idx[ties]
+        r = np.arange(len(v))
+        for j in range(n):
+            for k in range(j + 1, n):
+                vj, vk = v[r, p[:, j]], v[r, p[:, k]]
+                swap = vj > vk if order == SortOrder.ASC else vj < vk
+                p[swap, j], p[swap, k] = p[swap, k], p[swap, j]
+        idx[ties] = p
+    params.write(node, idx)
+
+
+# notebooks/A7_more_cpu_kernels.py
+def compute_forward_mul_mat_id(params, node) -> None:
+    """`ggml_compute_forward_mul_mat_id`: dst[:, id, t] = as[:, :, ids[id, t]] · b[:, id % b.ne1, t], src1 in
+    the experts' dot type, each expert's columns multiplied by the tier's `mul_mat`."""
+    a, b, ids = node.src[0], node.src[1], node.src[2]
+    vdt = VEC_DOT_TYPE.get(a.type.name)
+    if vdt is None:
+        raise DataTypeError(f"MUL_MAT_ID {describe(node)}: no vec_dot for {a.type.name} experts {describe(a)}")
+    _need_type(node, ids, (I32,), "the expert ids")
+    if a.nb[0] != a.type.type_size or b.nb[0] != b.type.type_size:
+        raise LayoutError(f"MUL_MAT_ID {describe(node)}: ggml does not support permuted src0 or src1 "
+                          f"(nb00 = {a.nb[0]}, nb10 = {b.nb[0]})")
+    if not (node.nb[0] == 4 and node.nb[0] <= node.nb[1] <= node.nb[2] <= node.nb[3]):
+        raise LayoutError(f"MUL_MAT_ID {describe(node)}: the destination cannot be transposed or permuted")
+    if a.ne[0] != b.ne[0] or ids.ne[1] != b.ne[2] or b.ne[1] == 0 or list(node.ne) != [a.ne[1], ids.ne[0], b.ne[2], 1]:
+        raise ShapeError(f"MUL_MAT_ID {describe(node)}: experts {describe(a)}, {describe(b)} and ids "
+                         f"{describe(ids)} do not make the result")
+    if b.type is not vdt:
+        _need_type(node, b, (F32,), "src1")
+        if vdt is Q8_0 and b.ne[0] % QK:
+            raise ShapeError(f"MUL_MAT_ID {describe(node)}: rows of {describe(b)} are not whole q8_0 blocks")
+    sel = np.array(params.view(ids), copy=True)[0, 0]  # (n_tokens, n_used)
+    if sel.size and (sel.min() < 0 or sel.max() >= a.ne[2]):
+        bad = int(sel.min()) if sel.min() < 0 else int(sel.max())
+        raise TensorBoundsError(f"MUL_MAT_ID {describe(node)}: expert id {bad} of {describe(ids)} is outside "
+                                f"the {a.ne[2]} experts of {describe(a)}")
+    y = params.view(b) if b.type is vdt else params.read_f32(b)  # (1, n_tokens, ne11, K)
+    x = params.view(a)  # (1, n_expert, rows, K)
+    out = np.zeros((b.ne[2], ids.ne[0], a.ne[1]), F4)
+    for e in range(a.ne[2]):  # the experts in order, each with the columns that picked it
+        tok, slot = np.nonzero(sel == e)
+        if len(tok):
+            cols = y[0, tok, slot % b.ne[1]]
+            out[tok, slot] = params.arith.mul_mat(a.type, x[0, e][None, None], cols[None, None])[0, 0]
+    params.write(node, out)
+
+
+# notebooks/A7_more_cpu_kernels.py
 MORE_KERNELS = {  # op -> kernel, the cases of `ggml_compute_forward`'s switch that chapter 07 leaves out
     Op.ADD1: compute_forward_add1, Op.SQR: compute_forward_sqr, Op.SQRT: compute_forward_sqrt,
     Op.LOG: compute_forward_log, Op.LEAKY_RELU: compute_forward_leaky_relu,
     Op.SUM: compute_forward_sum, Op.SUM_ROWS: compute_forward_sum_rows, Op.MEAN: compute_forward_mean,
     Op.CONCAT: compute_forward_concat, Op.NORM: compute_forward_norm, Op.FLASH_ATTN_EXT: compute_forward_flash_attn_ext,
+    Op.ARGSORT: compute_forward_argsort, Op.MUL_MAT_ID: compute_forward_mul_mat_id,
 }
 
 

@@ -40,8 +40,8 @@ def rebuild_tensor(ctx: Context, e: dict, T: dict) -> Tensor:
         if e.get("view_src") is None:
             return ctx.new_tensor(type_by_name(e["type"]), e["ne"])
         return _view_tensor(ctx, e, T)
-    src = [None if i is None else T[i] for i in e["src"]]
-    call = ops.decode_op(op, e.get("op_params", []), src, e["ne"], e["nb"], e.get("view_src") is not None)
+    src = [None if i is None or i == e.get("id") else T[i] for i in e["src"]]  # (ggml_cast's src[1] is itself)
+    call = ops.decode_op(op, e["op_params"], src, e["ne"], e["nb"], e["view_src"] is not None, type_by_name(e["type"]))
     try:
         return ops.build(ctx, call)
     except GGMLLiteError:

@@ -5,6 +5,7 @@
 """ggml's op constructors (ggml.c): each creates the result tensor with ggml's shape, strides,
 op_params and automatic name, and records its sources. No arithmetic happens here."""
 
+import enum
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -479,6 +480,61 @@ def cpy(ctx, a: Tensor, b: Tensor) -> Tensor:
 
 
 # notebooks/01_ops_and_graphs.py
+def cast(ctx, a: Tensor, type) -> Tensor:
+    """`ggml_cast`: `a` converted to `type` in a fresh tensor (op CPY), named "<a> (copy)";
+    `src` = (a, the result itself)."""
+    t = ctx.new_tensor(type, a.ne)
+    t.format_name("%s (copy)", a.name)
+    return _set(t, Op.CPY, a, t)
+
+
+# notebooks/01_ops_and_graphs.py
+class SortOrder(enum.IntEnum):
+    """`enum ggml_sort_order`: the word 0 of an ARGSORT."""
+
+    ASC = 0
+    DESC = 1
+
+
+def argsort(ctx, a: Tensor, order) -> Tensor:
+    """`ggml_argsort`: per row, the i32 indices that sort `a` (`order`: a `SortOrder`), `a`'s shape."""
+    if order not in (SortOrder.ASC, SortOrder.DESC):
+        raise TensorError(f"ggml_argsort of {describe(a)}: order {order!r} is neither ASC (0) nor DESC (1)")
+    t = _set(ctx.new_tensor(I32, a.ne), Op.ARGSORT, a)
+    t.set_op_params(int(order))
+    return t
+
+
+def top_k(ctx, a: Tensor, k: int) -> Tensor:
+    """`ggml_top_k` (2024): `argsort(a, DESC)` and a view of its first `k` columns, row strides kept."""
+    if a.ne[0] < k:
+        raise ShapeError(f"ggml_top_k: {describe(a)} has {a.ne[0]} columns, fewer than k = {k}")
+    r = argsort(ctx, a, SortOrder.DESC)
+    return view_4d(ctx, r, k, r.ne[1], r.ne[2], r.ne[3], r.nb[1], r.nb[2], r.nb[3], 0)
+
+
+def mul_mat_id(ctx, as_: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """`ggml_mul_mat_id`: column `e` of token `t` is `as_[:, :, ids[e, t]] · b[:, e % b.ne1, t]`; result
+    f32 `[as_.ne1, ids.ne0, b.ne2, 1]`; `src` = (as_, b, ids)."""
+    if tensor.is_transposed(as_):
+        raise LayoutError(f"ggml_mul_mat_id: the experts {describe(as_)} must not be transposed (nb = {as_.nb})")
+    if ids.type is not I32:
+        raise DataTypeError(f"ggml_mul_mat_id: the expert ids {describe(ids)} must be i32")
+    checks = ((as_.ne[3] == 1, f"the experts {describe(as_)} must be 3-d (ne[3] = 1)"),
+              (b.ne[3] == 1, f"{describe(b)} must be 3-d (ne[3] = 1)"),
+              (ids.ne[2] == 1 and ids.ne[3] == 1, f"the expert ids {describe(ids)} must be a matrix"),
+              (ids.ne[1] == b.ne[2], f"the ids {describe(ids)} need one row per token of {describe(b)} (ne[2])"),
+              (as_.ne[0] == b.ne[0], f"the experts {describe(as_)} cannot multiply {describe(b)} (ne[0])"),
+              (b.ne[1] > 0 and ids.ne[0] % b.ne[1] == 0,
+               f"{describe(b)} has {b.ne[1]} columns per token, which do not divide the {ids.ne[0]} ids per token"))
+    for ok, why in checks:
+        if not ok:
+            raise ShapeError(f"ggml_mul_mat_id: {why}")
+    t = ctx.new_tensor(F32, [as_.ne[1], ids.ne[0], b.ne[2], 1])
+    return _set(t, Op.MUL_MAT_ID, as_, b, ids)
+
+
+# notebooks/01_ops_and_graphs.py
 def param_i32(words, i: int) -> int:
     """`op_params[i]` as the int32 it is (`ggml_get_op_params_i32`)."""
     return words[i]
@@ -511,7 +567,7 @@ class OpSpec(NamedTuple):
     n_src: int = 1  # sources passed, in slot order (an absent optional one as None)
     required: int = -1  # how many of them must be tensors (-1: all n_src)
     params: tuple = ()  # op_params -> arguments: ((decoder name, word index), ...), in argument order
-    shape: str = ""  # arguments from the result's shape, before params: "ne" or "ne nb" (ne, then nb[1:])
+    shape: str = ""  # arguments from the result, before params: "ne", "ne nb" (ne, then nb[1:]) or "type"
     inplace: str = ""  # "variant": ggml_<ctor>_inplace exists; "argument": a trailing bool; "": none
     view: bool = False  # a view by nature; for other ops a view_src means "built in place"
     setters: tuple = ()  # calls after the constructor: ((ggml_<setter> on the result, decoder, word), ...)
@@ -541,6 +597,7 @@ OPS: dict = {
     Op.NORM: OpSpec("norm", params=_F0, inplace="variant"),
     Op.RMS_NORM: OpSpec("rms_norm", params=_F0, inplace="variant"),
     Op.MUL_MAT: OpSpec("mul_mat", 2),
+    Op.MUL_MAT_ID: OpSpec("mul_mat_id", 3),
     Op.SCALE: OpSpec("scale", params=_F0, inplace="variant"),
     Op.CPY: OpSpec("cpy", 2, view=True),
     Op.CONT: OpSpec("cont_4d", shape="ne"),
@@ -554,11 +611,13 @@ OPS: dict = {
     Op.SOFT_MAX: OpSpec("soft_max_ext", 2, required=1, params=(("f32", 0), ("f32", 1)), inplace="variant"),
     Op.ROPE: OpSpec("rope_ext", 3, required=2, inplace="variant",
                     params=(("i32", 1), ("i32", 2), ("i32", 4), *(("f32", i) for i in range(5, 11)))),
+    Op.ARGSORT: OpSpec("argsort", params=_I0),
     Op.LEAKY_RELU: OpSpec("leaky_relu", params=_F0, inplace="argument"),
     Op.FLASH_ATTN_EXT: OpSpec("flash_attn_ext", 4, required=3, params=tuple(("f32", i) for i in range(3)),
                               setters=(("flash_attn_ext_set_prec", "i32", 3),)),
     Op.UNARY: OpSpec("unary", params=(("unary", 0),), inplace="variant"),
 }
+CAST = OpSpec("cast", shape="type")  # a CPY that is no view: `ggml_cast` (its src[1], itself, is not passed)
 
 
 # notebooks/01_ops_and_graphs.py
@@ -594,15 +653,16 @@ class OpCall(NamedTuple):
         return (*self.args, self.inplace) if OPS[self.op].inplace == "argument" else self.args
 
 
-def decode_op(op: Op, op_params, src, ne, nb, has_view_src: bool) -> OpCall:
+def decode_op(op: Op, op_params, src, ne, nb, has_view_src: bool, type=None) -> OpCall:
     """The call that rebuilds a tensor from what it records: its op, op_params words, sources (any
-    objects: tensors, ids, names; missing slots padded with None), shape `ne`, strides `nb`, and
-    whether it has a `view_src` (which, for an op that is no view by nature, means "in place")."""
-    spec = OPS.get(op)
+    objects: tensors, ids, names; missing slots padded with None), shape `ne`, strides `nb`, whether
+    it has a `view_src` (which, for an op that is no view by nature, means "in place"), and its type
+    (needed only by a CPY without `view_src`: `ggml_cast`)."""
+    spec = CAST if op is Op.CPY and not has_view_src else OPS.get(op)
     if spec is None:
         raise UnknownOpError(f"ggml_lite has no constructor for op {op.name} (not in ops.OPS)")
     words = [*op_params, *[0] * (GGML_MAX_OP_PARAMS // 4)]
-    shape = [*ne, *nb[1:]] if spec.shape == "ne nb" else list(ne) if spec.shape == "ne" else []
+    shape = {"ne nb": [*ne, *nb[1:]], "ne": list(ne), "type": [type], "": []}[spec.shape]
     args = (*shape, *(PARAM_DECODERS[d](words, i) for d, i in spec.params))
     sources = (*src, *[None] * spec.n_src)[: spec.n_src]
     inplace = has_view_src and not spec.view and spec.inplace != ""
@@ -612,7 +672,7 @@ def decode_op(op: Op, op_params, src, ne, nb, has_view_src: bool) -> OpCall:
 
 def op_call(t: Tensor, src=None) -> OpCall:
     """`decode_op` of a tensor (with its own sources, or `src` in their place)."""
-    return decode_op(t.op, t.op_params, t.src if src is None else src, t.ne, t.nb, t.view_src is not None)
+    return decode_op(t.op, t.op_params, t.src if src is None else src, t.ne, t.nb, t.view_src is not None, t.type)
 
 
 def build(ctx, call: OpCall) -> Tensor:

@@ -9,17 +9,8 @@ from dataclasses import asdict, dataclass
 
 from ggml_lite.errors import ModelError
 from ggml_lite.gallocr import PlaceEvent
-from ggml_lite.models.llama import (
-    MAX_DEVICES,
-    MAX_N_CTX,
-    LlamaParams,
-    batch_sizes,
-    check_float,
-    check_int,
-    padded_n_ctx,
-    plan_memory,
-)
-from ggml_lite.tensor import TensorFlag
+from ggml_lite.models.llama import LlamaParams, batch_sizes, check_float, padded_n_ctx, plan_memory
+from ggml_lite.tensor import TensorFlag, row_size, type_by_name
 from ggml_lite.trace import lifetimes
 
 MiB = 1024 * 1024
@@ -45,22 +36,24 @@ class MemoryReport:
 def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_ubatch: int = 512,
                   n_gpu_layers: int = 0, devices: int = 0, tensor_split=None, type_k: str = "f16",
                   type_v: str | None = None, offload_kqv: bool = True, tensor_types: dict | None = None,
-                  why: bool = True) -> MemoryReport:
+                  why: bool = True, flash_attn: bool = False) -> MemoryReport:
     """Plan the model (a `LlamaParams`, or a `GGUFModel` with its tensors' types) as
     `llama_new_context_with_model` would (`plan_memory`) and report it; `why=False`
-    skips the trace behind `peaks` (for searches that need only the totals, as `fit`). Every argument is
+    skips the trace behind `peaks` (for searches that need only the totals, as A11's `fit`). Every argument is
     checked before planning (`check_context`)."""
     if hasattr(params, "params") and hasattr(params, "tensor_types"):  # a GGUFModel: its hyperparameters and types
         model_types, params = params.tensor_types, params.params
         tensor_types = model_types if tensor_types is None else tensor_types
     if not callable(getattr(params, "model", None)):  # (duck-typed: a notebook may define its own LlamaParams)
         raise ModelError(f"memory_report: expected a LlamaParams model, found {type(params).__name__}")
-    n_batch, n_ubatch = batch_sizes(padded_n_ctx(n_ctx), n_batch, n_ubatch)
+    if not isinstance(flash_attn, bool):
+        raise ModelError(f"flash_attn (--flash-attn): expected true or false, found {flash_attn!r}")
+    n_batch, n_ubatch = batch_sizes(padded_n_ctx(n_ctx, flash_attn), n_batch, n_ubatch)
     r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv,
-                    trace=why, tensor_types=tensor_types)
+                    trace=why, tensor_types=tensor_types, flash_attn=flash_attn)
     rows = [dict(name=name, **d, total=sum(d.values())) for name, d in r["devices"].items()]
-    context = dict(n_ctx=padded_n_ctx(n_ctx), n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
-                   type_v=type_v or "f16", n_gpu_layers=n_gpu_layers, devices=devices,
+    context = dict(n_ctx=padded_n_ctx(n_ctx, flash_attn), n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
+                   type_v=type_v or "f16", flash_attn=flash_attn, n_gpu_layers=n_gpu_layers, devices=devices,
                    tensor_split=list(tensor_split) if tensor_split else None, offload_kqv=offload_kqv)
     return MemoryReport(asdict(params), context, dict(nodes=r["nodes"], splits=r["splits"], n_copies=r["n_copies"]),
                         rows, peaks(r) if why else {})
@@ -75,11 +68,12 @@ def llama_cpp_lines(rep: MemoryReport) -> list:
     host = "CUDA_Host" if rep.context["devices"] else "CPU"
     lines = [f"llm_load_tensors: {d['name']:>10s} buffer size = {d['weights'] / MiB:8.2f} MiB"
              for d in rep.devices if d["weights"]]
-    kv = sum(d["kv"] for d in rep.devices)
-    lines.append(f"llama_new_context_with_model: KV self size  = {kv / MiB:7.2f} MiB, K ({rep.context['type_k']}): "
-                 f"{kv / 2 / MiB:7.2f} MiB, V ({rep.context['type_v']}): {kv / 2 / MiB:7.2f} MiB"
-                 if rep.context["type_k"] == rep.context["type_v"] else
-                 f"llama_new_context_with_model: KV self size  = {kv / MiB:7.2f} MiB")
+    c, m = rep.context, rep.model
+    lines.append(f"llama_new_context_with_model: flash_attn = {int(c.get('flash_attn', False))}")
+    cells = m["n_embd"] // m["n_head"] * m["n_head_kv"] * c["n_ctx"]  # one layer's K (or V): n_embd_gqa x n_ctx
+    k, v = (m["n_layer"] * row_size(type_by_name(c[t]), cells) for t in ("type_k", "type_v"))
+    lines.append(f"llama_new_context_with_model: KV self size  = {(k + v) / MiB:7.2f} MiB, K ({c['type_k']}): "
+                 f"{k / MiB:7.2f} MiB, V ({c['type_v']}): {v / MiB:7.2f} MiB")
     lines.append(f"llama_new_context_with_model: {host:>10s}  output buffer size = "
                  f"{sum(d['output'] for d in rep.devices) / MiB:8.2f} MiB")
     if rep.graph["n_copies"] > 1:
@@ -129,56 +123,6 @@ def _fits(device: dict, vram_gib: float) -> bool:
 def fits(rep: MemoryReport, vram_gib: float) -> bool:
     """Does every GPU's total fit in `vram_gib` GiB?"""
     return all(_fits(d, vram_gib) for d in rep.devices if d["name"] != "CPU")
-
-
-def fit(params: LlamaParams, vram_gib: float, n_ctx: int = 512, devices: int = 1, **kw) -> tuple:
-    """(the largest n_gpu_layers that fits at `n_ctx`, then the largest n_ctx that fits with it).
-    Every layer and the output first (full offload also turns on pipeline parallelism, which needs more
-    memory), then a search over 1..n_layer layers: a GPU's total grows with its layers. The context grows
-    in multiples of 32 up to `n_ctx_train` (the totals grow with n_ctx). (0, ...) when not even one layer
-    fits. Both searches are `_largest`: a handful of plans for most models, at most about 2 log2 of the
-    range. (With an uneven `tensor_split`, a GPU's share can dip by one layer as layers are added; the
-    search assumes it does not matter, and tests check it against a scan of every layer count.)"""
-    check_vram(vram_gib)
-    check_int("devices", devices, 1, MAX_DEVICES, "--devices", " (fit needs a GPU)")
-    budget = vram_gib * 1024 * MiB
-
-    def probe(layers, ctx):  # (does it fit, the spare bytes of the fullest GPU)
-        rep = memory_report(params, ctx, n_gpu_layers=layers, devices=devices, why=False, **kw)
-        return fits(rep, vram_gib), min(budget - d["total"] for d in rep.devices if d["name"] != "CPU")
-    if probe(params.n_layer + 1, n_ctx)[0]:
-        layers = params.n_layer + 1
-    else:  # (0 layers is not planned: the GPUs then compute what the scheduler offloads, not a layer's share)
-        layers = _largest(lambda n: probe(n, n_ctx), 0, params.n_layer, at_lo=(True, budget))
-    lo, hi = padded_n_ctx(n_ctx) // 32, max(min(params.n_ctx_train, MAX_N_CTX) // 32, padded_n_ctx(n_ctx) // 32)
-    first = probe(layers, lo * 32)
-    if not first[0]:
-        return layers, None
-    return layers, _largest(lambda k: probe(layers, k * 32), lo, hi, at_lo=first) * 32  # the largest multiple of 32
-
-
-def _largest(probe, lo: int, hi: int, at_lo: tuple) -> int:
-    """The largest n in [lo, hi] whose `probe(n)` = (fits, spare bytes) fits, given that it fits at lo
-    (`at_lo`) and turns false only once as n grows. Keeps a bracket (fits, does not fit) and plans next
-    where the spare bytes, interpolated linearly, reach zero (the totals grow about linearly); an end kept
-    twice in a row has its spare bytes halved (the Illinois rule), and after log2 of the range such steps
-    the rest is bisected: at most about 2 log2(hi - lo) + 2 plans."""
-    at_hi = probe(hi)
-    if at_hi[0]:
-        return hi
-    spare_lo, spare_hi, kept, steps = at_lo[1], at_hi[1], 0, (hi - lo).bit_length() + 1
-    while hi - lo > 1:
-        drop = spare_lo - spare_hi
-        guess = lo + round((hi - lo) * spare_lo / drop) if steps > 0 and drop > 0 else (lo + hi) // 2
-        mid, steps = min(max(guess, lo + 1), hi - 1), steps - 1
-        fits_mid, spare = probe(mid)
-        if fits_mid:
-            lo, spare_lo = mid, spare
-            spare_hi, kept = (spare_hi / 2 if kept == 1 else spare_hi), 1
-        else:
-            hi, spare_hi = mid, spare
-            spare_lo, kept = (spare_lo / 2 if kept == -1 else spare_lo), -1
-    return lo
 
 
 # notebooks/10_llama.py

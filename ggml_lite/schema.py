@@ -88,6 +88,8 @@ def _check_entry(e: dict, i: int, n: int, p: str) -> None:
             fail(f"{p}.unary_op", f"{UnaryOp(w).name!r}, the unary op of op_params[0] = {w}", e["unary_op"])
     for k, ref in enumerate(check_list(e["src"], f"{p}.src", most=GGML_MAX_SRC)):
         _check_ref(ref, f"{p}.src[{k}]", n)
+        if (ref == i) != (k == 1 and op is Op.CPY and e["view_src"] is None):  # ggml_cast's src[1] is itself
+            fail(f"{p}.src[{k}]", f"{i}, itself (ggml_cast: a CPY without view_src)" if ref != i else "not itself", ref)
     needed = 0 if op is Op.NONE else ops.OPS[op].n_required  # (SOFT_MAX's mask, ROPE's freq factors may be null)
     for k in range(needed):  # (an op rebuilt from a missing source ended in "'NoneType' object has no attribute")
         if k >= len(e["src"]) or e["src"][k] is None:
@@ -122,7 +124,7 @@ def creation_order(entries: list) -> list:
     """The order to rebuild tensors in: by id, except that a tensor waits for its sources and view
     source (Kahn's algorithm, smallest id first). A cycle raises `GraphCycleError` naming its tensors."""
     n = len(entries)
-    deps = [{r for r in [*e["src"], e.get("view_src")] if r is not None} for e in entries]
+    deps = [{r for r in [*e["src"], e.get("view_src")] if r is not None and r != i} for i, e in enumerate(entries)]
     users: list[list[int]] = [[] for _ in range(n)]
     for i, d in enumerate(deps):
         for r in d:
@@ -192,7 +194,7 @@ def _check_lists(g: dict, where: str, n: int) -> None:
         done = set(g["leafs"])
         for k, ref in enumerate(g["nodes"]):
             for s in g["tensors"][ref]["src"]:
-                if s is not None and s not in done:
+                if s is not None and s not in done and s != ref:  # (ggml_cast is its own src[1])
                     fail(f"{where}.nodes[{k}]", f"a node whose sources are leafs or earlier nodes (no expand_roots); "
                          f"its source #{s} is not", ref)
             done.add(ref)

@@ -65,6 +65,7 @@ from ggml_lite.tensor import F16, F32, I32, Q4_0, Q8_0, Context, Op, Tensor, Ten
 """ggml's op constructors (ggml.c): each creates the result tensor with ggml's shape, strides,
 op_params and automatic name, and records its sources. No arithmetic happens here."""
 
+import enum
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -624,6 +625,87 @@ def cpy(ctx, a: Tensor, b: Tensor) -> Tensor:
     return _set(t, Op.CPY, a, b)
 
 
+# %% [markdown]
+# `ggml_cast(a, type)` converts without a destination: a *fresh* tensor of `type` and `a`'s shape, op
+# `CPY`, named "<a> (copy)" — and its `src[1]` is the result itself (`result->src[1] = result`,
+# ggml.c:5785-5800), a quirk that backends reading a CPY's destination from `src[1]`, where `ggml_cpy` puts
+# it, rely on (the CPU kernel writes the result). llama.cpp casts the f32 mask to f16 this way for flash
+# attention. The self-edge is harmless where ggml walks sources:
+# the graph walk has marked the tensor visited before it reads `src`, and the graph allocator counts it
+# as one more child that the cast's own step takes back.
+
+# %%
+# | export
+def cast(ctx, a: Tensor, type) -> Tensor:
+    """`ggml_cast`: `a` converted to `type` in a fresh tensor (op CPY), named "<a> (copy)";
+    `src` = (a, the result itself)."""
+    t = ctx.new_tensor(type, a.ne)
+    t.format_name("%s (copy)", a.name)
+    return _set(t, Op.CPY, a, t)
+
+
+# %% [markdown]
+# ### The ops of a mixture of experts
+#
+# An MoE layer sends each token to its `k` best experts. `ggml_argsort(a, order)` gives, per row, the
+# indices that sort it: an i32 tensor of `a`'s shape, the order (`GGML_SORT_ORDER_ASC` 0, `_DESC` 1) in
+# word 0. `ggml_top_k(a, k)` is no op of its own in 2024 (ggml.c:7228-7242): it asserts `a->ne[0] >= k`,
+# argsorts descending and returns a `view_4d` of the first `k` columns, row strides kept — two
+# tensors, the unnamed ARGSORT and its view " (view)" (llama.cpp then names them `ffn_moe_argsort` and
+# `ffn_moe_topk`). `ggml_mul_mat_id(as, b, ids)` multiplies each column of `b` by the expert matrix
+# that `ids` picks: `as` holds `n_expert` matrices `[cols, rows]`, `ids` is `[n_used, n_tokens]` (i32)
+# and the result f32 `{as->ne[1], ids->ne[0], b->ne[2], 1}`. Its eight asserts (ggml.c:5564-5571): `as` not
+# transposed, `ids` i32 and a matrix, `as` and `b` 3-d, one id row per token of `b`, equal `ne[0]`,
+# and `b`'s columns per token dividing `n_used` (one column serves all experts, as llama.cpp's
+# `[n_embd, 1, n_tokens]` input does). Neither op can run in place.
+
+# %%
+# | export
+class SortOrder(enum.IntEnum):
+    """`enum ggml_sort_order`: the word 0 of an ARGSORT."""
+
+    ASC = 0
+    DESC = 1
+
+
+def argsort(ctx, a: Tensor, order) -> Tensor:
+    """`ggml_argsort`: per row, the i32 indices that sort `a` (`order`: a `SortOrder`), `a`'s shape."""
+    if order not in (SortOrder.ASC, SortOrder.DESC):
+        raise TensorError(f"ggml_argsort of {describe(a)}: order {order!r} is neither ASC (0) nor DESC (1)")
+    t = _set(ctx.new_tensor(I32, a.ne), Op.ARGSORT, a)
+    t.set_op_params(int(order))
+    return t
+
+
+def top_k(ctx, a: Tensor, k: int) -> Tensor:
+    """`ggml_top_k` (2024): `argsort(a, DESC)` and a view of its first `k` columns, row strides kept."""
+    if a.ne[0] < k:
+        raise ShapeError(f"ggml_top_k: {describe(a)} has {a.ne[0]} columns, fewer than k = {k}")
+    r = argsort(ctx, a, SortOrder.DESC)
+    return view_4d(ctx, r, k, r.ne[1], r.ne[2], r.ne[3], r.nb[1], r.nb[2], r.nb[3], 0)
+
+
+def mul_mat_id(ctx, as_: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """`ggml_mul_mat_id`: column `e` of token `t` is `as_[:, :, ids[e, t]] · b[:, e % b.ne1, t]`; result
+    f32 `[as_.ne1, ids.ne0, b.ne2, 1]`; `src` = (as_, b, ids)."""
+    if tensor.is_transposed(as_):
+        raise LayoutError(f"ggml_mul_mat_id: the experts {describe(as_)} must not be transposed (nb = {as_.nb})")
+    if ids.type is not I32:
+        raise DataTypeError(f"ggml_mul_mat_id: the expert ids {describe(ids)} must be i32")
+    checks = ((as_.ne[3] == 1, f"the experts {describe(as_)} must be 3-d (ne[3] = 1)"),
+              (b.ne[3] == 1, f"{describe(b)} must be 3-d (ne[3] = 1)"),
+              (ids.ne[2] == 1 and ids.ne[3] == 1, f"the expert ids {describe(ids)} must be a matrix"),
+              (ids.ne[1] == b.ne[2], f"the ids {describe(ids)} need one row per token of {describe(b)} (ne[2])"),
+              (as_.ne[0] == b.ne[0], f"the experts {describe(as_)} cannot multiply {describe(b)} (ne[0])"),
+              (b.ne[1] > 0 and ids.ne[0] % b.ne[1] == 0,
+               f"{describe(b)} has {b.ne[1]} columns per token, which do not divide the {ids.ne[0]} ids per token"))
+    for ok, why in checks:
+        if not ok:
+            raise ShapeError(f"ggml_mul_mat_id: {why}")
+    t = ctx.new_tensor(F32, [as_.ne[1], ids.ne[0], b.ne[2], 1])
+    return _set(t, Op.MUL_MAT_ID, as_, b, ids)
+
+
 
 # %% [markdown]
 # A worked example: the attention-head reshuffle of a LLaMA block. `q` is `[n_embd, n_tokens]`,
@@ -671,8 +753,9 @@ except ViewBoundsError as e:
 #   general one: `view_4d`, `reshape_4d`, `cont_4d`, `soft_max_ext`, `rope_ext`);
 # * `n_src` and `required`: how many sources it takes in slot order and how many of them must be
 #   tensors (`soft_max_ext`'s mask and `rope_ext`'s frequency factors may be NULL);
-# * `shape`: arguments read from the result's own shape, first — `ne` for reshape and cont, `ne`
-#   then `nb[1:]` for a view (ggml does not record them in `op_params`);
+# * `shape`: arguments read from the result itself, first — `ne` for reshape and cont, `ne` then
+#   `nb[1:]` for a view (ggml does not record them in `op_params`), the type for `ggml_cast` (a `CPY`
+#   that is no view: its own row, `CAST`, outside the table keyed by op);
 # * `params`: the arguments read from `op_params`, each as (decoder, word index): `"f32"` is a
 #   bit-cast float, `"size_t"` two words, `"unary"` a `UnaryOp`;
 # * `inplace`: `"variant"` when ggml has `ggml_<ctor>_inplace`, `"argument"` when the in-place choice
@@ -721,7 +804,7 @@ class OpSpec(NamedTuple):
     n_src: int = 1  # sources passed, in slot order (an absent optional one as None)
     required: int = -1  # how many of them must be tensors (-1: all n_src)
     params: tuple = ()  # op_params -> arguments: ((decoder name, word index), ...), in argument order
-    shape: str = ""  # arguments from the result's shape, before params: "ne" or "ne nb" (ne, then nb[1:])
+    shape: str = ""  # arguments from the result, before params: "ne", "ne nb" (ne, then nb[1:]) or "type"
     inplace: str = ""  # "variant": ggml_<ctor>_inplace exists; "argument": a trailing bool; "": none
     view: bool = False  # a view by nature; for other ops a view_src means "built in place"
     setters: tuple = ()  # calls after the constructor: ((ggml_<setter> on the result, decoder, word), ...)
@@ -757,6 +840,7 @@ OPS: dict = {
     Op.NORM: OpSpec("norm", params=_F0, inplace="variant"),
     Op.RMS_NORM: OpSpec("rms_norm", params=_F0, inplace="variant"),
     Op.MUL_MAT: OpSpec("mul_mat", 2),
+    Op.MUL_MAT_ID: OpSpec("mul_mat_id", 3),
     Op.SCALE: OpSpec("scale", params=_F0, inplace="variant"),
     Op.CPY: OpSpec("cpy", 2, view=True),
     Op.CONT: OpSpec("cont_4d", shape="ne"),
@@ -770,11 +854,13 @@ OPS: dict = {
     Op.SOFT_MAX: OpSpec("soft_max_ext", 2, required=1, params=(("f32", 0), ("f32", 1)), inplace="variant"),
     Op.ROPE: OpSpec("rope_ext", 3, required=2, inplace="variant",
                     params=(("i32", 1), ("i32", 2), ("i32", 4), *(("f32", i) for i in range(5, 11)))),
+    Op.ARGSORT: OpSpec("argsort", params=_I0),
     Op.LEAKY_RELU: OpSpec("leaky_relu", params=_F0, inplace="argument"),
     Op.FLASH_ATTN_EXT: OpSpec("flash_attn_ext", 4, required=3, params=tuple(("f32", i) for i in range(3)),
                               setters=(("flash_attn_ext_set_prec", "i32", 3),)),
     Op.UNARY: OpSpec("unary", params=(("unary", 0),), inplace="variant"),
 }
+CAST = OpSpec("cast", shape="type")  # a CPY that is no view: `ggml_cast` (its src[1], itself, is not passed)
 
 # %% [markdown]
 # The decoder turns what a tensor records into a call, `OpCall(op, ctor, inplace, sources, args)`.
@@ -823,15 +909,16 @@ class OpCall(NamedTuple):
         return (*self.args, self.inplace) if OPS[self.op].inplace == "argument" else self.args
 
 
-def decode_op(op: Op, op_params, src, ne, nb, has_view_src: bool) -> OpCall:
+def decode_op(op: Op, op_params, src, ne, nb, has_view_src: bool, type=None) -> OpCall:
     """The call that rebuilds a tensor from what it records: its op, op_params words, sources (any
-    objects: tensors, ids, names; missing slots padded with None), shape `ne`, strides `nb`, and
-    whether it has a `view_src` (which, for an op that is no view by nature, means "in place")."""
-    spec = OPS.get(op)
+    objects: tensors, ids, names; missing slots padded with None), shape `ne`, strides `nb`, whether
+    it has a `view_src` (which, for an op that is no view by nature, means "in place"), and its type
+    (needed only by a CPY without `view_src`: `ggml_cast`)."""
+    spec = CAST if op is Op.CPY and not has_view_src else OPS.get(op)
     if spec is None:
         raise UnknownOpError(f"ggml_lite has no constructor for op {op.name} (not in ops.OPS)")
     words = [*op_params, *[0] * (GGML_MAX_OP_PARAMS // 4)]
-    shape = [*ne, *nb[1:]] if spec.shape == "ne nb" else list(ne) if spec.shape == "ne" else []
+    shape = {"ne nb": [*ne, *nb[1:]], "ne": list(ne), "type": [type], "": []}[spec.shape]
     args = (*shape, *(PARAM_DECODERS[d](words, i) for d, i in spec.params))
     sources = (*src, *[None] * spec.n_src)[: spec.n_src]
     inplace = has_view_src and not spec.view and spec.inplace != ""
@@ -841,7 +928,7 @@ def decode_op(op: Op, op_params, src, ne, nb, has_view_src: bool) -> OpCall:
 
 def op_call(t: Tensor, src=None) -> OpCall:
     """`decode_op` of a tensor (with its own sources, or `src` in their place)."""
-    return decode_op(t.op, t.op_params, t.src if src is None else src, t.ne, t.nb, t.view_src is not None)
+    return decode_op(t.op, t.op_params, t.src if src is None else src, t.ne, t.nb, t.view_src is not None, t.type)
 
 
 def build(ctx, call: OpCall) -> Tensor:
@@ -894,6 +981,28 @@ try:
     flash_attn_ext(ctx, fq, fk, fv, ctx.new_tensor_2d(F16, 256, 8, name="short_mask"), 0.125, 0.0, 0.0)
 except ShapeError as err:
     print(err)
+
+
+# %% [markdown]
+# A worked example of an MoE layer's routing: 5 tokens, 8 experts, the top 2. `top_k` returns a view of
+# 2 columns of an i32 argsort of 8: its row stride stays 32 bytes, so the view is not contiguous, and
+# its source is the unnamed ARGSORT with word 0 = 1 (descending). `mul_mat_id` of 8 expert matrices
+# `[64, 96]` (q4_0) by a `[64, 1, 5]` input gives `[96, 2, 5, 1]`: one column per token and chosen
+# expert. Last, `ggml_cast` of the mask: f16, named "KQ_mask (copy)", its own `src[1]`; the op table
+# rebuilds it as `ggml_cast(ctx, a, F16)`.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+probs = ctx.new_tensor_2d(F32, 8, 5, name="ffn_moe_probs")
+sel = top_k(ctx, probs, 2)
+for t in (sel.src[0], sel):
+    print(f"{t.op.name:8s} {t.name!r:10s} ne={t.ne} nb={t.nb} op_params={t.op_params[:2]} contiguous={tensor.is_contiguous(t)}")
+up = mul_mat_id(ctx, ctx.new_tensor_3d(Q4_0, 64, 96, 8, name="ffn_up_exps"),
+                reshape_3d(ctx, ctx.new_tensor_2d(F32, 64, 5, name="cur"), 64, 1, 5), sel)
+print(up.op.name, up.ne, [s.name for s in up.src])
+kq_mask = cast(ctx, ctx.new_tensor_2d(F32, 256, 32, name="KQ_mask"), F16)
+print(kq_mask.name, kq_mask.type.name, kq_mask.src[1] is kq_mask, op_call(kq_mask).c_name, op_call(kq_mask).args)
+assert all(same(build(ctx, op_call(t)), t) for t in (sel.src[0], sel, up, kq_mask))
 
 
 # %% [markdown]
@@ -1165,6 +1274,11 @@ fa = gl.flash_attn_ext(c, c.new_tensor_3d(gl.F32, 32, 5, 4), c.new_tensor_3d(gl.
 assert fa.ne == [32, 4, 5, 1] and fa.type is gl.F32 and fa.op_params[:3] == [1056964608, 0, 0] and fa.view_src is None
 cp = gl.cpy(c, t, c.new_tensor_1d(gl.F16, 2048, name="dst"))
 assert cp.name == "dst (copy of )" and cp.view_src.name == "dst" and cp.op is gl.Op.CPY
+cast_t = gl.cast(c, t, gl.F16)
+assert cast_t.src == [t, cast_t] and cast_t.view_src is None and cast_t.name == " (copy)" and cast_t.nbytes == 4096
+tk = gl.top_k(c, c.new_tensor_2d(gl.F32, 8, 5), 2)
+assert tk.op is gl.Op.VIEW and tk.nb[1] == 32 and tk.src[0].op is gl.Op.ARGSORT and tk.src[0].op_params[0] == 1
+assert gl.mul_mat_id(c, c.new_tensor_3d(gl.F16, 32, 10, 8), c.new_tensor_3d(gl.F32, 32, 1, 5), tk).ne == [10, 2, 5, 1]
 for bad in (lambda: gl.add(c, t, c.new_tensor_1d(gl.F32, 5)),
             lambda: gl.reshape_2d(c, t, 7, 7),
             lambda: gl.permute(c, t, 0, 0, 1, 2)):

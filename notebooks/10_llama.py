@@ -27,6 +27,7 @@
 #    `llm_build_*` helpers; the KV cache written through views and read through views.
 # 3. The worst case llama.cpp reserves: `n_ubatch` tokens, every one an output, the whole cache.
 # 4. Predicting a compute buffer: which tensors are alive at the peak, and why.
+# 5. Flash attention (`-fa`: the scores never stored) and mixtures of experts (Mixtral): their graphs and peaks.
 #
 # Exported: `ggml_lite.models.llama` (appendix A3 replays the recorded scheduler runs with it), `ggml_lite.report`
 # and `ggml_lite.viz.report`. Models are read from GGUF files by appendix A4's `ggml_lite.models.gguf`.
@@ -63,36 +64,21 @@ from ggml_lite.buffer import BufferUsage, cpu_buffer_type
 from ggml_lite.cpu import cpu_init
 from ggml_lite.errors import ModelError, UnknownTypeError
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
-from ggml_lite.ops import (
-    add,
-    cont_2d,
-    cpy,
-    get_rows,
-    mul,
-    mul_mat,
-    permute,
-    reshape_2d,
-    reshape_3d,
-    rms_norm,
-    rope_ext,
-    silu,
-    soft_max_ext,
-    transpose,
-    view_1d,
-    view_2d,
-    view_3d,
-)
+from ggml_lite.models.llm_build import LlmBuildContext, llm_build_layer, llm_build_norm
+from ggml_lite.ops import cast, get_rows, mul_mat
 from ggml_lite.sched import GGML_SCHED_MAX_BACKENDS, BackendSched
 from ggml_lite.sim import sim_host_buffer_type, sim_init
 from ggml_lite.tallocr import alloc_ctx_tensors_from_buft
-from ggml_lite.tensor import F32, I32, Context, Tensor, row_size, set_input, set_output, type_by_name
+from ggml_lite.tensor import F16, F32, I32, Context, Tensor, set_input, set_output, type_by_name
 
 GGML_KQ_MASK_PAD = 32  # the mask's rows are padded to this many (llama.cpp's GGML_KQ_MASK_PAD)
 LLAMA_MAX_LAYERS = 512  # llama.cpp's per-layer hyperparameter arrays hold this many layers
+LLAMA_MAX_EXPERTS = 160  # llama.cpp 1d1ccce's limit on a mixture's experts (DeepSeek-V2's 160)
 UINT32_MAX = 2**32 - 1  # llama_hparams' counts are uint32_t
 INT32_MAX = 2**31 - 1  # n_gpu_layers, n_batch, n_ubatch and the graph's n_kv / n_tokens are int32_t
 INT64_MAX = 2**63 - 1  # ggml's ne and nb are int64_t / size_t: no tensor may hold more elements or bytes
 MAX_N_CTX = INT32_MAX // 32 * 32  # n_ctx, padded to 32, stays an int32 (n_kv in llm_build_context)
+MAX_N_CTX_FA = INT32_MAX // 256 * 256  # the same, padded to 256 (flash attention)
 MAX_DEVICES = GGML_SCHED_MAX_BACKENDS - 1  # the scheduler takes 16 backends, the CPU being one of them
 INT_TYPES = ("i8", "i16", "i32", "i64", "f64")  # no matrix product in ggml takes weights of these types
 
@@ -116,6 +102,23 @@ def check_float(name: str, value, least: float, flag: str | None = None, most: f
         raise ModelError(f"{where}: expected a finite number {'above' if strict else 'at least'} {least:g}"
                          f"{f' and at most {most:g}' if most != math.inf else ''}, found {value!r}")
     return float(value)
+
+
+def check_experts(n_expert, n_expert_used, n_ff_elements: int) -> None:
+    """`llm_load_hparams`' asserts on a mixture of experts (`LLAMA_MAX_EXPERTS`, at most as many used as
+    there are, some used when there are experts and none otherwise), as `ModelError`s in llama.cpp's words."""
+    check_int("LlamaParams: n_expert", n_expert, 0, LLAMA_MAX_EXPERTS, "--n-expert", " (llama.cpp: GGML_ASSERT("
+              "hparams.n_expert <= LLAMA_MAX_EXPERTS))")
+    check_int("LlamaParams: n_expert_used", n_expert_used, 0, LLAMA_MAX_EXPERTS, "--n-expert-used")
+    if n_expert_used > n_expert:
+        raise ModelError(f"LlamaParams: n_expert_used (--n-expert-used) {n_expert_used} is more than n_expert "
+                         f"{n_expert} (llama.cpp: GGML_ASSERT(hparams.n_expert_used <= hparams.n_expert) failed)")
+    if n_expert and not n_expert_used:
+        raise ModelError(f"LlamaParams: n_expert_used (--n-expert-used) 0 with {n_expert} experts (llama.cpp: "
+                         f"GGML_ASSERT(hparams.n_expert_used > 0) failed)")
+    if n_expert * n_ff_elements > INT64_MAX:
+        raise ModelError(f"LlamaParams: n_embd * n_ff * n_expert (ffn_up_exps) = {n_expert * n_ff_elements} "
+                         f"elements, more than a ggml tensor holds (2^63 - 1)")
 
 
 # %% [markdown]
@@ -144,6 +147,8 @@ class LlamaParams:
     rope_freq_base: float = 10000.0
     n_ctx_train: int = 4096
     wtype: str = "f16"
+    n_expert: int = 0  # a mixture of experts: experts per layer, and how many each token uses
+    n_expert_used: int = 0
 
     def __post_init__(self):
         for field in ("n_vocab", "n_embd", "n_head", "n_head_kv", "n_ff"):
@@ -152,6 +157,7 @@ class LlamaParams:
         # (0 is a training context llama.cpp accepts: a context must then be asked for, n_ctx 0 is refused)
         check_int("LlamaParams: n_ctx_train", self.n_ctx_train, 0, UINT32_MAX, None, " (a uint32_t)")
         check_int("LlamaParams: n_layer", self.n_layer, 1, LLAMA_MAX_LAYERS, "--n-layer", " (LLAMA_MAX_LAYERS)")
+        check_experts(self.n_expert, self.n_expert_used, self.n_embd * self.n_ff)
         if self.n_embd % self.n_head:
             raise ModelError(f"LlamaParams: n_head (--n-head): expected a divisor of n_embd {self.n_embd}, "
                              f"found {self.n_head}")
@@ -189,13 +195,13 @@ class LlamaParams:
                                  f"elements each)")
         object.__setattr__(self, "wtype", wt.name)
 
-    def model(self, n_ctx: int, type_k: str = "f16", type_v: str | None = None) -> dict:
-        """The builder's model dictionary for a context of `n_ctx` cells (the KV cache's size) and the
-        cache's K and V types (`type_v` defaults to `type_k`)."""
+    def model(self, n_ctx: int, type_k: str = "f16", type_v: str | None = None, flash_attn: bool = False) -> dict:
+        """The builder's model dictionary for a context of `n_ctx` cells (the KV cache's size), the
+        cache's K and V types (`type_v` defaults to `type_k`) and whether attention is flash attention."""
         return dict(n_vocab=self.n_vocab, n_embd=self.n_embd, n_layer=self.n_layer, n_head=self.n_head,
                     n_head_kv=self.n_head_kv, n_ff=self.n_ff, n_ctx=n_ctx, wtype=self.wtype, kvtype=type_k,
-                    type_v=type_v or type_k,
-                    rms_norm_eps=self.rms_norm_eps,
+                    type_v=type_v or type_k, flash_attn=bool(flash_attn), n_expert=self.n_expert,
+                    n_expert_used=self.n_expert_used, rms_norm_eps=self.rms_norm_eps,
                     rope=dict(mode=0, n_dims=self.n_rot, n_ctx_orig=self.n_ctx_train, freq_base=self.rope_freq_base,
                               freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0))
 
@@ -216,6 +222,8 @@ PRESETS = {
     "llama-3.1-70b": LlamaParams(128256, 8192, 80, 64, 8, 28672, rope_freq_base=500000.0, n_ctx_train=131072),
     "mistral-7b": LlamaParams(32000, 4096, 32, 32, 8, 14336, n_ctx_train=32768),
     "tinyllama-1.1b": LlamaParams(32000, 2048, 22, 32, 4, 5632, n_ctx_train=2048),
+    "mixtral-8x7b": LlamaParams(32000, 4096, 32, 32, 8, 14336, rope_freq_base=1000000.0, n_ctx_train=32768,
+                                n_expert=8, n_expert_used=2),
 }
 
 
@@ -227,59 +235,10 @@ def preset(name: str) -> LlamaParams:
 
 
 # %% [markdown]
-# ### Models from GGUF files
-#
-# A real model comes as a GGUF file: a header of key/value metadata (`llama.embedding_length`,
-# `llama.block_count`, …) and one record per tensor (its name, ggml type code and shape), then the
-# data. Planning needs only the header, so a file whose data is missing (header only) or sparse (a
-# 13 GB model in a few kB of disk) plans as well as the real one. Each weight keeps its own type — a
-# "Q4_K_M" file mixes q4_K and q6_K — and the builder of §2 takes them as `tensor_types`.
-#
-# `from_gguf(path)` reads the header and returns a `GGUFModel`: the `LlamaParams`, the type and shape of
-# every tensor, and whether the file holds its header only. The header is untrusted input — a 51-byte
-# file can claim an array of 2^40 strings — so `from_gguf` counts before it reads: every count and
-# length is checked against the bytes left in the file before anything is read or allocated. Then it
-# checks the model as llama.cpp's loader does: each key of its exact GGUF type, every tensor present
-# with the shape the hyperparameters give, none left over, every tensor's bytes within the file.
-# Appendix A4 builds that reader and shows its refusals; `python -m ggml_lite llama --gguf FILE` plans
-# with it. Here it reads a tiny LLaMA's header, written with the `gguf` package: one layer, q8_0
-# matrices and f32 norms, and no data at all.
-
-# %%
-# NBVAL_CHECK_OUTPUT
-import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import gguf  # noqa: E402
-
-from ggml_lite.models.gguf import from_gguf, llama_tensor_shapes  # noqa: E402
-
-tiny = LlamaParams(n_vocab=64, n_embd=64, n_layer=1, n_head=4, n_head_kv=2, n_ff=96, n_ctx_train=256, wtype="q8_0")
-path = Path(tempfile.mkdtemp()) / "tiny.gguf"
-w = gguf.GGUFWriter(str(path), "llama")
-for key, value in (("block_count", 1), ("embedding_length", 64), ("feed_forward_length", 96), ("context_length", 256),
-                   ("attention.head_count", 4), ("attention.head_count_kv", 2), ("vocab_size", 64)):
-    w.add_uint32(f"llama.{key}", value)
-w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-for name, ne in llama_tensor_shapes(tiny).items():
-    if len(ne) == 1:  # the norms: f32
-        w.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32), 4 * ne[0])
-    else:  # the matrices: q8_0, 34 bytes per 32 elements (the writer takes a row's length in bytes)
-        w.add_tensor_info(name, (*reversed(ne[1:]), ne[0] // 32 * 34), np.dtype(np.uint8), math.prod(ne) // 32 * 34,
-                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-w.write_header_to_file()
-w.write_kv_data_to_file()
-w.write_ti_data_to_file()
-w.close()
-tiny_model = from_gguf(path)
-print(f"{path.stat().st_size} bytes, header only: {tiny_model.header_only}")
-print(tiny_model.params)
-print({name: t.name for name, t in tiny_model.tensor_types.items() if name.startswith(("output", "blk.0.attn_"))})
-
-# %% [markdown]
-# 1,079 bytes, header only; the hyperparameters as written (`n_rot` the head size, 16; the epsilon as
-# the `float32` the file holds), and each weight's own type: the matrices q8_0, the norms f32, so the
-# model's `wtype` is q8_0. `plan_memory(..., tensor_types=...)` below builds every weight of its type.
+# A real model comes as a GGUF file, and planning needs only its header: appendix A4's `from_gguf(path)`
+# reads it without trusting it and gives the `LlamaParams` and each weight's own type (a "Q4_K_M" file
+# mixes q4_K and q6_K), which the builder of §2 takes as `tensor_types`. `python -m ggml_lite llama
+# --gguf FILE` plans a model from its file.
 
 
 # %% [markdown]
@@ -297,6 +256,11 @@ print({name: t.name for name, t in tiny_model.tensor_types.items() if name.start
 # host's layers read the one copy in the file, which llama.cpp maps by default. A file without
 # `output.weight` ties the output to `token_embd` the same way (`TENSOR_DUPLICATED`): a copy on a GPU,
 # the embeddings' own mapped bytes on the host.
+#
+# A mixture of experts (Mixtral 8x7B: 8 experts, 2 used per token) replaces a layer's three FFN matrices by a
+# router `ffn_gate_inp` (`n_embd × n_expert`, f32) and three 3-d tensors holding every expert's matrix,
+# `ffn_gate_exps`, `ffn_down_exps` and `ffn_up_exps` (`n_embd × n_ff × n_expert`, `ffn_down_exps` transposed):
+# eight times a Mistral 7B's FFN, 87 GiB of weights in f16, of which each token uses two experts' worth.
 
 # %%
 # | export
@@ -304,6 +268,10 @@ print({name: t.name for name, t in tiny_model.tensor_types.items() if name.start
 # creation order (llama.cpp creates ffn_down before ffn_up: offsets differ, buffer sizes do not)
 LAYER_WEIGHTS = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
                  "ffn_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
+# a layer with experts (llama.cpp's order): the router, then the experts' three matrices, each 3-d
+EXPERT_WEIGHTS = {**{r: n for r, n in LAYER_WEIGHTS.items() if r not in ("gate", "up", "down")},
+                  "gate_inp": "ffn_gate_inp", "gate_exps": "ffn_gate_exps", "down_exps": "ffn_down_exps",
+                  "up_exps": "ffn_up_exps"}
 CONTEXT_ORDER = ("CPU", "FAKE", "FAKE1")  # weight contexts first, then cache contexts, each in this order
 
 
@@ -314,7 +282,7 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
     `batch`. Returns `(contexts in id order, graph, expand roots)`."""
     n_embd, n_head, n_head_kv = model["n_embd"], model["n_head"], model["n_head_kv"]
     n_ff, n_vocab, n_ctx = model["n_ff"], model["n_vocab"], model["n_ctx"]
-    n_gqa = n_embd // n_head * n_head_kv
+    n_gqa, n_expert = n_embd // n_head * n_head_kv, model.get("n_expert", 0)
     wtype, type_k = type_by_name(model["wtype"]), type_by_name(model["kvtype"])
     type_v = type_by_name(model.get("type_v", model["kvtype"]))
     ctxs = {}
@@ -338,11 +306,13 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
         weight(out_be, "output.weight", types.get("token_embd.weight", wtype) if tied else wtype, n_embd, n_vocab)
     shapes = {"attn_norm": (F32, n_embd), "attn_q": (wtype, n_embd, n_embd), "attn_k": (wtype, n_embd, n_gqa),
               "attn_v": (wtype, n_embd, n_gqa), "attn_output": (wtype, n_embd, n_embd), "ffn_norm": (F32, n_embd),
-              "ffn_gate": (wtype, n_embd, n_ff), "ffn_up": (wtype, n_embd, n_ff), "ffn_down": (wtype, n_ff, n_embd)}
+              "ffn_gate": (wtype, n_embd, n_ff), "ffn_up": (wtype, n_embd, n_ff), "ffn_down": (wtype, n_ff, n_embd),
+              "ffn_gate_inp": (F32, n_embd, n_expert), "ffn_gate_exps": (wtype, n_embd, n_ff, n_expert),
+              "ffn_down_exps": (wtype, n_ff, n_embd, n_expert), "ffn_up_exps": (wtype, n_embd, n_ff, n_expert)}
     rope: dict[int, Tensor] = {}  # a Llama 3.1 file's RoPE frequency factors, per layer
     mapped: list[Tensor] = []  # the host's one copy
     for il, be in enumerate(placement["layers"]):
-        for name in LAYER_WEIGHTS.values():
+        for name in (EXPERT_WEIGHTS if n_expert else LAYER_WEIGHTS).values():
             weight(be, f"blk.{il}.{name}.weight", *shapes[name])
             if name == "ffn_norm" and "rope_freqs.weight" in types:  # (created after ffn_norm, as llama.cpp does)
                 if be != "CPU" or not mapped:
@@ -370,11 +340,12 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
 # | export
 def model_tensors(tensors_by_name: dict, n_layer: int) -> tuple:
     """`(w, layers)` of `build_graph` from existing tensors (a loaded model's weights and cache); without
-    `output.weight`, the output is `token_embd.weight` (tied embeddings)."""
+    `output.weight`, the output is `token_embd.weight` (tied embeddings); a layer with `ffn_gate_inp` has experts."""
     t = tensors_by_name
     w = {"token_embd": t["token_embd.weight"], "output_norm": t["output_norm.weight"],
          "output": t.get("output.weight", t["token_embd.weight"])}
-    layers = [{**{r: t[f"blk.{il}.{n}.weight"] for r, n in LAYER_WEIGHTS.items()},
+    roles = [EXPERT_WEIGHTS if f"blk.{il}.ffn_gate_inp.weight" in t else LAYER_WEIGHTS for il in range(n_layer)]
+    layers = [{**{r: t[f"blk.{il}.{n}.weight"] for r, n in roles[il].items()},
                "k_l": t[f"cache_k_l{il}"], "v_l": t[f"cache_v_l{il}"]} for il in range(n_layer)]
     return w, layers
 
@@ -392,11 +363,60 @@ def model_tensors(tensors_by_name: dict, n_layer: int) -> tuple:
 # the roped Q and K `Qcur_rope`/`Kcur_rope`, the second norm `norm_ffn`, the last `norm_out`, the
 # down projection `ffn_down`, computes the attention scale in double, and flags the logits OUTPUT.
 # None of it changes a buffer size; all of it changes node counts and names.
+# Appendix A5 rebuilds fixture 13 with it — a 7B at `n_ctx` 512, every token an output — node for
+# node as the real ggml recorded it: 1,062 nodes against llama.cpp's 1,030, the same compute buffer.
 
 # %%
-# | export
+# | export models.llm_build
+"""llama.cpp's graph helpers for a LLaMA layer (`llm_build_norm`, `llm_build_kv_store`, `llm_build_kqv`,
+`llm_build_ffn`, `llm_build_moe_ffn` at llama.cpp daa9623): attention with or without flash attention, a
+feed-forward network dense or with experts; `recorded=True` gives the variant the fixtures were recorded with."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggml_lite.ops import (
+    add,
+    cont,
+    cont_2d,
+    cpy,
+    div,
+    flash_attn_ext,
+    get_rows,
+    mul,
+    mul_mat,
+    mul_mat_id,
+    permute,
+    reshape_2d,
+    reshape_3d,
+    rms_norm,
+    rope_ext,
+    silu,
+    soft_max,
+    soft_max_ext,
+    sum_rows,
+    top_k,
+    transpose,
+    view_1d,
+    view_2d,
+    view_3d,
+)
+from ggml_lite.tensor import I32, Context, row_size, set_input
+
+# %% [markdown]
+# The helpers share a small record. With flash attention the cache stores V as it stores K, a row per
+# cell, with no transpose (`llm_build_kv_store`, `llama.cpp:8745-8747` at daa9623):
+#
+# ```c
+#         v_cache_view = ggml_view_1d(ctx, kv.v_l[il], n_tokens*n_embd_v_gqa,
+#                 (kv_head)*ggml_row_size(kv.v_l[il]->type, n_embd_v_gqa));
+# ```
+
+# %%
+# | export models.llm_build
 @dataclass
-class _Build:
+class LlmBuildContext:
     """What the `llm_build_*` helpers share while building one graph (`llm_build_context`)."""
 
     ctx: Context
@@ -410,15 +430,16 @@ class _Build:
         return t.set_name(f"{name}-{il}" if il >= 0 else name)
 
 
-def llm_build_norm(b: _Build, x, weight, il: int, name: str = "norm"):
+def llm_build_norm(b: LlmBuildContext, x, weight, il: int, name: str = "norm"):
     """`llm_build_norm` (LLM_NORM_RMS, a weight, no bias): rms_norm, then times the weight."""
     cur = b.name(rms_norm(b.ctx, x, b.model["rms_norm_eps"]), name, il)
     return mul(b.ctx, cur, weight)
 
 
-def llm_build_kv_store(b: _Build, k_cur, v_cur, L: dict, il: int) -> None:
+def llm_build_kv_store(b: LlmBuildContext, k_cur, v_cur, L: dict, il: int) -> None:
     """`llm_build_kv_store`: copy this batch's K rows into the cache at cell `kv_head` (a 1-d view), and
-    V transposed (a 2-d view whose rows are the cache's columns: V is stored one row per dimension)."""
+    V transposed (a 2-d view whose rows are the cache's columns: V is stored one row per dimension) or,
+    with flash attention, V as K is stored (a 1-d view: one row per cell)."""
     n_tokens, kv_head = b.batch["n_tokens"], b.batch["kv_head"]
     n_gqa, kvtype = L["k_l"].ne[0] // b.model["n_ctx"], L["k_l"].type
     k_view = b.name(view_1d(b.ctx, L["k_l"], n_tokens * n_gqa, row_size(kvtype, n_gqa) * kv_head), "k_cache_view", il)
@@ -427,7 +448,9 @@ def llm_build_kv_store(b: _Build, k_cur, v_cur, L: dict, il: int) -> None:
 
     def v_cache_view():
         return view_2d(b.ctx, L["v_l"], n_tokens, n_gqa, b.model["n_ctx"] * elt, kv_head * elt)
-    if b.recorded:  # the recorder reshaped Vcur, transposed it, then made the view
+    if b.model.get("flash_attn"):  # not transposed
+        v_view, v_t = view_1d(b.ctx, L["v_l"], n_tokens * n_gqa, kv_head * row_size(L["v_l"].type, n_gqa)), v_cur
+    elif b.recorded:  # the recorder reshaped Vcur, transposed it, then made the view
         v_t = transpose(b.ctx, reshape_2d(b.ctx, v_cur, n_gqa, n_tokens))
         v_view = v_cache_view()
     else:  # llama.cpp makes the view first
@@ -440,35 +463,53 @@ def llm_build_kv_store(b: _Build, k_cur, v_cur, L: dict, il: int) -> None:
 # %% [markdown]
 # Attention reads the whole cache, `n_kv` cells, through two 3-d views — K as `[head, n_kv, n_head_kv]`,
 # V as `[n_kv, head, n_head_kv]` — so that `kq = K·Q` has one `n_kv × n_tokens` matrix per head, and
-# `kqv = V·softmax(kq)` the heads' outputs, merged back into `n_embd` rows.
+# `kqv = V·softmax(kq)` the heads' outputs, merged back into `n_embd` rows. With flash attention one op
+# does all of it, over a V view laid out as K's (`llm_build_kqv`, `llama.cpp:9111-9131`):
+#
+# ```c
+#         cur = ggml_flash_attn_ext(ctx, q, k, v, kq_mask, kq_scale, hparams.f_max_alibi_bias,
+#                                   hparams.attn_soft_cap ? hparams.f_attn_logit_softcapping : 0.0f);
+#         cur = ggml_reshape_2d(ctx, cur, n_embd_head_v*n_head, n_tokens);
+# ```
+#
+# `FLASH_ATTN_EXT` (chapter 01) keeps a running softmax per row: the `n_kv × n_tokens × n_head` scores never exist.
+# Its mask is f16, cast once (`llama.cpp:9834`). A layer has 4 nodes fewer (the scores, softmax, `kqv`, permute and
+# cont become `FLASH_ATTN_EXT` and a reshape; V's store loses its transpose): the 7B's 1,030 − 32 · 4 + 1 = 903.
 
 # %%
-# | export
-def llm_build_kqv(b: _Build, wo, q, kq_mask, L: dict, il: int):
-    """`llm_build_kqv` (no flash attention): scores, masked soft_max, weighted values, heads merged,
-    output projection. `q` is Q permuted to heads-major (`q-<il>`)."""
+# | export models.llm_build
+def llm_build_kqv(b: LlmBuildContext, wo, q, kq_mask, L: dict, il: int):
+    """`llm_build_kqv`: scores, masked soft_max, weighted values, heads merged, output projection; with
+    flash attention one `ggml_flash_attn_ext` over the K and V views instead. `q` is Q permuted to
+    heads-major (`q-<il>`)."""
     m, n_tokens, n_kv = b.model, b.batch["n_tokens"], b.batch["n_kv"]
     head = m["n_embd"] // m["n_head"]
     n_gqa, kvtype, elt = head * m["n_head_kv"], L["k_l"].type, L["v_l"].type.type_size
     k = b.name(view_3d(b.ctx, L["k_l"], head, n_kv, m["n_head_kv"], row_size(kvtype, n_gqa), row_size(kvtype, head), 0),
                "k", il)
-
-    def v_view():
-        nb1 = elt * m["n_ctx"]  # a row per dimension: n_ctx cells
-        return b.name(view_3d(b.ctx, L["v_l"], n_kv, head, m["n_head_kv"], nb1, nb1 * head, 0), "v", il)
-    v = v_view() if b.recorded else None  # (the recorder made both views before the scores)
-    kq = b.name(mul_mat(b.ctx, k, q), "kq", il)
     scale = 1.0 / head ** 0.5 if b.recorded else float(np.float32(1) / np.sqrt(np.float32(head)))  # 1.0f/sqrtf(head)
-    kq = b.name(soft_max_ext(b.ctx, kq, kq_mask, scale, 0.0), "kq_soft_max_ext", il)
-    v = v if v is not None else v_view()
-    kqv = b.name(mul_mat(b.ctx, v, kq), "kqv", il)
-    merged = b.name(permute(b.ctx, kqv, 0, 2, 1, 3), "kqv_merged", il)
-    cur = b.name(cont_2d(b.ctx, merged, m["n_embd"], n_tokens), "kqv_merged_cont", il)
+    if m.get("flash_attn"):  # V as K is stored: [head, n_kv, n_head_kv]; the KQ matrix is never made
+        vt = L["v_l"].type
+        v = b.name(view_3d(b.ctx, L["v_l"], head, n_kv, m["n_head_kv"], row_size(vt, n_gqa), row_size(vt, head), 0),
+                   "v", il)
+        cur = flash_attn_ext(b.ctx, q, k, v, kq_mask, scale, 0.0, 0.0)
+        cur = reshape_2d(b.ctx, cur, head * m["n_head"], n_tokens)
+    else:
+        def v_view():
+            nb1 = elt * m["n_ctx"]  # a row per dimension: n_ctx cells
+            return b.name(view_3d(b.ctx, L["v_l"], n_kv, head, m["n_head_kv"], nb1, nb1 * head, 0), "v", il)
+        v = v_view() if b.recorded else None  # (the recorder made both views before the scores)
+        kq = b.name(mul_mat(b.ctx, k, q), "kq", il)
+        kq = b.name(soft_max_ext(b.ctx, kq, kq_mask, scale, 0.0), "kq_soft_max_ext", il)
+        v = v if v is not None else v_view()
+        kqv = b.name(mul_mat(b.ctx, v, kq), "kqv", il)
+        merged = b.name(permute(b.ctx, kqv, 0, 2, 1, 3), "kqv_merged", il)
+        cur = b.name(cont_2d(b.ctx, merged, m["n_embd"], n_tokens), "kqv_merged_cont", il)
     b.roots.append(cur)
     return b.name(mul_mat(b.ctx, wo, cur), "kqv_out", il)
 
 
-def llm_build_ffn(b: _Build, x, L: dict, il: int):
+def llm_build_ffn(b: LlmBuildContext, x, L: dict, il: int):
     """`llm_build_ffn` (LLM_FFN_SILU, LLM_FFN_PAR, no biases): down(silu(gate·x) ⊙ up·x)."""
     up = b.name(mul_mat(b.ctx, L["up"], x), "ffn_up", il)
     gate = b.name(silu(b.ctx, b.name(mul_mat(b.ctx, L["gate"], x), "ffn_gate", il)), "ffn_silu", il)
@@ -477,13 +518,58 @@ def llm_build_ffn(b: _Build, x, L: dict, il: int):
 
 
 # %% [markdown]
+# With experts, the FFN is `llm_build_moe_ffn` (`llama.cpp:8971-9067`). The router's softmax gives each
+# token a probability per expert; `ggml_top_k` (an argsort, then a view of its first `k` columns) picks the
+# `n_expert_used` best; `ggml_mul_mat_id` multiplies each token by the matrices of its own experts only:
+#
+# ```c
+#     ggml_tensor * selected_experts = ggml_top_k(ctx, probs, n_expert_used); // [n_expert_used, n_tokens]
+#     ggml_tensor * up = llm_build_lora_mm_id(lctx, ctx, up_exps, cur, selected_experts); // [n_ff, n_expert_used, n_tokens]
+# ```
+#
+# Then the experts' outputs are weighted and added, one 2-d view per expert used. 20 nodes instead of the
+# dense FFN's 5 for two experts used (a view and an add more per expert; one expert: a `cont`, no add):
+# Mixtral's 1,030 + 32 · 15 = 1,510 nodes. Its activations are `n_expert_used` times a dense FFN's.
+
+# %%
+# | export models.llm_build
+def llm_build_moe_ffn(b: LlmBuildContext, cur, L: dict, il: int):
+    """`llm_build_moe_ffn` (LLM_FFN_SILU, weights normalised, not scaled): the router's softmax picks
+    `n_expert_used` experts per token (`ggml_top_k`), each runs its own FFN (`ggml_mul_mat_id`), and
+    their outputs are summed, weighted by the router's normalised probabilities."""
+    ctx, n_expert, n_used = b.ctx, b.model["n_expert"], b.model["n_expert_used"]
+    n_embd, n_tokens = cur.ne[0], cur.ne[1]
+    logits = b.name(mul_mat(ctx, L["gate_inp"], cur), "ffn_moe_logits", il)  # [n_expert, n_tokens]
+    probs = b.name(soft_max(ctx, logits), "ffn_moe_probs", il)
+    selected = top_k(ctx, probs, n_used)  # [n_used, n_tokens]: a view of the argsort
+    b.name(selected.src[0], "ffn_moe_argsort", il)
+    b.name(selected, "ffn_moe_topk", il)
+    weights = b.name(get_rows(ctx, reshape_3d(ctx, probs, 1, n_expert, n_tokens), selected), "ffn_moe_weights", il)
+    weights = reshape_2d(ctx, weights, n_used, n_tokens)
+    weights_sum = b.name(sum_rows(ctx, weights), "ffn_moe_weights_sum", il)
+    weights = b.name(div(ctx, weights, weights_sum), "ffn_moe_weights_norm", il)
+    weights = reshape_3d(ctx, weights, 1, n_used, n_tokens)
+    cur = reshape_3d(ctx, cur, n_embd, 1, n_tokens)
+    up = b.name(mul_mat_id(ctx, L["up_exps"], cur, selected), "ffn_moe_up", il)  # [n_ff, n_used, n_tokens]
+    gate = b.name(mul_mat_id(ctx, L["gate_exps"], cur, selected), "ffn_moe_gate", il)
+    gate = b.name(silu(ctx, gate), "ffn_moe_silu", il)
+    par = b.name(mul(ctx, up, gate), "ffn_moe_gate_par", il)
+    experts = b.name(mul_mat_id(ctx, L["down_exps"], par, selected), "ffn_moe_down", il)  # [n_embd, n_used, n_tokens]
+    experts = mul(ctx, experts, weights)
+    moe_out = view_2d(ctx, experts, n_embd, n_tokens, experts.nb[2], 0)  # the experts' outputs, one view each
+    for i in range(1, n_used):
+        moe_out = add(ctx, moe_out, view_2d(ctx, experts, n_embd, n_tokens, experts.nb[2], i * experts.nb[1]))
+    return cont(ctx, moe_out) if n_used == 1 else moe_out  # (one expert: a view, made contiguous)
+
+
+# %% [markdown]
 # One layer: norm, Q/K/V, RoPE on Q and K, the cache written (its two copies expanded right after
 # Q, K and V, so they run before attention reads the cache), attention, the residual; in the last
 # layer only the output rows go on (`inp_out_ids`); then the feed-forward and its residual.
 
 # %%
-# | export
-def llm_build_layer(b: _Build, inp_l, inp_pos, kq_mask, L: dict, il: int):
+# | export models.llm_build
+def llm_build_layer(b: LlmBuildContext, inp_l, inp_pos, kq_mask, L: dict, il: int):
     """One iteration of `build_llama`'s layer loop; returns the layer's output `l_out-<il>`."""
     m, n_tokens, ctx = b.model, b.batch["n_tokens"], b.ctx
     head, r = m["n_embd"] // m["n_head"], m["rope"]
@@ -511,7 +597,10 @@ def llm_build_layer(b: _Build, inp_l, inp_pos, kq_mask, L: dict, il: int):
         inp_sa = get_rows(ctx, inp_sa, out_ids)
     ffn_inp = b.name(add(ctx, cur, inp_sa), "ffn_inp", il)
     cur = b.name(llm_build_norm(b, ffn_inp, L["ffn_norm"], il, "norm_ffn" if b.recorded else "norm"), "ffn_norm", il)
-    cur = llm_build_ffn(b, cur, L, il)
+    if "gate_inp" in L:  # the MoE branch
+        cur = b.name(llm_build_moe_ffn(b, cur, L, il), "ffn_moe_out", il)
+    else:
+        cur = llm_build_ffn(b, cur, L, il)
     return b.name(add(ctx, cur, ffn_inp), "l_out", il)
 
 
@@ -522,16 +611,16 @@ def llm_build_layer(b: _Build, inp_l, inp_pos, kq_mask, L: dict, il: int):
 
 # %%
 # | export
-def llama_model_max_nodes(n_layer: int) -> int:
+def llama_model_max_nodes(n_layer: int, n_expert: int = 0) -> int:
     """`llama_model_max_nodes`: max(8192, 5 × the number of model tensors)."""
-    return max(8192, 5 * (3 + len(LAYER_WEIGHTS) * n_layer))
+    return max(8192, 5 * (3 + len(EXPERT_WEIGHTS if n_expert else LAYER_WEIGHTS) * n_layer))
 
 
 def build_graph(model: dict, w: dict, layers: list, batch: dict, recorded: bool = False):
     """`build_llama`: the compute context and graph of one batch (`n_tokens`, `n_kv`, `kv_head`,
     `n_outputs`) over the weights `w` / `layers` (a fresh graph per evaluation, as llama.cpp builds
     one). Returns `(context, graph, expand roots)`."""
-    b = _Build(Context("compute"), model, batch, recorded, [])
+    b = LlmBuildContext(Context("compute"), model, batch, recorded, [])
     n_tokens, ctx = batch["n_tokens"], b.ctx
     inp_tokens = b.name(ctx.new_tensor_1d(I32, n_tokens), "inp_tokens")
     set_input(inp_tokens)
@@ -540,6 +629,8 @@ def build_graph(model: dict, w: dict, layers: list, batch: dict, recorded: bool 
     set_input(inp_pos)
     kq_mask = b.name(ctx.new_tensor_2d(F32, batch["n_kv"], GGML_PAD(n_tokens, GGML_KQ_MASK_PAD)), "KQ_mask")
     set_input(kq_mask)
+    if model.get("flash_attn"):  # build_inp_KQ_mask: flash attention reads the mask as f16
+        kq_mask = cast(ctx, kq_mask, F16)
     for il, L in enumerate(layers):
         inp_l = llm_build_layer(b, inp_l, inp_pos, kq_mask, L, il)
     cur = b.name(llm_build_norm(b, inp_l, w["output_norm"], -1, "norm_out" if recorded else "norm"), "result_norm")
@@ -547,7 +638,7 @@ def build_graph(model: dict, w: dict, layers: list, batch: dict, recorded: bool 
     if recorded:
         set_output(cur)
     b.roots.append(cur)
-    graph = Graph(GGML_DEFAULT_GRAPH_SIZE if recorded else llama_model_max_nodes(len(layers)))
+    graph = Graph(GGML_DEFAULT_GRAPH_SIZE if recorded else llama_model_max_nodes(len(layers), model.get("n_expert", 0)))
     for r in b.roots:
         build_forward_expand(graph, r)
     return ctx, graph, b.roots
@@ -587,8 +678,10 @@ KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_
 def padded_n_ctx(n_ctx: int, flash_attn: bool = False) -> int:
     """`llama_new_context_with_model`'s `n_ctx`: padded to `llama_kv_cache_get_padding` (256 with flash
     attention, else 32)."""
-    check_int("n_ctx", n_ctx, 1, MAX_N_CTX, "--n-ctx", " (padded to 32, an int32 in llama.cpp's graph)")
-    return GGML_PAD(n_ctx, 256 if flash_attn else 32)
+    pad = 256 if flash_attn else 32
+    check_int("n_ctx", n_ctx, 1, MAX_N_CTX_FA if flash_attn else MAX_N_CTX, "--n-ctx",
+              f" (padded to {pad}, an int32 in llama.cpp's graph)")
+    return GGML_PAD(n_ctx, pad)
 
 
 def batch_sizes(n_ctx: int, n_batch: int = 2048, n_ubatch: int = 512) -> tuple:
@@ -597,7 +690,7 @@ def batch_sizes(n_ctx: int, n_batch: int = 2048, n_ubatch: int = 512) -> tuple:
     check_int("n_batch", n_batch, 0, INT32_MAX, "--n-batch")
     check_int("n_ubatch", n_ubatch, 0, INT32_MAX, "--n-ubatch")
     if n_batch == 0 and n_ubatch == 0:
-        raise ModelError("n_batch (--n-batch) and n_ubatch (--n-ubatch) cannot both be zero")
+        raise ModelError("n_batch (--n-batch) 0, n_ubatch (--n-ubatch) 0: n_batch and n_ubatch cannot both be zero")
     n_batch = max(min(n_ctx, n_batch), GGML_KQ_MASK_PAD)
     return n_batch, min(n_batch, n_ubatch if n_ubatch > 0 else n_batch)
 
@@ -613,16 +706,20 @@ def worst_case_batch(n_ctx: int, n_ubatch: int = 512) -> dict:
 # `n_ctx` up to 2^31 − 32 (padded to 32 it stays an `int32_t`, the graph's `n_kv`), batch sizes and
 # `n_gpu_layers` that are `int32_t`, at most 15 GPUs (the scheduler takes `GGML_SCHED_MAX_BACKENDS` = 16
 # backends and the CPU is one of them; CUDA's `GGML_CUDA_MAX_DEVICES` is 16 too), one finite,
-# non-negative `tensor_split` weight per GPU, the cache types llama.cpp offers, and a head size that is
-# a whole number of the K type's blocks (`GGML_ASSERT(n_embd_head_k % ggml_blck_size(type_k) == 0)`).
+# non-negative `tensor_split` weight per GPU, the cache types llama.cpp offers, a head size that is a whole
+# number of the K and V types' blocks (`GGML_ASSERT(n_embd_head_k % ggml_blck_size(type_k) == 0)`, then V's),
+# and a V cache other than f16 only with flash attention ("V cache quantization requires flash_attn",
+# `llama.cpp:18130-18133`: the transposed V is written an element per row, which no block type can take).
 
 # %%
 # | export
 def check_context(params: LlamaParams, n_ctx: int, n_ubatch: int, n_gpu_layers: int = 0, devices: int = 0,
-                  tensor_split=None, type_k: str = "f16", type_v: str | None = None) -> None:
+                  tensor_split=None, type_k: str = "f16", type_v: str | None = None, flash_attn: bool = False) -> None:
     """The checks of `llama_new_context_with_model` and `llm_load_tensors` on a context's parameters, made
     before any planning: a `ModelError` naming the parameter and its flag, what was expected and found."""
-    padded_n_ctx(n_ctx)
+    if not isinstance(flash_attn, bool):
+        raise ModelError(f"flash_attn (--flash-attn): expected true or false, found {flash_attn!r}")
+    padded_n_ctx(n_ctx, flash_attn)
     check_int("n_ubatch", n_ubatch, 1, INT32_MAX, "--n-ubatch")
     check_int("n_gpu_layers", n_gpu_layers, 0, INT32_MAX, "--n-gpu-layers")
     check_int("devices", devices, 0, MAX_DEVICES, "--devices",
@@ -639,15 +736,20 @@ def check_context(params: LlamaParams, n_ctx: int, n_ubatch: int, n_gpu_layers: 
         if sum(tensor_split) > flt_max:
             raise ModelError(f"tensor_split (--tensor-split): the weights add up to {sum(tensor_split):g}, more than a "
                              f"float holds ({flt_max:g})")
-    if type_k not in KV_TYPES:
-        raise ModelError(f"type_k (--type-k): expected one of {', '.join(KV_TYPES)}, found {type_k!r}")
-    if (type_v or "f16") != "f16":
-        raise ModelError(f"type_v (--type-v): expected f16, found {type_v!r}: V cache quantization requires flash "
-                         f"attention, which llama.cpp's graph here leaves off")
-    head, blck = params.n_embd // params.n_head, type_by_name(type_k).blck_size
-    if head % blck:
-        raise ModelError(f"type_k (--type-k) {type_k}: the head size {head} is not a whole number of its blocks "
-                         f"({blck} elements each)")
+    type_v = "f16" if type_v is None else type_v
+    for flag, t in (("type_k", type_k), ("type_v", type_v)):
+        if t not in KV_TYPES:
+            raise ModelError(f"{flag} (--{flag.replace('_', '-')}): expected one of {', '.join(KV_TYPES)}, found {t!r}")
+    if type_v != "f16" and not flash_attn:  # (any type but f16, f32 too: llama.cpp tests type_v != F16)
+        raise ModelError(f"type_v (--type-v) {type_v}: V cache quantization requires flash_attn (--flash-attn), "
+                         f"as llama_new_context_with_model says")
+    head = params.n_embd // params.n_head
+    for flag, t in (("type_k", type_k), ("type_v", type_v)):  # n_embd_head_k, then n_embd_head_v
+        blck = type_by_name(t).blck_size
+        if head % blck:
+            raise ModelError(f"{flag} (--{flag.replace('_', '-')}) {t}: the head size {head} is not a whole number "
+                             f"of its blocks ({blck} elements each; llama.cpp: GGML_ASSERT(hparams.n_embd_head_"
+                             f"{flag[-1]} % ggml_blck_size({flag}) == 0) failed)")
 
 
 # %% [markdown]
@@ -679,38 +781,7 @@ print(f"CPU compute buffer size = {galloc.get_buffer_size(0) / MiB:.2f} MiB")
 # 1,030 nodes, 1024.00 MiB and 164.01 MiB — llama.cpp's three numbers.
 
 # %% [markdown]
-# ## 5 · The recorded variant, and fixture 13
-#
-# The project's LLaMA fixtures were recorded from the real ggml with the recorded variant of this
-# builder. Fixture 13 is a 7B at `n_ctx` 512 with every token an output: `recorded=True` rebuilds it
-# tensor for tensor — 1,062 nodes, 33 per layer — and its compute buffer is the same as the
-# llama.cpp variant's: the extra RESHAPE is a view, and names take no memory.
-
-# %%
-# NBVAL_CHECK_OUTPUT
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-fx = json.loads(Path("../tests/fixtures/ggml-seed/13_llama7b_ctx512_all_outputs.json").read_text())
-by_id = {t["id"]: t for t in fx["graph"]["tensors"]}
-recorded_nodes = [by_id[i] for i in fx["graph"]["nodes"]]
-sizes = {}
-for recorded in (True, False):
-    m = p7.model(512)
-    ctxs13, g13, _ = build_llama(m, dict(on_cpu), worst_case_batch(512, 512), recorded=recorded)
-    for c in ctxs13[:-1]:
-        gl.alloc_ctx_tensors(c, gl.cpu_buffer_type())
-    ga = gl.GAllocr(gl.cpu_buffer_type())
-    ga.reserve(g13)
-    sizes[recorded] = (len(g13.nodes), ga.get_buffer_size(0))
-    if recorded:
-        same = [(n.name, n.op.name, list(n.ne)) for n in g13.nodes] == \
-               [(t["name"], t["op"], t["ne"]) for t in recorded_nodes]
-print("recorded variant:", sizes[True], "| llama.cpp:", sizes[False], "| fixture 13 node for node:", same,
-      "| recorded buffer:", fx["buffer_size"])
-
-# %% [markdown]
-# ## 6 · Placement as llama.cpp placed it
+# ## 5 · Placement as llama.cpp placed it
 #
 # `llm_load_tensors` keeps the input layer (`token_embd`) on the host — "there is very little benefit
 # to offloading the input layer" — and gives the last `n_gpu_layers` layers to the GPUs, split by
@@ -763,7 +834,7 @@ def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, ten
 def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0,
                 devices: int = 0, tensor_split=None, type_k: str = "f16", type_v: str | None = None,
                 offload_kqv: bool = True, trace: bool = False, tensor_types: dict | None = None,
-                gpu_init=None, sched_class=BackendSched) -> dict:
+                gpu_init=None, sched_class=BackendSched, flash_attn: bool = False) -> dict:
     """What `llama_new_context_with_model` allocates: per backend the weights, the KV cache and the
     compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
     split counts and the scheduler's n_copies. Sizes in bytes. With `trace`, also the graph allocator's
@@ -771,11 +842,11 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
     GPU's backend (default: a SIM device like CUDA) and `sched_class` the scheduler, for chapter 12's
     devices and scheduler of today; `reserved` is false where a device refused a compute buffer
     (llama.cpp: "failed to allocate compute buffers")."""
-    check_context(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v)
-    n_ctx, type_v = padded_n_ctx(n_ctx), type_v or "f16"
+    check_context(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, flash_attn)
+    n_ctx, type_v = padded_n_ctx(n_ctx, flash_attn), type_v or "f16"
     placement = layer_placement(params.n_layer, n_gpu_layers, devices, tensor_split, offload_kqv)
     batch = worst_case_batch(n_ctx, n_ubatch)
-    model = {**params.model(n_ctx, type_k, type_v), "tensor_types": tensor_types}
+    model = {**params.model(n_ctx, type_k, type_v, flash_attn), "tensor_types": tensor_types}
     ctxs, graph, _ = build_llama(model, placement, batch)
     _check_sizes(ctxs, n_ctx, batch["n_tokens"])
     gpus = [(gpu_init or cuda_like)(f"GPU{i}") for i in range(devices)]
@@ -794,7 +865,7 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
     full_offload = n_gpu_layers > params.n_layer and devices > 0
     parallel = devices > 1 and full_offload and offload_kqv
     sched = sched_class(list(backends.values()), bufts=list(bufts.values()),
-                         graph_size=llama_model_max_nodes(params.n_layer), parallel=parallel)
+                         graph_size=llama_model_max_nodes(params.n_layer, params.n_expert), parallel=parallel)
     _pin_like_llama_cpp(sched, graph, placement, backends, batch["n_tokens"] < 32 or full_offload, offload_kqv)
     events: list = []
     if trace:  # the scheduler's graph allocator and its dynamic allocators report every decision
@@ -858,7 +929,7 @@ for label, r in cases.items():
 # one split. Every number matches.
 
 # %% [markdown]
-# ## 7 · The report
+# ## 6 · The report
 #
 # `memory_report` gathers what a user asks: per device the weights, the KV cache, the output buffer
 # and the compute buffer, their total, and the graph's node and split counts — the figures of
@@ -874,17 +945,8 @@ from dataclasses import asdict, dataclass
 
 from ggml_lite.errors import ModelError
 from ggml_lite.gallocr import PlaceEvent
-from ggml_lite.models.llama import (
-    MAX_DEVICES,
-    MAX_N_CTX,
-    LlamaParams,
-    batch_sizes,
-    check_float,
-    check_int,
-    padded_n_ctx,
-    plan_memory,
-)
-from ggml_lite.tensor import TensorFlag
+from ggml_lite.models.llama import LlamaParams, batch_sizes, check_float, padded_n_ctx, plan_memory
+from ggml_lite.tensor import TensorFlag, row_size, type_by_name
 from ggml_lite.trace import lifetimes
 
 MiB = 1024 * 1024
@@ -910,22 +972,24 @@ class MemoryReport:
 def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_ubatch: int = 512,
                   n_gpu_layers: int = 0, devices: int = 0, tensor_split=None, type_k: str = "f16",
                   type_v: str | None = None, offload_kqv: bool = True, tensor_types: dict | None = None,
-                  why: bool = True) -> MemoryReport:
+                  why: bool = True, flash_attn: bool = False) -> MemoryReport:
     """Plan the model (a `LlamaParams`, or a `GGUFModel` with its tensors' types) as
     `llama_new_context_with_model` would (`plan_memory`) and report it; `why=False`
-    skips the trace behind `peaks` (for searches that need only the totals, as `fit`). Every argument is
+    skips the trace behind `peaks` (for searches that need only the totals, as A11's `fit`). Every argument is
     checked before planning (`check_context`)."""
     if hasattr(params, "params") and hasattr(params, "tensor_types"):  # a GGUFModel: its hyperparameters and types
         model_types, params = params.tensor_types, params.params
         tensor_types = model_types if tensor_types is None else tensor_types
     if not callable(getattr(params, "model", None)):  # (duck-typed: a notebook may define its own LlamaParams)
         raise ModelError(f"memory_report: expected a LlamaParams model, found {type(params).__name__}")
-    n_batch, n_ubatch = batch_sizes(padded_n_ctx(n_ctx), n_batch, n_ubatch)
+    if not isinstance(flash_attn, bool):
+        raise ModelError(f"flash_attn (--flash-attn): expected true or false, found {flash_attn!r}")
+    n_batch, n_ubatch = batch_sizes(padded_n_ctx(n_ctx, flash_attn), n_batch, n_ubatch)
     r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv,
-                    trace=why, tensor_types=tensor_types)
+                    trace=why, tensor_types=tensor_types, flash_attn=flash_attn)
     rows = [dict(name=name, **d, total=sum(d.values())) for name, d in r["devices"].items()]
-    context = dict(n_ctx=padded_n_ctx(n_ctx), n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
-                   type_v=type_v or "f16", n_gpu_layers=n_gpu_layers, devices=devices,
+    context = dict(n_ctx=padded_n_ctx(n_ctx, flash_attn), n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
+                   type_v=type_v or "f16", flash_attn=flash_attn, n_gpu_layers=n_gpu_layers, devices=devices,
                    tensor_split=list(tensor_split) if tensor_split else None, offload_kqv=offload_kqv)
     return MemoryReport(asdict(params), context, dict(nodes=r["nodes"], splits=r["splits"], n_copies=r["n_copies"]),
                         rows, peaks(r) if why else {})
@@ -941,11 +1005,12 @@ def llama_cpp_lines(rep: MemoryReport) -> list:
     host = "CUDA_Host" if rep.context["devices"] else "CPU"
     lines = [f"llm_load_tensors: {d['name']:>10s} buffer size = {d['weights'] / MiB:8.2f} MiB"
              for d in rep.devices if d["weights"]]
-    kv = sum(d["kv"] for d in rep.devices)
-    lines.append(f"llama_new_context_with_model: KV self size  = {kv / MiB:7.2f} MiB, K ({rep.context['type_k']}): "
-                 f"{kv / 2 / MiB:7.2f} MiB, V ({rep.context['type_v']}): {kv / 2 / MiB:7.2f} MiB"
-                 if rep.context["type_k"] == rep.context["type_v"] else
-                 f"llama_new_context_with_model: KV self size  = {kv / MiB:7.2f} MiB")
+    c, m = rep.context, rep.model
+    lines.append(f"llama_new_context_with_model: flash_attn = {int(c.get('flash_attn', False))}")
+    cells = m["n_embd"] // m["n_head"] * m["n_head_kv"] * c["n_ctx"]  # one layer's K (or V): n_embd_gqa x n_ctx
+    k, v = (m["n_layer"] * row_size(type_by_name(c[t]), cells) for t in ("type_k", "type_v"))
+    lines.append(f"llama_new_context_with_model: KV self size  = {(k + v) / MiB:7.2f} MiB, K ({c['type_k']}): "
+                 f"{k / MiB:7.2f} MiB, V ({c['type_v']}): {v / MiB:7.2f} MiB")
     lines.append(f"llama_new_context_with_model: {host:>10s}  output buffer size = "
                  f"{sum(d['output'] for d in rep.devices) / MiB:8.2f} MiB")
     if rep.graph["n_copies"] > 1:
@@ -980,14 +1045,8 @@ def format_report(rep: MemoryReport, vram_gib: float | None = None) -> str:
 
 
 # %% [markdown]
-# "Does it fit?" has a follow-up: *what is the most I can offload, and then the longest context?*
-# `fit` answers it the only exact way — by planning: the largest `n_gpu_layers` whose every GPU total
-# fits in `vram_gib`, then, with it, the largest `n_ctx` (a multiple of 32, at most the training
-# context) that still fits. The totals grow with layers and with the context, almost linearly, so each
-# search keeps a bracket — a value that fits, one that does not — and plans next where the spare bytes,
-# interpolated, reach zero, halving the bracket whenever a guess does not: a handful of plans for most
-# models, and a bounded number (about 2·log2 of the range) for any. `--vram` is a finite number of GiB,
-# above 0 and at most 2^34 (2^64 bytes).
+# `--vram` is a finite number of GiB, above 0 and at most 2^34 (2^64 bytes). The follow-up question — the
+# most layers, then the longest context, that fit (`--fit`) — is appendix A11's.
 
 # %%
 # | export report
@@ -1008,58 +1067,9 @@ def fits(rep: MemoryReport, vram_gib: float) -> bool:
     return all(_fits(d, vram_gib) for d in rep.devices if d["name"] != "CPU")
 
 
-def fit(params: LlamaParams, vram_gib: float, n_ctx: int = 512, devices: int = 1, **kw) -> tuple:
-    """(the largest n_gpu_layers that fits at `n_ctx`, then the largest n_ctx that fits with it).
-    Every layer and the output first (full offload also turns on pipeline parallelism, which needs more
-    memory), then a search over 1..n_layer layers: a GPU's total grows with its layers. The context grows
-    in multiples of 32 up to `n_ctx_train` (the totals grow with n_ctx). (0, ...) when not even one layer
-    fits. Both searches are `_largest`: a handful of plans for most models, at most about 2 log2 of the
-    range. (With an uneven `tensor_split`, a GPU's share can dip by one layer as layers are added; the
-    search assumes it does not matter, and tests check it against a scan of every layer count.)"""
-    check_vram(vram_gib)
-    check_int("devices", devices, 1, MAX_DEVICES, "--devices", " (fit needs a GPU)")
-    budget = vram_gib * 1024 * MiB
-
-    def probe(layers, ctx):  # (does it fit, the spare bytes of the fullest GPU)
-        rep = memory_report(params, ctx, n_gpu_layers=layers, devices=devices, why=False, **kw)
-        return fits(rep, vram_gib), min(budget - d["total"] for d in rep.devices if d["name"] != "CPU")
-    if probe(params.n_layer + 1, n_ctx)[0]:
-        layers = params.n_layer + 1
-    else:  # (0 layers is not planned: the GPUs then compute what the scheduler offloads, not a layer's share)
-        layers = _largest(lambda n: probe(n, n_ctx), 0, params.n_layer, at_lo=(True, budget))
-    lo, hi = padded_n_ctx(n_ctx) // 32, max(min(params.n_ctx_train, MAX_N_CTX) // 32, padded_n_ctx(n_ctx) // 32)
-    first = probe(layers, lo * 32)
-    if not first[0]:
-        return layers, None
-    return layers, _largest(lambda k: probe(layers, k * 32), lo, hi, at_lo=first) * 32  # the largest multiple of 32
-
-
-def _largest(probe, lo: int, hi: int, at_lo: tuple) -> int:
-    """The largest n in [lo, hi] whose `probe(n)` = (fits, spare bytes) fits, given that it fits at lo
-    (`at_lo`) and turns false only once as n grows. Keeps a bracket (fits, does not fit) and plans next
-    where the spare bytes, interpolated linearly, reach zero (the totals grow about linearly); an end kept
-    twice in a row has its spare bytes halved (the Illinois rule), and after log2 of the range such steps
-    the rest is bisected: at most about 2 log2(hi - lo) + 2 plans."""
-    at_hi = probe(hi)
-    if at_hi[0]:
-        return hi
-    spare_lo, spare_hi, kept, steps = at_lo[1], at_hi[1], 0, (hi - lo).bit_length() + 1
-    while hi - lo > 1:
-        drop = spare_lo - spare_hi
-        guess = lo + round((hi - lo) * spare_lo / drop) if steps > 0 and drop > 0 else (lo + hi) // 2
-        mid, steps = min(max(guess, lo + 1), hi - 1), steps - 1
-        fits_mid, spare = probe(mid)
-        if fits_mid:
-            lo, spare_lo = mid, spare
-            spare_hi, kept = (spare_hi / 2 if kept == 1 else spare_hi), 1
-        else:
-            hi, spare_hi = mid, spare
-            spare_lo, kept = (spare_lo / 2 if kept == -1 else spare_lo), -1
-    return lo
-
 
 # %% [markdown]
-# ## 8 · Why this peak
+# ## 7 · Why this peak
 #
 # A compute buffer is as large as the highest block the graph allocator ever handed out. Replaying the
 # reserve with chapter 05's trace finds, for each buffer, the node at which that block was placed,
@@ -1126,28 +1136,50 @@ for buft, pk in peaks(plan_memory(p7, 512, n_gpu_layers=33, devices=1, trace=Tru
 # %% [markdown]
 # The GPU's 70.50 MiB are the logits (62.50 MiB) and `result_norm` (8.00 MiB); the host's 9.01 MiB
 # are the embeddings' rows (8.00 MiB) and the mask (1.00 MiB) — inputs waiting to be copied to the GPU.
+#
+# Now the CPU at n_ctx 4096. Without flash attention the peak is the first layer's scores `kq-0`,
+# 4096 · 512 · 32 heads · 4 bytes = 256 MiB, beside the mask, the embeddings and Q (8 MiB each): 296.01 MiB.
+# With `-fa` the scores are never made, and the peak moves to the FFN: `ffn_up` and `ffn_silu`,
+# 11008 · 512 · 4 bytes = 21.5 MiB each, `ffn_inp` and `ffn_norm` (8 MiB each) and the f16 mask, 4 MiB, which
+# every layer reads so it lives from the first node to the last: 71.01 MiB. Mixtral 8x7B has the 7B's
+# attention (296.01 MiB without `-fa`); with it, its peak is its experts' up and gate, 14336 · 2 · 512 · 4
+# bytes = 56 MiB each: 140.01 MiB — an MoE layer keeps `n_expert_used` FFN activations per token alive.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+mixtral = PRESETS["mixtral-8x7b"]
+attention = {}
+for label, params, fa in (("7B", p7, False), ("7B -fa", p7, True), ("Mixtral -fa", mixtral, True)):
+    r = plan_memory(params, 4096, flash_attn=fa, trace=True)
+    pk, attention[label] = peaks(r)["CPU"], (r["nodes"], round(r["devices"]["CPU"]["compute"] / MiB, 2))
+    live = ", ".join(f"{t['name']} {t['bytes'] / MiB:.2f}" for t in pk["live"][:5])
+    print(f"{label}: {r['nodes']} nodes, {attention[label][1]:.2f} MiB; at {pk['node']}: {live}")
 
 # %% [markdown]
 # Llama-2 7B, all 33 layers on one GPU with 16 GiB, n_ctx 4096:
 
 # %%
-from ggml_lite.report import fit, format_report, memory_report, peaks  # noqa: E402
+from ggml_lite.report import format_report, memory_report, peaks  # noqa: E402
 
 print(format_report(memory_report(p7, 4096, n_gpu_layers=33, devices=1), vram_gib=16))
-print("on an 8 GiB GPU: (n_gpu_layers, n_ctx) =", fit(p7, 8, n_ctx=512))
 
 # %% [markdown]
-# ## 9 · A picture, and the knobs
+# ## 8 · A picture, and the knobs
 #
-# Stacked bars per device — weights, KV cache, output and compute buffers — show where the memory
-# goes; the widget below moves `n_ctx`, `n_ubatch` and `n_gpu_layers` and re-plans at every move (a
-# 7B plans in about 30 ms, a 70B in about 60), with the tensors at each compute buffer's peak.
+# Two panels show where the memory goes, a row per device: on the left its whole (weights, KV cache,
+# output and compute buffers, stacked), on the right the same devices without their weights, each part a
+# bar of its own with its size, since beside tens of GiB of weights a buffer of 80 MiB is a sliver no one
+# can read. The widget below moves `n_ctx`, `n_ubatch` and `n_gpu_layers`, its "flash attention" box plans
+# as `-fa` would, and it re-plans at every move (a 7B in about 30 ms, a 70B in about 60), with the tensors
+# at each compute buffer's peak.
 
 # %%
 # | export viz.report
-"""Pictures of the memory report (chapter 10): stacked bars per device, and a widget that re-plans."""
+"""Pictures of the memory report (chapter 10): each device's memory in two panels, the whole and the
+parts beside the weights, and a widget that re-plans."""
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from ggml_lite.report import MiB, memory_report
 from ggml_lite.viz.memory import show_static_frame
@@ -1155,30 +1187,63 @@ from ggml_lite.viz.memory import show_static_frame
 PARTS = {"weights": "#636efa", "kv": "#00cc96", "output": "#ffa15a", "compute": "#ef553b"}
 
 
+def _size(mib: float) -> str:
+    """A part's label: MiB below 1 GiB, GiB from 1 GiB; nothing for an empty part."""
+    return "" if not mib else f"{mib / 1024:.2f} GiB" if mib >= 1024 else f"{mib:.2f} MiB"
+
+
 def report_figure(rep, title: str | None = None) -> go.Figure:
-    """Stacked bars, one per device: its weights, KV cache, output and compute buffers (MiB)."""
+    """Two panels, a row per device. Left, the whole device: its weights, KV cache, output and compute
+    buffers stacked (GiB), the total at the end. Right, the same devices without their weights (MiB), each
+    part a bar of its own, so that what the weights dwarf stays legible. Every part is labelled with its
+    size where it fits (small weights beside the total); hovering gives the exact MiB."""
     names = [d["name"] for d in rep.devices]
-    fig = go.Figure([go.Bar(name=part, x=names, y=[d[part] / MiB for d in rep.devices], marker_color=color,
-                            hovertemplate=part + ": %{y:.2f} MiB<extra></extra>") for part, color in PARTS.items()])
-    fig.update_layout(barmode="stack", title=title or "memory per device", yaxis=dict(title="MiB"), height=360,
-                      margin=dict(l=20, r=20, t=50, b=40), legend=dict(orientation="h", y=-0.15))
-    return fig
+    mib = {part: [d[part] / MiB for d in rep.devices] for part in PARTS}
+    totals = [sum(m) for m in zip(*mib.values(), strict=True)]
+    fig = make_subplots(1, 2, horizontal_spacing=0.04, subplot_titles=("the whole (GiB)", "without the weights (MiB)"))
+    for part, color in PARTS.items():
+        common = dict(name=part, y=names, orientation="h", customdata=mib[part], marker_color=color,
+                      legendgroup=part, hovertemplate=f"%{{y}} {part}: %{{customdata:,.2f}} MiB<extra></extra>")
+        fig.add_trace(go.Bar(x=[m / 1024 for m in mib[part]], text=[_size(m) for m in mib[part]], offsetgroup="all",
+                             textposition="inside", insidetextanchor="middle", textangle=0, **common), row=1, col=1)
+        if part != "weights":  # one bar per part, its name and size beside it (0 for an empty part)
+            fig.add_trace(go.Bar(x=mib[part], text=[f"{part} {_size(m) or 0}" for m in mib[part]], offsetgroup=part,
+                                 textposition="outside", constraintext="none", cliponaxis=False, showlegend=False,
+                                 **common), row=1, col=2)
+    top = max(totals, default=0) or 1.0
+    fig.add_trace(go.Scatter(  # the totals, and the weights where their bar is too short for a label
+        x=[x / 1024 for x in totals], y=names, mode="text", textposition="middle right", showlegend=False,
+        text=[f" {_size(x)}" + (f" (weights {_size(w)})" if 0 < w < 0.15 * top else "")
+              for x, w in zip(totals, mib["weights"], strict=True)], hoverinfo="skip", cliponaxis=False), row=1, col=1)
+    rest, height = max([m for part in PARTS if part != "weights" for m in mib[part]] + [1.0]), 180 + 80 * len(names)
+    return fig.update_layout(
+        barmode="stack", title=title or "memory per device", height=height, uniformtext=dict(minsize=9, mode="hide"),
+        xaxis=dict(range=[0, top / 1024 * 1.45]), xaxis2=dict(range=[0, rest * 1.3]), yaxis=dict(autorange="reversed"),
+        yaxis2=dict(autorange="reversed", showticklabels=False), margin=dict(l=20, r=20, t=80, b=50),
+        legend=dict(orientation="h", x=0, y=-30 / (height - 130), yanchor="top"))
 
 
-def report_widget(params, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0, devices: int = 1):
-    """Sliders for n_ctx, n_ubatch and n_gpu_layers; each move re-plans (`memory_report`) and redraws
-    the bars and the peak's tensors (its first frame shown statically too, as `show_static_frame` says)."""
+# %%
+# | export viz.report
+def report_widget(params, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0, devices: int = 1,
+                  flash_attn: bool = False):
+    """Sliders for n_ctx, n_ubatch and n_gpu_layers and a "flash attention" box (`flash_attn`, llama.cpp's
+    `-fa`); each move re-plans (`memory_report`) and redraws the bars and the peak's tensors (its first
+    frame shown statically too, as `show_static_frame` says)."""
     import ipywidgets as w
     from IPython.display import display
 
     ctx = w.IntSlider(value=n_ctx, min=32, max=max(params.n_ctx_train, n_ctx), step=32, description="n_ctx")
     ub = w.IntSlider(value=n_ubatch, min=32, max=2048, step=32, description="n_ubatch")
     gl_ = w.IntSlider(value=n_gpu_layers, min=0, max=params.n_layer + 1, description="n_gpu_layers")
+    fa = w.Checkbox(value=flash_attn, description="flash attention")
     out = w.Output()
 
     def render():
-        rep = memory_report(params, ctx.value, n_ubatch=ub.value, n_gpu_layers=gl_.value, devices=devices)
-        display(report_figure(rep, f"n_ctx {ctx.value}, n_ubatch {ub.value}, {gl_.value} layers offloaded"))
+        rep = memory_report(params, ctx.value, n_ubatch=ub.value, n_gpu_layers=gl_.value, devices=devices,
+                            flash_attn=fa.value)
+        display(report_figure(rep, f"n_ctx {ctx.value}, n_ubatch {ub.value}, {gl_.value} layers offloaded"
+                                   + (", flash attention" if fa.value else "")))
         for buft, pk in rep.peaks.items():
             top = ", ".join(f"{t['name']} {t['bytes'] / MiB:.1f}" for t in pk["live"][:3])
             print(f"{buft}: peak {pk['bytes'] / MiB:.2f} MiB at {pk['node']} — {top} (MiB)")
@@ -1188,11 +1253,11 @@ def report_widget(params, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: i
             out.clear_output(wait=True)
             render()
 
-    show_static_frame("a widget with sliders for n_ctx, n_ubatch and n_gpu_layers", render)
-    for s in (ctx, ub, gl_):
+    show_static_frame("a widget with sliders for n_ctx, n_ubatch and n_gpu_layers and a flash attention box", render)
+    for s in (ctx, ub, gl_, fa):
         s.observe(show, names="value")
     show()
-    return w.VBox([w.HBox([ctx, ub, gl_]), out])
+    return w.VBox([w.HBox([ctx, ub, gl_, fa]), out])
 
 
 # %%
@@ -1202,22 +1267,30 @@ report_figure(memory_report(PRESETS["llama-3.1-70b"], 8192, n_gpu_layers=81, dev
               "Llama-3.1 70B, n_ctx 8192, 2 GPUs, all 81 layers offloaded")
 
 # %% [markdown]
-# The weights dominate; the KV cache of 8,192 cells comes second (1.28 and 1.22 GiB); the compute
-# buffers are 1.19 GiB per GPU — pipeline parallelism keeps four copies of each split's inputs.
+# On the left, the weights dwarf the rest: 65.35 GiB on GPU0 (41 layers of 1,632 MiB in f16), 64.12 GiB on
+# GPU1 (39 layers and the output head, 128,256 × 8,192 × 2 bytes = 1.96 GiB), and on the host the token
+# embeddings, 1.96 GiB more. On the right, what they hide. The KV cache is 2 × 1,024 (8 KV heads × 128) ×
+# 8,192 cells × 2 bytes = 32 MiB per layer: 1.28 GiB for GPU0's 41 layers, 1.22 GiB for GPU1's 39. Each
+# GPU's compute buffer is 1.19 GiB, 1 GiB of it one layer's scores `kq` (512 tokens × 8,192 cells × 64
+# heads × 4 bytes), most of the rest the 16 MiB inputs (the layer's input and the mask) that pipeline
+# parallelism keeps in four copies. The host's 80.02 MiB hold the embeddings' rows and those four masks,
+# waiting to be copied, and its output buffer the logits of one token, 128,256 × 4 bytes = 0.49 MiB.
+#
+# In the widget, the 7B with 20 layers offloaded: ticking "flash attention" changes no buffer, since the
+# GPU's peak (320.50 MiB) is at the output head, with its 250 MiB copy of `output.weight`. Offload all 33
+# layers and the box takes the GPU's compute buffer from 164.00 to 73.00 MiB: a layer's scores `kq`, 2,048
+# cells × 512 tokens × 32 heads × 4 bytes = 128 MiB, are never made.
 
 # %% tags=["nbval-ignore-output"]
 report_widget(p7, n_ctx=2048, n_gpu_layers=20)
 
 # %% [markdown]
-# ## 10 · Check
+# ## 9 · Check
 
 # %%
 assert len(graph.nodes) == 32 * p7.n_layer + 6 and kv_bytes == 1024 * MiB
 assert round(galloc.get_buffer_size(0) / MiB, 2) == 164.01
-assert same and sizes[True][0] == 1062 and sizes[False][0] == 1030
-assert sizes[True][1] == sizes[False][1] == fx["buffer_size"]
-assert tiny_model.header_only and tiny_model.params == LlamaParams(**{**tiny.__dict__, "rms_norm_eps": float(np.float32(1e-5))})
-assert tiny_model.tensor_types["blk.0.attn_q.weight"].name == "q8_0" and tiny_model.tensor_types["output_norm.weight"].name == "f32"
+assert attention == {"7B": (1030, 296.01), "7B -fa": (903, 71.01), "Mixtral -fa": (1383, 140.01)}
 got = {label: (r["nodes"], r["splits"], *(round(d[k] / MiB, 2) for d in r["devices"].values() for k in ("compute", "kv")))
        for label, r in cases.items()}
 assert list(got.values()) == [(1030, 2, 70.50, 256.0, 9.01, 0.0), (1030, 2, 560.0, 1024.0, 24.01, 0.0),
@@ -1225,7 +1298,7 @@ assert list(got.values()) == [(1030, 2, 70.50, 256.0, 9.01, 0.0), (1030, 2, 560.
 print("chapter 10: all checks passed")
 
 # %% [markdown]
-# ## 11 · Exercises
+# ## 10 · Exercises
 #
 # Three exercises, about 40 minutes. Predictions are answered with `answer(id, value)`: replace the `...`
 # and run the cell; it says right or wrong, then why. An implementation is graded with `check(id, fn)`

@@ -1009,7 +1009,7 @@ print("where the plan put the last five nodes:", {t.name: t.data - base for t in
 # ## 9 · ggml against the best plan, on the 7B graph
 #
 # Fixture 14 is a Llama-2 7B graph at n_ctx 512 with one output row, recorded from the real ggml with
-# the recorded variant of chapter 10's builder (§5 there): 1,062 nodes, 33 per layer, where llama.cpp's
+# the recorded variant of chapter 10's builder (§3 there): 1,062 nodes, 33 per layer, where llama.cpp's
 # own graph has 1,030 (the extra node per layer is a RESHAPE of Vcur, a view). It has 456 blocks.
 # ggml's buffer is 65.00 MiB (68,161,600 B with the 32 spare bytes). The lower bound is 60.00 MiB
 # (62,916,640 B), reached at node 30, `ffn_up-0`. Alive there are the residual `ffn_inp-0` and

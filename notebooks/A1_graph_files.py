@@ -243,14 +243,13 @@ def check_list(v, path: str, most: int | None = None, length: int | None = None)
 # and so is an integer of more digits than Python converts (4,300).
 #
 # Before a byte is read, the file is looked at with `os.stat`: a directory, a character device
-# (`/dev/zero`), a FIFO (which would block the reader) or a socket is named as what it is, and a file
-# larger than `MAX_JSON_BYTES`, 32 MiB, is refused. The largest legitimate file is far smaller: the
-# 80-layer LLaMA graph that `graph_document` writes is 1.5 MB (2,566 nodes; the 7B fixtures are 0.7 MB),
-# the 10,000-output fan-out of `benchmarks/budget.py` 4.2 MB. And 32 MiB keeps the whole command within
-# about 0.9 GB even for the documents that cost the most per byte (`[{"a":0},…]`, `[{},…]`, `[[],…]`: a
-# dict or list of 56 to 64 bytes for every 3 to 8 bytes of text; measured: a peak of 0.90 to 0.94 GB,
-# refused as no graph file after 2 to 4 s), where a 1.5 GB file took 3.1 GB and 12 s and a 2.2 GB one
-# ran out of memory.
+# (`/dev/zero`), a FIFO (which would block the reader) or a socket is named as what it is, and a file larger
+# than `MAX_JSON_BYTES`, 32 MiB, is refused. The largest legitimate file is far smaller: the 80-layer LLaMA
+# graph that `graph_document` writes is 1.5 MB (2,566 nodes; the 7B fixtures are 0.7 MB), the 10,000-output
+# fan-out of `benchmarks/budget.py` 4.2 MB. And 32 MiB keeps the whole command within about 0.9 GB even for
+# the documents that cost the most per byte (`[{"a":0},…]`, `[{},…]`, `[[],…]`: a dict or list of 56 to 64
+# bytes for every 3 to 8 bytes of text; measured: a peak of 0.90 to 0.94 GB, refused as no graph file after
+# 2 to 4 s), where a 1.5 GB file took 3.1 GB and 12 s and a 2.2 GB one ran out of memory.
 
 # %%
 # | export untrusted
@@ -479,6 +478,8 @@ def _check_entry(e: dict, i: int, n: int, p: str) -> None:
             fail(f"{p}.unary_op", f"{UnaryOp(w).name!r}, the unary op of op_params[0] = {w}", e["unary_op"])
     for k, ref in enumerate(check_list(e["src"], f"{p}.src", most=GGML_MAX_SRC)):
         _check_ref(ref, f"{p}.src[{k}]", n)
+        if (ref == i) != (k == 1 and op is Op.CPY and e["view_src"] is None):  # ggml_cast's src[1] is itself
+            fail(f"{p}.src[{k}]", f"{i}, itself (ggml_cast: a CPY without view_src)" if ref != i else "not itself", ref)
     needed = 0 if op is Op.NONE else ops.OPS[op].n_required  # (SOFT_MAX's mask, ROPE's freq factors may be null)
     for k in range(needed):  # (an op rebuilt from a missing source ended in "'NoneType' object has no attribute")
         if k >= len(e["src"]) or e["src"][k] is None:
@@ -517,7 +518,7 @@ def creation_order(entries: list) -> list:
     """The order to rebuild tensors in: by id, except that a tensor waits for its sources and view
     source (Kahn's algorithm, smallest id first). A cycle raises `GraphCycleError` naming its tensors."""
     n = len(entries)
-    deps = [{r for r in [*e["src"], e.get("view_src")] if r is not None} for e in entries]
+    deps = [{r for r in [*e["src"], e.get("view_src")] if r is not None and r != i} for i, e in enumerate(entries)]
     users: list[list[int]] = [[] for _ in range(n)]
     for i, d in enumerate(deps):
         for r in d:
@@ -587,7 +588,7 @@ def _check_lists(g: dict, where: str, n: int) -> None:
         done = set(g["leafs"])
         for k, ref in enumerate(g["nodes"]):
             for s in g["tensors"][ref]["src"]:
-                if s is not None and s not in done:
+                if s is not None and s not in done and s != ref:  # (ggml_cast is its own src[1])
                     fail(f"{where}.nodes[{k}]", f"a node whose sources are leafs or earlier nodes (no expand_roots); "
                          f"its source #{s} is not", ref)
             done.add(ref)
@@ -781,14 +782,14 @@ def ggml_version(doc: dict) -> tuple | None:
 # %% [markdown]
 # ## 3 · Loading is replaying
 #
-# Each recorded tensor is rebuilt with the op constructor of chapter 01 that ggml itself called —
-# `VIEW` with `view_4d` and the recorded strides and offset, `PERMUTE` with the recorded axes,
-# `ROPE` with its eleven parameters, and so on. Which constructor, and how the recorded words become
-# its arguments, is not written here: it is one row of chapter 01's op table (`ops.OPS`), decoded by
-# `ops.decode_op` and called by `ops.build` — the same table the test oracle uses to mirror a graph
-# into the real ggml, so the reader and the oracle cannot disagree about an op. A tensor whose `view_src` is set but whose op is not
-# a view op was made by an *in-place* op (`ggml_scale_inplace`: the result is a view of the input).
-# Op NONE with a `view_src` is a bare `ggml_view_tensor`.
+# Each recorded tensor is rebuilt with the op constructor of chapter 01 that ggml itself called — `VIEW`
+# with `view_4d` and the recorded strides and offset, `PERMUTE` with the recorded axes, `ROPE` with its
+# eleven parameters, and so on. Which constructor, and how the recorded words become its arguments, is not
+# written here: it is one row of chapter 01's op table (`ops.OPS`), decoded by `ops.decode_op` and called
+# by `ops.build` — the same table the test oracle uses to mirror a graph into the real ggml, so the reader
+# and the oracle cannot disagree about an op. A tensor whose `view_src` is set but whose op is not a view
+# op was made by an *in-place* op (`ggml_scale_inplace`: the result is a view of the input). Op NONE with
+# a `view_src` is a bare `ggml_view_tensor`. A CPY that is no view is `ggml_cast`'s, its own `src[1]`.
 #
 # After each rebuild the loader compares what ggml_lite computed — `ne`, `nb`, `nbytes`, the view
 # root and offset, `op_params` — with the record, and stops at the first difference. Loading a file
@@ -811,8 +812,8 @@ def rebuild_tensor(ctx: Context, e: dict, T: dict) -> Tensor:
         if e.get("view_src") is None:
             return ctx.new_tensor(type_by_name(e["type"]), e["ne"])
         return _view_tensor(ctx, e, T)
-    src = [None if i is None else T[i] for i in e["src"]]
-    call = ops.decode_op(op, e.get("op_params", []), src, e["ne"], e["nb"], e.get("view_src") is not None)
+    src = [None if i is None or i == e.get("id") else T[i] for i in e["src"]]  # (ggml_cast's src[1] is itself)
+    call = ops.decode_op(op, e["op_params"], src, e["ne"], e["nb"], e["view_src"] is not None, type_by_name(e["type"]))
     try:
         return ops.build(ctx, call)
     except GGMLLiteError:
@@ -997,13 +998,12 @@ def load_graph(source, step: int | None = None):
 # %% [markdown]
 # ## 5 · Writing: from tensors back to the schema
 #
-# `tensor_entry` derives every tensor field from the ggml_lite tensor; fields that are not part of a
-# tensor (placement and plan results) come from the record when there is one, or get their neutral
-# values (`buffer: null`). `graph_document` writes a file for a graph built with the API — the same
-# schema the CLI (`python -m ggml_lite plan`) reads — and `save_graph_file` writes a loaded file back.
-# The layout of the writer is the one of the `ggml-seed` files: top-level keys, `graph`, `steps` and
-# `tensors` one item per line, everything else on one line; for those files the output is identical
-# byte for byte.
+# `tensor_entry` derives every tensor field from the ggml_lite tensor; fields that are not part of a tensor
+# (placement and plan results) come from the record when there is one, or get their neutral values
+# (`buffer: null`). `graph_document` writes a file for a graph built with the API — the same schema the CLI
+# (`python -m ggml_lite plan`) reads — and `save_graph_file` writes a loaded file back. The layout of the
+# writer is the one of the `ggml-seed` files: top-level keys, `graph`, `steps` and `tensors` one item per
+# line, everything else on one line; for those files the output is identical byte for byte.
 
 # %%
 # | export

@@ -438,6 +438,40 @@ except gl.errors.GraphFileError as err:
     print(f"{type(err).__name__}: {err}")
 
 # %% [markdown]
+# ### A worked example: fixture 13, rebuilt by chapter 10's builder
+#
+# The project's LLaMA fixtures were recorded from the real ggml with the recorded variant of chapter 10's
+# builder (`build_llama(..., recorded=True)`: one more RESHAPE of Vcur per layer, and other names). Fixture
+# 13 is a Llama-2 7B at `n_ctx` 512 with every token an output. The recorded variant rebuilds it tensor for
+# tensor — 1,062 nodes, 33 per layer, each with the recorded name, op and shape — and its compute buffer is
+# the recorded one and the same as llama.cpp's own variant's (1,030 nodes): the extra RESHAPE is a view,
+# and names take no memory.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from ggml_lite.models.llama import PRESETS, build_llama, worst_case_batch  # noqa: E402
+
+p7 = PRESETS["llama-2-7b"]
+on_cpu = dict(token_embd="CPU", output="CPU", layers=["CPU"] * p7.n_layer, kv_cache=["CPU"] * p7.n_layer)
+fx = json.loads((FIXTURES / "13_llama7b_ctx512_all_outputs.json").read_text())
+by_id = {t["id"]: t for t in fx["graph"]["tensors"]}
+recorded_nodes = [by_id[i] for i in fx["graph"]["nodes"]]
+sizes = {}
+for recorded in (True, False):
+    m = p7.model(512)
+    ctxs13, g13, _ = build_llama(m, dict(on_cpu), worst_case_batch(512, 512), recorded=recorded)
+    for c in ctxs13[:-1]:
+        gl.alloc_ctx_tensors(c, gl.cpu_buffer_type())
+    ga = gl.GAllocr(gl.cpu_buffer_type())
+    ga.reserve(g13)
+    sizes[recorded] = (len(g13.nodes), ga.get_buffer_size(0))
+    if recorded:
+        same = [(n.name, n.op.name, list(n.ne)) for n in g13.nodes] == \
+               [(t["name"], t["op"], t["ne"]) for t in recorded_nodes]
+print("recorded variant:", sizes[True], "| llama.cpp:", sizes[False], "| fixture 13 node for node:", same,
+      "| recorded buffer:", fx["buffer_size"])
+
+# %% [markdown]
 # ### A picture: the plan ggml recorded, and ggml_lite's on top
 #
 # Each tensor of fixture 06 (one LLaMA block) that lives in the compute buffer is a bar from its offset
@@ -833,6 +867,8 @@ print(verify_numerics(doc01, run_plan(doc01)[0])[1])
 assert check_plan_file(doc02) == []
 assert len(check_plan_file(wrong)) == 2 and check_plan_file(wrong, limit=1) == check_plan_file(wrong)[:1]
 assert want06.offsets == got06.offsets and want06.buffer_size == got06.buffer_size
+assert same and sizes[True][0] == 1062 and sizes[False][0] == 1030
+assert sizes[True][1] == sizes[False][1] == fx["buffer_size"]
 assert plan_t.chunk_sizes == [16704, 10240, 13760] and plan_t.buffer_size == sum(plan_t.chunk_sizes) + 3 * 32
 recorded_today = json.loads((FIXTURES.parent / "ggml-today" / "03_llama_block_20kib.json").read_text())
 assert recorded_today["chunks"] == plan_t.chunk_sizes and check_plan_file(recorded_today) == []

@@ -16,8 +16,8 @@
 # Chapter 07 ported the CPU backend and the kernels a LLaMA graph computes: copies, the four binary
 # ops, the unary ops, scale, rms_norm, mul_mat, get_rows, the causal mask, softmax and rope. Chapter 01
 # builds more ops than that, and ggml's CPU backend computes all of them. This appendix ports the
-# rest — ADD1, SQR, SQRT, LOG, LEAKY_RELU, SUM, SUM_ROWS, MEAN, CONCAT, NORM and FLASH_ATTN_EXT — each after the few
-# lines of `ggml.c` it follows, and adds them to the backend's kernel table, the way a backend's op
+# rest — ADD1, SQR, SQRT, LOG, LEAKY_RELU, SUM, SUM_ROWS, MEAN, CONCAT, NORM, FLASH_ATTN_EXT, and the two
+# ops of a mixture of experts, ARGSORT and MUL_MAT_ID — each after the few lines of `ggml.c` it follows, and adds them to the backend's kernel table, the way a backend's op
 # table grows: one case per op, nothing else touched.
 #
 # Why an appendix: none of these is on the path from a token to its logits, and a reader of chapter 07
@@ -32,6 +32,7 @@
 # 2. Where ggml sums in double and where it rounds: SUM (two levels of `ggml_float`), SUM_ROWS and MEAN
 #    (one rounding per row), NORM (float32 deviations, a double sum of their squares).
 # 3. Which checks are `GGML_ASSERT` (every build) and which a debug-only `assert` (log against sqrt).
+# 4. Where ties go: ARGSORT's exchange sort (not stable), the top-k of a mixture of experts, and MUL_MAT_ID.
 #
 # Exported: `ggml_lite.cpu_kernels_more`. Lines of `ggml.c` are llama.cpp 1d1ccce's, as in chapter 07
 # (§1 there says why).
@@ -65,18 +66,27 @@ from ggml_lite.backend import tensor_get, tensor_set
 
 # %%
 # | export
-"""The CPU kernels a LLaMA graph does not need (appendix A7): ADD1, SQR, SQRT, LOG, LEAKY_RELU, SUM,
-SUM_ROWS, MEAN, CONCAT, NORM and FLASH_ATTN_EXT, ports of ggml.c's `ggml_compute_forward_*` (llama.cpp 1d1ccce lines),
-registered into the CPU backend's kernel table `ggml_lite.cpu.FORWARD` when this module is imported
-(`import ggml_lite` imports it)."""
+"""The CPU kernels a dense LLaMA graph does not need (appendix A7): ADD1, SQR, SQRT, LOG, LEAKY_RELU, SUM,
+SUM_ROWS, MEAN, CONCAT, NORM, FLASH_ATTN_EXT, ARGSORT and MUL_MAT_ID, ports of ggml.c's
+`ggml_compute_forward_*` (llama.cpp 1d1ccce lines), registered into the CPU backend's kernel table
+`ggml_lite.cpu.FORWARD` when this module is imported (`import ggml_lite` imports it)."""
 
 import numpy as np
 
-from ggml_lite.cpu import FORWARD, _alibi_slopes, _need_nb0, _need_type, _norm_input, _unary_rows
-from ggml_lite.errors import DataTypeError, LayoutError, ShapeError, UnsupportedOpError
-from ggml_lite.ops import GGML_PREC_DEFAULT, GGML_PREC_F32
-from ggml_lite.quants import F4, F8, fp16_to_fp32, fp32_to_fp16
-from ggml_lite.tensor import F16, F32, I32, Op, describe, is_contiguous, word_to_float
+from ggml_lite.cpu import (
+    FORWARD,
+    VEC_DOT_TYPE,
+    _alibi_slopes,
+    _need_nb0,
+    _need_rows,
+    _need_type,
+    _norm_input,
+    _unary_rows,
+)
+from ggml_lite.errors import DataTypeError, LayoutError, ShapeError, TensorBoundsError, UnsupportedOpError
+from ggml_lite.ops import GGML_PREC_DEFAULT, GGML_PREC_F32, SortOrder
+from ggml_lite.quants import F4, F8, QK, fp16_to_fp32, fp32_to_fp16
+from ggml_lite.tensor import F16, F32, I32, Q8_0, Op, describe, is_contiguous, word_to_float
 
 # %% [markdown]
 # ## 2 · Element-wise kernels
@@ -403,16 +413,123 @@ def compute_forward_flash_attn_ext(params, node) -> None:
     params.write(node, out.reshape(n3, nh, N, D).transpose(0, 2, 1, 3))
 
 # %% [markdown]
-# ## 6 · The op table grows
+# ## 6 · A mixture of experts: ARGSORT and MUL_MAT_ID
+#
+# An MoE layer (chapter 01's `top_k` and `mul_mat_id`) needs two more kernels. ARGSORT sorts each row's
+# indices by value, `ggml_compute_forward_argsort_f32` (ggml.c:15627-15664), and the sort is no library
+# sort, ggml.c:15653-15662:
+# ```c
+# for (int64_t j = 0; j < ne0; j++) {
+#     for (int64_t k = j + 1; k < ne0; k++) {
+#         if ((order == GGML_SORT_ORDER_ASC  && src_data[dst_data[j]] > src_data[dst_data[k]]) ||
+#             (order == GGML_SORT_ORDER_DESC && src_data[dst_data[j]] < src_data[dst_data[k]])) {
+#             /* swap dst_data[j] and dst_data[k] */
+# ```
+# Notice that it swaps position `j` with every later better one: an exchange sort, which is not stable.
+# Equal values come out in an order the swaps decide — `[1, 1, 2]` descending gives `[2, 1, 0]` where a
+# stable sort gives `[2, 0, 1]`, so of two experts with equal probability the top 2 take the later one —
+# and a NaN compares false, so it stays where the swaps leave it. Today's ggml sorts with `std::sort`
+# (the oracle's ggml 0.15.3 gives `[2, 0, 1]` there). The kernel takes a stable numpy
+# sort for the rows without ties (there every sort agrees) and runs the exchange sort itself, one numpy
+# step per pair `(j, k)` over all the other rows, so ties come out as in 2024. Rows are read at
+# `i·nb01` and written at `i·nb1`, elements contiguous.
+
+# %%
+# | export
+def compute_forward_argsort(params, node) -> None:
+    """`ggml_compute_forward_argsort_f32`: per row, the i32 indices sorted by value (`op_params[0]`: ASC or
+    DESC), with ggml's exchange sort where a row has equal values or a NaN; another order leaves 0..n-1."""
+    src = node.src[0]
+    _need_type(node, src, (F32,), "src0")
+    _need_nb0(node, node, "the result")
+    _need_rows(node, src, "src0")
+    _need_rows(node, node, "the result")
+    n = src.ne[0]
+    vals = params.read_f32(src).reshape(-1, n)
+    idx = np.tile(np.arange(n, dtype=np.int32), (vals.shape[0], 1))
+    order = node.op_params[0]
+    if order in (SortOrder.ASC, SortOrder.DESC) and n > 1:
+        s = np.sort(vals, axis=1)
+        ties = (s[:, 1:] == s[:, :-1]).any(axis=1) | np.isnan(vals).any(axis=1)
+        plain = np.argsort(vals if order == SortOrder.ASC else -vals, axis=1, kind="stable")
+        idx[~ties] = plain[~ties]
+        v, p = vals[ties], idx[ties]
+        r = np.arange(len(v))
+        for j in range(n):
+            for k in range(j + 1, n):
+                vj, vk = v[r, p[:, j]], v[r, p[:, k]]
+                swap = vj > vk if order == SortOrder.ASC else vj < vk
+                p[swap, j], p[swap, k] = p[swap, k], p[swap, j]
+        idx[ties] = p
+    params.write(node, idx)
+
+# %% [markdown]
+# MUL_MAT_ID, `ggml_compute_forward_mul_mat_id` (ggml.c:12742-12947), is MUL_MAT with a lookup: the
+# column for slot `id` of token `i12` is multiplied by expert `ids[id, i12]`. As in MUL_MAT, src1 is
+# first converted to the expert type's dot type (f16 for f16 experts, q8_0 for q8_0 and q4_0), then the
+# columns are grouped by expert, ggml.c:12818-12829, and each expert multiplies its group,
+# ggml.c:12915-12930:
+# ```c
+# const int64_t i11 = id % ne11;
+# const int64_t i12 = row_mapping.i2; // row index in src1
+# ...
+# float * dst_col = (float *) ((char *) dst->data + (i1*nb1 + i2*nb2));
+# ```
+# Notice `id % ne11`: with one src1 column per token (llama.cpp's `[n_embd, 1, n_tokens]` input) every
+# slot reads that column; with `n_used` columns (the down projection) slot `id` reads its own. Each
+# result column is a set of dot products of its own, so the grouping changes no value, and the tier's
+# `mul_mat` computes each group (the exact tier of appendix A2 dot by dot, bit for bit). An id outside
+# the experts is an out-of-bounds read in ggml (a debug-only `assert`); here it is refused.
+
+# %%
+# | export
+def compute_forward_mul_mat_id(params, node) -> None:
+    """`ggml_compute_forward_mul_mat_id`: dst[:, id, t] = as[:, :, ids[id, t]] · b[:, id % b.ne1, t], src1 in
+    the experts' dot type, each expert's columns multiplied by the tier's `mul_mat`."""
+    a, b, ids = node.src[0], node.src[1], node.src[2]
+    vdt = VEC_DOT_TYPE.get(a.type.name)
+    if vdt is None:
+        raise DataTypeError(f"MUL_MAT_ID {describe(node)}: no vec_dot for {a.type.name} experts {describe(a)}")
+    _need_type(node, ids, (I32,), "the expert ids")
+    if a.nb[0] != a.type.type_size or b.nb[0] != b.type.type_size:
+        raise LayoutError(f"MUL_MAT_ID {describe(node)}: ggml does not support permuted src0 or src1 "
+                          f"(nb00 = {a.nb[0]}, nb10 = {b.nb[0]})")
+    if not (node.nb[0] == 4 and node.nb[0] <= node.nb[1] <= node.nb[2] <= node.nb[3]):
+        raise LayoutError(f"MUL_MAT_ID {describe(node)}: the destination cannot be transposed or permuted")
+    if a.ne[0] != b.ne[0] or ids.ne[1] != b.ne[2] or b.ne[1] == 0 or list(node.ne) != [a.ne[1], ids.ne[0], b.ne[2], 1]:
+        raise ShapeError(f"MUL_MAT_ID {describe(node)}: experts {describe(a)}, {describe(b)} and ids "
+                         f"{describe(ids)} do not make the result")
+    if b.type is not vdt:
+        _need_type(node, b, (F32,), "src1")
+        if vdt is Q8_0 and b.ne[0] % QK:
+            raise ShapeError(f"MUL_MAT_ID {describe(node)}: rows of {describe(b)} are not whole q8_0 blocks")
+    sel = np.array(params.view(ids), copy=True)[0, 0]  # (n_tokens, n_used)
+    if sel.size and (sel.min() < 0 or sel.max() >= a.ne[2]):
+        bad = int(sel.min()) if sel.min() < 0 else int(sel.max())
+        raise TensorBoundsError(f"MUL_MAT_ID {describe(node)}: expert id {bad} of {describe(ids)} is outside "
+                                f"the {a.ne[2]} experts of {describe(a)}")
+    y = params.view(b) if b.type is vdt else params.read_f32(b)  # (1, n_tokens, ne11, K)
+    x = params.view(a)  # (1, n_expert, rows, K)
+    out = np.zeros((b.ne[2], ids.ne[0], a.ne[1]), F4)
+    for e in range(a.ne[2]):  # the experts in order, each with the columns that picked it
+        tok, slot = np.nonzero(sel == e)
+        if len(tok):
+            cols = y[0, tok, slot % b.ne[1]]
+            out[tok, slot] = params.arith.mul_mat(a.type, x[0, e][None, None], cols[None, None])[0, 0]
+    params.write(node, out)
+
+# %% [markdown]
+# ## 7 · The op table grows
 #
 # A backend's op table grows one case at a time: ggml added ADD1's case beside ADD's, and a port adds
-# a kernel and its entry. Here the eleven kernels are one table, `MORE_KERNELS`, and `register_kernels`
+# a kernel and its entry. Here the thirteen kernels are one table, `MORE_KERNELS`, and `register_kernels`
 # adds it to chapter 07's `FORWARD` when the module is imported. Nothing else changes: `supports_op`
 # still accepts every op but a `MUL_MAT` whose src1 is neither f32 nor src0's dot type, and an op
 # without a kernel still raises `UnsupportedOpError` when a graph reaches it — an op that could only
 # be missing if this module were not imported, which `ggml_lite/__init__.py` makes sure of. Chapter
-# 08's SIM backend and appendix A2's exact tier compute through the same `FORWARD`, so they get the eleven
-# kernels too. The case the table stands for, ggml.c:17197-17200:
+# 08's SIM backend and appendix A2's exact tier compute through the same `FORWARD`, so they get the
+# thirteen kernels too. (`ggml_cast`'s CPY needs nothing new: chapter 07's copy kernel reads `src[0]` and
+# writes the node, which for a cast is a tensor of its own rather than a view of `src[1]`.) The case the table stands for, ggml.c:17197-17200:
 # ```c
 # case GGML_OP_NORM:
 #     {
@@ -429,6 +546,7 @@ MORE_KERNELS = {  # op -> kernel, the cases of `ggml_compute_forward`'s switch t
     Op.LOG: compute_forward_log, Op.LEAKY_RELU: compute_forward_leaky_relu,
     Op.SUM: compute_forward_sum, Op.SUM_ROWS: compute_forward_sum_rows, Op.MEAN: compute_forward_mean,
     Op.CONCAT: compute_forward_concat, Op.NORM: compute_forward_norm, Op.FLASH_ATTN_EXT: compute_forward_flash_attn_ext,
+    Op.ARGSORT: compute_forward_argsort, Op.MUL_MAT_ID: compute_forward_mul_mat_id,
 }
 
 
@@ -442,7 +560,7 @@ def register_kernels(table: dict | None = None) -> None:
 register_kernels()
 
 # %% [markdown]
-# ## 7 · A worked example
+# ## 8 · A worked example
 #
 # One graph computes all ten ops on the CPU backend — two small f32 matrices `a` and `b` (`b` positive,
 # for SQRT and LOG) and a scalar `k` — and each result is compared with numpy's. The tensors live in
@@ -542,7 +660,35 @@ except gl.errors.UnsupportedOpError as e:
 print(refused)
 
 # %% [markdown]
-# ## 8 · Check
+# A mixture of experts in miniature: 3 tokens choose 2 of 4 experts (f16 matrices `[8, 6]`) from their
+# gate probabilities, and `mul_mat_id` multiplies each token's input by its two experts. The reference
+# is plain numpy, one expert matrix per chosen slot. Token 2's first two probabilities tie (0.25, 0.25,
+# 0.4, 0.1): the exchange sort takes experts 2 and 1, where a stable sort would take 2 and 0. The product
+# agrees to 1.9e-4 of its largest value: the input rounded to f16 (the experts' dot type), as ggml does.
+
+# %%
+m_ctx = gl.Context("moe")
+probs = m_ctx.new_tensor_2d(gl.F32, 4, 3, name="probs")
+sel = gl.top_k(m_ctx, probs, 2)
+exps = m_ctx.new_tensor_3d(gl.F16, 8, 6, 4, name="exps")
+cur = m_ctx.new_tensor_3d(gl.F32, 8, 1, 3, name="cur")
+up = gl.mul_mat_id(m_ctx, exps, cur, sel)
+gl.alloc_ctx_tensors(m_ctx, cpu)
+P = np.array([[0.1, 0.6, 0.2, 0.1], [0.5, 0.1, 0.1, 0.3], [0.25, 0.25, 0.4, 0.1]], np.float32)
+E = rng.standard_normal((4, 6, 8)).astype(np.float16)
+X = rng.standard_normal((3, 1, 8)).astype(np.float32)
+for t, x in ((probs, P), (exps, E), (cur, X)):
+    tensor_set(t, x)
+m_graph = gl.build_forward(up)
+cpu.graph_compute(m_graph)
+chosen = tensor_get(sel).reshape(3, 2)
+want = np.stack([[E[e].astype(np.float64) @ X[i, 0] for e in chosen[i]] for i in range(3)])
+moe_error = float(np.abs(tensor_get(up).reshape(3, 2, 6) - want).max() / np.abs(want).max())
+print("experts chosen:", chosen.tolist(), " a stable sort:", np.argsort(-P, axis=1, kind="stable")[:, :2].tolist())
+print(f"mul_mat_id ne {up.ne}: max |ggml_lite - numpy| / max |numpy| = {moe_error:.1e}")
+
+# %% [markdown]
+# ## 9 · Check
 
 # %%
 assert all(e <= 1e-6 for e in errors.values()), errors
@@ -550,5 +696,7 @@ assert tensor_get(total).item() == 1.0 and in_f32.item() == 0.0
 assert set(gl.Op) <= set(FORWARD), "every op of chapter 01 has a CPU kernel"
 assert fa_error <= gl.cpu.Arithmetic.TOLERANCE_MIXED, fa_error
 assert refused.startswith("FLASH_ATTN_EXT") and "q8_0" in refused
+assert chosen.tolist() == [[1, 2], [0, 3], [2, 1]] and moe_error <= gl.cpu.Arithmetic.TOLERANCE_MIXED, moe_error
+assert {gl.Op.ARGSORT, gl.Op.MUL_MAT_ID} <= set(MORE_KERNELS) and all(cpu.supports_op(t) for t in m_graph.nodes)
 assert all(cpu.supports_op(t) for t in results.values())
 print("appendix A7: all checks passed")

@@ -20,16 +20,19 @@ TINY = LlamaParams(n_vocab=64, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff
 
 
 def llama_shapes(p: LlamaParams) -> dict:
-    """{name: ne} of a dense LLaMA's tensors, in llama.cpp's converter's order (written out by hand here,
-    independently of ggml_lite.models.gguf)."""
+    """{name: ne} of a LLaMA's tensors, in llama.cpp's converter's order (written out by hand here,
+    independently of ggml_lite.models.gguf): dense, or with experts the router and the merged 3-d expert tensors."""
     gqa = p.n_embd // p.n_head * p.n_head_kv
     shapes = {"token_embd.weight": [p.n_embd, p.n_vocab], "output_norm.weight": [p.n_embd],
               "output.weight": [p.n_embd, p.n_vocab]}
     for il in range(p.n_layer):
         for name, ne in (("attn_norm", [p.n_embd]), ("attn_q", [p.n_embd, p.n_embd]), ("attn_k", [p.n_embd, gqa]),
                          ("attn_v", [p.n_embd, gqa]), ("attn_output", [p.n_embd, p.n_embd]), ("ffn_norm", [p.n_embd]),
-                         ("ffn_gate", [p.n_embd, p.n_ff]), ("ffn_down", [p.n_ff, p.n_embd]),
-                         ("ffn_up", [p.n_embd, p.n_ff])):
+                         *((("ffn_gate_inp", [p.n_embd, p.n_expert]), ("ffn_gate_exps", [p.n_embd, p.n_ff, p.n_expert]),
+                            ("ffn_down_exps", [p.n_ff, p.n_embd, p.n_expert]),
+                            ("ffn_up_exps", [p.n_embd, p.n_ff, p.n_expert])) if p.n_expert else
+                           (("ffn_gate", [p.n_embd, p.n_ff]), ("ffn_down", [p.n_ff, p.n_embd]),
+                            ("ffn_up", [p.n_embd, p.n_ff])))):
             shapes[f"blk.{il}.{name}.weight"] = ne
     return shapes
 
@@ -42,7 +45,9 @@ def llama_kv(p: LlamaParams) -> dict:
             "llama.attention.head_count": (p.n_head, VT.UINT32),
             "llama.attention.head_count_kv": (p.n_head_kv, VT.UINT32),
             "llama.attention.layer_norm_rms_epsilon": (p.rms_norm_eps, VT.FLOAT32),
-            "llama.rope.freq_base": (p.rope_freq_base, VT.FLOAT32)}
+            "llama.rope.freq_base": (p.rope_freq_base, VT.FLOAT32),
+            **({"llama.expert_count": (p.n_expert, VT.UINT32), "llama.expert_used_count": (p.n_expert_used, VT.UINT32)}
+               if p.n_expert else {})}
 
 
 def write_llama_gguf(path, p: LlamaParams = TINY, matrix_type=None, sparse: bool = False, kv: dict | None = None,
@@ -69,8 +74,8 @@ def write_llama_gguf(path, p: LlamaParams = TINY, matrix_type=None, sparse: bool
         if name in drop:
             continue
         k_quant = gguf.GGML_QUANT_SIZES[mtype][0] == 256  # a Q4_K_M-like file: the output in q6_K
-        t = (types or {}).get(name) or (QT.F32 if len(ne) == 1 else QT.Q6_K if name == "output.weight" and k_quant
-                                        else mtype)
+        t = (types or {}).get(name) or (QT.F32 if len(ne) == 1 or "ffn_gate_inp" in name  # (the router: f32)
+                                        else QT.Q6_K if name == "output.weight" and k_quant else mtype)
         block, size = gguf.GGML_QUANT_SIZES[t]
         nbytes = int(np.prod(ne)) // block * size
         shape = tuple(reversed(ne)) if block == 1 else (*reversed(ne[1:]), ne[0] // block * size)  # quantized: bytes
@@ -159,7 +164,8 @@ def oracle_params(path):
         n_layer=get("llama.block_count"), n_head=n_head, n_head_kv=per_layer("llama.attention.head_count_kv", n_head),
         n_ff=per_layer("llama.feed_forward_length"), n_rot=get("llama.rope.dimension_count"),
         rms_norm_eps=get("llama.attention.layer_norm_rms_epsilon"), rope_freq_base=get("llama.rope.freq_base", 10000.0),
-        n_ctx_train=get("llama.context_length"), wtype=type_by_code(types["blk.0.attn_q.weight"]).name)
+        n_ctx_train=get("llama.context_length"), wtype=type_by_code(types["blk.0.attn_q.weight"]).name,
+        n_expert=get("llama.expert_count", 0), n_expert_used=get("llama.expert_used_count", 0))
     return params, types, shapes
 
 

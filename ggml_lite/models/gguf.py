@@ -331,12 +331,14 @@ HPARAM_KEYS = {"n_vocab": "llama.vocab_size", "n_embd": "llama.embedding_length"
                "n_head": "llama.attention.head_count", "n_head_kv": "llama.attention.head_count_kv",
                "n_ff": "llama.feed_forward_length", "rms_norm_eps": "llama.attention.layer_norm_rms_epsilon",
                "rope_freq_base": "llama.rope.freq_base", "n_ctx_train": "llama.context_length",
-               "n_rot": "llama.rope.dimension_count"}  # LlamaParams' fields and the GGUF keys they come from
+               "n_rot": "llama.rope.dimension_count", "n_expert": "llama.expert_count",
+               "n_expert_used": "llama.expert_used_count"}  # LlamaParams' fields and the GGUF keys they come from
 
 
 def llama_hparams(h: GGUFHeader, wtype: str = "f16") -> LlamaParams:
     """`llm_load_hparams` for `LLM_ARCH_LLAMA`: the hyperparameters, each of its exact GGUF type; a
-    mixture of experts, or a head size or `n_rot` this port's LLaMA does not have, is refused."""
+    head size or `n_rot` this port's LLaMA does not have is refused. A mixture of experts has
+    `llama.expert_count` and `llama.expert_used_count` (both optional, 0 without experts)."""
     arch = _key(h, "general.architecture", "string")
     if arch != "llama":
         raise ModelError(f"{h.path}: a {arch[:80]!r} model; this report plans llama models only")
@@ -344,10 +346,6 @@ def llama_hparams(h: GGUFHeader, wtype: str = "f16") -> LlamaParams:
     if not 1 <= n_layer <= LLAMA_MAX_LAYERS:
         raise ModelError(f'{h.path}: kv["llama.block_count"]: expected 1 to {LLAMA_MAX_LAYERS} layers '
                          f"(LLAMA_MAX_LAYERS), found {n_layer}")
-    for key in ("llama.expert_count", "llama.expert_used_count"):
-        if _key(h, key, "uint32", False, 0):
-            raise ModelError(f"{h.path}: kv[{json.dumps(key)}]: {h.kv[key].value}, a mixture-of-experts llama; this "
-                             f"report plans dense llama models only")
     n_head = _key_or_arr(h, "llama.attention.head_count", n_layer)
     n_vocab = _key(h, "llama.vocab_size", "uint32", False)
     if n_vocab is None and "tokenizer.ggml.tokens" not in h.kv:
@@ -360,7 +358,9 @@ def llama_hparams(h: GGUFHeader, wtype: str = "f16") -> LlamaParams:
             n_ff=_key_or_arr(h, "llama.feed_forward_length", n_layer),
             rms_norm_eps=_key(h, "llama.attention.layer_norm_rms_epsilon", "float32"),
             rope_freq_base=_key(h, "llama.rope.freq_base", "float32", False, 10000.0),
-            n_ctx_train=_key(h, "llama.context_length", "uint32"), wtype=wtype)
+            n_ctx_train=_key(h, "llama.context_length", "uint32"), wtype=wtype,
+            n_expert=_key(h, "llama.expert_count", "uint32", False, 0),
+            n_expert_used=_key(h, "llama.expert_used_count", "uint32", False, 0))
     except ModelError as e:
         if str(e).startswith(h.path):
             raise
@@ -377,17 +377,21 @@ def llama_hparams(h: GGUFHeader, wtype: str = "f16") -> LlamaParams:
 
 # notebooks/A4_gguf_headers.py
 def llama_tensor_shapes(p: LlamaParams) -> dict:
-    """{name: ne} of the tensors `llm_load_tensors` creates for a dense `LLM_ARCH_LLAMA` without biases."""
-    gqa = p.n_embd // p.n_head * p.n_head_kv
+    """{name: ne} of the tensors `llm_load_tensors` creates for `LLM_ARCH_LLAMA` without biases: dense, or
+    with experts the router `ffn_gate_inp` and the experts' merged 3-d matrices `ffn_*_exps`."""
+    gqa, n_x = p.n_embd // p.n_head * p.n_head_kv, p.n_expert
     layer = {"attn_norm": [p.n_embd], "attn_q": [p.n_embd, p.n_embd], "attn_k": [p.n_embd, gqa],
-             "attn_v": [p.n_embd, gqa], "attn_output": [p.n_embd, p.n_embd], "ffn_norm": [p.n_embd],
-             "ffn_gate": [p.n_embd, p.n_ff], "ffn_down": [p.n_ff, p.n_embd], "ffn_up": [p.n_embd, p.n_ff]}
+             "attn_v": [p.n_embd, gqa], "attn_output": [p.n_embd, p.n_embd], "ffn_norm": [p.n_embd]}
+    layer.update({"ffn_gate_inp": [p.n_embd, n_x], "ffn_gate_exps": [p.n_embd, p.n_ff, n_x],
+                  "ffn_down_exps": [p.n_ff, p.n_embd, n_x], "ffn_up_exps": [p.n_embd, p.n_ff, n_x]} if n_x else
+                 {"ffn_gate": [p.n_embd, p.n_ff], "ffn_down": [p.n_ff, p.n_embd], "ffn_up": [p.n_embd, p.n_ff]})
     shapes = {"token_embd.weight": [p.n_embd, p.n_vocab], "output_norm.weight": [p.n_embd],
               "output.weight": [p.n_embd, p.n_vocab]}
     shapes.update({f"blk.{il}.{name}.weight": ne for il in range(p.n_layer) for name, ne in layer.items()})
     return shapes
 
 
+# notebooks/A4_gguf_headers.py
 def check_llama_tensors(h: GGUFHeader, p: LlamaParams) -> dict:
     """`llm_load_tensors`' checks for `LLM_ARCH_LLAMA` (`create_tensor`, `check_tensor_dims`,
     `done_getting_tensors`): {name: GGMLType} of every weight in the file (no output.weight: tied), or a
@@ -405,8 +409,11 @@ def check_llama_tensors(h: GGUFHeader, p: LlamaParams) -> dict:
     types = {}
     for name, ne in want.items():
         if name not in index:
+            old = p.n_expert and name.endswith("_exps.weight") and name.replace("_exps.", ".0.") in index
             raise ModelError(f"{h.path}: missing {name} (llama.cpp: tensor '{name}' not found; the header's "
-                             f"{p.n_layer} layers need {len(want)} tensors)")
+                             f"{p.n_layer} layers need {len(want)} tensors)" + (
+                                 "; this file stores each expert in a tensor of its own, the older layout llama.cpp "
+                                 "merges by copying, which this port does not plan" if old else ""))
         info = h.tensors[index[name]]
         pad = [1] * GGML_MAX_DIMS
         if (info.ne + pad)[:GGML_MAX_DIMS] != (ne + pad)[:GGML_MAX_DIMS]:
@@ -417,7 +424,8 @@ def check_llama_tensors(h: GGUFHeader, p: LlamaParams) -> dict:
                              f"found {types[name].name}")
     extra = [t.name for t in h.tensors if t.name not in want]
     if extra:
-        raise ModelError(f"{h.path}: tensors[{index[extra[0]]}] {extra[0]}: a tensor a dense LLaMA of {p.n_layer} "
+        kind = f"LLaMA with {p.n_expert} experts" if p.n_expert else "dense LLaMA"
+        raise ModelError(f"{h.path}: tensors[{index[extra[0]]}] {extra[0]}: a tensor a {kind} of {p.n_layer} "
                          f"layers does not have (llama.cpp: wrong number of tensors; expected {len(want)}, got "
                          f"{len(h.tensors)}; {len(extra)} unexpected)")
     return types  # (no output.weight: tied, see build_llama)

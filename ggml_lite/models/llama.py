@@ -17,36 +17,21 @@ from ggml_lite.buffer import BufferUsage, cpu_buffer_type
 from ggml_lite.cpu import cpu_init
 from ggml_lite.errors import ModelError, UnknownTypeError
 from ggml_lite.graph import GGML_DEFAULT_GRAPH_SIZE, Graph, build_forward_expand
-from ggml_lite.ops import (
-    add,
-    cont_2d,
-    cpy,
-    get_rows,
-    mul,
-    mul_mat,
-    permute,
-    reshape_2d,
-    reshape_3d,
-    rms_norm,
-    rope_ext,
-    silu,
-    soft_max_ext,
-    transpose,
-    view_1d,
-    view_2d,
-    view_3d,
-)
+from ggml_lite.models.llm_build import LlmBuildContext, llm_build_layer, llm_build_norm
+from ggml_lite.ops import cast, get_rows, mul_mat
 from ggml_lite.sched import GGML_SCHED_MAX_BACKENDS, BackendSched
 from ggml_lite.sim import sim_host_buffer_type, sim_init
 from ggml_lite.tallocr import alloc_ctx_tensors_from_buft
-from ggml_lite.tensor import F32, I32, Context, Tensor, row_size, set_input, set_output, type_by_name
+from ggml_lite.tensor import F16, F32, I32, Context, Tensor, set_input, set_output, type_by_name
 
 GGML_KQ_MASK_PAD = 32  # the mask's rows are padded to this many (llama.cpp's GGML_KQ_MASK_PAD)
 LLAMA_MAX_LAYERS = 512  # llama.cpp's per-layer hyperparameter arrays hold this many layers
+LLAMA_MAX_EXPERTS = 160  # llama.cpp 1d1ccce's limit on a mixture's experts (DeepSeek-V2's 160)
 UINT32_MAX = 2**32 - 1  # llama_hparams' counts are uint32_t
 INT32_MAX = 2**31 - 1  # n_gpu_layers, n_batch, n_ubatch and the graph's n_kv / n_tokens are int32_t
 INT64_MAX = 2**63 - 1  # ggml's ne and nb are int64_t / size_t: no tensor may hold more elements or bytes
 MAX_N_CTX = INT32_MAX // 32 * 32  # n_ctx, padded to 32, stays an int32 (n_kv in llm_build_context)
+MAX_N_CTX_FA = INT32_MAX // 256 * 256  # the same, padded to 256 (flash attention)
 MAX_DEVICES = GGML_SCHED_MAX_BACKENDS - 1  # the scheduler takes 16 backends, the CPU being one of them
 INT_TYPES = ("i8", "i16", "i32", "i64", "f64")  # no matrix product in ggml takes weights of these types
 
@@ -72,6 +57,23 @@ def check_float(name: str, value, least: float, flag: str | None = None, most: f
     return float(value)
 
 
+def check_experts(n_expert, n_expert_used, n_ff_elements: int) -> None:
+    """`llm_load_hparams`' asserts on a mixture of experts (`LLAMA_MAX_EXPERTS`, at most as many used as
+    there are, some used when there are experts and none otherwise), as `ModelError`s in llama.cpp's words."""
+    check_int("LlamaParams: n_expert", n_expert, 0, LLAMA_MAX_EXPERTS, "--n-expert", " (llama.cpp: GGML_ASSERT("
+              "hparams.n_expert <= LLAMA_MAX_EXPERTS))")
+    check_int("LlamaParams: n_expert_used", n_expert_used, 0, LLAMA_MAX_EXPERTS, "--n-expert-used")
+    if n_expert_used > n_expert:
+        raise ModelError(f"LlamaParams: n_expert_used (--n-expert-used) {n_expert_used} is more than n_expert "
+                         f"{n_expert} (llama.cpp: GGML_ASSERT(hparams.n_expert_used <= hparams.n_expert) failed)")
+    if n_expert and not n_expert_used:
+        raise ModelError(f"LlamaParams: n_expert_used (--n-expert-used) 0 with {n_expert} experts (llama.cpp: "
+                         f"GGML_ASSERT(hparams.n_expert_used > 0) failed)")
+    if n_expert * n_ff_elements > INT64_MAX:
+        raise ModelError(f"LlamaParams: n_embd * n_ff * n_expert (ffn_up_exps) = {n_expert * n_ff_elements} "
+                         f"elements, more than a ggml tensor holds (2^63 - 1)")
+
+
 # notebooks/10_llama.py
 @dataclass(frozen=True)
 class LlamaParams:
@@ -90,6 +92,8 @@ class LlamaParams:
     rope_freq_base: float = 10000.0
     n_ctx_train: int = 4096
     wtype: str = "f16"
+    n_expert: int = 0  # a mixture of experts: experts per layer, and how many each token uses
+    n_expert_used: int = 0
 
     def __post_init__(self):
         for field in ("n_vocab", "n_embd", "n_head", "n_head_kv", "n_ff"):
@@ -98,6 +102,7 @@ class LlamaParams:
         # (0 is a training context llama.cpp accepts: a context must then be asked for, n_ctx 0 is refused)
         check_int("LlamaParams: n_ctx_train", self.n_ctx_train, 0, UINT32_MAX, None, " (a uint32_t)")
         check_int("LlamaParams: n_layer", self.n_layer, 1, LLAMA_MAX_LAYERS, "--n-layer", " (LLAMA_MAX_LAYERS)")
+        check_experts(self.n_expert, self.n_expert_used, self.n_embd * self.n_ff)
         if self.n_embd % self.n_head:
             raise ModelError(f"LlamaParams: n_head (--n-head): expected a divisor of n_embd {self.n_embd}, "
                              f"found {self.n_head}")
@@ -135,13 +140,13 @@ class LlamaParams:
                                  f"elements each)")
         object.__setattr__(self, "wtype", wt.name)
 
-    def model(self, n_ctx: int, type_k: str = "f16", type_v: str | None = None) -> dict:
-        """The builder's model dictionary for a context of `n_ctx` cells (the KV cache's size) and the
-        cache's K and V types (`type_v` defaults to `type_k`)."""
+    def model(self, n_ctx: int, type_k: str = "f16", type_v: str | None = None, flash_attn: bool = False) -> dict:
+        """The builder's model dictionary for a context of `n_ctx` cells (the KV cache's size), the
+        cache's K and V types (`type_v` defaults to `type_k`) and whether attention is flash attention."""
         return dict(n_vocab=self.n_vocab, n_embd=self.n_embd, n_layer=self.n_layer, n_head=self.n_head,
                     n_head_kv=self.n_head_kv, n_ff=self.n_ff, n_ctx=n_ctx, wtype=self.wtype, kvtype=type_k,
-                    type_v=type_v or type_k,
-                    rms_norm_eps=self.rms_norm_eps,
+                    type_v=type_v or type_k, flash_attn=bool(flash_attn), n_expert=self.n_expert,
+                    n_expert_used=self.n_expert_used, rms_norm_eps=self.rms_norm_eps,
                     rope=dict(mode=0, n_dims=self.n_rot, n_ctx_orig=self.n_ctx_train, freq_base=self.rope_freq_base,
                               freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0))
 
@@ -157,6 +162,8 @@ PRESETS = {
     "llama-3.1-70b": LlamaParams(128256, 8192, 80, 64, 8, 28672, rope_freq_base=500000.0, n_ctx_train=131072),
     "mistral-7b": LlamaParams(32000, 4096, 32, 32, 8, 14336, n_ctx_train=32768),
     "tinyllama-1.1b": LlamaParams(32000, 2048, 22, 32, 4, 5632, n_ctx_train=2048),
+    "mixtral-8x7b": LlamaParams(32000, 4096, 32, 32, 8, 14336, rope_freq_base=1000000.0, n_ctx_train=32768,
+                                n_expert=8, n_expert_used=2),
 }
 
 
@@ -172,6 +179,10 @@ def preset(name: str) -> LlamaParams:
 # creation order (llama.cpp creates ffn_down before ffn_up: offsets differ, buffer sizes do not)
 LAYER_WEIGHTS = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
                  "ffn_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
+# a layer with experts (llama.cpp's order): the router, then the experts' three matrices, each 3-d
+EXPERT_WEIGHTS = {**{r: n for r, n in LAYER_WEIGHTS.items() if r not in ("gate", "up", "down")},
+                  "gate_inp": "ffn_gate_inp", "gate_exps": "ffn_gate_exps", "down_exps": "ffn_down_exps",
+                  "up_exps": "ffn_up_exps"}
 CONTEXT_ORDER = ("CPU", "FAKE", "FAKE1")  # weight contexts first, then cache contexts, each in this order
 
 
@@ -182,7 +193,7 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
     `batch`. Returns `(contexts in id order, graph, expand roots)`."""
     n_embd, n_head, n_head_kv = model["n_embd"], model["n_head"], model["n_head_kv"]
     n_ff, n_vocab, n_ctx = model["n_ff"], model["n_vocab"], model["n_ctx"]
-    n_gqa = n_embd // n_head * n_head_kv
+    n_gqa, n_expert = n_embd // n_head * n_head_kv, model.get("n_expert", 0)
     wtype, type_k = type_by_name(model["wtype"]), type_by_name(model["kvtype"])
     type_v = type_by_name(model.get("type_v", model["kvtype"]))
     ctxs = {}
@@ -206,11 +217,13 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
         weight(out_be, "output.weight", types.get("token_embd.weight", wtype) if tied else wtype, n_embd, n_vocab)
     shapes = {"attn_norm": (F32, n_embd), "attn_q": (wtype, n_embd, n_embd), "attn_k": (wtype, n_embd, n_gqa),
               "attn_v": (wtype, n_embd, n_gqa), "attn_output": (wtype, n_embd, n_embd), "ffn_norm": (F32, n_embd),
-              "ffn_gate": (wtype, n_embd, n_ff), "ffn_up": (wtype, n_embd, n_ff), "ffn_down": (wtype, n_ff, n_embd)}
+              "ffn_gate": (wtype, n_embd, n_ff), "ffn_up": (wtype, n_embd, n_ff), "ffn_down": (wtype, n_ff, n_embd),
+              "ffn_gate_inp": (F32, n_embd, n_expert), "ffn_gate_exps": (wtype, n_embd, n_ff, n_expert),
+              "ffn_down_exps": (wtype, n_ff, n_embd, n_expert), "ffn_up_exps": (wtype, n_embd, n_ff, n_expert)}
     rope: dict[int, Tensor] = {}  # a Llama 3.1 file's RoPE frequency factors, per layer
     mapped: list[Tensor] = []  # the host's one copy
     for il, be in enumerate(placement["layers"]):
-        for name in LAYER_WEIGHTS.values():
+        for name in (EXPERT_WEIGHTS if n_expert else LAYER_WEIGHTS).values():
             weight(be, f"blk.{il}.{name}.weight", *shapes[name])
             if name == "ffn_norm" and "rope_freqs.weight" in types:  # (created after ffn_norm, as llama.cpp does)
                 if be != "CPU" or not mapped:
@@ -237,135 +250,27 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
 # notebooks/10_llama.py
 def model_tensors(tensors_by_name: dict, n_layer: int) -> tuple:
     """`(w, layers)` of `build_graph` from existing tensors (a loaded model's weights and cache); without
-    `output.weight`, the output is `token_embd.weight` (tied embeddings)."""
+    `output.weight`, the output is `token_embd.weight` (tied embeddings); a layer with `ffn_gate_inp` has experts."""
     t = tensors_by_name
     w = {"token_embd": t["token_embd.weight"], "output_norm": t["output_norm.weight"],
          "output": t.get("output.weight", t["token_embd.weight"])}
-    layers = [{**{r: t[f"blk.{il}.{n}.weight"] for r, n in LAYER_WEIGHTS.items()},
+    roles = [EXPERT_WEIGHTS if f"blk.{il}.ffn_gate_inp.weight" in t else LAYER_WEIGHTS for il in range(n_layer)]
+    layers = [{**{r: t[f"blk.{il}.{n}.weight"] for r, n in roles[il].items()},
                "k_l": t[f"cache_k_l{il}"], "v_l": t[f"cache_v_l{il}"]} for il in range(n_layer)]
     return w, layers
 
 
 # notebooks/10_llama.py
-@dataclass
-class _Build:
-    """What the `llm_build_*` helpers share while building one graph (`llm_build_context`)."""
-
-    ctx: Context
-    model: dict
-    batch: dict
-    recorded: bool
-    roots: list
-
-    def name(self, t, name: str, il: int = -1):
-        """llama.cpp's `cb(t, name, il)`: `name-il`, or `name` outside the layers."""
-        return t.set_name(f"{name}-{il}" if il >= 0 else name)
-
-
-def llm_build_norm(b: _Build, x, weight, il: int, name: str = "norm"):
-    """`llm_build_norm` (LLM_NORM_RMS, a weight, no bias): rms_norm, then times the weight."""
-    cur = b.name(rms_norm(b.ctx, x, b.model["rms_norm_eps"]), name, il)
-    return mul(b.ctx, cur, weight)
-
-
-def llm_build_kv_store(b: _Build, k_cur, v_cur, L: dict, il: int) -> None:
-    """`llm_build_kv_store`: copy this batch's K rows into the cache at cell `kv_head` (a 1-d view), and
-    V transposed (a 2-d view whose rows are the cache's columns: V is stored one row per dimension)."""
-    n_tokens, kv_head = b.batch["n_tokens"], b.batch["kv_head"]
-    n_gqa, kvtype = L["k_l"].ne[0] // b.model["n_ctx"], L["k_l"].type
-    k_view = b.name(view_1d(b.ctx, L["k_l"], n_tokens * n_gqa, row_size(kvtype, n_gqa) * kv_head), "k_cache_view", il)
-    b.roots.append(cpy(b.ctx, k_cur, k_view))
-    elt = L["v_l"].type.type_size
-
-    def v_cache_view():
-        return view_2d(b.ctx, L["v_l"], n_tokens, n_gqa, b.model["n_ctx"] * elt, kv_head * elt)
-    if b.recorded:  # the recorder reshaped Vcur, transposed it, then made the view
-        v_t = transpose(b.ctx, reshape_2d(b.ctx, v_cur, n_gqa, n_tokens))
-        v_view = v_cache_view()
-    else:  # llama.cpp makes the view first
-        v_view = v_cache_view()
-        v_t = transpose(b.ctx, v_cur)
-    b.name(v_view, "v_cache_view", il)
-    b.roots.append(cpy(b.ctx, v_t, v_view))
-
-
-# notebooks/10_llama.py
-def llm_build_kqv(b: _Build, wo, q, kq_mask, L: dict, il: int):
-    """`llm_build_kqv` (no flash attention): scores, masked soft_max, weighted values, heads merged,
-    output projection. `q` is Q permuted to heads-major (`q-<il>`)."""
-    m, n_tokens, n_kv = b.model, b.batch["n_tokens"], b.batch["n_kv"]
-    head = m["n_embd"] // m["n_head"]
-    n_gqa, kvtype, elt = head * m["n_head_kv"], L["k_l"].type, L["v_l"].type.type_size
-    k = b.name(view_3d(b.ctx, L["k_l"], head, n_kv, m["n_head_kv"], row_size(kvtype, n_gqa), row_size(kvtype, head), 0),
-               "k", il)
-
-    def v_view():
-        nb1 = elt * m["n_ctx"]  # a row per dimension: n_ctx cells
-        return b.name(view_3d(b.ctx, L["v_l"], n_kv, head, m["n_head_kv"], nb1, nb1 * head, 0), "v", il)
-    v = v_view() if b.recorded else None  # (the recorder made both views before the scores)
-    kq = b.name(mul_mat(b.ctx, k, q), "kq", il)
-    scale = 1.0 / head ** 0.5 if b.recorded else float(np.float32(1) / np.sqrt(np.float32(head)))  # 1.0f/sqrtf(head)
-    kq = b.name(soft_max_ext(b.ctx, kq, kq_mask, scale, 0.0), "kq_soft_max_ext", il)
-    v = v if v is not None else v_view()
-    kqv = b.name(mul_mat(b.ctx, v, kq), "kqv", il)
-    merged = b.name(permute(b.ctx, kqv, 0, 2, 1, 3), "kqv_merged", il)
-    cur = b.name(cont_2d(b.ctx, merged, m["n_embd"], n_tokens), "kqv_merged_cont", il)
-    b.roots.append(cur)
-    return b.name(mul_mat(b.ctx, wo, cur), "kqv_out", il)
-
-
-def llm_build_ffn(b: _Build, x, L: dict, il: int):
-    """`llm_build_ffn` (LLM_FFN_SILU, LLM_FFN_PAR, no biases): down(silu(gate·x) ⊙ up·x)."""
-    up = b.name(mul_mat(b.ctx, L["up"], x), "ffn_up", il)
-    gate = b.name(silu(b.ctx, b.name(mul_mat(b.ctx, L["gate"], x), "ffn_gate", il)), "ffn_silu", il)
-    par = b.name(mul(b.ctx, gate, up), "ffn_gate_par", il)
-    return b.name(mul_mat(b.ctx, L["down"], par), "ffn_down" if b.recorded else "ffn_out", il)
-
-
-# notebooks/10_llama.py
-def llm_build_layer(b: _Build, inp_l, inp_pos, kq_mask, L: dict, il: int):
-    """One iteration of `build_llama`'s layer loop; returns the layer's output `l_out-<il>`."""
-    m, n_tokens, ctx = b.model, b.batch["n_tokens"], b.ctx
-    head, r = m["n_embd"] // m["n_head"], m["rope"]
-    rope_args = (r["n_dims"], r["mode"], r["n_ctx_orig"], r["freq_base"], r["freq_scale"], r["ext_factor"],
-                 r["attn_factor"], r["beta_fast"], r["beta_slow"])
-    inp_sa = inp_l
-    cur = b.name(llm_build_norm(b, inp_l, L["attn_norm"], il), "attn_norm", il)
-    q = b.name(mul_mat(ctx, L["wq"], cur), "Qcur", il)
-    k = b.name(mul_mat(ctx, L["wk"], cur), "Kcur", il)
-    v = b.name(mul_mat(ctx, L["wv"], cur), "Vcur", il)
-    factors = L.get("rope_freqs")  # (build_rope_factors: a Llama 3.1 file's, else none)
-    q = b.name(rope_ext(ctx, reshape_3d(ctx, q, head, m["n_head"], n_tokens), inp_pos, factors, *rope_args),
-               "Qcur_rope" if b.recorded else "Qcur", il)
-    k = b.name(rope_ext(ctx, reshape_3d(ctx, k, head, m["n_head_kv"], n_tokens), inp_pos, factors, *rope_args),
-               "Kcur_rope" if b.recorded else "Kcur", il)
-    b.roots += [q, k, v]  # llm_build_kv expands Q, K and V first
-    qp = b.name(permute(ctx, q, 0, 2, 1, 3), "q", il) if b.recorded else None  # (the recorder's order)
-    llm_build_kv_store(b, k, v, L, il)
-    qp = qp if qp is not None else b.name(permute(ctx, q, 0, 2, 1, 3), "q", il)  # in llm_build_kqv
-    cur = llm_build_kqv(b, L["wo"], qp, kq_mask, L, il)
-    if il == m["n_layer"] - 1:  # "skip computing output for unused tokens"
-        out_ids = b.name(ctx.new_tensor_1d(I32, b.batch["n_outputs"]), "inp_out_ids")
-        set_input(out_ids)
-        cur = get_rows(ctx, cur, out_ids)
-        inp_sa = get_rows(ctx, inp_sa, out_ids)
-    ffn_inp = b.name(add(ctx, cur, inp_sa), "ffn_inp", il)
-    cur = b.name(llm_build_norm(b, ffn_inp, L["ffn_norm"], il, "norm_ffn" if b.recorded else "norm"), "ffn_norm", il)
-    cur = llm_build_ffn(b, cur, L, il)
-    return b.name(add(ctx, cur, ffn_inp), "l_out", il)
-
-
-# notebooks/10_llama.py
-def llama_model_max_nodes(n_layer: int) -> int:
+def llama_model_max_nodes(n_layer: int, n_expert: int = 0) -> int:
     """`llama_model_max_nodes`: max(8192, 5 × the number of model tensors)."""
-    return max(8192, 5 * (3 + len(LAYER_WEIGHTS) * n_layer))
+    return max(8192, 5 * (3 + len(EXPERT_WEIGHTS if n_expert else LAYER_WEIGHTS) * n_layer))
 
 
 def build_graph(model: dict, w: dict, layers: list, batch: dict, recorded: bool = False):
     """`build_llama`: the compute context and graph of one batch (`n_tokens`, `n_kv`, `kv_head`,
     `n_outputs`) over the weights `w` / `layers` (a fresh graph per evaluation, as llama.cpp builds
     one). Returns `(context, graph, expand roots)`."""
-    b = _Build(Context("compute"), model, batch, recorded, [])
+    b = LlmBuildContext(Context("compute"), model, batch, recorded, [])
     n_tokens, ctx = batch["n_tokens"], b.ctx
     inp_tokens = b.name(ctx.new_tensor_1d(I32, n_tokens), "inp_tokens")
     set_input(inp_tokens)
@@ -374,6 +279,8 @@ def build_graph(model: dict, w: dict, layers: list, batch: dict, recorded: bool 
     set_input(inp_pos)
     kq_mask = b.name(ctx.new_tensor_2d(F32, batch["n_kv"], GGML_PAD(n_tokens, GGML_KQ_MASK_PAD)), "KQ_mask")
     set_input(kq_mask)
+    if model.get("flash_attn"):  # build_inp_KQ_mask: flash attention reads the mask as f16
+        kq_mask = cast(ctx, kq_mask, F16)
     for il, L in enumerate(layers):
         inp_l = llm_build_layer(b, inp_l, inp_pos, kq_mask, L, il)
     cur = b.name(llm_build_norm(b, inp_l, w["output_norm"], -1, "norm_out" if recorded else "norm"), "result_norm")
@@ -381,7 +288,7 @@ def build_graph(model: dict, w: dict, layers: list, batch: dict, recorded: bool 
     if recorded:
         set_output(cur)
     b.roots.append(cur)
-    graph = Graph(GGML_DEFAULT_GRAPH_SIZE if recorded else llama_model_max_nodes(len(layers)))
+    graph = Graph(GGML_DEFAULT_GRAPH_SIZE if recorded else llama_model_max_nodes(len(layers), model.get("n_expert", 0)))
     for r in b.roots:
         build_forward_expand(graph, r)
     return ctx, graph, b.roots
@@ -406,8 +313,10 @@ KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_
 def padded_n_ctx(n_ctx: int, flash_attn: bool = False) -> int:
     """`llama_new_context_with_model`'s `n_ctx`: padded to `llama_kv_cache_get_padding` (256 with flash
     attention, else 32)."""
-    check_int("n_ctx", n_ctx, 1, MAX_N_CTX, "--n-ctx", " (padded to 32, an int32 in llama.cpp's graph)")
-    return GGML_PAD(n_ctx, 256 if flash_attn else 32)
+    pad = 256 if flash_attn else 32
+    check_int("n_ctx", n_ctx, 1, MAX_N_CTX_FA if flash_attn else MAX_N_CTX, "--n-ctx",
+              f" (padded to {pad}, an int32 in llama.cpp's graph)")
+    return GGML_PAD(n_ctx, pad)
 
 
 def batch_sizes(n_ctx: int, n_batch: int = 2048, n_ubatch: int = 512) -> tuple:
@@ -416,7 +325,7 @@ def batch_sizes(n_ctx: int, n_batch: int = 2048, n_ubatch: int = 512) -> tuple:
     check_int("n_batch", n_batch, 0, INT32_MAX, "--n-batch")
     check_int("n_ubatch", n_ubatch, 0, INT32_MAX, "--n-ubatch")
     if n_batch == 0 and n_ubatch == 0:
-        raise ModelError("n_batch (--n-batch) and n_ubatch (--n-ubatch) cannot both be zero")
+        raise ModelError("n_batch (--n-batch) 0, n_ubatch (--n-ubatch) 0: n_batch and n_ubatch cannot both be zero")
     n_batch = max(min(n_ctx, n_batch), GGML_KQ_MASK_PAD)
     return n_batch, min(n_batch, n_ubatch if n_ubatch > 0 else n_batch)
 
@@ -429,10 +338,12 @@ def worst_case_batch(n_ctx: int, n_ubatch: int = 512) -> dict:
 
 # notebooks/10_llama.py
 def check_context(params: LlamaParams, n_ctx: int, n_ubatch: int, n_gpu_layers: int = 0, devices: int = 0,
-                  tensor_split=None, type_k: str = "f16", type_v: str | None = None) -> None:
+                  tensor_split=None, type_k: str = "f16", type_v: str | None = None, flash_attn: bool = False) -> None:
     """The checks of `llama_new_context_with_model` and `llm_load_tensors` on a context's parameters, made
     before any planning: a `ModelError` naming the parameter and its flag, what was expected and found."""
-    padded_n_ctx(n_ctx)
+    if not isinstance(flash_attn, bool):
+        raise ModelError(f"flash_attn (--flash-attn): expected true or false, found {flash_attn!r}")
+    padded_n_ctx(n_ctx, flash_attn)
     check_int("n_ubatch", n_ubatch, 1, INT32_MAX, "--n-ubatch")
     check_int("n_gpu_layers", n_gpu_layers, 0, INT32_MAX, "--n-gpu-layers")
     check_int("devices", devices, 0, MAX_DEVICES, "--devices",
@@ -449,15 +360,20 @@ def check_context(params: LlamaParams, n_ctx: int, n_ubatch: int, n_gpu_layers: 
         if sum(tensor_split) > flt_max:
             raise ModelError(f"tensor_split (--tensor-split): the weights add up to {sum(tensor_split):g}, more than a "
                              f"float holds ({flt_max:g})")
-    if type_k not in KV_TYPES:
-        raise ModelError(f"type_k (--type-k): expected one of {', '.join(KV_TYPES)}, found {type_k!r}")
-    if (type_v or "f16") != "f16":
-        raise ModelError(f"type_v (--type-v): expected f16, found {type_v!r}: V cache quantization requires flash "
-                         f"attention, which llama.cpp's graph here leaves off")
-    head, blck = params.n_embd // params.n_head, type_by_name(type_k).blck_size
-    if head % blck:
-        raise ModelError(f"type_k (--type-k) {type_k}: the head size {head} is not a whole number of its blocks "
-                         f"({blck} elements each)")
+    type_v = "f16" if type_v is None else type_v
+    for flag, t in (("type_k", type_k), ("type_v", type_v)):
+        if t not in KV_TYPES:
+            raise ModelError(f"{flag} (--{flag.replace('_', '-')}): expected one of {', '.join(KV_TYPES)}, found {t!r}")
+    if type_v != "f16" and not flash_attn:  # (any type but f16, f32 too: llama.cpp tests type_v != F16)
+        raise ModelError(f"type_v (--type-v) {type_v}: V cache quantization requires flash_attn (--flash-attn), "
+                         f"as llama_new_context_with_model says")
+    head = params.n_embd // params.n_head
+    for flag, t in (("type_k", type_k), ("type_v", type_v)):  # n_embd_head_k, then n_embd_head_v
+        blck = type_by_name(t).blck_size
+        if head % blck:
+            raise ModelError(f"{flag} (--{flag.replace('_', '-')}) {t}: the head size {head} is not a whole number "
+                             f"of its blocks ({blck} elements each; llama.cpp: GGML_ASSERT(hparams.n_embd_head_"
+                             f"{flag[-1]} % ggml_blck_size({flag}) == 0) failed)")
 
 
 # notebooks/10_llama.py
@@ -492,7 +408,7 @@ def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, ten
 def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0,
                 devices: int = 0, tensor_split=None, type_k: str = "f16", type_v: str | None = None,
                 offload_kqv: bool = True, trace: bool = False, tensor_types: dict | None = None,
-                gpu_init=None, sched_class=BackendSched) -> dict:
+                gpu_init=None, sched_class=BackendSched, flash_attn: bool = False) -> dict:
     """What `llama_new_context_with_model` allocates: per backend the weights, the KV cache and the
     compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
     split counts and the scheduler's n_copies. Sizes in bytes. With `trace`, also the graph allocator's
@@ -500,11 +416,11 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
     GPU's backend (default: a SIM device like CUDA) and `sched_class` the scheduler, for chapter 12's
     devices and scheduler of today; `reserved` is false where a device refused a compute buffer
     (llama.cpp: "failed to allocate compute buffers")."""
-    check_context(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v)
-    n_ctx, type_v = padded_n_ctx(n_ctx), type_v or "f16"
+    check_context(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, flash_attn)
+    n_ctx, type_v = padded_n_ctx(n_ctx, flash_attn), type_v or "f16"
     placement = layer_placement(params.n_layer, n_gpu_layers, devices, tensor_split, offload_kqv)
     batch = worst_case_batch(n_ctx, n_ubatch)
-    model = {**params.model(n_ctx, type_k, type_v), "tensor_types": tensor_types}
+    model = {**params.model(n_ctx, type_k, type_v, flash_attn), "tensor_types": tensor_types}
     ctxs, graph, _ = build_llama(model, placement, batch)
     _check_sizes(ctxs, n_ctx, batch["n_tokens"])
     gpus = [(gpu_init or cuda_like)(f"GPU{i}") for i in range(devices)]
@@ -523,7 +439,7 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
     full_offload = n_gpu_layers > params.n_layer and devices > 0
     parallel = devices > 1 and full_offload and offload_kqv
     sched = sched_class(list(backends.values()), bufts=list(bufts.values()),
-                         graph_size=llama_model_max_nodes(params.n_layer), parallel=parallel)
+                         graph_size=llama_model_max_nodes(params.n_layer, params.n_expert), parallel=parallel)
     _pin_like_llama_cpp(sched, graph, placement, backends, batch["n_tokens"] < 32 or full_offload, offload_kqv)
     events: list = []
     if trace:  # the scheduler's graph allocator and its dynamic allocators report every decision

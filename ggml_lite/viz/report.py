@@ -2,9 +2,11 @@
 # Edit the notebook, then run `make export`.
 
 # notebooks/10_llama.py
-"""Pictures of the memory report (chapter 10): stacked bars per device, and a widget that re-plans."""
+"""Pictures of the memory report (chapter 10): each device's memory in two panels, the whole and the
+parts beside the weights, and a widget that re-plans."""
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from ggml_lite.report import MiB, memory_report
 from ggml_lite.viz.memory import show_static_frame
@@ -12,30 +14,62 @@ from ggml_lite.viz.memory import show_static_frame
 PARTS = {"weights": "#636efa", "kv": "#00cc96", "output": "#ffa15a", "compute": "#ef553b"}
 
 
+def _size(mib: float) -> str:
+    """A part's label: MiB below 1 GiB, GiB from 1 GiB; nothing for an empty part."""
+    return "" if not mib else f"{mib / 1024:.2f} GiB" if mib >= 1024 else f"{mib:.2f} MiB"
+
+
 def report_figure(rep, title: str | None = None) -> go.Figure:
-    """Stacked bars, one per device: its weights, KV cache, output and compute buffers (MiB)."""
+    """Two panels, a row per device. Left, the whole device: its weights, KV cache, output and compute
+    buffers stacked (GiB), the total at the end. Right, the same devices without their weights (MiB), each
+    part a bar of its own, so that what the weights dwarf stays legible. Every part is labelled with its
+    size where it fits (small weights beside the total); hovering gives the exact MiB."""
     names = [d["name"] for d in rep.devices]
-    fig = go.Figure([go.Bar(name=part, x=names, y=[d[part] / MiB for d in rep.devices], marker_color=color,
-                            hovertemplate=part + ": %{y:.2f} MiB<extra></extra>") for part, color in PARTS.items()])
-    fig.update_layout(barmode="stack", title=title or "memory per device", yaxis=dict(title="MiB"), height=360,
-                      margin=dict(l=20, r=20, t=50, b=40), legend=dict(orientation="h", y=-0.15))
-    return fig
+    mib = {part: [d[part] / MiB for d in rep.devices] for part in PARTS}
+    totals = [sum(m) for m in zip(*mib.values(), strict=True)]
+    fig = make_subplots(1, 2, horizontal_spacing=0.04, subplot_titles=("the whole (GiB)", "without the weights (MiB)"))
+    for part, color in PARTS.items():
+        common = dict(name=part, y=names, orientation="h", customdata=mib[part], marker_color=color,
+                      legendgroup=part, hovertemplate=f"%{{y}} {part}: %{{customdata:,.2f}} MiB<extra></extra>")
+        fig.add_trace(go.Bar(x=[m / 1024 for m in mib[part]], text=[_size(m) for m in mib[part]], offsetgroup="all",
+                             textposition="inside", insidetextanchor="middle", textangle=0, **common), row=1, col=1)
+        if part != "weights":  # one bar per part, its name and size beside it (0 for an empty part)
+            fig.add_trace(go.Bar(x=mib[part], text=[f"{part} {_size(m) or 0}" for m in mib[part]], offsetgroup=part,
+                                 textposition="outside", constraintext="none", cliponaxis=False, showlegend=False,
+                                 **common), row=1, col=2)
+    top = max(totals, default=0) or 1.0
+    fig.add_trace(go.Scatter(  # the totals, and the weights where their bar is too short for a label
+        x=[x / 1024 for x in totals], y=names, mode="text", textposition="middle right", showlegend=False,
+        text=[f" {_size(x)}" + (f" (weights {_size(w)})" if 0 < w < 0.15 * top else "")
+              for x, w in zip(totals, mib["weights"], strict=True)], hoverinfo="skip", cliponaxis=False), row=1, col=1)
+    rest, height = max([m for part in PARTS if part != "weights" for m in mib[part]] + [1.0]), 180 + 80 * len(names)
+    return fig.update_layout(
+        barmode="stack", title=title or "memory per device", height=height, uniformtext=dict(minsize=9, mode="hide"),
+        xaxis=dict(range=[0, top / 1024 * 1.45]), xaxis2=dict(range=[0, rest * 1.3]), yaxis=dict(autorange="reversed"),
+        yaxis2=dict(autorange="reversed", showticklabels=False), margin=dict(l=20, r=20, t=80, b=50),
+        legend=dict(orientation="h", x=0, y=-30 / (height - 130), yanchor="top"))
 
 
-def report_widget(params, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0, devices: int = 1):
-    """Sliders for n_ctx, n_ubatch and n_gpu_layers; each move re-plans (`memory_report`) and redraws
-    the bars and the peak's tensors (its first frame shown statically too, as `show_static_frame` says)."""
+# notebooks/10_llama.py
+def report_widget(params, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0, devices: int = 1,
+                  flash_attn: bool = False):
+    """Sliders for n_ctx, n_ubatch and n_gpu_layers and a "flash attention" box (`flash_attn`, llama.cpp's
+    `-fa`); each move re-plans (`memory_report`) and redraws the bars and the peak's tensors (its first
+    frame shown statically too, as `show_static_frame` says)."""
     import ipywidgets as w
     from IPython.display import display
 
     ctx = w.IntSlider(value=n_ctx, min=32, max=max(params.n_ctx_train, n_ctx), step=32, description="n_ctx")
     ub = w.IntSlider(value=n_ubatch, min=32, max=2048, step=32, description="n_ubatch")
     gl_ = w.IntSlider(value=n_gpu_layers, min=0, max=params.n_layer + 1, description="n_gpu_layers")
+    fa = w.Checkbox(value=flash_attn, description="flash attention")
     out = w.Output()
 
     def render():
-        rep = memory_report(params, ctx.value, n_ubatch=ub.value, n_gpu_layers=gl_.value, devices=devices)
-        display(report_figure(rep, f"n_ctx {ctx.value}, n_ubatch {ub.value}, {gl_.value} layers offloaded"))
+        rep = memory_report(params, ctx.value, n_ubatch=ub.value, n_gpu_layers=gl_.value, devices=devices,
+                            flash_attn=fa.value)
+        display(report_figure(rep, f"n_ctx {ctx.value}, n_ubatch {ub.value}, {gl_.value} layers offloaded"
+                                   + (", flash attention" if fa.value else "")))
         for buft, pk in rep.peaks.items():
             top = ", ".join(f"{t['name']} {t['bytes'] / MiB:.1f}" for t in pk["live"][:3])
             print(f"{buft}: peak {pk['bytes'] / MiB:.2f} MiB at {pk['node']} — {top} (MiB)")
@@ -45,8 +79,8 @@ def report_widget(params, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: i
             out.clear_output(wait=True)
             render()
 
-    show_static_frame("a widget with sliders for n_ctx, n_ubatch and n_gpu_layers", render)
-    for s in (ctx, ub, gl_):
+    show_static_frame("a widget with sliders for n_ctx, n_ubatch and n_gpu_layers and a flash attention box", render)
+    for s in (ctx, ub, gl_, fa):
         s.observe(show, names="value")
     show()
-    return w.VBox([w.HBox([ctx, ub, gl_]), out])
+    return w.VBox([w.HBox([ctx, ub, gl_, fa]), out])

@@ -7,7 +7,7 @@ import ctypes
 
 import ggml_lite as gl
 from ggml_lite.ops import op_call
-from ggml_lite.tensor import Op, UnaryOp
+from ggml_lite.tensor import GGMLType, Op, UnaryOp
 
 from .bindings import ALIGNMENT, FLAG_MASK, _op_name, _type_code, _unary_code, need_ggml
 
@@ -24,10 +24,11 @@ def _addr(p) -> int:
 def _call_op(g, ctx, t, s):
     """Call the ggml constructor that builds `t` (a ggml_lite tensor) from the mirrored sources `s`: the
     call the op table gives (`ops.op_call`: `ggml_<ctor>[_inplace](ctx, *sources, *args)`), with a
-    `UnaryOp` argument mapped to ggml's code; then the table's setters on the result (`call.then`:
-    `ggml_<setter>(t, value)`, e.g. `ggml_flash_attn_ext_set_prec`)."""
+    `UnaryOp` or type argument (`ggml_cast`) mapped to ggml's code; then the table's setters on the result
+    (`call.then`: `ggml_<setter>(t, value)`, e.g. `ggml_flash_attn_ext_set_prec`)."""
     call = op_call(t, s)
-    args = [_unary_code(a) if isinstance(a, UnaryOp) else a for a in call.c_args]
+    args = [_unary_code(a) if isinstance(a, UnaryOp) else _type_code(a) if isinstance(a, GGMLType) else a
+            for a in call.c_args]
     p = getattr(g, call.c_name)(ctx, *call.sources, *args)
     for setter, value in call.then:
         if p:
@@ -246,7 +247,8 @@ def mirror(graph_or_tensors, roots=None, preallocated=(), graph_size: int | None
                 if u in m.ptr:
                     stack.pop()
                     continue
-                deps = [d for d in (*u.src, u.view_src) if d is not None and d not in m.ptr]
+                # (not u itself: ggml_cast's src[1] is its own result)
+                deps = [d for d in (*u.src, u.view_src) if d is not None and d is not u and d not in m.ptr]
                 if deps:
                     stack.extend(deps)
                     continue
@@ -370,7 +372,7 @@ def _create(g, ctx, t, m: Mirror):
                 c.op_params[i] = 0
             c.nb[0] = t.nb[0]
     else:
-        p = _call_op(g, ctx, t, [m.ptr[s] if s is not None else None for s in t.src])
+        p = _call_op(g, ctx, t, [m.ptr[s] if s is not None and s is not t else None for s in t.src])
     if not p:
         raise MirrorMismatch(f"ggml returned NULL for {t!r}")
     g.ggml_set_name(p, t.name.encode("utf-8"))

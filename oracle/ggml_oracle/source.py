@@ -34,6 +34,8 @@ def graph_to_code(rg: RandomGraph) -> str:
 
 
 def _arg_code(a) -> str:
+    if isinstance(a, gl.GGMLType):  # ggml_cast's type
+        return f"gl.{a.name.upper()}"
     return f"gl.UnaryOp.{a.name}" if isinstance(a, UnaryOp) else repr(a)
 
 

@@ -268,7 +268,7 @@ FLAGS = st.fixed_dictionaries({}, optional={
     "--n-ctx": st.one_of(st.integers(1, 4096), INT_FLAG), "--n-batch": INT_FLAG, "--n-ubatch": INT_FLAG,
     "--n-gpu-layers": INT_FLAG, "--devices": st.one_of(st.integers(0, 3), INT_FLAG),
     "--type-k": st.sampled_from([*KV_TYPES, "F16", "q9", "q4_K", ""]),
-    "--type-v": st.sampled_from(["f16", "q8_0", "x"]),
+    "--type-v": st.sampled_from([*KV_TYPES, "x"]), "--flash-attn": st.just(None),
     "--vram": FLOAT_TEXT, "--tensor-split": st.lists(FLOAT_TEXT, min_size=0, max_size=4).map(",".join),
     "--no-kv-offload": st.just(None), "--fit": st.just(None),
 })
@@ -280,7 +280,9 @@ MODEL = st.one_of(
                            "--n-head": st.sampled_from([1, 2, 4, 3, 0]),
                            "--n-ff": st.one_of(st.integers(1, 300), INT_FLAG)},
                           optional={"--n-head-kv": st.sampled_from([1, 2, 3, 0, -1]),
-                                    "--wtype": st.sampled_from(["f16", "q4_0", "Q8_0", "i32", "q9", "f32"])}
+                                    "--wtype": st.sampled_from(["f16", "q4_0", "Q8_0", "i32", "q9", "f32"]),
+                                    "--n-expert": st.sampled_from([0, 1, 4, 8, 161, -1]),
+                                    "--n-expert-used": st.sampled_from([0, 1, 2, 4, 9])}
                           ).map(lambda d: [x for k, v in d.items() for x in (k, str(v))]),
 )
 
@@ -301,7 +303,7 @@ def _api_request(model_argv: list, flags: dict) -> tuple:
                         n_ubatch=int(flags.get("--n-ubatch", 512)), devices=int(flags.get("--devices", 0)),
                         tensor_split=[float(x) for x in split.split(",")] if split is not None else None,
                         type_k=flags.get("--type-k", "f16"), type_v=flags.get("--type-v", "f16"),
-                        offload_kqv="--no-kv-offload" not in flags)
+                        offload_kqv="--no-kv-offload" not in flags, flash_attn="--flash-attn" in flags)
 
 
 def _api_report(model_argv: list, flags: dict) -> dict:
@@ -312,7 +314,7 @@ def _api_report(model_argv: list, flags: dict) -> dict:
 
 def _api_fit(model_argv: list, flags: dict) -> tuple:
     """What `fit` gives for the same request (what --fit must print)."""
-    from ggml_lite.report import fit
+    from ggml_lite.fit import fit
 
     params, kw = _api_request(model_argv, flags)
     return fit(params, float(flags["--vram"]), kw.pop("n_ctx"), kw.pop("devices"), **kw)
@@ -417,21 +419,24 @@ def test_valid_files_give_the_right_report(tmp_path, long_run, capsys):
               suppress_health_check=list(HealthCheck))
     @given(d=VALID_MODEL, mtype=st.sampled_from([QT.F16, QT.F32, QT.Q8_0, QT.Q4_0, QT.BF16]), tied=st.booleans(),
            rope=st.booleans(), arrays=st.booleans(), tokens=st.booleans(),
-           place=st.sampled_from([[], ["--devices", "1", "-ngl", "2"], ["--devices", "2", "-ngl", "9", "-ts", "1,3"]]))
-    def case(d, mtype, tied, rope, arrays, tokens, place):
-        p = LlamaParams(**d, n_ctx_train=256)
+           place=st.sampled_from([[], ["--devices", "1", "-ngl", "2"], ["--devices", "2", "-ngl", "9", "-ts", "1,3"]]),
+           experts=st.sampled_from([(0, 0), (0, 0), (4, 1), (8, 2), (4, 4)]), fa=st.booleans())
+    def case(d, mtype, tied, rope, arrays, tokens, place, experts, fa):
+        p = LlamaParams(**d, n_ctx_train=256, n_expert=experts[0], n_expert_used=experts[1])
         kv = {"llama.vocab_size": None} if tokens else {}
         if arrays:
             kv["llama.attention.head_count_kv"] = ([p.n_head_kv] * p.n_layer, VT.ARRAY, VT.INT32)
         path = write_llama_gguf(tmp_path / "v.gguf", p, mtype, kv=kv, drop=("output.weight",) if tied else (),
                                 extra={"rope_freqs.weight": [p.n_rot // 2]} if rope else None,
                                 tokens=p.n_vocab if tokens else 0)
-        o = assert_sound(run_cli(["llama", "--gguf", path, "--json", "-c", "128", *place]), allow=(0,))
+        o = assert_sound(run_cli(["llama", "--gguf", path, "--json", "-c", "128", *place, *(["-fa"] if fa else [])]),
+                         allow=(0,))
         params, codes, _ = oracle_params(path)
         types = {name: type_by_code(code) for name, code in codes.items()}
         devices = int(place[1]) if place else 0
         want = memory_report(params, 128, n_gpu_layers=int(place[3]) if place else 0, devices=devices,
-                             tensor_split=[1.0, 3.0] if devices == 2 else None, tensor_types=types, why=False).to_json()
+                             tensor_split=[1.0, 3.0] if devices == 2 else None, tensor_types=types, why=False,
+                             flash_attn=fa).to_json()
         doc = json.loads(o.out)
         assert (doc["model"], doc["graph"], doc["devices"]) == (want["model"], want["graph"], want["devices"]), \
             o.describe()

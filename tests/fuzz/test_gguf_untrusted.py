@@ -367,7 +367,14 @@ def test_the_command_line_notes_a_header_only_file(tmp_path):
     ({"llama.attention.layer_norm_rms_epsilon": (1e-5, VT.FLOAT64)}, "expected a float32, found a float64"),
     ({"llama.attention.layer_norm_rms_epsilon": (float("nan"), VT.FLOAT32)}, "rms_norm_eps: expected a finite number"),
     ({"llama.rope.freq_base": (float("inf"), VT.FLOAT32)}, "rope_freq_base: expected a finite number above 0"),
-    ({"llama.expert_count": (8, VT.UINT32), "llama.expert_used_count": (2, VT.UINT32)}, "a mixture-of-experts llama"),
+    # a mixture of experts whose file holds a dense LLaMA's tensors: the router is missing
+    ({"llama.expert_count": (8, VT.UINT32), "llama.expert_used_count": (2, VT.UINT32)},
+     "missing blk.0.ffn_gate_inp.weight"),
+    ({"llama.expert_count": (8, VT.UINT32)}, 'kv["llama.expert_used_count"]: the header\'s hyperparameters make no'),
+    ({"llama.expert_count": (161, VT.UINT32), "llama.expert_used_count": (2, VT.UINT32)},
+     "GGML_ASSERT(hparams.n_expert <= LLAMA_MAX_EXPERTS)"),
+    ({"llama.expert_count": (8, VT.INT32), "llama.expert_used_count": (2, VT.UINT32)},
+     'kv["llama.expert_count"]: expected a uint32'),
     ({"general.architecture": (7, VT.UINT32)}, 'kv["general.architecture"]: expected a string, found a uint32 (7)'),
 ])
 def test_metadata_of_the_wrong_type_or_value_is_refused(tmp_path, kv, message):

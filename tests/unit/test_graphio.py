@@ -420,3 +420,55 @@ def test_flash_attn_ext_round_trips_with_its_precision():
         ts[m].update(ne=[64, 8, 1, 1], nb=[2, 128, 1024, 1024], nbytes=1024, alloc_size=1024)
     with pytest.raises(errors.ShapeError, match="'mask'.*need at least 32"):
         load_edited(doc, short_mask)
+
+
+def _moe_doc():
+    """A graph with every new op of issue 26's MoE and flash-attention graphs: ggml_cast (its src[1] is
+    itself), ARGSORT and its top-k VIEW, MUL_MAT_ID; nodes listed without expand_roots too."""
+    ctx = gl.Context("compute")
+    probs = gl.soft_max(ctx, ctx.new_tensor_2d(gl.F32, 8, 5, name="logits"))
+    sel = gl.top_k(ctx, probs, 2)
+    up = gl.mul_mat_id(ctx, ctx.new_tensor_3d(gl.Q8_0, 32, 16, 8, name="up_exps"),
+                       ctx.new_tensor_3d(gl.F32, 32, 1, 5, name="cur"), sel)
+    asc = gl.argsort(ctx, ctx.new_tensor_2d(gl.F32, 6, 3, name="scores"), gl.SortOrder.ASC)
+    mask = gl.cast(ctx, ctx.new_tensor_2d(gl.F32, 64, 32, name="KQ_mask"), gl.F16)
+    gf = gl.Graph()
+    for r in (up, asc, mask):
+        gl.build_forward_expand(gf, r)
+    return gf, graph_document(gf, [ctx], [up, asc, mask], fixture="moe"), mask
+
+
+def test_moe_ops_and_cast_round_trip():
+    gf, doc, mask = _moe_doc()
+    gf2 = read_graph_file(doc)
+    assert json.dumps(to_document(gf2)) == json.dumps(doc)
+    got = {t.name: t for t in gf2.graph.nodes}
+    m2 = got["KQ_mask (copy)"]
+    assert m2.src[1] is m2 and m2.view_src is None and m2.type is gl.F16 and gf2.auto_names[gf2.id_of(m2)] == m2.name
+    assert [t.op for t in gf2.graph.nodes] == [t.op for t in gf.nodes]
+    assert {t.op for t in gf2.graph.nodes} >= {gl.Op.ARGSORT, gl.Op.MUL_MAT_ID, gl.Op.VIEW, gl.Op.CPY}
+    d = copy.deepcopy(doc)  # the recorded lists alone (no expand_roots): the cast's self-edge is no later source
+    del d["graph"]["expand_roots"]
+    assert [t.name for t in read_graph_file(d).graph.nodes] == [t.name for t in gf.nodes]
+
+
+def test_a_self_reference_other_than_the_cast_s_is_refused():
+    _, doc, _ = _moe_doc()
+    ts = doc["graph"]["tensors"]
+    c = next(i for i, e in enumerate(ts) if e["name"] == "KQ_mask (copy)")
+    a = next(i for i, e in enumerate(ts) if e["op"] == "ARGSORT" and e["op_params"] == [])  # the ASC one
+
+    def self_add(ts):
+        ts[a]["src"] = [a]
+    with pytest.raises(errors.GraphFileError, match=rf"tensors\[{a}\].src\[0\]: expected not itself"):
+        load_edited(doc, self_add)
+
+    def cast_of_other(ts):
+        ts[c]["src"][1] = a
+    with pytest.raises(errors.GraphFileError, match=rf"tensors\[{c}\].src\[1\]: expected {c}, itself \(ggml_cast"):
+        load_edited(doc, cast_of_other)
+
+    def order_7(ts):  # ggml_argsort's order is ASC or DESC
+        ts[a]["op_params"] = [7]
+    with pytest.raises(errors.TensorError, match="order 7"):
+        load_edited(doc, order_7)

@@ -22,6 +22,8 @@ def _every_op(c: gl.Context) -> list:
     rope = (8, 0, 4096, 10000.0, 1.0, 0.0, 1.0, 32.0, 1.0)
     fa = gl.flash_attn_ext(c, a3, a3, a3, c.new_tensor_2d(gl.F16, 1, 32, name="fa_mask"), 0.5, 2.0, 0.0)
     gl.flash_attn_ext_set_prec(fa, gl.GGML_PREC_F32)  # word 3: rebuilt by the table's setter
+    experts = c.new_tensor_3d(gl.Q8_0, 32, 6, 4, name="experts")
+    ids = gl.top_k(c, a, 2)  # ARGSORT (DESC) and a VIEW of it
     return [
         gl.dup(c, a), gl.dup(c, a, inplace=True), gl.add(c, a, b), gl.add_inplace(c, a, b), gl.sub(c, a, b),
         gl.mul_inplace(c, a, b), gl.div(c, a, b, inplace=True), gl.add1(c, a, s), gl.add1(c, a, s, inplace=True),
@@ -34,6 +36,9 @@ def _every_op(c: gl.Context) -> list:
         gl.rope_ext(c, a3, pos, None, *rope), gl.rope_ext(c, a3, pos, None, *rope, inplace=True),
         gl.leaky_relu(c, a, 0.1), gl.leaky_relu(c, a, 0.1, True), gl.silu(c, a), gl.gelu(c, a, True),
         gl.unary(c, a, gl.UnaryOp.TANH), fa, gl.flash_attn_ext(c, a3, a3, a3, None, 1.0, 0.0, 30.0),
+        gl.argsort(c, a, gl.SortOrder.ASC), ids.view_src, ids, gl.cast(c, mask, gl.F16),
+        gl.cast(c, c.new_tensor_2d(gl.F32, 32, 2, name="w"), "q8_0"),
+        gl.mul_mat_id(c, experts, c.new_tensor_3d(gl.F32, 32, 1, 4, name="cur"), ids),
     ]
 
 
@@ -61,6 +66,11 @@ def test_the_c_names_and_arguments():
     leaky = ops.op_call(gl.leaky_relu(c, a, 0.25, True))
     assert (leaky.c_name, leaky.c_args) == ("ggml_leaky_relu", (0.25, True))
     assert ops.op_call(gl.soft_max(c, a)).sources == (a, None)  # the optional mask slot, passed as None
+    cast = ops.op_call(gl.cast(c, a, gl.F16))  # a CPY that is no view: ggml_cast, its src[1] (itself) not passed
+    assert (cast.c_name, cast.sources, cast.c_args) == ("ggml_cast", (a,), (gl.F16,))
+    assert ops.op_call(gl.cpy(c, a, c.new_tensor_2d(gl.F16, 8, 4))).c_name == "ggml_cpy"
+    top = ops.op_call(gl.top_k(c, a, 3).view_src)
+    assert (top.c_name, top.c_args) == ("ggml_argsort", (1,))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ggml") is None, reason="ggml-python is not importable")

@@ -264,6 +264,75 @@ def test_flash_attn_ext_quantized_v_is_planned_but_not_computed(ctx):
         gl.cpu.compute_forward(r8)
 
 
+# -- the ops of a mixture of experts, and ggml_cast ----------------------------------------------------
+
+def test_cast_is_a_fresh_cpy_whose_src1_is_itself(ctx):
+    m = ctx.new_tensor_2d(gl.F32, 64, 32, name="KQ_mask")
+    c = gl.cast(ctx, m, gl.F16)
+    assert (c.type, c.ne, c.nb, c.op, c.name) == (gl.F16, [64, 32, 1, 1], [2, 128, 4096, 4096], gl.Op.CPY,
+                                                 "KQ_mask (copy)")
+    assert c.src == [m, c] and c.view_src is None and c.op_params == [0] * 16
+    assert gl.cast(ctx, ctx.new_tensor_1d(gl.F32, 64), "q8_0").name == " (copy)"  # type by name, as new_tensor
+    g = gl.build_forward(c)  # the self-edge: the walk has marked the cast visited before it reads src[1]
+    assert g.nodes == [c] and g.leafs == [m]
+    with pytest.raises(errors.ShapeError, match="whole number of blocks"):
+        gl.cast(ctx, ctx.new_tensor_1d(gl.F32, 40), gl.Q8_0)
+
+
+def test_argsort_and_top_k(ctx):
+    p = ctx.new_tensor_3d(gl.F32, 8, 5, 2, name="probs")
+    a = gl.argsort(ctx, p, gl.SortOrder.ASC)
+    assert (a.type, a.ne, a.nb, a.op, a.src, a.name) == (gl.I32, [8, 5, 2, 1], [4, 32, 160, 320], gl.Op.ARGSORT,
+                                                       [p], "")
+    assert a.op_params[:2] == [0, 0] and gl.argsort(ctx, p, 1).op_params[0] == 1
+    with pytest.raises(errors.TensorError, match="'probs'.*order 2"):
+        gl.argsort(ctx, p, 2)
+    t = gl.top_k(ctx, p, 2)  # argsort DESC, then a view of its first 2 columns (row strides kept)
+    s = t.src[0]
+    assert (s.op, s.op_params[0], s.name, s.ne) == (gl.Op.ARGSORT, 1, "", [8, 5, 2, 1])
+    assert (t.op, t.type, t.ne, t.nb, t.name) == (gl.Op.VIEW, gl.I32, [2, 5, 2, 1], [4, 32, 160, 320], " (view)")
+    assert t.view_src is s and t.view_offs == 0 and not gl.tensor.is_contiguous(t)
+    assert gl.top_k(ctx, p, 8).ne == [8, 5, 2, 1]
+    with pytest.raises(errors.ShapeError, match="'probs'.*8 columns, fewer than k = 9"):
+        gl.top_k(ctx, p, 9)
+
+
+def test_mul_mat_id_shape_and_sources(ctx):
+    ex = ctx.new_tensor_3d(gl.Q4_0, 64, 96, 8, name="ffn_up_exps")  # 8 experts [64 -> 96]
+    cur = ctx.new_tensor_3d(gl.F32, 64, 1, 5, name="cur")  # one column per token, shared by the experts
+    sel = gl.top_k(ctx, ctx.new_tensor_2d(gl.F32, 8, 5, name="probs"), 2)
+    r = gl.mul_mat_id(ctx, ex, cur, sel)
+    assert (r.type, r.ne, r.nb, r.op, r.name) == (gl.F32, [96, 2, 5, 1], [4, 384, 768, 3840], gl.Op.MUL_MAT_ID, "")
+    assert r.src == [ex, cur, sel] and r.view_src is None and r.op_params == [0] * 16
+    par = ctx.new_tensor_3d(gl.F32, 96, 2, 5, name="par")  # a column per used expert (the down projection)
+    assert gl.mul_mat_id(ctx, ctx.new_tensor_3d(gl.F16, 96, 64, 8), par, sel).ne == [64, 2, 5, 1]
+    assert not gl.gallocr.op_can_inplace(gl.Op.MUL_MAT_ID) and not gl.gallocr.op_can_inplace(gl.Op.ARGSORT)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(ex=("transpose",)), errors.LayoutError, "'ex.*transposed"),
+    (dict(ids=(gl.F32, 2, 5)), errors.DataTypeError, "must be i32"),
+    (dict(ex=(gl.F16, 64, 96, 8, 2)), errors.ShapeError, "must be 3-d"),
+    (dict(b=(gl.F32, 64, 1, 5, 2)), errors.ShapeError, "'b'.*must be 3-d"),
+    (dict(ids=(gl.I32, 2, 5, 2)), errors.ShapeError, "must be a matrix"),
+    (dict(ids=(gl.I32, 2, 4)), errors.ShapeError, "one row per token"),
+    (dict(b=(gl.F32, 32, 1, 5)), errors.ShapeError, "cannot multiply.*ne\\[0\\]"),
+    (dict(b=(gl.F32, 64, 3, 5)), errors.ShapeError, "3 columns per token.*2 ids"),
+    (dict(b=(gl.F32, 64, 0, 5)), errors.ShapeError, "0 columns per token"),
+])
+def test_mul_mat_id_refusals(ctx, change, error, match):
+    """The eight asserts of `ggml_mul_mat_id`, in its order (b.ne[1] = 0 would divide by zero in C)."""
+    shapes = dict(ex=(gl.F16, 64, 96, 8), b=(gl.F32, 64, 1, 5), ids=(gl.I32, 2, 5))
+    shapes.update(change)
+    t = {}
+    for name, (typ, *ne) in ((k, v) for k, v in shapes.items() if v != ("transpose",)):
+        t[name] = ctx.new_tensor(typ, ne, name=name)
+    if "ex" not in t:
+        t["ex"] = gl.transpose(ctx, ctx.new_tensor_2d(gl.F16, 96, 64, name="ex"))
+    with pytest.raises(error, match=match):
+        gl.mul_mat_id(ctx, t["ex"], t["b"], t["ids"])
+
+
 # -- views ---------------------------------------------------------------------------------------------
 
 def test_views_accumulate_offsets_and_point_at_root(ctx):

@@ -40,27 +40,36 @@ def test_every_step_of_an_allocator_trace_renders():
 
 
 def test_the_report_widget_replans_when_a_slider_moves(monkeypatch):
-    """viz.report: the bars have the four parts per device, and moving n_gpu_layers re-plans (the GPU's
-    weights grow with the layers offloaded)."""
+    """viz.report: the left panel stacks the four parts per device, the right one shows the three beside
+    the weights, each labelled with its size; moving n_gpu_layers re-plans (the GPU's weights grow with
+    the layers offloaded), and so does the flash attention box."""
     from ggml_lite.models.llama import PRESETS
     from ggml_lite.report import memory_report
     from ggml_lite.viz.report import report_figure, report_widget
 
     rep = memory_report(PRESETS["tinyllama-1.1b"], 512, n_gpu_layers=10, devices=1)
     fig = report_figure(rep)
-    assert [t.name for t in fig.data] == ["weights", "kv", "output", "compute"]
-    assert list(fig.data[0].x) == ["GPU0", "CPU"]
+    left = [t for t in fig.data if t.type == "bar" and t.xaxis == "x"]
+    right = [t for t in fig.data if t.type == "bar" and t.xaxis == "x2"]
+    assert [t.name for t in left] == ["weights", "kv", "output", "compute"]
+    assert [t.name for t in right] == ["kv", "output", "compute"]
+    assert all(list(t.y) == ["GPU0", "CPU"] for t in left + right)
+    gpu = rep.devices[0]
+    assert right[0].text[0] == f"kv {gpu['kv'] / 2**20:.2f} MiB" and right[1].text[0] == "output 0"
+    assert list(right[2].customdata) == [d["compute"] / 2**20 for d in rep.devices]  # the exact MiB, hovered
     import ggml_lite.viz.report as vr
 
     asked = []
-    monkeypatch.setattr(vr, "memory_report",
-                        lambda *a, **kw: asked.append(kw["n_gpu_layers"]) or memory_report(*a, **kw))
+    monkeypatch.setattr(vr, "memory_report", lambda *a, **kw: asked.append((kw["n_gpu_layers"], kw["flash_attn"]))
+                        or memory_report(*a, **kw))
     widget = report_widget(PRESETS["tinyllama-1.1b"], n_gpu_layers=0)
-    n_ctx, n_ubatch, layers = widget.children[0].children
+    n_ctx, n_ubatch, layers, flash = widget.children[0].children
     with contextlib.redirect_stdout(io.StringIO()):
         layers.value = 23
         n_ctx.value = 1024
-    assert layers.max == 23 and asked == [0, 23, 23]  # planned at start, then at every move
+        flash.value = True
+    assert layers.max == 23 and flash.description == "flash attention"
+    assert asked == [(0, False), (23, False), (23, False), (23, True)]  # planned at start, then at every move
 
 
 # -- the timeline's peak of live bytes ---------------------------------------------------------------
