@@ -365,18 +365,18 @@ def _llama_params(args):
         if model.header_only:  # (stderr: the report itself is the full file's)
             print(f"note: {args.gguf}: header only ({model.file_size} bytes, its tensors' data would start at byte "
                   f"{model.data_offset}): planned from the header; llama.cpp would refuse to load it", file=sys.stderr)
-        return model.params, model.tensor_types
+        return model.params, model.tensor_types, model.offsets
     if args.preset is not None:
         if any(v is not None for v in dims.values()):
             raise ModelError("give either --preset or the hyperparameters (--n-vocab ...), not both")
         params = preset(args.preset)
-        return LlamaParams(**{**params.__dict__, "wtype": args.wtype or params.wtype}), None
+        return LlamaParams(**{**params.__dict__, "wtype": args.wtype or params.wtype}), None, None
     missing = [f"--{k.replace('_', '-')}" for k, v in dims.items() if v is None and k != "n_head_kv"]
     if missing:
         raise ModelError(f"no model: give --preset NAME or the hyperparameters; missing {', '.join(missing)}")
     dims["n_head_kv"] = dims["n_head"] if dims["n_head_kv"] is None else dims["n_head_kv"]
     experts = {k: 0 if v is None else v for k, v in experts.items()}
-    return LlamaParams(**dims, **experts, wtype=args.wtype or "f16"), None
+    return LlamaParams(**dims, **experts, wtype=args.wtype or "f16"), None, None
 
 
 def cmd_llama(args) -> int:
@@ -398,7 +398,7 @@ def cmd_llama(args) -> int:
         except ValueError:
             raise ModelError(f"tensor_split (--tensor-split): expected numbers separated by commas, found "
                              f"{args.tensor_split!r}") from None
-    params, tensor_types = _llama_params(args)
+    params, tensor_types, offsets = _llama_params(args)
     if args.n_ctx == 0:  # llama.cpp: a context of 0 is the model's training context (hparams.n_ctx_train)
         if args.gguf is None and args.preset is None:
             raise ModelError("n_ctx (--n-ctx) 0 means the model's training context (a GGUF's llama.context_length), "
@@ -408,13 +408,13 @@ def cmd_llama(args) -> int:
             raise ModelError("n_ctx (--n-ctx) 0: n_ctx and model->hparams.n_ctx_train cannot both be zero (the "
                              "model's llama.context_length is 0)")
         args.n_ctx = params.n_ctx_train
-    rep = memory_report(params, args.n_ctx, args.n_batch, args.n_ubatch, args.n_gpu_layers, args.devices, split,
-                        args.type_k, args.type_v, not args.no_kv_offload, tensor_types, flash_attn=args.flash_attn)
+    kw = dict(n_batch=args.n_batch, n_ubatch=args.n_ubatch, tensor_split=split, type_k=args.type_k, type_v=args.type_v,
+              offload_kqv=not args.no_kv_offload, tensor_types=tensor_types, flash_attn=args.flash_attn,
+              tensor_offsets=offsets)
+    rep = memory_report(params, args.n_ctx, n_gpu_layers=args.n_gpu_layers, devices=args.devices, **kw)
     doc = rep.to_json()
     if args.fit:  # (checked before planning: --vram and a GPU are there)
-        layers, n_ctx = fit(params, args.vram, args.n_ctx, args.devices, n_batch=args.n_batch,
-                            n_ubatch=args.n_ubatch, tensor_split=split, type_k=args.type_k, type_v=args.type_v,
-                            offload_kqv=not args.no_kv_offload, tensor_types=tensor_types, flash_attn=args.flash_attn)
+        layers, n_ctx = fit(params, args.vram, args.n_ctx, args.devices, **kw)
         doc["fit"] = {"n_gpu_layers": layers, "n_ctx": n_ctx}
     if args.json:
         print(json.dumps(doc, indent=1))

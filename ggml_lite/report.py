@@ -36,13 +36,13 @@ class MemoryReport:
 def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_ubatch: int = 512,
                   n_gpu_layers: int = 0, devices: int = 0, tensor_split=None, type_k: str = "f16",
                   type_v: str | None = None, offload_kqv: bool = True, tensor_types: dict | None = None,
-                  why: bool = True, flash_attn: bool = False) -> MemoryReport:
+                  why: bool = True, flash_attn: bool = False, tensor_offsets: dict | None = None) -> MemoryReport:
     """Plan the model (a `LlamaParams`, or a `GGUFModel` with its tensors' types) as
     `llama_new_context_with_model` would (`plan_memory`) and report it; `why=False`
     skips the trace behind `peaks` (for searches that need only the totals, as A11's `fit`). Every argument is
     checked before planning (`check_context`)."""
     if hasattr(params, "params") and hasattr(params, "tensor_types"):  # a GGUFModel: its hyperparameters and types
-        model_types, params = params.tensor_types, params.params
+        model_types, tensor_offsets, params = params.tensor_types, params.offsets, params.params
         tensor_types = model_types if tensor_types is None else tensor_types
     if not callable(getattr(params, "model", None)):  # (duck-typed: a notebook may define its own LlamaParams)
         raise ModelError(f"memory_report: expected a LlamaParams model, found {type(params).__name__}")
@@ -50,7 +50,7 @@ def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_
         raise ModelError(f"flash_attn (--flash-attn): expected true or false, found {flash_attn!r}")
     n_batch, n_ubatch = batch_sizes(padded_n_ctx(n_ctx, flash_attn), n_batch, n_ubatch)
     r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv,
-                    trace=why, tensor_types=tensor_types, flash_attn=flash_attn)
+                    trace=why, tensor_types=tensor_types, flash_attn=flash_attn, tensor_offsets=tensor_offsets)
     rows = [dict(name=name, **d, total=sum(d.values())) for name, d in r["devices"].items()]
     context = dict(n_ctx=padded_n_ctx(n_ctx, flash_attn), n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
                    type_v=type_v or "f16", flash_attn=flash_attn, n_gpu_layers=n_gpu_layers, devices=devices,

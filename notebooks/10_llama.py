@@ -54,6 +54,7 @@ model's hyperparameters, its weights and KV cache as llama.cpp names and creates
 compute graph, exact to llama.cpp's; with `recorded=True`, the variant the ggml_lite fixtures were
 recorded with (an extra RESHAPE of Vcur per layer and other names)."""
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -244,23 +245,18 @@ def preset(name: str) -> LlamaParams:
 # %% [markdown]
 # ## 2 · Weights and the KV cache, as llama.cpp creates them
 #
-# `llm_load_tensors` creates the weights in a fixed order — the embeddings, the output head, then
-# layer by layer — in one context per buffer type, and `llama_kv_cache_init` makes two 1-d tensors
-# per layer, `cache_k_l<i>` and `cache_v_l<i>`, of `n_embd_k_gqa · n_ctx` elements each (the cache
-# for all heads of a layer in one row per cell). `build_llama` below does both, by a placement that
-# says which backend holds each part, then builds the graph.
+# `llm_load_tensors` creates the weights in a fixed order — the embeddings, the output head, then layer by
+# layer — in one context per buffer type, and `llama_kv_cache_init` makes two 1-d tensors per layer, `cache_k_l<i>`
+# and `cache_v_l<i>`, of `n_embd_k_gqa · n_ctx` elements each (all heads of a layer in one row per cell).
+# `build_llama` below does both, by a placement that says which backend holds each part, then builds the graph.
 #
 # A Llama 3.1 file has one more tensor, `rope_freqs.weight`: RoPE's frequency factors, `n_rot / 2` floats
 # that both RoPEs of every layer read. `llm_load_tensors` creates it in each layer's context
 # (`TENSOR_DUPLICATED` after the first), so a GPU holding layers holds a copy of its own, while the
 # host's layers read the one copy in the file, which llama.cpp maps by default. A file without
-# `output.weight` ties the output to `token_embd` the same way (`TENSOR_DUPLICATED`): a copy on a GPU,
-# the embeddings' own mapped bytes on the host.
-#
-# A mixture of experts (Mixtral 8x7B: 8 experts, 2 used per token) replaces a layer's three FFN matrices by a
-# router `ffn_gate_inp` (`n_embd × n_expert`, f32) and three 3-d tensors holding every expert's matrix,
-# `ffn_gate_exps`, `ffn_down_exps` and `ffn_up_exps` (`n_embd × n_ff × n_expert`, `ffn_down_exps` transposed):
-# eight times a Mistral 7B's FFN, 87 GiB of weights in f16, of which each token uses two experts' worth.
+# `output.weight` ties the output to `token_embd` the same way: a copy on a GPU, the mapped bytes on the host.
+# A mixture of experts (Mixtral 8x7B: 8 experts, 2 used per token) has a router `ffn_gate_inp` (`n_embd ×
+# n_expert`, f32) and 3-d `ffn_gate_exps`, `ffn_down_exps`, `ffn_up_exps` (`n_embd × n_ff × n_expert`): 87 GiB in f16.
 
 # %%
 # | export
@@ -358,13 +354,8 @@ def model_tensors(tensors_by_name: dict, n_layer: int) -> tuple:
 # the order llama.cpp expands them — travels in a small record. Names follow llama.cpp's callback:
 # `cb(t, "Qcur", il)` names a tensor `Qcur-<il>`.
 #
-# The recorded variant (`recorded=True`) is how the project's LLaMA fixtures were built before this
-# chapter existed: it reshapes Vcur once more before transposing it (one more node per layer), names
-# the roped Q and K `Qcur_rope`/`Kcur_rope`, the second norm `norm_ffn`, the last `norm_out`, the
-# down projection `ffn_down`, computes the attention scale in double, and flags the logits OUTPUT.
-# None of it changes a buffer size; all of it changes node counts and names.
-# Appendix A5 rebuilds fixture 13 with it — a 7B at `n_ctx` 512, every token an output — node for
-# node as the real ggml recorded it: 1,062 nodes against llama.cpp's 1,030, the same compute buffer.
+# The recorded variant (`recorded=True`), which built the project's LLaMA fixtures, has one more node per
+# layer (a RESHAPE of Vcur) and other names, and the same buffers: appendix A5 rebuilds fixture 13 with it.
 
 # %%
 # | export models.llm_build
@@ -834,14 +825,14 @@ def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, ten
 def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0,
                 devices: int = 0, tensor_split=None, type_k: str = "f16", type_v: str | None = None,
                 offload_kqv: bool = True, trace: bool = False, tensor_types: dict | None = None,
-                gpu_init=None, sched_class=BackendSched, flash_attn: bool = False) -> dict:
+                gpu_init=None, sched_class=BackendSched, flash_attn: bool = False, tensor_offsets=None) -> dict:
     """What `llama_new_context_with_model` allocates: per backend the weights, the KV cache and the
     compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
     split counts and the scheduler's n_copies. Sizes in bytes. With `trace`, also the graph allocator's
     trace of the reserve (`events`: chapter 05's events, for `report.peaks`). `gpu_init(name)` makes a
     GPU's backend (default: a SIM device like CUDA) and `sched_class` the scheduler, for chapter 12's
     devices and scheduler of today; `reserved` is false where a device refused a compute buffer
-    (llama.cpp: "failed to allocate compute buffers")."""
+    (llama.cpp: "failed to allocate compute buffers"). `tensor_offsets`: a GGUF's, for `mapped_size`."""
     check_context(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, flash_attn)
     n_ctx, type_v = padded_n_ctx(n_ctx, flash_attn), type_v or "f16"
     placement = layer_placement(params.n_layer, n_gpu_layers, devices, tensor_split, offload_kqv)
@@ -858,7 +849,8 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
         kind, name = c.name.split(":")
         buf = alloc_ctx_tensors_from_buft(c, bufts[name])
         buf.set_usage(BufferUsage.WEIGHTS if kind == "weights" else BufferUsage.ANY)
-        report[name]["weights"] += buf.get_size() if kind == "weights" else 0  # as llama.cpp prints buffer sizes
+        if kind == "weights":  # the host's weights: the file range llama.cpp maps; a GPU's: its buffer
+            report[name]["weights"] += mapped_size(c.tensors, tensor_offsets) if name == "CPU" else buf.get_size()
         report[name]["kv"] += sum(t.nbytes for t in c.tensors) if kind == "kv_cache" else 0  # "KV self size"
     # llama_output_reserve at init: the logits of n_seq_max (1) outputs, f32, in a host buffer
     report["CPU"]["output"] = host_buft.alloc_buffer(params.n_vocab * 4).get_size()
@@ -877,6 +869,20 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
         report[name]["compute"] = sched.get_buffer_size(b)
     return dict(devices=report, nodes=len(graph.nodes), splits=sched.n_splits, n_copies=sched.n_copies,
                 placement=placement, graph=graph, sched=sched, events=events, reserved=reserved)
+
+
+# %%
+# | export
+def mapped_size(tensors: list, offsets: dict | None = None) -> int:
+    """The host's weights as llama.cpp prints them with mmap, its default: no buffer of their own, but the
+    range of the model file it maps, from the first tensor's data to the end of the last (`get_mapping_range`):
+    gaps included, no 32 spare bytes. Without the file's `offsets`, the converter's layout: one tensor after
+    the other, each padded to GGUF's alignment, 32."""
+    if offsets is None or any(t.name not in offsets for t in tensors):
+        starts = itertools.accumulate((GGML_PAD(t.nbytes, 32) for t in tensors), initial=0)
+        offsets = dict(zip((t.name for t in tensors), starts))
+    return max((offsets[t.name] + t.nbytes for t in tensors), default=0) - min((offsets[t.name] for t in tensors),
+                                                                              default=0)
 
 
 def cuda_like(name: str):
@@ -972,13 +978,13 @@ class MemoryReport:
 def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_ubatch: int = 512,
                   n_gpu_layers: int = 0, devices: int = 0, tensor_split=None, type_k: str = "f16",
                   type_v: str | None = None, offload_kqv: bool = True, tensor_types: dict | None = None,
-                  why: bool = True, flash_attn: bool = False) -> MemoryReport:
+                  why: bool = True, flash_attn: bool = False, tensor_offsets: dict | None = None) -> MemoryReport:
     """Plan the model (a `LlamaParams`, or a `GGUFModel` with its tensors' types) as
     `llama_new_context_with_model` would (`plan_memory`) and report it; `why=False`
     skips the trace behind `peaks` (for searches that need only the totals, as A11's `fit`). Every argument is
     checked before planning (`check_context`)."""
     if hasattr(params, "params") and hasattr(params, "tensor_types"):  # a GGUFModel: its hyperparameters and types
-        model_types, params = params.tensor_types, params.params
+        model_types, tensor_offsets, params = params.tensor_types, params.offsets, params.params
         tensor_types = model_types if tensor_types is None else tensor_types
     if not callable(getattr(params, "model", None)):  # (duck-typed: a notebook may define its own LlamaParams)
         raise ModelError(f"memory_report: expected a LlamaParams model, found {type(params).__name__}")
@@ -986,7 +992,7 @@ def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_
         raise ModelError(f"flash_attn (--flash-attn): expected true or false, found {flash_attn!r}")
     n_batch, n_ubatch = batch_sizes(padded_n_ctx(n_ctx, flash_attn), n_batch, n_ubatch)
     r = plan_memory(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, offload_kqv,
-                    trace=why, tensor_types=tensor_types, flash_attn=flash_attn)
+                    trace=why, tensor_types=tensor_types, flash_attn=flash_attn, tensor_offsets=tensor_offsets)
     rows = [dict(name=name, **d, total=sum(d.values())) for name, d in r["devices"].items()]
     context = dict(n_ctx=padded_n_ctx(n_ctx, flash_attn), n_batch=n_batch, n_ubatch=n_ubatch, type_k=type_k,
                    type_v=type_v or "f16", flash_attn=flash_attn, n_gpu_layers=n_gpu_layers, devices=devices,
@@ -1137,13 +1143,12 @@ for buft, pk in peaks(plan_memory(p7, 512, n_gpu_layers=33, devices=1, trace=Tru
 # The GPU's 70.50 MiB are the logits (62.50 MiB) and `result_norm` (8.00 MiB); the host's 9.01 MiB
 # are the embeddings' rows (8.00 MiB) and the mask (1.00 MiB) — inputs waiting to be copied to the GPU.
 #
-# Now the CPU at n_ctx 4096. Without flash attention the peak is the first layer's scores `kq-0`,
-# 4096 · 512 · 32 heads · 4 bytes = 256 MiB, beside the mask, the embeddings and Q (8 MiB each): 296.01 MiB.
-# With `-fa` the scores are never made, and the peak moves to the FFN: `ffn_up` and `ffn_silu`,
-# 11008 · 512 · 4 bytes = 21.5 MiB each, `ffn_inp` and `ffn_norm` (8 MiB each) and the f16 mask, 4 MiB, which
-# every layer reads so it lives from the first node to the last: 71.01 MiB. Mixtral 8x7B has the 7B's
-# attention (296.01 MiB without `-fa`); with it, its peak is its experts' up and gate, 14336 · 2 · 512 · 4
-# bytes = 56 MiB each: 140.01 MiB — an MoE layer keeps `n_expert_used` FFN activations per token alive.
+# Now the CPU at n_ctx 4096. Without flash attention the peak is the first layer's scores `kq-0`, 4096 · 512 ·
+# 32 heads · 4 bytes = 256 MiB, beside the mask, the embeddings and Q (8 MiB each): 296.01 MiB. With `-fa` the
+# scores are never made; the peak moves to the FFN, `ffn_up` and `ffn_silu` (11008 · 512 · 4 bytes = 21.5 MiB
+# each), `ffn_inp`, `ffn_norm` and the f16 mask (4 MiB, read by every layer: alive from first node to last):
+# 71.01 MiB. Mixtral's attention is the 7B's; with `-fa` its peak is its experts' up and gate, 14336 · 2 · 512
+# · 4 bytes = 56 MiB each: 140.01 MiB — an MoE layer keeps `n_expert_used` FFN activations per token.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -1268,18 +1273,14 @@ report_figure(memory_report(PRESETS["llama-3.1-70b"], 8192, n_gpu_layers=81, dev
 
 # %% [markdown]
 # On the left, the weights dwarf the rest: 65.35 GiB on GPU0 (41 layers of 1,632 MiB in f16), 64.12 GiB on
-# GPU1 (39 layers and the output head, 128,256 × 8,192 × 2 bytes = 1.96 GiB), and on the host the token
-# embeddings, 1.96 GiB more. On the right, what they hide. The KV cache is 2 × 1,024 (8 KV heads × 128) ×
-# 8,192 cells × 2 bytes = 32 MiB per layer: 1.28 GiB for GPU0's 41 layers, 1.22 GiB for GPU1's 39. Each
-# GPU's compute buffer is 1.19 GiB, 1 GiB of it one layer's scores `kq` (512 tokens × 8,192 cells × 64
-# heads × 4 bytes), most of the rest the 16 MiB inputs (the layer's input and the mask) that pipeline
-# parallelism keeps in four copies. The host's 80.02 MiB hold the embeddings' rows and those four masks,
-# waiting to be copied, and its output buffer the logits of one token, 128,256 × 4 bytes = 0.49 MiB.
-#
-# In the widget, the 7B with 20 layers offloaded: ticking "flash attention" changes no buffer, since the
-# GPU's peak (320.50 MiB) is at the output head, with its 250 MiB copy of `output.weight`. Offload all 33
-# layers and the box takes the GPU's compute buffer from 164.00 to 73.00 MiB: a layer's scores `kq`, 2,048
-# cells × 512 tokens × 32 heads × 4 bytes = 128 MiB, are never made.
+# GPU1 (39 layers and the 1.96 GiB output head), 1.96 GiB of token embeddings on the host. On the right, what
+# they hide: the KV cache, 2 × 1,024 × 8,192 cells × 2 bytes = 32 MiB per layer (1.28 and 1.22 GiB); each GPU's
+# compute buffer, 1.19 GiB, 1 GiB of it one layer's scores `kq` (512 tokens × 8,192 cells × 64 heads × 4 bytes),
+# the rest mostly the 16 MiB inputs pipeline parallelism keeps in four copies; the host's 80.02 MiB (the
+# embeddings' rows and four masks) and its output buffer, one token's logits, 128,256 × 4 bytes = 0.49 MiB.
+# In the widget (7B, 20 layers offloaded), "flash attention" changes no buffer: the GPU's peak (320.50 MiB) is at
+# the output head, with its 250 MiB copy of `output.weight`. With all 33 layers it takes the GPU's compute buffer
+# from 164.00 to 73.00 MiB: a layer's scores, 2,048 × 512 × 32 heads × 4 bytes = 128 MiB, are never made.
 
 # %% tags=["nbval-ignore-output"]
 report_widget(p7, n_ctx=2048, n_gpu_layers=20)

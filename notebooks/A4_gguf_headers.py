@@ -612,6 +612,7 @@ class GGUFModel:
     header_only: bool = False
     data_offset: int | None = None
     file_size: int | None = None
+    offsets: dict | None = None  # {name: where its data starts in the data section}: what llama.cpp maps
 
 
 def from_gguf(path) -> GGUFModel:
@@ -625,7 +626,7 @@ def from_gguf(path) -> GGUFModel:
     types = check_llama_tensors(h, params)
     params = LlamaParams(**{**params.__dict__, "wtype": types["blk.0.attn_q.weight"].name})
     return GGUFModel(str(path), params, types, {t.name: t.ne for t in h.tensors}, h.header_only, h.data_offset,
-                     h.file_size)
+                     h.file_size, {t.name: t.offset for t in h.tensors})
 
 
 # %% [markdown]

@@ -169,6 +169,9 @@ MODELS = {m["name"]: m for m in [
     model("moe4x4-q8_0", 512, 128, 2, 4, 1, 256, 2048, wtype="q8_0", n_expert=4, n_expert_used=4),
     model("moe16x4-f16", 777, 192, 2, 3, 1, 320, 4096, n_expert=16, n_expert_used=4),
     model("moe-used-gt-count", 512, 128, 2, 4, 2, 256, 2048, n_expert=2, n_expert_used=4),
+    # the mapped file range at a rounding boundary: 32 bytes more (an allocated buffer's) print 0.01 MiB more
+    model("edge-v256-f16", 256, 64, 2, 4, 2, 320, 512),
+    model("edge-v500-moe-q8_0", 500, 512, 3, 4, 2, 512, 512, wtype="q8_0", n_expert=8, n_expert_used=2),
     model("llama-2-7b-f16", 32000, 4096, 32, 32, 32, 11008, 4096),
     model("llama-2-7b-q4_0", 32000, 4096, 32, 32, 32, 11008, 4096, wtype="q4_0", output="q6_K"),
     model("llama-3-8b-q8_0", 128256, 4096, 32, 32, 8, 14336, 8192, wtype="q8_0", rope_freq_base=500000.0),
@@ -226,6 +229,7 @@ def configurations() -> list[dict]:
         config("tiny-f16", 512, type_k="iq4_nl"), config("tiny-f16", 512, fa=True, type_k="q4_1", type_v="q5_0"),
         config("tiny-f16", 512, fa=True, type_k="bf16", type_v="f32"),
     ]
+    c += [config(name, 512, fa=fa) for name in ("edge-v256-f16", "edge-v500-moe-q8_0") for fa in (False, True)]
     c += [  # refusals
         config("tiny-f16", 512, type_v="q8_0"), config("tiny-f16", 512, type_k="q4_0", type_v="q4_0"),
         config("moe8x2-f16", 512, type_v="q4_0"), config("tiny-f16", 512, 0, 0),

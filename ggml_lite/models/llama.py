@@ -7,6 +7,7 @@ model's hyperparameters, its weights and KV cache as llama.cpp names and creates
 compute graph, exact to llama.cpp's; with `recorded=True`, the variant the ggml_lite fixtures were
 recorded with (an extra RESHAPE of Vcur per layer and other names)."""
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -408,14 +409,14 @@ def layer_placement(n_layer: int, n_gpu_layers: int = 0, n_devices: int = 0, ten
 def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gpu_layers: int = 0,
                 devices: int = 0, tensor_split=None, type_k: str = "f16", type_v: str | None = None,
                 offload_kqv: bool = True, trace: bool = False, tensor_types: dict | None = None,
-                gpu_init=None, sched_class=BackendSched, flash_attn: bool = False) -> dict:
+                gpu_init=None, sched_class=BackendSched, flash_attn: bool = False, tensor_offsets=None) -> dict:
     """What `llama_new_context_with_model` allocates: per backend the weights, the KV cache and the
     compute buffer of the worst-case graph (`ggml_backend_sched_reserve`), with the graph's node and
     split counts and the scheduler's n_copies. Sizes in bytes. With `trace`, also the graph allocator's
     trace of the reserve (`events`: chapter 05's events, for `report.peaks`). `gpu_init(name)` makes a
     GPU's backend (default: a SIM device like CUDA) and `sched_class` the scheduler, for chapter 12's
     devices and scheduler of today; `reserved` is false where a device refused a compute buffer
-    (llama.cpp: "failed to allocate compute buffers")."""
+    (llama.cpp: "failed to allocate compute buffers"). `tensor_offsets`: a GGUF's, for `mapped_size`."""
     check_context(params, n_ctx, n_ubatch, n_gpu_layers, devices, tensor_split, type_k, type_v, flash_attn)
     n_ctx, type_v = padded_n_ctx(n_ctx, flash_attn), type_v or "f16"
     placement = layer_placement(params.n_layer, n_gpu_layers, devices, tensor_split, offload_kqv)
@@ -432,7 +433,8 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
         kind, name = c.name.split(":")
         buf = alloc_ctx_tensors_from_buft(c, bufts[name])
         buf.set_usage(BufferUsage.WEIGHTS if kind == "weights" else BufferUsage.ANY)
-        report[name]["weights"] += buf.get_size() if kind == "weights" else 0  # as llama.cpp prints buffer sizes
+        if kind == "weights":  # the host's weights: the file range llama.cpp maps; a GPU's: its buffer
+            report[name]["weights"] += mapped_size(c.tensors, tensor_offsets) if name == "CPU" else buf.get_size()
         report[name]["kv"] += sum(t.nbytes for t in c.tensors) if kind == "kv_cache" else 0  # "KV self size"
     # llama_output_reserve at init: the logits of n_seq_max (1) outputs, f32, in a host buffer
     report["CPU"]["output"] = host_buft.alloc_buffer(params.n_vocab * 4).get_size()
@@ -451,6 +453,19 @@ def plan_memory(params: LlamaParams, n_ctx: int = 512, n_ubatch: int = 512, n_gp
         report[name]["compute"] = sched.get_buffer_size(b)
     return dict(devices=report, nodes=len(graph.nodes), splits=sched.n_splits, n_copies=sched.n_copies,
                 placement=placement, graph=graph, sched=sched, events=events, reserved=reserved)
+
+
+# notebooks/10_llama.py
+def mapped_size(tensors: list, offsets: dict | None = None) -> int:
+    """The host's weights as llama.cpp prints them with mmap, its default: no buffer of their own, but the
+    range of the model file it maps, from the first tensor's data to the end of the last (`get_mapping_range`):
+    gaps included, no 32 spare bytes. Without the file's `offsets`, the converter's layout: one tensor after
+    the other, each padded to GGUF's alignment, 32."""
+    if offsets is None or any(t.name not in offsets for t in tensors):
+        starts = itertools.accumulate((GGML_PAD(t.nbytes, 32) for t in tensors), initial=0)
+        offsets = dict(zip((t.name for t in tensors), starts))
+    return max((offsets[t.name] + t.nbytes for t in tensors), default=0) - min((offsets[t.name] for t in tensors),
+                                                                              default=0)
 
 
 def cuda_like(name: str):

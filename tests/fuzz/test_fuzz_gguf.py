@@ -31,6 +31,7 @@ from gguf_writer import (
     QT,
     TINY,
     VT,
+    header_reader,
     llama_shapes,
     number_slots,
     oracle_params,
@@ -65,7 +66,8 @@ def oracle_report(path) -> dict:
     """The report of the model in `path` as the `gguf` package's reader reads its header."""
     params, codes, _ = oracle_params(path)
     types = {name: type_by_code(code) for name, code in codes.items()}  # (no output.weight: tied)
-    return memory_report(params, tensor_types=types, why=False).to_json()
+    offsets = {name: offset for name, _, _, offset in header_reader(path).infos}  # (the host maps this range)
+    return memory_report(params, tensor_types=types, why=False, tensor_offsets=offsets).to_json()
 
 
 def check_gguf_case(path, tally: Tally) -> None:
@@ -436,7 +438,7 @@ def test_valid_files_give_the_right_report(tmp_path, long_run, capsys):
         devices = int(place[1]) if place else 0
         want = memory_report(params, 128, n_gpu_layers=int(place[3]) if place else 0, devices=devices,
                              tensor_split=[1.0, 3.0] if devices == 2 else None, tensor_types=types, why=False,
-                             flash_attn=fa).to_json()
+                             flash_attn=fa, tensor_offsets={n: o for n, _, _, o in header_reader(path).infos}).to_json()
         doc = json.loads(o.out)
         assert (doc["model"], doc["graph"], doc["devices"]) == (want["model"], want["graph"], want["devices"]), \
             o.describe()
