@@ -984,7 +984,7 @@ def memory_report(params: LlamaParams, n_ctx: int = 512, n_batch: int = 2048, n_
     skips the trace behind `peaks` (for searches that need only the totals, as A11's `fit`). Every argument is
     checked before planning (`check_context`)."""
     if hasattr(params, "params") and hasattr(params, "tensor_types"):  # a GGUFModel: its hyperparameters and types
-        model_types, tensor_offsets, params = params.tensor_types, params.offsets, params.params
+        model_types, tensor_offsets, params = params.tensor_types, getattr(params, "offsets", None), params.params
         tensor_types = model_types if tensor_types is None else tensor_types
     if not callable(getattr(params, "model", None)):  # (duck-typed: a notebook may define its own LlamaParams)
         raise ModelError(f"memory_report: expected a LlamaParams model, found {type(params).__name__}")
