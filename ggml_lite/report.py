@@ -70,7 +70,7 @@ def llama_cpp_lines(rep: MemoryReport) -> list:
              for d in rep.devices if d["weights"]]
     c, m = rep.context, rep.model
     lines.append(f"llama_new_context_with_model: flash_attn = {int(c.get('flash_attn', False))}")
-    cells = m["n_embd"] // m["n_head"] * m["n_head_kv"] * c["n_ctx"]  # one layer's K (or V): n_embd_gqa x n_ctx
+    cells = m["n_embd_head"] * m["n_head_kv"] * c["n_ctx"]  # one layer's K (or V): n_embd_gqa x n_ctx
     k, v = (m["n_layer"] * row_size(type_by_name(c[t]), cells) for t in ("type_k", "type_v"))
     lines.append(f"llama_new_context_with_model: KV self size  = {(k + v) / MiB:7.2f} MiB, K ({c['type_k']}): "
                  f"{k / MiB:7.2f} MiB, V ({c['type_v']}): {v / MiB:7.2f} MiB")

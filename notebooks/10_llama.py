@@ -41,11 +41,10 @@
 # A LLaMA is described by nine numbers: the vocabulary, the embedding width `n_embd`, the number of
 # layers, the attention heads and the key/value heads (fewer than the heads with grouped-query
 # attention: each K/V head serves `n_head / n_head_kv` query heads), the feed-forward width `n_ff`,
-# the rotary dimensions `n_rot` (the head size), the RMS-norm epsilon and the RoPE base. Weights
-# have a type (f16, or a quantized type); the KV cache has its own (f16 by default).
-#
-# The builder works on a plain dictionary — the form the recorded fixtures use — so `LlamaParams`
-# turns hyperparameters and a context size into it.
+# the rotary dimensions `n_rot` (the head size), the RMS-norm epsilon and the RoPE base. The head size is
+# `n_embd / n_head` unless a file says otherwise (Mistral NeMo: 5120 / 32 heads, yet heads of 128). Weights
+# have a type (f16, or a quantized type); the KV cache has its own (f16 by default). The builder works on a
+# plain dictionary — the form the recorded fixtures use — so `LlamaParams` turns them into it.
 
 # %%
 # | export
@@ -126,8 +125,9 @@ def check_experts(n_expert, n_expert_used, n_ff_elements: int) -> None:
 # Every field is checked when a `LlamaParams` is made — from a preset, the command line's flags or a
 # GGUF header alike — against the limits llama.cpp and ggml have: at most 512 layers
 # (`LLAMA_MAX_LAYERS`, the size of llama.cpp's per-layer arrays), counts that fit the `uint32_t` of
-# `llama_hparams`, no weight of more than 2^63 − 1 elements (ggml's `int64_t` sizes), heads that divide
-# the embedding and K/V heads that divide the heads, RoPE dimensions even and at most the head size.
+# `llama_hparams`, no weight of more than 2^63 − 1 elements (ggml's `int64_t` sizes), K/V heads that divide
+# the heads, a head size of at least 1 (`n_embd / n_head` rounded down, as llama.cpp takes it), RoPE dimensions
+# even and at most the head size.
 
 # %%
 # | export
@@ -150,6 +150,7 @@ class LlamaParams:
     wtype: str = "f16"
     n_expert: int = 0  # a mixture of experts: experts per layer, and how many each token uses
     n_expert_used: int = 0
+    n_embd_head: int = None  # type: ignore[assignment]  # None: n_embd // n_head (else a GGUF's key_length)
 
     def __post_init__(self):
         for field in ("n_vocab", "n_embd", "n_head", "n_head_kv", "n_ff"):
@@ -159,23 +160,23 @@ class LlamaParams:
         check_int("LlamaParams: n_ctx_train", self.n_ctx_train, 0, UINT32_MAX, None, " (a uint32_t)")
         check_int("LlamaParams: n_layer", self.n_layer, 1, LLAMA_MAX_LAYERS, "--n-layer", " (LLAMA_MAX_LAYERS)")
         check_experts(self.n_expert, self.n_expert_used, self.n_embd * self.n_ff)
-        if self.n_embd % self.n_head:
-            raise ModelError(f"LlamaParams: n_head (--n-head): expected a divisor of n_embd {self.n_embd}, "
-                             f"found {self.n_head}")
+        head = self.n_embd // self.n_head if self.n_embd_head is None else self.n_embd_head  # (llama.cpp rounds down)
+        check_int("LlamaParams: n_embd_head", head, 1, UINT32_MAX, None, f" (the head size; n_embd / n_head = "
+                  f"{self.n_embd} / {self.n_head} rounded down unless given)")
+        object.__setattr__(self, "n_embd_head", int(head))
         if self.n_head % self.n_head_kv:
             raise ModelError(f"LlamaParams: n_head_kv (--n-head-kv): expected a divisor of n_head {self.n_head}, "
                              f"found {self.n_head_kv}")
-        for name, n in (("n_embd * n_vocab (token_embd)", self.n_embd * self.n_vocab),
-                        ("n_embd * n_ff (ffn_up)", self.n_embd * self.n_ff), ("n_embd^2 (attn_q)", self.n_embd ** 2)):
+        for name, n in (("n_embd * n_vocab (token_embd)", self.n_embd * self.n_vocab), ("n_embd * n_ff (ffn_up)",
+                        self.n_embd * self.n_ff), ("n_embd * n_q (attn_q)", self.n_embd * head * self.n_head)):
             if n > INT64_MAX:
                 raise ModelError(f"LlamaParams: {name} = {n} elements, more than a ggml tensor holds (2^63 - 1)")
-        head = self.n_embd // self.n_head
         if self.n_rot is None:
             object.__setattr__(self, "n_rot", head)
-        check_int("LlamaParams: n_rot", self.n_rot, 1, head, None, f" (the head size n_embd / n_head = {head})")
+        check_int("LlamaParams: n_rot", self.n_rot, 1, head, None, f" (the head size, {head})")
         if self.n_rot % 2:
             raise ModelError(f"LlamaParams: n_rot {self.n_rot} must be even (RoPE rotates pairs of dimensions; the "
-                             f"head size is n_embd / n_head, --n-embd {self.n_embd} / --n-head {self.n_head} = {head})")
+                             f"head size is {head}: --n-embd {self.n_embd} / --n-head {self.n_head}, or key_length)")
         eps = check_float("LlamaParams: rms_norm_eps", self.rms_norm_eps, 0, strict=False)
         object.__setattr__(self, "rms_norm_eps", eps)
         object.__setattr__(self, "rope_freq_base", check_float("LlamaParams: rope_freq_base", self.rope_freq_base, 0))
@@ -189,11 +190,10 @@ class LlamaParams:
         if wt.name in INT_TYPES:
             raise ModelError(f"LlamaParams: wtype (--wtype): weights cannot be of type {wt.name} (a float or a "
                              f"quantized type)")
-        for field in ("n_embd", "n_ff"):  # the rows of the matrices: ne[0] of every weight, ffn_down's too
-            if getattr(self, field) % wt.blck_size:
-                raise ModelError(f"LlamaParams: {field} (--{field.replace('_', '-')}) {getattr(self, field)}: the rows "
-                                 f"of {wt.name} weights must be a whole number of its blocks ({wt.blck_size} "
-                                 f"elements each)")
+        for field, n in (("n_embd", self.n_embd), ("n_ff", self.n_ff), ("n_embd_head * n_head", head * self.n_head)):
+            if n % wt.blck_size:  # the rows of the matrices: ne[0] of every weight (ffn_down's, attn_output's too)
+                raise ModelError(f"LlamaParams: {field} (--{field.replace('_', '-')}) {n}: the rows of {wt.name} "
+                                 f"weights must be a whole number of its blocks ({wt.blck_size} elements each)")
         object.__setattr__(self, "wtype", wt.name)
 
     def model(self, n_ctx: int, type_k: str = "f16", type_v: str | None = None, flash_attn: bool = False) -> dict:
@@ -202,7 +202,7 @@ class LlamaParams:
         return dict(n_vocab=self.n_vocab, n_embd=self.n_embd, n_layer=self.n_layer, n_head=self.n_head,
                     n_head_kv=self.n_head_kv, n_ff=self.n_ff, n_ctx=n_ctx, wtype=self.wtype, kvtype=type_k,
                     type_v=type_v or type_k, flash_attn=bool(flash_attn), n_expert=self.n_expert,
-                    n_expert_used=self.n_expert_used, rms_norm_eps=self.rms_norm_eps,
+                    n_expert_used=self.n_expert_used, n_embd_head=self.n_embd_head, rms_norm_eps=self.rms_norm_eps,
                     rope=dict(mode=0, n_dims=self.n_rot, n_ctx_orig=self.n_ctx_train, freq_base=self.rope_freq_base,
                               freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0))
 
@@ -278,7 +278,8 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
     `batch`. Returns `(contexts in id order, graph, expand roots)`."""
     n_embd, n_head, n_head_kv = model["n_embd"], model["n_head"], model["n_head_kv"]
     n_ff, n_vocab, n_ctx = model["n_ff"], model["n_vocab"], model["n_ctx"]
-    n_gqa, n_expert = n_embd // n_head * n_head_kv, model.get("n_expert", 0)
+    head, n_expert = model.get("n_embd_head") or n_embd // n_head, model.get("n_expert", 0)  # (head: key_length)
+    n_gqa, n_q = head * n_head_kv, head * n_head
     wtype, type_k = type_by_name(model["wtype"]), type_by_name(model["kvtype"])
     type_v = type_by_name(model.get("type_v", model["kvtype"]))
     ctxs = {}
@@ -300,8 +301,8 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
     tied = bool(types) and "output.weight" not in types  # a file without output.weight: token_embd's matrix
     if not (tied and out_be == "CPU"):  # (tied on the host: the mapped token_embd itself, no copy)
         weight(out_be, "output.weight", types.get("token_embd.weight", wtype) if tied else wtype, n_embd, n_vocab)
-    shapes = {"attn_norm": (F32, n_embd), "attn_q": (wtype, n_embd, n_embd), "attn_k": (wtype, n_embd, n_gqa),
-              "attn_v": (wtype, n_embd, n_gqa), "attn_output": (wtype, n_embd, n_embd), "ffn_norm": (F32, n_embd),
+    shapes = {"attn_norm": (F32, n_embd), "attn_q": (wtype, n_embd, n_q), "attn_k": (wtype, n_embd, n_gqa),
+              "attn_v": (wtype, n_embd, n_gqa), "attn_output": (wtype, n_q, n_embd), "ffn_norm": (F32, n_embd),
               "ffn_gate": (wtype, n_embd, n_ff), "ffn_up": (wtype, n_embd, n_ff), "ffn_down": (wtype, n_ff, n_embd),
               "ffn_gate_inp": (F32, n_embd, n_expert), "ffn_gate_exps": (wtype, n_embd, n_ff, n_expert),
               "ffn_down_exps": (wtype, n_ff, n_embd, n_expert), "ffn_up_exps": (wtype, n_embd, n_ff, n_expert)}
@@ -474,7 +475,7 @@ def llm_build_kqv(b: LlmBuildContext, wo, q, kq_mask, L: dict, il: int):
     flash attention one `ggml_flash_attn_ext` over the K and V views instead. `q` is Q permuted to
     heads-major (`q-<il>`)."""
     m, n_tokens, n_kv = b.model, b.batch["n_tokens"], b.batch["n_kv"]
-    head = m["n_embd"] // m["n_head"]
+    head = m.get("n_embd_head") or m["n_embd"] // m["n_head"]
     n_gqa, kvtype, elt = head * m["n_head_kv"], L["k_l"].type, L["v_l"].type.type_size
     k = b.name(view_3d(b.ctx, L["k_l"], head, n_kv, m["n_head_kv"], row_size(kvtype, n_gqa), row_size(kvtype, head), 0),
                "k", il)
@@ -495,7 +496,7 @@ def llm_build_kqv(b: LlmBuildContext, wo, q, kq_mask, L: dict, il: int):
         v = v if v is not None else v_view()
         kqv = b.name(mul_mat(b.ctx, v, kq), "kqv", il)
         merged = b.name(permute(b.ctx, kqv, 0, 2, 1, 3), "kqv_merged", il)
-        cur = b.name(cont_2d(b.ctx, merged, m["n_embd"], n_tokens), "kqv_merged_cont", il)
+        cur = b.name(cont_2d(b.ctx, merged, head * m["n_head"], n_tokens), "kqv_merged_cont", il)
     b.roots.append(cur)
     return b.name(mul_mat(b.ctx, wo, cur), "kqv_out", il)
 
@@ -563,7 +564,7 @@ def llm_build_moe_ffn(b: LlmBuildContext, cur, L: dict, il: int):
 def llm_build_layer(b: LlmBuildContext, inp_l, inp_pos, kq_mask, L: dict, il: int):
     """One iteration of `build_llama`'s layer loop; returns the layer's output `l_out-<il>`."""
     m, n_tokens, ctx = b.model, b.batch["n_tokens"], b.ctx
-    head, r = m["n_embd"] // m["n_head"], m["rope"]
+    head, r = m.get("n_embd_head") or m["n_embd"] // m["n_head"], m["rope"]
     rope_args = (r["n_dims"], r["mode"], r["n_ctx_orig"], r["freq_base"], r["freq_scale"], r["ext_factor"],
                  r["attn_factor"], r["beta_fast"], r["beta_slow"])
     inp_sa = inp_l
@@ -656,10 +657,9 @@ def batch_inputs(batch: dict) -> dict:
 # %% [markdown]
 # ## 4 · The worst case llama.cpp reserves
 #
-# `llama_new_context_with_model` pads `n_ctx` to a multiple of 32 (256 with flash attention), makes a
-# KV cache of that many cells, and reserves the compute buffers once, for the largest graph it will
-# ever run: `n_tokens = min(n_ctx, n_ubatch)` tokens, every one an output, written at the end of the
-# cache and attending to all of it (`n_kv = n_ctx`). Every later batch fits in that plan.
+# `llama_new_context_with_model` pads `n_ctx` to a multiple of 32 (256 with flash attention), makes a KV cache
+# of that many cells, and reserves the compute buffers once, for the largest graph it will ever run: `n_tokens =
+# min(n_ctx, n_ubatch)` tokens, all outputs, at the end of the cache, attending to all of it (`n_kv = n_ctx`).
 
 # %%
 # | export
@@ -734,7 +734,7 @@ def check_context(params: LlamaParams, n_ctx: int, n_ubatch: int, n_gpu_layers: 
     if type_v != "f16" and not flash_attn:  # (any type but f16, f32 too: llama.cpp tests type_v != F16)
         raise ModelError(f"type_v (--type-v) {type_v}: V cache quantization requires flash_attn (--flash-attn), "
                          f"as llama_new_context_with_model says")
-    head = params.n_embd // params.n_head
+    head = params.n_embd_head
     for flag, t in (("type_k", type_k), ("type_v", type_v)):  # n_embd_head_k, then n_embd_head_v
         blck = type_by_name(t).blck_size
         if head % blck:
@@ -1013,7 +1013,7 @@ def llama_cpp_lines(rep: MemoryReport) -> list:
              for d in rep.devices if d["weights"]]
     c, m = rep.context, rep.model
     lines.append(f"llama_new_context_with_model: flash_attn = {int(c.get('flash_attn', False))}")
-    cells = m["n_embd"] // m["n_head"] * m["n_head_kv"] * c["n_ctx"]  # one layer's K (or V): n_embd_gqa x n_ctx
+    cells = m["n_embd_head"] * m["n_head_kv"] * c["n_ctx"]  # one layer's K (or V): n_embd_gqa x n_ctx
     k, v = (m["n_layer"] * row_size(type_by_name(c[t]), cells) for t in ("type_k", "type_v"))
     lines.append(f"llama_new_context_with_model: KV self size  = {(k + v) / MiB:7.2f} MiB, K ({c['type_k']}): "
                  f"{k / MiB:7.2f} MiB, V ({c['type_v']}): {v / MiB:7.2f} MiB")

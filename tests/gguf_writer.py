@@ -22,12 +22,12 @@ TINY = LlamaParams(n_vocab=64, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff
 def llama_shapes(p: LlamaParams) -> dict:
     """{name: ne} of a LLaMA's tensors, in llama.cpp's converter's order (written out by hand here,
     independently of ggml_lite.models.gguf): dense, or with experts the router and the merged 3-d expert tensors."""
-    gqa = p.n_embd // p.n_head * p.n_head_kv
+    gqa, n_q = p.n_embd_head * p.n_head_kv, p.n_embd_head * p.n_head
     shapes = {"token_embd.weight": [p.n_embd, p.n_vocab], "output_norm.weight": [p.n_embd],
               "output.weight": [p.n_embd, p.n_vocab]}
     for il in range(p.n_layer):
-        for name, ne in (("attn_norm", [p.n_embd]), ("attn_q", [p.n_embd, p.n_embd]), ("attn_k", [p.n_embd, gqa]),
-                         ("attn_v", [p.n_embd, gqa]), ("attn_output", [p.n_embd, p.n_embd]), ("ffn_norm", [p.n_embd]),
+        for name, ne in (("attn_norm", [p.n_embd]), ("attn_q", [p.n_embd, n_q]), ("attn_k", [p.n_embd, gqa]),
+                         ("attn_v", [p.n_embd, gqa]), ("attn_output", [n_q, p.n_embd]), ("ffn_norm", [p.n_embd]),
                          *((("ffn_gate_inp", [p.n_embd, p.n_expert]), ("ffn_gate_exps", [p.n_embd, p.n_ff, p.n_expert]),
                             ("ffn_down_exps", [p.n_ff, p.n_embd, p.n_expert]),
                             ("ffn_up_exps", [p.n_embd, p.n_ff, p.n_expert])) if p.n_expert else
@@ -47,7 +47,10 @@ def llama_kv(p: LlamaParams) -> dict:
             "llama.attention.layer_norm_rms_epsilon": (p.rms_norm_eps, VT.FLOAT32),
             "llama.rope.freq_base": (p.rope_freq_base, VT.FLOAT32),
             **({"llama.expert_count": (p.n_expert, VT.UINT32), "llama.expert_used_count": (p.n_expert_used, VT.UINT32)}
-               if p.n_expert else {})}
+               if p.n_expert else {}),
+            **({"llama.attention.key_length": (p.n_embd_head, VT.UINT32),  # (a head size of its own: Mistral NeMo)
+                "llama.attention.value_length": (p.n_embd_head, VT.UINT32)} if p.n_embd_head != p.n_embd // p.n_head
+               else {})}
 
 
 def write_llama_gguf(path, p: LlamaParams = TINY, matrix_type=None, sparse: bool = False, kv: dict | None = None,
@@ -165,7 +168,8 @@ def oracle_params(path):
         n_ff=per_layer("llama.feed_forward_length"), n_rot=get("llama.rope.dimension_count"),
         rms_norm_eps=get("llama.attention.layer_norm_rms_epsilon"), rope_freq_base=get("llama.rope.freq_base", 10000.0),
         n_ctx_train=get("llama.context_length"), wtype=type_by_code(types["blk.0.attn_q.weight"]).name,
-        n_expert=get("llama.expert_count", 0), n_expert_used=get("llama.expert_used_count", 0))
+        n_expert=get("llama.expert_count", 0), n_expert_used=get("llama.expert_used_count", 0),
+        n_embd_head=get("llama.attention.key_length"))
     return params, types, shapes
 
 

@@ -75,11 +75,13 @@ TYPES = {"f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_0":
 
 def model(name: str, n_vocab: int, n_embd: int, n_layer: int, n_head: int, n_head_kv: int, n_ff: int,
           n_ctx_train: int = 4096, wtype: str = "f16", output: str | None = None, n_expert: int = 0,
-          n_expert_used: int = 0, rope_freq_base: float = 10000.0, rms_norm_eps: float = 1e-5) -> dict:
+          n_expert_used: int = 0, rope_freq_base: float = 10000.0, rms_norm_eps: float = 1e-5,
+          head: int | None = None) -> dict:
     """A LLaMA's hyperparameters and its tensors' GGUF types by role (the same in every layer): matrices of
     `wtype` (token_embd too), norms and the experts' router `ffn_gate_inp` in f32 (as llama.cpp's converter
     writes them), `output.weight` of `output` (default `wtype`; q6_K as llama.cpp's quantize gives Q4_0 files,
-    or q8_0, its fallback when n_embd is not a multiple of q6_K's 256)."""
+    or q8_0, its fallback when n_embd is not a multiple of q6_K's 256). `head`: a head size other than
+    n_embd / n_head (written as `llama.attention.key_length` and `value_length`, as Mistral NeMo has it)."""
     matrices = ["token_embd", "attn_q", "attn_k", "attn_v", "attn_output"]
     matrices += ["ffn_gate_exps", "ffn_down_exps", "ffn_up_exps"] if n_expert else ["ffn_gate", "ffn_down", "ffn_up"]
     types = {"output_norm": "f32", "attn_norm": "f32", "ffn_norm": "f32", **{m: wtype for m in matrices},
@@ -87,7 +89,7 @@ def model(name: str, n_vocab: int, n_embd: int, n_layer: int, n_head: int, n_hea
     if n_expert:
         types["ffn_gate_inp"] = "f32"
     return {"name": name, "arch": "llama", "n_vocab": n_vocab, "n_embd": n_embd, "n_layer": n_layer,
-            "n_head": n_head, "n_head_kv": n_head_kv, "n_ff": n_ff, "n_rot": n_embd // n_head,
+            "n_head": n_head, "n_head_kv": n_head_kv, "n_ff": n_ff, "n_rot": head or n_embd // n_head,
             "n_ctx_train": n_ctx_train, "rms_norm_eps": rms_norm_eps, "rope_freq_base": rope_freq_base,
             "n_expert": n_expert, "n_expert_used": n_expert_used, "wtype": wtype, "types": types}
 
@@ -96,12 +98,12 @@ def tensor_shapes(m: dict) -> list[tuple[str, str, list[int]]]:
     """[(name, role, ne)] of the model's tensors in llama.cpp's converter's order, with the shapes llama.cpp
     1d1ccce's `llm_load_tensors` expects for LLM_ARCH_LLAMA (experts merged into 3-D `*_exps` tensors)."""
     e, v, f, x = m["n_embd"], m["n_vocab"], m["n_ff"], m["n_expert"]
-    gqa = e // m["n_head"] * m["n_head_kv"]
+    gqa, q = m["n_rot"] * m["n_head_kv"], m["n_rot"] * m["n_head"]  # (n_rot is the head size for a LLaMA)
     out = [("token_embd.weight", "token_embd", [e, v]), ("output_norm.weight", "output_norm", [e]),
            ("output.weight", "output", [e, v])]
     for il in range(m["n_layer"]):
-        layer = [("attn_norm", [e]), ("attn_q", [e, e]), ("attn_k", [e, gqa]), ("attn_v", [e, gqa]),
-                 ("attn_output", [e, e]), ("ffn_norm", [e])]
+        layer = [("attn_norm", [e]), ("attn_q", [e, q]), ("attn_k", [e, gqa]), ("attn_v", [e, gqa]),
+                 ("attn_output", [q, e]), ("ffn_norm", [e])]
         if x:
             layer += [("ffn_gate_inp", [e, x]), ("ffn_gate_exps", [e, f, x]), ("ffn_down_exps", [f, e, x]),
                       ("ffn_up_exps", [e, f, x])]
@@ -127,6 +129,9 @@ def write_gguf(path: Path, m: dict, sparse: bool = True) -> int:
     if m["n_expert"]:
         kv += [("llama.expert_count", m["n_expert"], VT.UINT32),
                ("llama.expert_used_count", m["n_expert_used"], VT.UINT32)]
+    if m["n_rot"] != m["n_embd"] // m["n_head"]:  # a head size of its own
+        kv += [("llama.attention.key_length", m["n_rot"], VT.UINT32),
+               ("llama.attention.value_length", m["n_rot"], VT.UINT32)]
     kv += [("tokenizer.ggml.model", "no_vocab", VT.STRING)]
     for key, value, vtype in kv:
         w.add_key_value(key, value, vtype)
@@ -172,6 +177,12 @@ MODELS = {m["name"]: m for m in [
     # the mapped file range at a rounding boundary: 32 bytes more (an allocated buffer's) print 0.01 MiB more
     model("edge-v256-f16", 256, 64, 2, 4, 2, 320, 512),
     model("edge-v500-moe-q8_0", 500, 512, 3, 4, 2, 512, 512, wtype="q8_0", n_expert=8, n_expert_used=2),
+    # a head size of its own (attention.key_length), as Mistral NeMo 12B has: 5120 / 32 heads, heads of 128
+    model("nemo-like-f16", 512, 320, 2, 4, 2, 512, 1024, head=128),
+    model("mistral-nemo-12b-q4_0", 131072, 5120, 40, 32, 8, 14336, 1024000, wtype="q4_0", output="q6_K",
+          rope_freq_base=1000000.0, head=128),
+    # n_embd not a multiple of n_head: llama.cpp rounds the head size down (130 / 4 heads: 32)
+    model("embd130-f16", 256, 130, 2, 4, 2, 256, 512),
     model("llama-2-7b-f16", 32000, 4096, 32, 32, 32, 11008, 4096),
     model("llama-2-7b-q4_0", 32000, 4096, 32, 32, 32, 11008, 4096, wtype="q4_0", output="q6_K"),
     model("llama-3-8b-q8_0", 128256, 4096, 32, 32, 8, 14336, 8192, wtype="q8_0", rope_freq_base=500000.0),
@@ -230,6 +241,10 @@ def configurations() -> list[dict]:
         config("tiny-f16", 512, fa=True, type_k="bf16", type_v="f32"),
     ]
     c += [config(name, 512, fa=fa) for name in ("edge-v256-f16", "edge-v500-moe-q8_0") for fa in (False, True)]
+    c += [config("nemo-like-f16", 1000, fa=False), config("nemo-like-f16", 1000, 2048, 100, fa=True, type_k="q8_0",
+                                                            type_v="q8_0"),
+          config("mistral-nemo-12b-q4_0", 8192, fa=True, type_k="q8_0", type_v="q8_0"),
+          config("mistral-nemo-12b-q4_0", 4096), config("embd130-f16", 512), config("embd130-f16", 512, fa=True)]
     c += [  # refusals
         config("tiny-f16", 512, type_v="q8_0"), config("tiny-f16", 512, type_k="q4_0", type_v="q4_0"),
         config("moe8x2-f16", 512, type_v="q4_0"), config("tiny-f16", 512, 0, 0),

@@ -332,7 +332,8 @@ HPARAM_KEYS = {"n_vocab": "llama.vocab_size", "n_embd": "llama.embedding_length"
                "n_ff": "llama.feed_forward_length", "rms_norm_eps": "llama.attention.layer_norm_rms_epsilon",
                "rope_freq_base": "llama.rope.freq_base", "n_ctx_train": "llama.context_length",
                "n_rot": "llama.rope.dimension_count", "n_expert": "llama.expert_count",
-               "n_expert_used": "llama.expert_used_count"}  # LlamaParams' fields and the GGUF keys they come from
+               "n_expert_used": "llama.expert_used_count",
+               "n_embd_head": "llama.attention.key_length"}  # LlamaParams' fields and the GGUF keys they come from
 
 
 def llama_hparams(h: GGUFHeader, wtype: str = "f16") -> LlamaParams:
@@ -360,18 +361,21 @@ def llama_hparams(h: GGUFHeader, wtype: str = "f16") -> LlamaParams:
             rope_freq_base=_key(h, "llama.rope.freq_base", "float32", False, 10000.0),
             n_ctx_train=_key(h, "llama.context_length", "uint32"), wtype=wtype,
             n_expert=_key(h, "llama.expert_count", "uint32", False, 0),
-            n_expert_used=_key(h, "llama.expert_used_count", "uint32", False, 0))
+            n_expert_used=_key(h, "llama.expert_used_count", "uint32", False, 0),
+            n_embd_head=_key(h, "llama.attention.key_length", "uint32", False, None))  # (None: n_embd // n_head)
     except ModelError as e:
         if str(e).startswith(h.path):
             raise
         field = str(e).removeprefix("LlamaParams: ").split(" ")[0].rstrip(":")
         key = f"kv[{json.dumps(HPARAM_KEYS[field])}]: " if field in HPARAM_KEYS else ""
         raise ModelError(f"{h.path}: {key}the header's hyperparameters make no model: {e}") from None
-    for key in ("llama.attention.key_length", "llama.attention.value_length", "llama.rope.dimension_count"):
-        got = _key(h, key, "uint32", False, p.n_rot)
-        if got != p.n_rot:  # llama.cpp: "invalid n_rot: %u, expected %u"
-            raise ModelError(f"{h.path}: kv[{json.dumps(key)}]: expected the head size n_embd / n_head = {p.n_rot}, "
-                             f"found {got}")
+    for key, default in (("llama.attention.value_length", p.n_embd // p.n_head),  # (key_length is the head size)
+                         ("llama.rope.dimension_count", p.n_embd_head)):
+        got = _key(h, key, "uint32", False, None)  # llama.cpp: "invalid n_rot: %u, expected %u"; a V head of its
+        if (default if got is None else got) != p.n_embd_head:  # own it plans, this port does not
+            raise ModelError(f"{h.path}: kv[{json.dumps(key)}]: expected the head size (attention.key_length, else "
+                             f"n_embd / n_head) = {p.n_embd_head}, found "
+                             + (f"{got}" if got is not None else f"none, which means n_embd / n_head = {default}"))
     return p
 
 
@@ -379,9 +383,9 @@ def llama_hparams(h: GGUFHeader, wtype: str = "f16") -> LlamaParams:
 def llama_tensor_shapes(p: LlamaParams) -> dict:
     """{name: ne} of the tensors `llm_load_tensors` creates for `LLM_ARCH_LLAMA` without biases: dense, or
     with experts the router `ffn_gate_inp` and the experts' merged 3-d matrices `ffn_*_exps`."""
-    gqa, n_x = p.n_embd // p.n_head * p.n_head_kv, p.n_expert
-    layer = {"attn_norm": [p.n_embd], "attn_q": [p.n_embd, p.n_embd], "attn_k": [p.n_embd, gqa],
-             "attn_v": [p.n_embd, gqa], "attn_output": [p.n_embd, p.n_embd], "ffn_norm": [p.n_embd]}
+    gqa, n_q, n_x = p.n_embd_head * p.n_head_kv, p.n_embd_head * p.n_head, p.n_expert
+    layer = {"attn_norm": [p.n_embd], "attn_q": [p.n_embd, n_q], "attn_k": [p.n_embd, gqa],
+             "attn_v": [p.n_embd, gqa], "attn_output": [n_q, p.n_embd], "ffn_norm": [p.n_embd]}
     layer.update({"ffn_gate_inp": [p.n_embd, n_x], "ffn_gate_exps": [p.n_embd, p.n_ff, n_x],
                   "ffn_down_exps": [p.n_ff, p.n_embd, n_x], "ffn_up_exps": [p.n_embd, p.n_ff, n_x]} if n_x else
                  {"ffn_gate": [p.n_embd, p.n_ff], "ffn_down": [p.n_ff, p.n_embd], "ffn_up": [p.n_embd, p.n_ff]})

@@ -95,6 +95,7 @@ class LlamaParams:
     wtype: str = "f16"
     n_expert: int = 0  # a mixture of experts: experts per layer, and how many each token uses
     n_expert_used: int = 0
+    n_embd_head: int = None  # type: ignore[assignment]  # None: n_embd // n_head (else a GGUF's key_length)
 
     def __post_init__(self):
         for field in ("n_vocab", "n_embd", "n_head", "n_head_kv", "n_ff"):
@@ -104,23 +105,23 @@ class LlamaParams:
         check_int("LlamaParams: n_ctx_train", self.n_ctx_train, 0, UINT32_MAX, None, " (a uint32_t)")
         check_int("LlamaParams: n_layer", self.n_layer, 1, LLAMA_MAX_LAYERS, "--n-layer", " (LLAMA_MAX_LAYERS)")
         check_experts(self.n_expert, self.n_expert_used, self.n_embd * self.n_ff)
-        if self.n_embd % self.n_head:
-            raise ModelError(f"LlamaParams: n_head (--n-head): expected a divisor of n_embd {self.n_embd}, "
-                             f"found {self.n_head}")
+        head = self.n_embd // self.n_head if self.n_embd_head is None else self.n_embd_head  # (llama.cpp rounds down)
+        check_int("LlamaParams: n_embd_head", head, 1, UINT32_MAX, None, f" (the head size; n_embd / n_head = "
+                  f"{self.n_embd} / {self.n_head} rounded down unless given)")
+        object.__setattr__(self, "n_embd_head", int(head))
         if self.n_head % self.n_head_kv:
             raise ModelError(f"LlamaParams: n_head_kv (--n-head-kv): expected a divisor of n_head {self.n_head}, "
                              f"found {self.n_head_kv}")
-        for name, n in (("n_embd * n_vocab (token_embd)", self.n_embd * self.n_vocab),
-                        ("n_embd * n_ff (ffn_up)", self.n_embd * self.n_ff), ("n_embd^2 (attn_q)", self.n_embd ** 2)):
+        for name, n in (("n_embd * n_vocab (token_embd)", self.n_embd * self.n_vocab), ("n_embd * n_ff (ffn_up)",
+                        self.n_embd * self.n_ff), ("n_embd * n_q (attn_q)", self.n_embd * head * self.n_head)):
             if n > INT64_MAX:
                 raise ModelError(f"LlamaParams: {name} = {n} elements, more than a ggml tensor holds (2^63 - 1)")
-        head = self.n_embd // self.n_head
         if self.n_rot is None:
             object.__setattr__(self, "n_rot", head)
-        check_int("LlamaParams: n_rot", self.n_rot, 1, head, None, f" (the head size n_embd / n_head = {head})")
+        check_int("LlamaParams: n_rot", self.n_rot, 1, head, None, f" (the head size, {head})")
         if self.n_rot % 2:
             raise ModelError(f"LlamaParams: n_rot {self.n_rot} must be even (RoPE rotates pairs of dimensions; the "
-                             f"head size is n_embd / n_head, --n-embd {self.n_embd} / --n-head {self.n_head} = {head})")
+                             f"head size is {head}: --n-embd {self.n_embd} / --n-head {self.n_head}, or key_length)")
         eps = check_float("LlamaParams: rms_norm_eps", self.rms_norm_eps, 0, strict=False)
         object.__setattr__(self, "rms_norm_eps", eps)
         object.__setattr__(self, "rope_freq_base", check_float("LlamaParams: rope_freq_base", self.rope_freq_base, 0))
@@ -134,11 +135,10 @@ class LlamaParams:
         if wt.name in INT_TYPES:
             raise ModelError(f"LlamaParams: wtype (--wtype): weights cannot be of type {wt.name} (a float or a "
                              f"quantized type)")
-        for field in ("n_embd", "n_ff"):  # the rows of the matrices: ne[0] of every weight, ffn_down's too
-            if getattr(self, field) % wt.blck_size:
-                raise ModelError(f"LlamaParams: {field} (--{field.replace('_', '-')}) {getattr(self, field)}: the rows "
-                                 f"of {wt.name} weights must be a whole number of its blocks ({wt.blck_size} "
-                                 f"elements each)")
+        for field, n in (("n_embd", self.n_embd), ("n_ff", self.n_ff), ("n_embd_head * n_head", head * self.n_head)):
+            if n % wt.blck_size:  # the rows of the matrices: ne[0] of every weight (ffn_down's, attn_output's too)
+                raise ModelError(f"LlamaParams: {field} (--{field.replace('_', '-')}) {n}: the rows of {wt.name} "
+                                 f"weights must be a whole number of its blocks ({wt.blck_size} elements each)")
         object.__setattr__(self, "wtype", wt.name)
 
     def model(self, n_ctx: int, type_k: str = "f16", type_v: str | None = None, flash_attn: bool = False) -> dict:
@@ -147,7 +147,7 @@ class LlamaParams:
         return dict(n_vocab=self.n_vocab, n_embd=self.n_embd, n_layer=self.n_layer, n_head=self.n_head,
                     n_head_kv=self.n_head_kv, n_ff=self.n_ff, n_ctx=n_ctx, wtype=self.wtype, kvtype=type_k,
                     type_v=type_v or type_k, flash_attn=bool(flash_attn), n_expert=self.n_expert,
-                    n_expert_used=self.n_expert_used, rms_norm_eps=self.rms_norm_eps,
+                    n_expert_used=self.n_expert_used, n_embd_head=self.n_embd_head, rms_norm_eps=self.rms_norm_eps,
                     rope=dict(mode=0, n_dims=self.n_rot, n_ctx_orig=self.n_ctx_train, freq_base=self.rope_freq_base,
                               freq_scale=1.0, ext_factor=0.0, attn_factor=1.0, beta_fast=32.0, beta_slow=1.0))
 
@@ -194,7 +194,8 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
     `batch`. Returns `(contexts in id order, graph, expand roots)`."""
     n_embd, n_head, n_head_kv = model["n_embd"], model["n_head"], model["n_head_kv"]
     n_ff, n_vocab, n_ctx = model["n_ff"], model["n_vocab"], model["n_ctx"]
-    n_gqa, n_expert = n_embd // n_head * n_head_kv, model.get("n_expert", 0)
+    head, n_expert = model.get("n_embd_head") or n_embd // n_head, model.get("n_expert", 0)  # (head: key_length)
+    n_gqa, n_q = head * n_head_kv, head * n_head
     wtype, type_k = type_by_name(model["wtype"]), type_by_name(model["kvtype"])
     type_v = type_by_name(model.get("type_v", model["kvtype"]))
     ctxs = {}
@@ -216,8 +217,8 @@ def build_llama(model: dict, placement: dict, batch: dict, recorded: bool = Fals
     tied = bool(types) and "output.weight" not in types  # a file without output.weight: token_embd's matrix
     if not (tied and out_be == "CPU"):  # (tied on the host: the mapped token_embd itself, no copy)
         weight(out_be, "output.weight", types.get("token_embd.weight", wtype) if tied else wtype, n_embd, n_vocab)
-    shapes = {"attn_norm": (F32, n_embd), "attn_q": (wtype, n_embd, n_embd), "attn_k": (wtype, n_embd, n_gqa),
-              "attn_v": (wtype, n_embd, n_gqa), "attn_output": (wtype, n_embd, n_embd), "ffn_norm": (F32, n_embd),
+    shapes = {"attn_norm": (F32, n_embd), "attn_q": (wtype, n_embd, n_q), "attn_k": (wtype, n_embd, n_gqa),
+              "attn_v": (wtype, n_embd, n_gqa), "attn_output": (wtype, n_q, n_embd), "ffn_norm": (F32, n_embd),
               "ffn_gate": (wtype, n_embd, n_ff), "ffn_up": (wtype, n_embd, n_ff), "ffn_down": (wtype, n_ff, n_embd),
               "ffn_gate_inp": (F32, n_embd, n_expert), "ffn_gate_exps": (wtype, n_embd, n_ff, n_expert),
               "ffn_down_exps": (wtype, n_ff, n_embd, n_expert), "ffn_up_exps": (wtype, n_embd, n_ff, n_expert)}
@@ -368,7 +369,7 @@ def check_context(params: LlamaParams, n_ctx: int, n_ubatch: int, n_gpu_layers: 
     if type_v != "f16" and not flash_attn:  # (any type but f16, f32 too: llama.cpp tests type_v != F16)
         raise ModelError(f"type_v (--type-v) {type_v}: V cache quantization requires flash_attn (--flash-attn), "
                          f"as llama_new_context_with_model says")
-    head = params.n_embd // params.n_head
+    head = params.n_embd_head
     for flag, t in (("type_k", type_k), ("type_v", type_v)):  # n_embd_head_k, then n_embd_head_v
         blck = type_by_name(t).blck_size
         if head % blck:

@@ -91,7 +91,7 @@ def llm_build_kqv(b: LlmBuildContext, wo, q, kq_mask, L: dict, il: int):
     flash attention one `ggml_flash_attn_ext` over the K and V views instead. `q` is Q permuted to
     heads-major (`q-<il>`)."""
     m, n_tokens, n_kv = b.model, b.batch["n_tokens"], b.batch["n_kv"]
-    head = m["n_embd"] // m["n_head"]
+    head = m.get("n_embd_head") or m["n_embd"] // m["n_head"]
     n_gqa, kvtype, elt = head * m["n_head_kv"], L["k_l"].type, L["v_l"].type.type_size
     k = b.name(view_3d(b.ctx, L["k_l"], head, n_kv, m["n_head_kv"], row_size(kvtype, n_gqa), row_size(kvtype, head), 0),
                "k", il)
@@ -112,7 +112,7 @@ def llm_build_kqv(b: LlmBuildContext, wo, q, kq_mask, L: dict, il: int):
         v = v if v is not None else v_view()
         kqv = b.name(mul_mat(b.ctx, v, kq), "kqv", il)
         merged = b.name(permute(b.ctx, kqv, 0, 2, 1, 3), "kqv_merged", il)
-        cur = b.name(cont_2d(b.ctx, merged, m["n_embd"], n_tokens), "kqv_merged_cont", il)
+        cur = b.name(cont_2d(b.ctx, merged, head * m["n_head"], n_tokens), "kqv_merged_cont", il)
     b.roots.append(cur)
     return b.name(mul_mat(b.ctx, wo, cur), "kqv_out", il)
 
@@ -159,7 +159,7 @@ def llm_build_moe_ffn(b: LlmBuildContext, cur, L: dict, il: int):
 def llm_build_layer(b: LlmBuildContext, inp_l, inp_pos, kq_mask, L: dict, il: int):
     """One iteration of `build_llama`'s layer loop; returns the layer's output `l_out-<il>`."""
     m, n_tokens, ctx = b.model, b.batch["n_tokens"], b.ctx
-    head, r = m["n_embd"] // m["n_head"], m["rope"]
+    head, r = m.get("n_embd_head") or m["n_embd"] // m["n_head"], m["rope"]
     rope_args = (r["n_dims"], r["mode"], r["n_ctx_orig"], r["freq_base"], r["freq_scale"], r["ext_factor"],
                  r["attn_factor"], r["beta_fast"], r["beta_slow"])
     inp_sa = inp_l

@@ -422,9 +422,10 @@ def test_valid_files_give_the_right_report(tmp_path, long_run, capsys):
     @given(d=VALID_MODEL, mtype=st.sampled_from([QT.F16, QT.F32, QT.Q8_0, QT.Q4_0, QT.BF16]), tied=st.booleans(),
            rope=st.booleans(), arrays=st.booleans(), tokens=st.booleans(),
            place=st.sampled_from([[], ["--devices", "1", "-ngl", "2"], ["--devices", "2", "-ngl", "9", "-ts", "1,3"]]),
-           experts=st.sampled_from([(0, 0), (0, 0), (4, 1), (8, 2), (4, 4)]), fa=st.booleans())
-    def case(d, mtype, tied, rope, arrays, tokens, place, experts, fa):
-        p = LlamaParams(**d, n_ctx_train=256, n_expert=experts[0], n_expert_used=experts[1])
+           experts=st.sampled_from([(0, 0), (0, 0), (4, 1), (8, 2), (4, 4)]), fa=st.booleans(), own_head=st.booleans())
+    def case(d, mtype, tied, rope, arrays, tokens, place, experts, fa, own_head):
+        p = LlamaParams(**d, n_ctx_train=256, n_expert=experts[0], n_expert_used=experts[1],
+                        n_embd_head=2 * d["n_embd"] // d["n_head"] if own_head else None)  # (NeMo: key_length)
         kv = {"llama.vocab_size": None} if tokens else {}
         if arrays:
             kv["llama.attention.head_count_kv"] = ([p.n_head_kv] * p.n_layer, VT.ARRAY, VT.INT32)

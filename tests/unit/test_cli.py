@@ -311,7 +311,7 @@ def test_llama_text_report_prints_llama_cpp_lines(capsys):
     (["llama", "--preset", "llama-9-1b"], "preset (--preset): expected one of llama-2-7b, llama-2-13b"),
     (["llama", "--n-vocab", "100"], "missing --n-embd"),
     (["llama", "--n-vocab", "100", "--n-embd", "100", "--n-layer", "2", "--n-head", "3", "--n-ff", "8"],
-     "n_head (--n-head): expected a divisor of n_embd 100, found 3"),
+     "n_rot 33 must be even (RoPE rotates pairs of dimensions; the head size is 33: --n-embd 100 / --n-head 3"),
     (["llama", "--preset", "llama-2-7b", "--n-ctx", "-5"], "n_ctx (--n-ctx): expected an integer from 1 to 2147483616"),
     (["llama", "--preset", "llama-2-7b", "--devices", "2", "--n-gpu-layers", "33", "--tensor-split", "1,x"],
      "tensor_split (--tensor-split): expected numbers separated by commas, found '1,x'"),

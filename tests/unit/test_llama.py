@@ -48,7 +48,9 @@ def test_fixture_13_is_rebuilt_tensor_for_tensor_by_the_recorded_variant():
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(n_embd=4096, n_head=30), r"n_head \(--n-head\): expected a divisor of n_embd 4096, found 30"),
+    (dict(n_embd=16, n_head=32, n_head_kv=32),
+     r"n_embd_head: expected an integer from 1 to 4294967295 \(the head size; n_embd / n_head = 16 / 32 rounded down"),
+    (dict(n_embd=4095, n_head=32, n_head_kv=32), r"n_rot 127 must be even"),  # (4095 // 32 = 127: rounded down)
     (dict(n_head_kv=5), r"n_head_kv \(--n-head-kv\): expected a divisor of n_head 32, found 5"),
     (dict(n_layer=-1), r"n_layer \(--n-layer\): expected an integer from 1 to 512 \(LLAMA_MAX_LAYERS\), found -1"),
     (dict(n_layer=513), "expected an integer from 1 to 512"),
