@@ -327,6 +327,7 @@ def _key_or_arr(h: GGUFHeader, key: str, n_layer: int, required: bool = True, de
     return values[0]
 
 
+# notebooks/A4_gguf_headers.py
 HPARAM_KEYS = {"n_vocab": "llama.vocab_size", "n_embd": "llama.embedding_length", "n_layer": "llama.block_count",
                "n_head": "llama.attention.head_count", "n_head_kv": "llama.attention.head_count_kv",
                "n_ff": "llama.feed_forward_length", "rms_norm_eps": "llama.attention.layer_norm_rms_epsilon",
