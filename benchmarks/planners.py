@@ -1,6 +1,9 @@
-"""Plan quality of the offline planners (chapter 11) on the recorded fixtures and on random graphs.
+"""Plan quality of the offline planners (chapter 11) on the recorded fixtures, on random graphs, and on
+problems whose optimum is known (appendix A6's `problem_gen`), beside the `omnimalloc` package's allocators.
 
     python benchmarks/planners.py [--count 300] [--seed 0] [--max-ops 40] [--budget 1.0] [--max-gib 16]
+                                  [--sizes 50,150,300,450,1000] [--seeds 3] [--known-budget 5.0]
+                                  [--only graphs|known]
 
 Every graph is planned by ggml (its own plan, re-expressed as offsets of the blocks), greedy by size,
 greedy by breadth, the exact search (at most --budget seconds) and best (`planners.all_plans`). Printed
@@ -19,8 +22,17 @@ that compute were planned, so that every plan of the sweep is verified by the CP
 are verified by the data-flow run instead (`compute="dataflow"`: each node writes a digest of the bytes
 it reads), as are those of the fixtures the kernels refuse (09, 10: random DAGs recorded for planning).
 
-The script prints figures and never asserts on time. Exit code 1 when a plan fails verification or
-best is worse than ggml, else 0.
+Problems with a known optimum (`--only known` runs just these): for each size of `--sizes` and each seed
+below `--seeds`, `problem_gen.perfect_problem` (a rectangle cut like a guillotine) and
+`challenging_problem` (laid like a brick wall, many blocks alive at once), whose optimum is their capacity.
+Each planner gets `--known-budget` seconds and the capacity, as `solve --capacity` gives it; printed per
+kind, size and planner: how often it reaches the optimum, its peak's ratio to it (mean and max), and its
+time. Where the `omnimalloc` package is installed (`pip install ggml_lite[bench]`), its `greedy_by_size`,
+`telamalloc` and `supermalloc` (timeout `--known-budget`; they minimise the peak, no capacity) plan the same
+problems, side by side. Every placement, ours and theirs, is checked (`planners.check_placement`).
+
+The script prints figures and never asserts on time. Exit code 1 when a plan fails verification, a
+placement is invalid, or best is worse than ggml, else 0.
 """
 
 import argparse
@@ -32,7 +44,7 @@ from pathlib import Path
 
 import ggml_lite as gl
 import ggml_oracle as O
-from ggml_lite import planners, verify
+from ggml_lite import planners, problem_gen, verify
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -143,6 +155,82 @@ def report(title: str, tally: Tally) -> None:
         print(f"  not verified: {what}")
 
 
+KNOWN_PLANNERS = ("greedy-size", "greedy-breadth", "exact", "best")
+OMNIMALLOC = ("greedy_by_size", "telamalloc", "supermalloc")
+
+
+def ours(problem, name: str, budget: float, capacity: int) -> tuple:
+    """(offsets, seconds) of our planner `name`, given the capacity (as `solve --capacity`)."""
+    t0 = time.perf_counter()
+    r = planners.run_planner(problem, name, budget, capacity=capacity)
+    return list(r.offsets), time.perf_counter() - t0
+
+
+def theirs(rows, name: str, budget: float) -> tuple:
+    """(offsets, seconds) of omnimalloc's allocator `name` on the same rows (its time includes building them)."""
+    import omnimalloc as om
+
+    make = {"greedy_by_size": lambda: om.allocators.GreedyBySizeAllocator(),
+            "telamalloc": lambda: om.allocators.TelamallocAllocator(timeout=budget),
+            "supermalloc": lambda: om.allocators.SupermallocAllocator(timeout=budget)}[name]
+    t0 = time.perf_counter()
+    placed = om.allocate([om.Allocation(k, size, lo, up) for k, (_, lo, up, size) in enumerate(rows)], make())
+    seconds = time.perf_counter() - t0
+    offsets = [0] * len(rows)
+    for a in placed:
+        assert isinstance(a.id, int) and a.offset is not None  # (ours, as given; and placed)
+        offsets[a.id] = a.offset
+    return offsets, seconds
+
+
+def known_optimum(sizes: list, seeds: int, budget: float) -> int:
+    """The table of the problems with a known optimum; returns the count of invalid placements."""
+    try:
+        import omnimalloc as om
+        names = [*KNOWN_PLANNERS, *(f"omnimalloc:{n}" for n in OMNIMALLOC)]
+        note = f"omnimalloc {om.__version__} beside ours ({om.max_threads()} threads; ours: one)"
+    except ImportError:
+        names, note = list(KNOWN_PLANNERS), "omnimalloc is not installed (pip install ggml_lite[bench]): ours only"
+    print(f"\nproblems with a known optimum (appendix A6's problem_gen; seeds 0..{seeds - 1} per size; "
+          f"{budget:g} s per planner call)\n  {note}")
+    print(f"  {'kind':12s} {'blocks':>6s}  {'planner':25s} {'at optimum':>10s} {'ratio: mean':>12s} {'max':>7s} "
+          f"{'time: mean':>11s} {'max':>7s}")
+    invalid = 0
+    for kind, make in (("guillotine", problem_gen.perfect_problem), ("wall", problem_gen.challenging_problem)):
+        for n in sizes:
+            runs: dict = {name: [] for name in names}  # name -> [(ratio, seconds)]
+            for seed in range(seeds):
+                rows, capacity = make(n, seed)
+                problem = planners.problem_from_intervals(rows, alignment=1)
+                assert problem.lower_bound == capacity  # (by construction; not a timing)
+                for name in names:
+                    offsets, seconds = (theirs(rows, name.split(":")[1], budget) if name.startswith("omnimalloc:")
+                                        else ours(problem, name, budget, capacity))
+                    bad = planners.check_placement(problem, offsets)
+                    if bad:
+                        invalid += 1
+                        print(f"  {kind} {n} seed {seed}: the {name} placement is INVALID: {bad[0]}")
+                    runs[name].append((planners.peak_of(problem, offsets) / capacity, seconds))
+            for name in names:
+                ratios, times = [r for r, _ in runs[name]], [t for _, t in runs[name]]
+                hits = sum(r == 1.0 for r in ratios)
+                print(f"  {kind:12s} {n:6d}  {name:25s} {f'{hits}/{len(ratios)}':>10s} "
+                      f"{sum(ratios) / len(ratios):12.4f} {max(ratios):7.4f} {sum(times) / len(times):9.2f} s "
+                      f"{max(times):5.2f} s")
+    return invalid
+
+
+def sizes_list(text: str) -> list:
+    """An argparse type: block counts separated by commas, each at least 1."""
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text}: give block counts separated by commas, e.g. 50,150")
+    return sizes
+
+
 def positive(text: str) -> int:
     """An argparse type: an integer of at least 1."""
     n = int(text)
@@ -159,8 +247,19 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=planners.DEFAULT_BUDGET, help="seconds for each exact search")
     ap.add_argument("--max-gib", type=float, default=16.0,
                     help="memory verifying one graph may use (default 16; the 7B fixtures need about 13.2)")
+    ap.add_argument("--sizes", type=sizes_list, default=[50, 150, 300, 450, 1000],
+                    help="block counts of the problems with a known optimum (default 50,150,300,450,1000)")
+    ap.add_argument("--seeds", type=positive, default=3, help="problems of each kind and size (default 3)")
+    ap.add_argument("--known-budget", type=float, default=5.0,
+                    help="seconds for each planner call on a problem with a known optimum (default 5)")
+    ap.add_argument("--only", choices=("graphs", "known"), default=None,
+                    help="run only the graphs (fixtures and random) or only the problems with a known optimum")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
+    if args.only == "known":
+        invalid = known_optimum(args.sizes, args.seeds, args.known_budget)
+        print(f"\n{time.perf_counter() - t_start:.1f} s in all")
+        return 1 if invalid else 0
     max_bytes = int(args.max_gib * 2**30)
 
     fixtures = Tally()
@@ -209,9 +308,10 @@ def main(argv=None) -> int:
               f"({100 * refused.hits['best'] / refused.graphs:.1f} %), better than ggml on {refused.best_better}, "
               f"worse on {refused.best_worse}; greedy-size worse than ggml on {refused.size_worse};\n"
               f"  their plans verified by the data-flow run: {refused.dataflow}, failures: {refused.failures}")
+    invalid = 0 if args.only == "graphs" else known_optimum(args.sizes, args.seeds, args.known_budget)
     print(f"\n{time.perf_counter() - t_start:.1f} s in all (exact search budget {args.budget} s)")
     bad = (fixtures.failures + rand.failures + refused.failures
-           + fixtures.best_worse + rand.best_worse + refused.best_worse)
+           + fixtures.best_worse + rand.best_worse + refused.best_worse + invalid)
     return 1 if bad else 0
 
 

@@ -155,6 +155,7 @@ from ggml_lite.planners import (  # noqa: F401
     blocks_of,
     check_placement,
     problem_from_blocks,
+    problem_from_intervals,
     run_planner,
 )
 from ggml_lite.registry import (  # noqa: F401

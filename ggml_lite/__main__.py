@@ -1,7 +1,8 @@
 """The command line of ggml_lite (DESIGN.md §4); a plain module, not exported from a notebook.
 
     python -m ggml_lite plan GRAPH.json [--json] [--step K] [--planner ggml|greedy-size|greedy-breadth|exact|best]
-                             [--budget SECONDS] [--verify [--max-gib GiB]] [--ggml 2024|2026]
+                             [--budget SECONDS] [--verify [--max-gib GiB]] [--ggml 2024|2026] [--export-problem P.csv]
+    python -m ggml_lite solve PROBLEM.csv [--capacity BYTES] [--budget SECONDS] [--planner best] [--out OUT.csv]
     python -m ggml_lite check FIXTURE.json [--no-numerics] [--exact] [--limit N] [--max-gib GiB] [--ggml 2024|2026]
     python -m ggml_lite sched SCENARIO.json [--check]
     python -m ggml_lite exercises [--json]
@@ -34,7 +35,12 @@ chunk's size) and a `"chunk"` per tensor (null outside the compute buffer; `offs
 The offline planners and --verify plan one buffer without a limit: a file whose buffer type has a
 `max_size` is refused there (exit 2), whatever the era; without one, today's allocator makes one chunk,
 the 2024 plan, and they plan the 2024 allocator's blocks (for a chunked plan `--json`'s `optimal` is true
-when the chunks add up to the lower bound, else null).
+when the chunks add up to the lower bound, else null). `--export-problem P.csv` also writes those blocks as
+a problem file for `solve` (block k, nodes start to end: `k,start,end+1,size` in bytes; appendix A6).
+
+`solve` plans a problem file in MiniMalloc's CSV format (appendix A6: `id,lower,upper,size`, lifespans half-open
+`[lower, upper)`; every field checked first) and prints the peak, the lower bound, whether `--capacity` is met
+and whether the plan is proven optimal; `--out` writes the rows with an `offset` column (exit codes below).
 
 `check` runs the graph allocator and compares with the plan recorded in the file (offsets, buffers,
 external offsets, chunks and their sizes, buffer sizes, and the allocator's messages: only its errors for a
@@ -56,8 +62,8 @@ A mixture of experts comes from a GGUF's `llama.expert_count` or from `--n-exper
 machine, from the local progress record (`~/.ggml_lite/progress.json`, or `$GGML_LITE_PROGRESS`), and says
 where to go next; `--json` prints a list of `{"id", "chapter", "kind", "minutes", "done"}`.
 
-Exit codes: 0 success; 1 the plan or a result differs from the record, or a plan failed --verify; 2 the
-file or the arguments are unusable.
+Exit codes: 0 success; 1 the plan or a result differs from the record, a plan failed --verify, or `solve`
+did not meet --capacity; 2 the file or the arguments are unusable.
 """
 
 import argparse
@@ -68,7 +74,7 @@ import sys
 from ggml_lite.errors import AllocationError, GGMLLiteError, GraphFileError, TensorError, UnsupportedOpError
 from ggml_lite.numerics import validate_numerics, verify_numerics
 from ggml_lite.plancheck import check_plan_file, check_today, era_of, plan_of, run_plan
-from ggml_lite.planners import DEFAULT_BUDGET, PLANNER_NAMES
+from ggml_lite.planners import DEFAULT_BUDGET, PLANNER_NAMES, run_planner
 from ggml_lite.schema import RecordedBufferType, buffer_type_of, validate_document
 from ggml_lite.untrusted import read_json
 
@@ -107,16 +113,17 @@ def _memory_gib(text: str) -> float:
     return value
 
 
-def _count(what: str, least: int):
-    """An argparse type: an integer >= `least` (--step, --limit)."""
+def _count(what: str, least: int, most: int | None = None):
+    """An argparse type: an integer >= `least` and <= `most` (--step, --limit, --capacity)."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
-        if value is None or value < least:
-            raise argparse.ArgumentTypeError(f"expected {what}, an integer >= {least}, got {text!r}")
+        if value is None or value < least or most is not None and value > most:
+            bound = f" and <= {most}" if most is not None else ""
+            raise argparse.ArgumentTypeError(f"expected {what}, an integer >= {least}{bound}, got {text!r}")
         return value
 
     return parse
@@ -167,15 +174,14 @@ def _planned(doc: dict, args):
     return gf, alloc_planned(gf.graph, result, problem), result, check
 
 
-def _ggml_result(doc: dict, args):
-    """ggml's own plan as a planner result (for --json's lower_bound and optimal), on a second copy of the
-    graph: the first one is allocated by now."""
+def _blocks(doc: dict, args):
+    """Chapter 11's blocks of a copy of the graph (the file's buffer type): --json's ggml result, --export-problem."""
     from ggml_lite.graphio import allocate_external, read_graph_file
-    from ggml_lite.planners import blocks_of, run_planner
+    from ggml_lite.planners import blocks_of
 
     gf = read_graph_file(doc, args.step, validate=False)  # (validated by _load_graph_file)
     allocate_external(gf)
-    return run_planner(blocks_of(gf.graph, buffer_type_of(doc)), "ggml")  # (on the file's buffer type)
+    return blocks_of(gf.graph, buffer_type_of(doc))
 
 
 def _optimal_today(result, plan) -> bool | None:
@@ -205,9 +211,13 @@ def cmd_plan(args) -> int:
     if (args.planner != "ggml" or args.verify) and isinstance(buffer_type_of(doc), RecordedBufferType):
         raise GraphFileError(f"{args.file}: buffer_type: --planner and --verify plan on ggml's CPU buffer type "
                              f"(alignment 32); this file records {doc['buffer_type']}")
+    if args.export_problem is not None:  # (appendix A6; a note on stderr with --json)
+        from ggml_lite.problem_csv import export_problem
+
+        print(export_problem(_blocks(doc, args), args.export_problem), file=sys.stderr if args.json else sys.stdout)
     if args.planner == "ggml" and not args.verify:  # the graph allocator alone, as it always was
         gf, galloc, results = run_plan(doc, args.step, validate=False, ggml=era)  # (validated by _load_graph_file)
-        result, check = (_ggml_result(doc, args) if args.json else None), None
+        result, check = (run_planner(_blocks(doc, args), "ggml") if args.json else None), None
     else:
         gf, galloc, result, check = _planned(doc, args)
         results = {}
@@ -267,6 +277,14 @@ def cmd_plan(args) -> int:
                 print(f"verify: the {len(check.compared)} result(s) computed equal the reference's, but the placement "
                       f"above is invalid (these numpy kernels read a node's sources before writing it)")
     return 1 if failed else 0
+
+
+def cmd_solve(args) -> int:
+    from ggml_lite.problem_csv import solve_file  # (appendix A6: the reader, the planners, the writer)
+
+    lines, met = solve_file(args.file, args.planner, args.budget, args.capacity, args.out)
+    print("\n".join(lines))
+    return 0 if met else 1
 
 
 def cmd_check(args) -> int:
@@ -483,7 +501,19 @@ def main(argv=None) -> int:
     p.add_argument("--max-gib", type=_memory_gib, default=2.0, metavar="GiB",
                    help="memory --verify may use (default 2; a 7B graph needs about 13.2; at most the physical memory)")
     p.add_argument("--ggml", choices=ERA_NAMES, default=None, help=ERA_HELP)
+    p.add_argument("--export-problem", metavar="P.csv", default=None,
+                   help="also write the graph's blocks as a problem file for `solve` (id,lower,upper,size)")
     p.set_defaults(run=cmd_plan)
+    v = sub.add_parser("solve", help="plan a problem file in MiniMalloc's CSV format (id,lower,upper,size)")
+    v.add_argument("file", metavar="PROBLEM.csv", help="a problem file: header id,lower,upper,size, one block a row")
+    v.add_argument("--capacity", type=_count("a number of bytes", 1, 2**63 - 1), default=None, metavar="BYTES",
+                   help="the bytes the plan must fit in: exit 0 when it does, 1 when it does not within the budget")
+    v.add_argument("--budget", type=_positive("seconds"), default=DEFAULT_BUDGET, metavar="SECONDS",
+                   help=f"seconds the planner may take (default {DEFAULT_BUDGET}), then it returns its best plan")
+    v.add_argument("--planner", choices=[n for n in PLANNER_NAMES if n != "ggml"], default="best",
+                   help="who chooses the offsets (chapter 11; default best, the smallest plan of them all)")
+    v.add_argument("--out", metavar="OUT.csv", default=None, help="write the rows with an offset column there")
+    v.set_defaults(run=cmd_solve)
     c = sub.add_parser("check", help="plan again and compare with the plan recorded in the file")
     c.add_argument("file", metavar="FIXTURE.json", help="a ggml-seed fixture file")
     c.add_argument("--no-numerics", action="store_true", help="compare the plan only, not the recorded results")

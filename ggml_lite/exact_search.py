@@ -2,154 +2,270 @@
 # Edit the notebook, then run `make export`.
 
 # notebooks/11_planners.py
-"""The exact planner's search (chapter 11; not a port of C): branch and bound over canonical
-placements, in the spirit of MiniMalloc, in units of the alignment. `planners.exact` drives it."""
+"""MiniMalloc's exact search (Moffitt, ASPLOS 2023), ported to Python (chapter 11; not a port of ggml's C):
+given a capacity, does a placement of the blocks fit under it? A depth-first search over canonical
+placements, in the paper's order of decisions, with its spatial inference, dominance elimination and split
+into independent sections; each technique can be switched off. Sizes, offsets and the capacity are in units
+of the alignment. `planners.exact` drives it."""
 
-import itertools
 import sys
 from typing import TYPE_CHECKING
 
 from ggml_lite.bind import method_of
 
+TECHNIQUES = frozenset({"canonical", "inference", "floors", "dominance", "sections", "hatless"})
+HEURISTICS = ("WAT", "TAW", "TWA")  # static orders, tried in turn: Width, Area, section Total (largest first)
+FOUND, NOT_FOUND, ABORTED, TIMEOUT = "found", "not found", "aborted", "timeout"  # ABORTED: the node limit
+PLACED = 1 << 62  # the minimum offset of a block once placed: it no longer counts among those to place
 
-class _Timeout(Exception):
-    """The exact search ran out of time."""
 
+class Part:
+    """Blocks solved together, in sections `lo` to `hi - 1`; `order` and `rank` by `heuristic` (`preorder`)."""
 
-class _Found(Exception):
-    """The exact search found a placement it can stop at (one at the lower bound)."""
+    def __init__(self, blocks: list, lo: int, hi: int):
+        self.blocks, self.lo, self.hi = blocks, lo, hi
+        self.order: list = []
+        self.rank: list = []
+        self.heuristic = ""
 
 
 # notebooks/11_planners.py
 class ExactSearch:
-    """The state of `exact`'s search (not a C port), in units of the alignment. Section s is a stretch
-    of nodes with the same live blocks; `floor[s]` is the highest end of the blocks placed so far that
-    live there, `rem[s]` the units of those still to place, `cnt[s]` how many they are. `twin[i]` is the
-    previous block identical to block i (same size and sections), or -1. `problem` is a
-    `planners.Problem` (its `blocks` and `alignment`); the search stops when `deadline.passed()` (a
-    `planners.Deadline`)."""
+    """MiniMalloc's search state (not a C port), in units: block i has `size[i]`, lives `width[i]` steps, in
+    sections `s0[i]` to `s1[i] - 1`; `members[s]`: the blocks of section s; `overlaps[i]`: the blocks block i
+    meets; `cuts[s]`: the blocks in sections s and s + 1; `floor`, `total` per section and `min_offset`,
+    `offset` (-1: none) per block as the search goes; `solution`; `nodes` visited. It stops when
+    `deadline.passed()` (a `planners.Deadline`; while it is built: TimeoutError)."""
 
-    def __init__(self, problem, deadline):
-        self.blocks = [b for b in problem.blocks if b.size]
-        cuts = sorted({b.start for b in self.blocks} | {b.end + 1 for b in self.blocks})
-        at = {c: k for k, c in enumerate(cuts)}
-        self.size = [b.size // problem.alignment for b in self.blocks]
-        self.s0 = [at[b.start] for b in self.blocks]
-        self.s1 = [at[b.end + 1] for b in self.blocks]  # one past the block's last section
-        n = max(len(cuts) - 1, 0)
-        rem, cnt = [0] * (n + 1), [0] * (n + 1)  # changes where blocks start and end (as in `_live`)
-        for i, u in enumerate(self.size):
-            rem[self.s0[i]] += u
-            rem[self.s1[i]] -= u
-            cnt[self.s0[i]] += 1
-            cnt[self.s1[i]] -= 1
-        self.rem, self.cnt = list(itertools.accumulate(rem))[:n], list(itertools.accumulate(cnt))[:n]
-        self.floor = [0] * n
-        self.twin: list[int] = []
-        last_seen: dict[tuple, int] = {}
-        for i, key in enumerate(zip(self.size, self.s0, self.s1)):
-            self.twin.append(last_seen.get(key, -1))
-            last_seen[key] = i
-        self.unplaced = set(range(len(self.blocks)))
-        self.offset = [0] * len(self.blocks)
-        self.deadline, self.nodes = deadline, 0
-        self.target = self.stop_at = 0
-        self.solution = None  # (peak, offsets), in units
-
-    def bound(self, last: int) -> int:
-        """A floor for any completion: the blocks left in a section stack above its floor and `last`."""
-        m = 0
-        for f, r in zip(self.floor, self.rem):
-            if r and (f if f > last else last) + r > m:
-                m = (f if f > last else last) + r
-        return m
-
-    def candidates(self, last: int, last_i: int):
-        """`(offset, -sections, -size, block)` of each block that may come next, in the order to try
-        them: lowest offset first, then the longest-lived, then the largest. None when a block below
-        `last` can never be placed (no block left to place shares a section with it). On thousands of
-        long-lived blocks this one step can take seconds: it looks at the clock every 64 blocks."""
-        out, floor, s0, s1, cnt = [], self.floor, self.s0, self.s1, self.cnt
-        for k, i in enumerate(self.unplaced):
-            if k % 64 == 63 and self.deadline.passed():
-                raise _Timeout
-            p = max(floor[s0[i]:s1[i]])
-            if p < last or (p == last and i < last_i):
-                if all(cnt[s] == 1 for s in range(s0[i], s1[i])):
-                    return None
-                continue
-            if self.twin[i] < 0 or self.twin[i] not in self.unplaced:
-                out.append((p, s0[i] - s1[i], -self.size[i], i))
-        out.sort()
-        return out
+    def __init__(self, sizes: list, lows: list, highs: list, deadline, techniques=TECHNIQUES):
+        n = len(sizes)
+        self.size, self.deadline, self.techniques = list(sizes), deadline, frozenset(techniques)
+        self.width = [high - low for low, high in zip(lows, highs)]
+        times = sorted(set(lows) | set(highs))
+        at = {t: k for k, t in enumerate(times)}
+        self.s0, self.s1 = [at[t] for t in lows], [at[t] for t in highs]
+        n_sections = max(len(times) - 1, 0)
+        self.members: list[list[int]] = [[] for _ in range(n_sections)]
+        self.total, self.cuts = [0] * n_sections, [0] * n_sections
+        for i in range(n):
+            for s in range(self.s0[i], self.s1[i]):
+                self.members[s].append(i)
+                self.total[s] += sizes[i]
+            for s in range(self.s0[i], self.s1[i] - 1):
+                self.cuts[s] += 1
+        self.overlaps: list[list[int]] = [[] for _ in range(n)]
+        by_start = sorted(range(n), key=lambda i: self.s0[i])
+        for k, i in enumerate(by_start):
+            if k % 64 == 0 and deadline.passed():  # (every 64 blocks: up to 64 n pairs between readings)
+                raise TimeoutError("the exact search's setup ran out of time")
+            for j in by_start[k + 1:]:
+                if self.s0[j] >= self.s1[i]:
+                    break
+                self.overlaps[i].append(j)
+                self.overlaps[j].append(i)
+        self.floor = [0] * n_sections
+        self.min_offset, self.offset, self.solution = [0] * n, [-1] * n, [-1] * n
+        self.capacity, self.nodes, self.nodes_left = 0, 0, -1
+        self.stamp, self.visit = [0] * n_sections, 0  # (sections already looked at during one placement)
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 4 * n + 500))  # (a few frames per block placed)
 
     if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
-        def place(search, i: int, p: int) -> list: ...
-        def unplace(search, i: int, saved: list) -> None: ...
-        def dfs(search, last: int, last_i: int, top: int) -> None: ...
-        def run(search, target: int, stop_at: int) -> bool: ...
+        def partitions(search) -> list: ...
+        def preorder(search, part: Part, heuristic: str) -> None: ...
+        def solve(search, capacity: int) -> str: ...
+        def sub_solve(search, part: Part, heuristic: str) -> str: ...
+        def search_solutions(search, part: Part, last: int) -> str: ...
+        def fits(search, part: Part, i: int, o: int) -> bool: ...
+        def place(search, i: int, o: int) -> tuple | None: ...
+        def unplace(search, i: int, record: tuple) -> None: ...
+        def decompose(search, part: Part, i: int, last: int) -> str: ...
+
+    if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
+        def partitions(search) -> list: ...
+        def preorder(search, part: Part, heuristic: str) -> None: ...
+        def solve(search, capacity: int) -> str: ...
+        def sub_solve(search, part: Part, heuristic: str) -> str: ...
+        def search_solutions(search, part: Part, last: int) -> str: ...
+        def fits(search, part: Part, i: int, o: int) -> bool: ...
+        def place(search, i: int, o: int) -> tuple | None: ...
+        def unplace(search, i: int, record: tuple) -> None: ...
+        def decompose(search, part: Part, i: int, last: int) -> str: ...
 
 
 # notebooks/11_planners.py
 @method_of(ExactSearch)
-def place(search, i: int, p: int) -> list:
-    """Put block i at offset p; returns the floors it covered (for `unplace`)."""
-    saved = search.floor[search.s0[i]:search.s1[i]]
-    for s in range(search.s0[i], search.s1[i]):
-        search.floor[s] = p + search.size[i]
-        search.rem[s] -= search.size[i]
-        search.cnt[s] -= 1
-    search.unplaced.discard(i)
-    search.offset[i] = p
-    return saved
+def partitions(search) -> list:
+    """The independent parts (MiniMalloc's preprocessing): the blocks between boundaries no block crosses."""
+    ends = [s + 1 for s, cut in enumerate(search.cuts) if cut == 0 or s == len(search.cuts) - 1]
+    return [Part([i for i in range(len(search.size)) if lo <= search.s0[i] < hi], lo, hi)
+            for lo, hi in zip([0] + ends, ends) if any(lo <= s0 < hi for s0 in search.s0)]
 
 
 @method_of(ExactSearch)
-def unplace(search, i: int, saved: list) -> None:
-    """Take block i back out: its sections get their floors `saved` and its units back."""
-    search.floor[search.s0[i]:search.s1[i]] = saved
-    for s in range(search.s0[i], search.s1[i]):
-        search.rem[s] += search.size[i]
-        search.cnt[s] += 1
-    search.unplaced.add(i)
+def preorder(search, part: Part, heuristic: str) -> None:
+    """`part.order` and `part.rank` by `heuristic`: W (width), A (size x width), T (the most units still to
+    place in one of the block's sections), each largest first, then the index."""
+    def key(i: int) -> tuple:
+        value = {"W": search.width[i], "A": search.width[i] * search.size[i],
+                 "T": max(search.total[search.s0[i]:search.s1[i]])}
+        return tuple(-value[c] for c in heuristic) + (i,)
+
+    part.heuristic, part.order = heuristic, sorted(part.blocks, key=key)
+    part.rank = [-1] * len(search.size)
+    for r, i in enumerate(part.order):
+        part.rank[i] = r
 
 
 @method_of(ExactSearch)
-def dfs(search, last: int, last_i: int, top: int) -> None:
-    """Place the blocks left, in canonical order after block `last_i` at offset `last`; `top` is the
-    highest end so far. A complete placement becomes the solution and lowers the target below it."""
+def solve(search, capacity: int) -> str:
+    """A placement within `capacity` units? FOUND (in `solution`), NOT_FOUND (proven) or TIMEOUT. The
+    heuristics in turn, each up to a node limit that doubles every round (MiniMalloc's round robin)."""
+    search.capacity = capacity
+    if any(z > capacity for z in search.size) or any(t > capacity for t in search.total):
+        return NOT_FOUND  # (a block, or the blocks alive at some node, exceed it: no search needed)
+    parts = search.partitions() if "sections" in search.techniques else [
+        Part(list(range(len(search.size))), 0, len(search.total))]
+    node_limit = len(search.size)
+    while True:
+        node_limit *= 2
+        for heuristic in HEURISTICS:
+            search.nodes_left, status = node_limit, FOUND
+            for part in parts:
+                status = search.sub_solve(part, heuristic)
+                if status != FOUND:
+                    break
+            if status != ABORTED:
+                return status
+
+
+@method_of(ExactSearch)
+def sub_solve(search, part: Part, heuristic: str) -> str:
+    """Order `part`'s blocks by `heuristic`, then search them from an empty start (MiniMalloc's `SubSolve`)."""
+    search.preorder(part, heuristic)
+    return search.search_solutions(part, -1)
+
+
+# notebooks/11_planners.py
+@method_of(ExactSearch)
+def search_solutions(search, part: Part, last: int) -> str:
+    """One node (MiniMalloc's `SearchSolutions`): each candidate of `part` after key `last`, placed in turn.
+    FOUND (every block placed: `solution`), NOT_FOUND, ABORTED (the node limit) or TIMEOUT."""
+    if search.nodes_left == 0:
+        return ABORTED
+    search.nodes_left -= 1
     search.nodes += 1
     if search.deadline.passed():
-        raise _Timeout
-    if not search.unplaced:
-        search.solution = (top, list(search.offset))
-        if top <= search.stop_at:
-            raise _Found
-        search.target = top - 1
-        return
-    if max(top, search.bound(last)) > search.target:
-        return
-    for p, _, _, i in search.candidates(last, last_i) or ():
-        end = p + search.size[i]
-        if end <= search.target:
-            saved = place(search, i, p)
-            dfs(search, p, i, max(top, end))
-            unplace(search, i, saved)
+        return TIMEOUT
+    mo, size, rank, offset, n = search.min_offset, search.size, part.rank, search.offset, len(search.size)
+    left = [i for i in part.order if offset[i] < 0]
+    if not left:
+        for i in part.blocks:
+            search.solution[i] = offset[i]
+        return FOUND
+    ceiling = min([mo[i] + size[i] for i in left]) * n if "dominance" in search.techniques else PLACED
+    if "canonical" not in search.techniques:
+        last = -1
+    for key in sorted([k for k in [mo[i] * n + rank[i] for i in left] if last < k < ceiling]):
+        i, o = part.order[key % n], key // n
+        status = NOT_FOUND
+        if search.fits(part, i, o):
+            record = search.place(i, o)
+            if record is not None:
+                status = (search.decompose(part, i, key) if "sections" in search.techniques
+                          else search.search_solutions(part, key))
+                search.unplace(i, record)
+        if status != NOT_FOUND:
+            return status
+        if "hatless" in search.techniques and all(offset[j] >= 0 for j in search.overlaps[i]):
+            break  # nothing still to place meets block i: it goes here in every completion, and failed
+    return NOT_FOUND
+
+
+# notebooks/11_planners.py
+@method_of(ExactSearch)
+def fits(search, part: Part, i: int, o: int) -> bool:
+    """Block i at offset o within the capacity, and (`inference`) no section of `part` past it: others stack
+    above its top in its sections, above o elsewhere (their floors passed already)."""
+    cap, total = search.capacity, search.total
+    if o + search.size[i] > cap:
+        return False
+    if "inference" not in search.techniques:
+        return True
+    a, b = search.s0[i], search.s1[i]
+    return (o + max(total[a:b]) <= cap and (a == part.lo or o + max(total[part.lo:a]) <= cap)
+            and (b == part.hi or o + max(total[b:part.hi]) <= cap))
 
 
 @method_of(ExactSearch)
-def run(search, target: int, stop_at: int) -> bool:
-    """Search for placements with a peak of at most `target` units, stopping at one of at most
-    `stop_at`. True when the search is complete: such a placement was found, or none exists."""
-    search.target, search.stop_at = target, stop_at
-    limit = sys.getrecursionlimit()  # one level per block
-    sys.setrecursionlimit(max(limit, len(search.blocks) + 200))
-    try:
-        dfs(search, 0, -1, 0)
-    except _Found:
-        return True
-    except _Timeout:
-        return False
-    finally:
-        sys.setrecursionlimit(limit)
-    return True
+def place(search, i: int, o: int) -> tuple | None:
+    """Block i at offset o: the blocks it meets start no lower than its top, nor do its sections' floors;
+    its size leaves their totals. With `floors`, each section where a minimum offset rose gets the lowest of
+    its blocks'. Returns what to undo, or None (undone) when a raised floor no longer fits."""
+    mo, floor, total, size = search.min_offset, search.floor, search.total, search.size
+    top, a, b = o + size[i], search.s0[i], search.s1[i]
+    search.offset[i] = o
+    raised = [(i, mo[i])]
+    mo[i] = PLACED
+    for j in search.overlaps[i]:
+        if mo[j] < top:  # (a placed block's is PLACED)
+            raised.append((j, mo[j]))
+            mo[j] = top
+    floors = list(enumerate(floor[a:b], a))
+    floor[a:b] = [top] * (b - a)
+    total[a:b] = [t - size[i] for t in total[a:b]]
+    record = (raised, floors)
+    if "floors" in search.techniques:
+        search.visit += 1
+        for j, _ in raised[1:]:
+            for s in range(search.s0[j], search.s1[j]):
+                if search.stamp[s] == search.visit:
+                    continue
+                search.stamp[s] = search.visit
+                lowest = min(map(mo.__getitem__, search.members[s]))
+                if floor[s] < lowest < PLACED:
+                    floors.append((s, floor[s]))
+                    floor[s] = lowest
+                    if "inference" in search.techniques and max(lowest, o) + total[s] > search.capacity:
+                        search.unplace(i, record)
+                        return None
+    return record
+
+
+@method_of(ExactSearch)
+def unplace(search, i: int, record: tuple) -> None:
+    """Block i out again: the floors and minimum offsets in `record`, its size back in its sections."""
+    raised, floors = record
+    for s, f in reversed(floors):
+        search.floor[s] = f
+    a, b, z = search.s0[i], search.s1[i], search.size[i]
+    search.total[a:b] = [t + z for t in search.total[a:b]]
+    for j, m in reversed(raised):
+        search.min_offset[j] = m
+    search.offset[i] = -1
+
+
+# notebooks/11_planners.py
+@method_of(ExactSearch)
+def decompose(search, part: Part, i: int, last: int) -> str:
+    """After block i (key `last`): off the cuts it crosses; where one reaches zero, the blocks left on each
+    side are solved as parts of their own (MiniMalloc's `DynamicallyDecompose`); otherwise search on."""
+    search.solution[i] = search.offset[i]
+    cuts, a, b = search.cuts, search.s0[i], search.s1[i]
+    cutpoints = [part.lo]
+    for s in range(a, b - 1):
+        cuts[s] -= 1
+        if cuts[s] == 0:
+            cutpoints.append(s + 1)
+    if len(cutpoints) == 1:
+        status = search.search_solutions(part, last)
+    else:
+        status = FOUND
+        for lo, hi in zip(cutpoints, cutpoints[1:] + [part.hi]):
+            blocks = [j for j in part.blocks if search.offset[j] < 0 and search.s0[j] < hi and lo < search.s1[j]]
+            if blocks:
+                status = search.sub_solve(Part(blocks, lo, hi), part.heuristic)
+                if status != FOUND:
+                    break
+    for s in range(a, b - 1):
+        cuts[s] += 1
+    return status

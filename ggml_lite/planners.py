@@ -4,8 +4,8 @@
 # notebooks/11_planners.py
 """Offline memory planners for a ggml graph (chapter 11; not a port of C: ggml has none): the blocks
 ggml's graph allocator needs and their lifetimes, the peak-live lower bound, greedy-by-size and
-greedy-by-breadth (TFLite), an exact branch and bound (its search: `exact_search`), and the
-best of them and ggml's own plan. `alloc_planned` places a plan through the graph allocator; `verify`
+greedy-by-breadth (TFLite), MiniMalloc's exact search (`exact_search`), and the best of them and
+ggml's own plan. `alloc_planned` places a plan through the graph allocator; `verify`
 (appendix A6) checks it by computing."""
 
 import bisect
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ggml_lite.errors import GraphError, PlanMismatchError, PlannerError
-from ggml_lite.exact_search import ExactSearch
+from ggml_lite.exact_search import FOUND, TECHNIQUES, TIMEOUT, ExactSearch
 from ggml_lite.gallocr import NOT_PLACED, GAllocr, PlaceEvent
 from ggml_lite.tensor import describe
 from ggml_lite.trace import lifetimes, trace_plan
@@ -30,7 +30,8 @@ DEFAULT_BUDGET = 1.0  # seconds the exact search may take before it returns its 
 class Block:
     """One piece of memory a plan must provide: `tensors` use it in turn (an in-place chain: the tensor
     that got new memory, then each child that took it over), `size` bytes (aligned), from node `start`
-    to node `end` inclusive; ggml put it at `ggml_offset` (None in a problem made by hand)."""
+    to node `end` inclusive; ggml put it at `ggml_offset` (None in a problem made by hand); `label` names
+    a block of a problem given as rows (its id)."""
 
     index: int
     tensors: tuple
@@ -38,6 +39,7 @@ class Block:
     start: int
     end: int
     ggml_offset: int | None = None
+    label: str | None = None
 
     def overlaps(self, other) -> bool:
         """Are both blocks needed at some common node?"""
@@ -45,23 +47,31 @@ class Block:
 
     @property
     def name(self) -> str:
+        if self.label is not None:
+            return self.label
         return " > ".join(t.name or "<unnamed>" for t in self.tensors) or f"block {self.index}"
 
 
+MAX_LIVE_NODES = 10_000_000  # `Problem.live` lists one number per node: refused past this many
+
+
+# notebooks/11_planners.py
 @dataclass
 class Problem:
-    """A graph's planning problem: its `blocks`, the bytes `live` at each node, the `lower_bound` (the
-    highest of them) and `lb_step`, the first node that reaches it; ggml's plan of the same graph
-    (`ggml_peak`, its allocator `galloc`, the `ggml_seconds` it took, its trace `events`); `slack`, the
-    bytes the buffer type adds to a peak (32 on the CPU buffer type, chapter 03). `block_of` maps each
-    planned tensor to its block's index, `place_block` each `PlaceEvent` of the trace to its block."""
+    """A planning problem: its `blocks`; `times`, the nodes where a block starts or ends (one past its end),
+    from 0, cutting the `n_steps` nodes into sections (k: nodes times[k] to times[k+1] - 1), `profile[k]` bytes
+    alive in section k; the `lower_bound` (the most) and `lb_step`, its first node; ggml's plan (`ggml_peak`,
+    `galloc`, `ggml_seconds`, the trace `events`); `slack`, what the buffer type adds to a peak (32 on the
+    CPU); `block_of`: each planned tensor's block; `place_block`: each `PlaceEvent`'s block."""
 
     graph: object
     blocks: list
     alignment: int
-    live: list
+    times: list
+    profile: list
     lower_bound: int
     lb_step: int
+    n_steps: int
     ggml_peak: int | None = None
     slack: int = 0
     galloc: GAllocr | None = None
@@ -74,17 +84,32 @@ class Problem:
         """What the buffer type reports for a buffer made for `peak` bytes (`ggml_gallocr_get_buffer_size`)."""
         return peak + self.slack
 
+    @property
+    def live(self) -> list:
+        """The bytes alive at each of the `n_steps` nodes: `profile` spread over its sections (a graph's
+        nodes; a problem over a long horizon has only its profile)."""
+        if self.n_steps > MAX_LIVE_NODES:
+            raise PlannerError(f"this problem spans {self.n_steps} nodes: too many to list the bytes alive at "
+                               f"each (at most {MAX_LIVE_NODES}); its `profile` has them per section")
+        out = [0] * self.n_steps
+        for k, alive in enumerate(self.profile):
+            out[self.times[k]:self.times[k + 1]] = [alive] * (self.times[k + 1] - self.times[k])
+        return out[:self.n_steps]
+
 
 # notebooks/11_planners.py
-def _live(blocks, n_steps: int) -> list:
-    """The bytes of the blocks alive at each of the `n_steps` nodes: each block adds its size at its
-    first node and takes it back after its last, and a running sum adds up the changes (one pass over
-    the blocks, however long they live)."""
-    change = [0] * (max(n_steps, 1) + 1)
+def _profile(blocks) -> tuple:
+    """The sections of `blocks`' lifetimes: `times`, the sorted nodes where a block starts or ends (one
+    past its last node), from 0, and the bytes alive in each section (a running sum over the sorted
+    events, however long the blocks live); with the lower bound and the first node that reaches it."""
+    change: dict = {0: 0}
     for b in blocks:
-        change[b.start] += b.size
-        change[b.end + 1] -= b.size
-    return list(itertools.accumulate(change[:-1]))
+        change[b.start] = change.get(b.start, 0) + b.size
+        change[b.end + 1] = change.get(b.end + 1, 0) - b.size
+    times = sorted(change)
+    profile = list(itertools.accumulate(change[t] for t in times[:-1]))
+    lb = max(profile, default=0)
+    return times, profile, lb, times[profile.index(lb)] if profile else 0
 
 
 def blocks_of(graph, buft=None) -> Problem:
@@ -118,14 +143,14 @@ def blocks_of(graph, buft=None) -> Problem:
         place_block.append(b.index)
     for b, tensors in zip(blocks, members):  # a tensor placed twice lives where it was placed last
         b.tensors = tuple(t for t in tensors if chain[t] is b)
-    live = _live(blocks, len(graph.nodes))
-    lb = max(live)
+    times, profile, lb, lb_step = _profile(blocks)
     peak = galloc.buf_tallocs[0].get_max_size()
-    return Problem(graph, blocks, galloc.bufts[0].get_alignment(), live, lb, live.index(lb), peak,
-                   galloc.get_buffer_size(0) - peak, galloc, seconds, events,
+    return Problem(graph, blocks, galloc.bufts[0].get_alignment(), times, profile, lb, lb_step,
+                   max(len(graph.nodes), 1), peak, galloc.get_buffer_size(0) - peak, galloc, seconds, events,
                    {t: b.index for t, b in chain.items()}, place_block)
 
 
+# notebooks/11_planners.py
 def problem_from_blocks(specs, alignment: int = 32) -> Problem:
     """A problem made by hand: `specs` lists `(size, start, end)` per block (sizes are rounded up to
     `alignment`). There is no graph and no ggml plan."""
@@ -137,9 +162,25 @@ def problem_from_blocks(specs, alignment: int = 32) -> Problem:
     if not isinstance(alignment, numbers.Integral) or alignment < 1:
         raise PlannerError(f"alignment must be a positive integer, got {alignment!r}")
     blocks = [Block(k, (), -(-size // alignment) * alignment, start, end) for k, (size, start, end) in enumerate(specs)]
-    live = _live(blocks, max([b.end + 1 for b in blocks], default=1))
-    lb = max(live)
-    return Problem(None, blocks, alignment, live, lb, live.index(lb))
+    return Problem(None, blocks, alignment, *_profile(blocks), max([b.end + 1 for b in blocks], default=1))
+
+
+def problem_from_intervals(rows, alignment: int = 1) -> Problem:
+    """A problem in MiniMalloc's terms: `rows` of `(id, lower, upper, size)`, a block of `size` bytes
+    (rounded up to `alignment`) alive from time `lower` up to but not including `upper`, named by its id.
+    Its nodes are those times; the work grows with the rows, not with the times. There is no graph and no
+    ggml plan. A row that is not integers 0 <= lower < upper, size >= 0: `PlannerError` naming it."""
+    if not isinstance(alignment, numbers.Integral) or alignment < 1:
+        raise PlannerError(f"alignment must be a positive integer, got {alignment!r}")
+    blocks = []
+    for k, row in enumerate(rows):
+        if (len(row) != 4 or not all(isinstance(v, numbers.Integral) for v in row[1:]) or row[3] < 0
+                or not 0 <= row[1] < row[2]):
+            raise PlannerError(f"row {k}: {tuple(row)!r} is not (id, lower, upper, size) with integers "
+                               f"0 <= lower < upper and size >= 0")
+        bid, lower, upper, size = row
+        blocks.append(Block(k, (), -(-size // alignment) * alignment, lower, upper - 1, label=str(bid)))
+    return Problem(None, blocks, alignment, *_profile(blocks), max([b.end + 1 for b in blocks], default=1))
 
 
 # notebooks/11_planners.py
@@ -233,11 +274,10 @@ def peak_of(problem: Problem, offsets) -> int:
 # notebooks/11_planners.py
 @dataclass
 class PlanResult:
-    """A planner's decision: `offsets[k]` for block k; the `peak` they need and the problem's
-    `lower_bound`; `optimal` True (proven), False (a smaller plan is known) or None (unknown); the
-    planning time in `seconds`; `buffer_size` as the buffer type reports the peak; `source`, the
-    planner whose plan `best` took; `nodes`, the steps of the exact search; `stopped`, True when the
-    planner's deadline passed before it finished (see `Deadline`)."""
+    """A planner's decision: `offsets[k]` for block k; the `peak` they need, the `lower_bound`; `optimal` True
+    (proven), False (a smaller plan is known) or None; `seconds`; `buffer_size` as the buffer type reports the
+    peak; `source`, the planner whose plan `best` took; `nodes` the exact search visited; `stopped` by the
+    deadline; `feasible` for a capacity: True (fits), False (proven: no plan does) or None (not known)."""
 
     planner: str
     offsets: tuple
@@ -249,6 +289,7 @@ class PlanResult:
     source: str | None = None
     nodes: int = 0
     stopped: bool = False
+    feasible: bool | None = None
 
     def describe(self) -> str:
         """One line: planner, peak, ratio to the lower bound, optimality, time (and a stop by the budget)."""
@@ -261,7 +302,7 @@ class PlanResult:
 
 
 def plan_result(problem: Problem, planner: str, offsets, seconds: float, optimal=None, nodes: int = 0,
-                stopped: bool = False) -> PlanResult:
+                stopped: bool = False, feasible: bool | None = None) -> PlanResult:
     """A PlanResult; a peak at the lower bound is optimal, one above ggml's is not."""
     peak = peak_of(problem, offsets)
     if peak == problem.lower_bound:
@@ -269,7 +310,7 @@ def plan_result(problem: Problem, planner: str, offsets, seconds: float, optimal
     elif optimal is None and problem.ggml_peak is not None and peak > problem.ggml_peak:
         optimal = False
     return PlanResult(planner, tuple(offsets), peak, problem.lower_bound, optimal, seconds,
-                      problem.buffer_size(peak), nodes=nodes, stopped=stopped)
+                      problem.buffer_size(peak), nodes=nodes, stopped=stopped, feasible=feasible)
 
 
 def ggml_plan(problem: Problem) -> PlanResult:
@@ -339,8 +380,8 @@ def greedy_by_size(problem: Problem, deadline: Deadline | None = None) -> PlanRe
 
 # notebooks/11_planners.py
 def greedy_by_breadth(problem: Problem, deadline: Deadline | None = None) -> PlanResult:
-    """Greedy by breadth (TFLite's offset planner; Pisarchyk & Lee, 2020; not a C port): nodes from the
-    most live bytes down (ties: earlier node); at each, its unplaced live blocks, largest first (ties:
+    """Greedy by breadth (TFLite's offset planner; Pisarchyk & Lee, 2020; not a C port): sections of nodes
+    from the most live bytes down (ties: earlier); at each, its unplaced live blocks, largest first (ties:
     index), each into the smallest gap that holds it; stopped by `deadline` (default: none), the
     blocks left go on top."""
     deadline = deadline or Deadline()
@@ -349,9 +390,10 @@ def greedy_by_breadth(problem: Problem, deadline: Deadline | None = None) -> Pla
     end = np.array([b.end for b in problem.blocks], dtype=np.int64)
     todo = np.array([b.size > 0 for b in problem.blocks], dtype=bool)  # not in `order` yet
     order, left = [], int(todo.sum())
-    for step in sorted(range(len(problem.live)), key=lambda i: (-problem.live[i], i)):
+    for k in sorted(range(len(problem.profile)), key=lambda k: (-problem.profile[k], k)):  # (sections)
         if not left or deadline.passed():
             break
+        step = problem.times[k]
         alive = np.flatnonzero(todo & (start <= step) & (step <= end))  # the unplaced blocks alive here
         todo[alive], left = False, left - len(alive)
         order += sorted((problem.blocks[k] for k in alive), key=lambda b: (-b.size, b.index))
@@ -371,40 +413,62 @@ def _cheap_plans(problem: Problem, deadline: Deadline) -> dict:
 
 
 def exact(problem: Problem, budget: float = DEFAULT_BUDGET, incumbent: PlanResult | None = None,
-          deadline: Deadline | None = None) -> PlanResult:
-    """The exact planner (branch and bound over canonical placements, in the spirit of MiniMalloc; not
-    a C port). It looks for a placement at the lower bound and, when none exists, for one below
-    `incumbent` (default: the best of ggml's plan and the greedy planners, ggml's first of equals).
-    `optimal` is True when the search finished in time; otherwise it returns the best placement it
-    knows (`stopped`). Time runs out at `deadline`, by default `budget` seconds after this call: the
-    starting plans, the search's setup and the search itself all count."""
+          capacity: int | None = None, deadline: Deadline | None = None, techniques=TECHNIQUES) -> PlanResult:
+    """MiniMalloc's exact planner (Moffitt, ASPLOS 2023; not a C port). With `capacity` (bytes): a plan within
+    it (`feasible` True) or a proof that none exists (False). Without: the smallest peak, from the lower bound
+    up, bisecting towards `incumbent` (default: the best of ggml's and the greedy plans); `optimal` once
+    proven. Past the `deadline` (default: `budget` s), the best plan known (`stopped`; `feasible` None)."""
     deadline = deadline or Deadline(budget)
     t0 = deadline.clock()
     if incumbent is None:
         incumbent = min(_cheap_plans(problem, deadline).values(), key=lambda r: r.peak)
-    a = problem.alignment
-    lb, inc = -(-problem.lower_bound // a), incumbent.peak // a
-    search = ExactSearch(problem, deadline)
-    proven = inc <= lb or search.run(lb, lb) and (search.solution is not None or search.run(inc - 1, lb))
-    offsets = list(incumbent.offsets)
-    if search.solution is not None and search.solution[0] < inc:
-        offsets = [0] * len(problem.blocks)
-        for b, u in zip(search.blocks, search.solution[1]):
-            offsets[b.index] = u * a
+    a, offsets, nodes, stopped, feasible = problem.alignment, list(incumbent.offsets), 0, False, None
+    lo, hi = -(-problem.lower_bound // a), incumbent.peak // a  # (units) nothing fits below lo; hi fits
+    if capacity is not None:  # one question: does a plan fit within capacity // a units?
+        feasible = True if incumbent.peak <= capacity else False if capacity // a < lo else None
+        lo, hi = (capacity // a, capacity // a + 1) if feasible is None else (hi, hi)
+    blocks, search, probe = [b for b in problem.blocks if b.size], None, lo  # (search's block k: blocks[k])
+    try:
+        if lo < hi:
+            search = ExactSearch([b.size // a for b in blocks], [b.start for b in blocks],
+                                 [b.end + 1 for b in blocks], deadline, techniques)
+        while search is not None and lo < hi and not stopped:
+            status = search.solve(probe)
+            stopped = status == TIMEOUT
+            if status == FOUND:
+                hi = max([u + b.size // a for u, b in zip(search.solution, blocks)], default=0)
+                offsets = [0] * len(problem.blocks)
+                for b, u in zip(blocks, search.solution):
+                    offsets[b.index] = u * a
+            elif not stopped:
+                lo = probe + 1
+            if capacity is not None:
+                feasible = None if stopped else status == FOUND
+                break
+            probe = (lo + hi - 1) // 2  # (each answer narrows the range, until lo == hi)
+        nodes = search.nodes if search is not None else 0
+    except TimeoutError:  # (the search's setup ran out of time)
+        stopped = True
+    proven = capacity is None and lo >= hi and not stopped
     return plan_result(problem, "exact", offsets, deadline.clock() - t0, True if proven else None,
-                       nodes=search.nodes, stopped=not proven)
+                       nodes=nodes, stopped=stopped, feasible=feasible)
 
 
 # notebooks/11_planners.py
-def all_plans(problem: Problem, budget: float = DEFAULT_BUDGET, deadline: Deadline | None = None) -> dict:
-    """Every planner's result on `problem`, by name (PLANNER_NAMES; no "ggml" for a problem made by
-    hand): ggml's plan, the two greedy plans, the exact search started from the best of them, and
-    `best`, the smallest (the first of equals: ggml's plan first). All of it within `deadline`, by
-    default `budget` seconds after this call."""
+def all_plans(problem: Problem, budget: float = DEFAULT_BUDGET, deadline: Deadline | None = None,
+              capacity: int | None = None) -> dict:
+    """Every planner's result on `problem` by name (no "ggml" for a problem made by hand), the exact search
+    started from the best of the others (asked for `capacity` when given), and `best`, the smallest (ggml's
+    first of equals), all within `deadline` (default: `budget` s). With a capacity, `feasible` is True for a
+    plan that fits it, else the search's verdict (False: proven that none fits; None: not known)."""
     deadline = deadline or Deadline(budget)
     t0 = deadline.clock()
     out = _cheap_plans(problem, deadline)
-    out["exact"] = exact(problem, incumbent=min(out.values(), key=lambda r: r.peak), deadline=deadline)
+    out["exact"] = exact(problem, incumbent=min(out.values(), key=lambda r: r.peak), capacity=capacity,
+                         deadline=deadline)
+    if capacity is not None:
+        verdict = False if out["exact"].feasible is False else None
+        out = {name: replace(r, feasible=True if r.peak <= capacity else verdict) for name, r in out.items()}
     win = min(out.values(), key=lambda r: r.peak)
     proven = any(r.optimal for r in out.values() if r.peak == win.peak)
     for name, r in out.items():
@@ -417,22 +481,22 @@ def all_plans(problem: Problem, budget: float = DEFAULT_BUDGET, deadline: Deadli
     return out
 
 
-def best(problem: Problem, budget: float = DEFAULT_BUDGET, deadline: Deadline | None = None) -> PlanResult:
+def best(problem: Problem, budget: float = DEFAULT_BUDGET, deadline: Deadline | None = None,
+         capacity: int | None = None) -> PlanResult:
     """The smallest of ggml's plan, both greedy plans and the exact search's (see `all_plans`)."""
-    return all_plans(problem, budget, deadline)["best"]
+    return all_plans(problem, budget, deadline, capacity)["best"]
 
 
 def run_planner(problem: Problem, planner: str = "best", budget: float = DEFAULT_BUDGET,
-                deadline: Deadline | None = None) -> PlanResult:
-    """The plan of the planner called `planner`, one of PLANNER_NAMES, made within `deadline` (default:
-    `budget` seconds from this call). Its `optimal` is also False when ggml's plan or a greedy plan,
-    cheap to make, is smaller (exact and best: `all_plans`, which compares them all, and the time and
-    stop of all of it)."""
+                capacity: int | None = None, deadline: Deadline | None = None) -> PlanResult:
+    """The plan of `planner` (one of PLANNER_NAMES) within `deadline` (default: `budget` s); exact and best
+    through `all_plans`, asked for `capacity` (bytes). `optimal` is False, too, when a cheap plan is smaller;
+    with a capacity, ggml's and greedy plans are `feasible` when they fit it, False below the lower bound."""
     if planner not in PLANNER_NAMES:
         raise PlannerError(f"unknown planner {planner!r}; the planners are {', '.join(PLANNER_NAMES)}")
     deadline = deadline or Deadline(budget)
     if planner in ("exact", "best"):  # (exact's time and stop include the plans it starts from)
-        plans = all_plans(problem, deadline=deadline)
+        plans = all_plans(problem, deadline=deadline, capacity=capacity)
         return replace(plans[planner], seconds=plans["best"].seconds, stopped=plans["best"].stopped)
     greedy = {"greedy-size": greedy_by_size, "greedy-breadth": greedy_by_breadth}
     result = greedy[planner](problem, deadline) if planner in greedy else ggml_plan(problem)
@@ -441,6 +505,9 @@ def run_planner(problem: Problem, planner: str = "best", budget: float = DEFAULT
         others += [ggml_plan(problem)] if planner != "ggml" and problem.ggml_peak is not None else []
         if min(r.peak for r in others) < result.peak:
             result = replace(result, optimal=False)
+    if capacity is not None:
+        result = replace(result, feasible=True if result.peak <= capacity else
+                         False if problem.lower_bound > capacity else None)
     return result
 
 

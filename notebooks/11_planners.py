@@ -13,37 +13,30 @@
 # %% [markdown]
 # # 11 · Beyond ggml — offline planners against the lower bound
 #
-# ggml plans *online*. The graph allocator of chapter 05 visits the nodes in order, and each new
-# tensor takes the free block that fits it best at that moment. It cannot know what comes later. A
-# block freed now may be too small for the big tensor two nodes on, which then goes on top. On the
-# 7B one-output graph (fixture 14) the compute buffer is 65.00 MiB. Yet at no node are more than
-# 60.00 MiB alive at once. The other 5 MiB are holes.
+# ggml plans *online*. The graph allocator of chapter 05 visits the nodes in order, and each new tensor
+# takes the free block that fits it best at that moment, not knowing what comes later. On the 7B
+# one-output graph (fixture 14) the compute buffer is 65.00 MiB, yet at no node are more than 60.00 MiB
+# alive at once. The other 5 MiB are holes.
 #
-# An *offline* planner sees every tensor's lifetime first and only then chooses offsets. That is
-# what compilers for accelerators do: TFLite's greedy planners (Pisarchyk & Lee, 2020), XLA's heap
-# simulator, MiniMalloc's exact search (ASPLOS 2023). This chapter builds three such planners in
-# plain Python, the two TFLite ones and an exact search, and runs them on ggml's own graphs, with
-# ggml's plan and the lower bound as yardsticks. Offline is not always better: greedy by size loses to
-# ggml on some graphs, and §11 shows one.
+# An *offline* planner sees every lifetime first and only then chooses offsets, as compilers for
+# accelerators do: TFLite's greedy planners (Pisarchyk & Lee, 2020), MiniMalloc's exact search (ASPLOS
+# 2023). This chapter builds those three in plain Python and runs them on ggml's own graphs, with ggml's
+# plan and the lower bound as yardsticks. Offline is not always better: greedy by size loses to ggml on
+# some graphs (appendix A6, §3, takes one apart).
 #
 # **Learning goals**
 #
-# 1. The planning problem ggml solves, stated offline: *blocks* with a size and a range of nodes,
-#    taken from ggml's own trace. The in-place and freeing rules are those of chapter 05, so every
-#    comparison is fair.
-# 2. The peak-live **lower bound**: no placement of these blocks can use less memory. §2 shows the node
-#    where it is reached.
-# 3. Greedy by size, greedy by breadth, and an exact branch-and-bound search. The search proves a
-#    plan optimal when it finishes within its time budget.
-# 4. Plans that run. A planner's offsets go into the graph allocator's records, and the graph computes
-#    there. Its results must equal, bit for bit, those of a copy in which no two tensors share memory
-#    (the check is appendix A6's).
+# 1. The planning problem ggml solves, stated offline: *blocks* with a size and a range of nodes, from
+#    ggml's own trace (chapter 05's in-place and freeing rules), so every comparison is fair.
+# 2. The peak-live **lower bound**: no placement of these blocks can use less memory (§2).
+# 3. Greedy by size, greedy by breadth, and MiniMalloc's exact search, technique by technique: it
+#    decides whether the blocks fit a capacity, and proves a plan optimal when it finishes in its budget.
+# 4. Plans that run: a planner's offsets go into the graph allocator's records, and the graph computes
+#    there, bit for bit as a copy in which no two tensors share memory (appendix A6's check).
 #
-# Exported: `ggml_lite.planners`, the exact search's state and loop to `ggml_lite.exact_search`, and the
-# figure to `ggml_lite.viz.planners`. Nothing here ports C, because ggml has no offline planner. The chapter
-# reuses chapter 05: `ggml_gallocr_reserve`'s trace gives the blocks, and `ggml_gallocr_alloc_graph` places
-# a plan. Appendix A6 runs the exact search by hand and builds the check of a plan by computing it
-# (`ggml_lite.verify`), which this chapter uses without showing its code.
+# Exported: `ggml_lite.planners`, `ggml_lite.exact_search` and the figure's `ggml_lite.viz.planners`. ggml
+# has no offline planner, so nothing here ports its C. Appendix A6 runs the exact search by hand and builds
+# the check of a plan by computing it (`ggml_lite.verify`), which this chapter uses without its code.
 
 # %%
 # | default_exp planners
@@ -52,37 +45,29 @@
 # ## 1 · The problem: blocks and their lifetimes
 #
 # Which tensors need memory, when, and how much? ggml's own trace answers all three (chapter 05's
-# `trace_plan` and `lifetimes`). We keep every rule of the graph allocator and change only one
-# decision: *where* each piece of memory goes.
+# `trace_plan` and `lifetimes`). We keep every rule of the graph allocator and change only *where* each
+# piece of memory goes.
 #
 # * A tensor that gets **new memory** from the dynamic allocator opens a **block**. Its size is the
 #   size the allocator used, rounded up to the alignment (32 bytes on the CPU buffer type).
 # * A child that takes its parent's memory **in place** joins the parent's block: the same bytes
-#   under a new name. A chain such as `ffn_gate → ffn_silu → ffn_gate_par` is one block.
-# * A block starts at the node where its first tensor is placed. Leafs and INPUT tensors are placed
-#   before node 0, so their blocks start at node 0.
-# * A block ends at the node that frees its chain's last tensor. Outputs, and tensors that nothing
-#   frees, keep their block to the last node.
-# * Views own nothing. They live in their root's block.
+#   under a new name (`ffn_gate → ffn_silu → ffn_gate_par` is one block). Views live in their root's block.
+# * A block starts at the node where its first tensor is placed (node 0 for leafs and INPUT tensors), and
+#   ends at the node that frees its chain's last tensor (the last node for outputs and what nothing frees).
 #
-# Two blocks **conflict** when their node ranges meet, even at a single node. At node *i*, ggml places
-# the node's memory *before* it frees the parents the node was the last to read. A node is computed
-# from its parents, so it must not land on them.
+# Two blocks **conflict** when their node ranges meet, even at one node: ggml places a node's memory
+# *before* it frees the parents the node read last, and a node must not land on its parents.
 #
-# The trace has one quirk of ggml to respect. An INPUT *node* is placed in the counting loop
-# (chapter 05, §1), before its own sources are counted. If exactly one reader of its parent has been
-# counted so far, the in-place test passes, although that reader is another node. The child takes the
-# parent's block and keeps it from node 0 on. When the parent is INPUT as well, ggml then finds it
-# unplaced and places it a second time, in new memory, where it really lives. So a tensor lives where
-# it was placed *last*, and the blocks follow that. Six of the first 2,000 random graphs of the
-# differential generator do this.
+# One quirk of ggml: an INPUT *node* is placed in the counting loop (chapter 05, §1), and may take its
+# INPUT parent's memory in place, which ggml then places a second time. A tensor lives where it was placed
+# *last*, and the blocks follow that (six of the first 2,000 random graphs of the differential generator).
 
 # %%
 # | export
 """Offline memory planners for a ggml graph (chapter 11; not a port of C: ggml has none): the blocks
 ggml's graph allocator needs and their lifetimes, the peak-live lower bound, greedy-by-size and
-greedy-by-breadth (TFLite), an exact branch and bound (its search: `exact_search`), and the
-best of them and ggml's own plan. `alloc_planned` places a plan through the graph allocator; `verify`
+greedy-by-breadth (TFLite), MiniMalloc's exact search (`exact_search`), and the best of them and
+ggml's own plan. `alloc_planned` places a plan through the graph allocator; `verify`
 (appendix A6) checks it by computing."""
 
 import bisect
@@ -94,7 +79,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ggml_lite.errors import GraphError, PlanMismatchError, PlannerError
-from ggml_lite.exact_search import ExactSearch
+from ggml_lite.exact_search import FOUND, TECHNIQUES, TIMEOUT, ExactSearch
 from ggml_lite.gallocr import NOT_PLACED, GAllocr, PlaceEvent
 from ggml_lite.tensor import describe
 from ggml_lite.trace import lifetimes, trace_plan
@@ -107,7 +92,8 @@ DEFAULT_BUDGET = 1.0  # seconds the exact search may take before it returns its 
 class Block:
     """One piece of memory a plan must provide: `tensors` use it in turn (an in-place chain: the tensor
     that got new memory, then each child that took it over), `size` bytes (aligned), from node `start`
-    to node `end` inclusive; ggml put it at `ggml_offset` (None in a problem made by hand)."""
+    to node `end` inclusive; ggml put it at `ggml_offset` (None in a problem made by hand); `label` names
+    a block of a problem given as rows (its id)."""
 
     index: int
     tensors: tuple
@@ -115,6 +101,7 @@ class Block:
     start: int
     end: int
     ggml_offset: int | None = None
+    label: str | None = None
 
     def overlaps(self, other) -> bool:
         """Are both blocks needed at some common node?"""
@@ -122,23 +109,32 @@ class Block:
 
     @property
     def name(self) -> str:
+        if self.label is not None:
+            return self.label
         return " > ".join(t.name or "<unnamed>" for t in self.tensors) or f"block {self.index}"
 
 
+MAX_LIVE_NODES = 10_000_000  # `Problem.live` lists one number per node: refused past this many
+
+
+# %%
+# | export
 @dataclass
 class Problem:
-    """A graph's planning problem: its `blocks`, the bytes `live` at each node, the `lower_bound` (the
-    highest of them) and `lb_step`, the first node that reaches it; ggml's plan of the same graph
-    (`ggml_peak`, its allocator `galloc`, the `ggml_seconds` it took, its trace `events`); `slack`, the
-    bytes the buffer type adds to a peak (32 on the CPU buffer type, chapter 03). `block_of` maps each
-    planned tensor to its block's index, `place_block` each `PlaceEvent` of the trace to its block."""
+    """A planning problem: its `blocks`; `times`, the nodes where a block starts or ends (one past its end),
+    from 0, cutting the `n_steps` nodes into sections (k: nodes times[k] to times[k+1] - 1), `profile[k]` bytes
+    alive in section k; the `lower_bound` (the most) and `lb_step`, its first node; ggml's plan (`ggml_peak`,
+    `galloc`, `ggml_seconds`, the trace `events`); `slack`, what the buffer type adds to a peak (32 on the
+    CPU); `block_of`: each planned tensor's block; `place_block`: each `PlaceEvent`'s block."""
 
     graph: object
     blocks: list
     alignment: int
-    live: list
+    times: list
+    profile: list
     lower_bound: int
     lb_step: int
+    n_steps: int
     ggml_peak: int | None = None
     slack: int = 0
     galloc: GAllocr | None = None
@@ -151,23 +147,46 @@ class Problem:
         """What the buffer type reports for a buffer made for `peak` bytes (`ggml_gallocr_get_buffer_size`)."""
         return peak + self.slack
 
+    @property
+    def live(self) -> list:
+        """The bytes alive at each of the `n_steps` nodes: `profile` spread over its sections (a graph's
+        nodes; a problem over a long horizon has only its profile)."""
+        if self.n_steps > MAX_LIVE_NODES:
+            raise PlannerError(f"this problem spans {self.n_steps} nodes: too many to list the bytes alive at "
+                               f"each (at most {MAX_LIVE_NODES}); its `profile` has them per section")
+        out = [0] * self.n_steps
+        for k, alive in enumerate(self.profile):
+            out[self.times[k]:self.times[k + 1]] = [alive] * (self.times[k + 1] - self.times[k])
+        return out[:self.n_steps]
+
 
 # %% [markdown]
 # `blocks_of` reads the trace in order. It reuses chapter 05's `lifetimes`, which gives one record
-# per placement and says whether the placement was in place and of which parent. `problem_from_blocks`
-# makes a problem by hand, with no graph and no ggml plan; the small examples and the tests use it.
+# per placement and says whether the placement was in place and of which parent. Two constructors make a
+# problem without a graph or a ggml plan: `problem_from_blocks` from `(size, start, end)` with the end
+# included (the small examples and the tests use it), and `problem_from_intervals` from MiniMalloc's rows
+# `(id, lower, upper, size)`, a lifespan from `lower` up to but not including `upper` (§6.2 uses it).
+#
+# A problem keeps the bytes alive per *section*, not per node. The nodes where some block starts or ends
+# (one past its last node) cut time into sections in which the same blocks are alive, and one pass over
+# those events, sorted, adds each block's size where it starts and takes it back where it ends. So 500
+# blocks living anywhere in [0, 10⁹) cost 1,000 events, not a billion nodes: the lower bound, the
+# profile, both greedy planners and the exact search never walk the nodes one by one.
 
 # %%
 # | export
-def _live(blocks, n_steps: int) -> list:
-    """The bytes of the blocks alive at each of the `n_steps` nodes: each block adds its size at its
-    first node and takes it back after its last, and a running sum adds up the changes (one pass over
-    the blocks, however long they live)."""
-    change = [0] * (max(n_steps, 1) + 1)
+def _profile(blocks) -> tuple:
+    """The sections of `blocks`' lifetimes: `times`, the sorted nodes where a block starts or ends (one
+    past its last node), from 0, and the bytes alive in each section (a running sum over the sorted
+    events, however long the blocks live); with the lower bound and the first node that reaches it."""
+    change: dict = {0: 0}
     for b in blocks:
-        change[b.start] += b.size
-        change[b.end + 1] -= b.size
-    return list(itertools.accumulate(change[:-1]))
+        change[b.start] = change.get(b.start, 0) + b.size
+        change[b.end + 1] = change.get(b.end + 1, 0) - b.size
+    times = sorted(change)
+    profile = list(itertools.accumulate(change[t] for t in times[:-1]))
+    lb = max(profile, default=0)
+    return times, profile, lb, times[profile.index(lb)] if profile else 0
 
 
 def blocks_of(graph, buft=None) -> Problem:
@@ -201,14 +220,15 @@ def blocks_of(graph, buft=None) -> Problem:
         place_block.append(b.index)
     for b, tensors in zip(blocks, members):  # a tensor placed twice lives where it was placed last
         b.tensors = tuple(t for t in tensors if chain[t] is b)
-    live = _live(blocks, len(graph.nodes))
-    lb = max(live)
+    times, profile, lb, lb_step = _profile(blocks)
     peak = galloc.buf_tallocs[0].get_max_size()
-    return Problem(graph, blocks, galloc.bufts[0].get_alignment(), live, lb, live.index(lb), peak,
-                   galloc.get_buffer_size(0) - peak, galloc, seconds, events,
+    return Problem(graph, blocks, galloc.bufts[0].get_alignment(), times, profile, lb, lb_step,
+                   max(len(graph.nodes), 1), peak, galloc.get_buffer_size(0) - peak, galloc, seconds, events,
                    {t: b.index for t, b in chain.items()}, place_block)
 
 
+# %%
+# | export
 def problem_from_blocks(specs, alignment: int = 32) -> Problem:
     """A problem made by hand: `specs` lists `(size, start, end)` per block (sizes are rounded up to
     `alignment`). There is no graph and no ggml plan."""
@@ -220,26 +240,39 @@ def problem_from_blocks(specs, alignment: int = 32) -> Problem:
     if not isinstance(alignment, numbers.Integral) or alignment < 1:
         raise PlannerError(f"alignment must be a positive integer, got {alignment!r}")
     blocks = [Block(k, (), -(-size // alignment) * alignment, start, end) for k, (size, start, end) in enumerate(specs)]
-    live = _live(blocks, max([b.end + 1 for b in blocks], default=1))
-    lb = max(live)
-    return Problem(None, blocks, alignment, live, lb, live.index(lb))
+    return Problem(None, blocks, alignment, *_profile(blocks), max([b.end + 1 for b in blocks], default=1))
+
+
+def problem_from_intervals(rows, alignment: int = 1) -> Problem:
+    """A problem in MiniMalloc's terms: `rows` of `(id, lower, upper, size)`, a block of `size` bytes
+    (rounded up to `alignment`) alive from time `lower` up to but not including `upper`, named by its id.
+    Its nodes are those times; the work grows with the rows, not with the times. There is no graph and no
+    ggml plan. A row that is not integers 0 <= lower < upper, size >= 0: `PlannerError` naming it."""
+    if not isinstance(alignment, numbers.Integral) or alignment < 1:
+        raise PlannerError(f"alignment must be a positive integer, got {alignment!r}")
+    blocks = []
+    for k, row in enumerate(rows):
+        if (len(row) != 4 or not all(isinstance(v, numbers.Integral) for v in row[1:]) or row[3] < 0
+                or not 0 <= row[1] < row[2]):
+            raise PlannerError(f"row {k}: {tuple(row)!r} is not (id, lower, upper, size) with integers "
+                               f"0 <= lower < upper and size >= 0")
+        bid, lower, upper, size = row
+        blocks.append(Block(k, (), -(-size // alignment) * alignment, lower, upper - 1, label=str(bid)))
+    return Problem(None, blocks, alignment, *_profile(blocks), max([b.end + 1 for b in blocks], default=1))
 
 
 # %% [markdown]
 # ### A worked example: one LLaMA block
 #
-# Fixture 06 is chapter 05's LLaMA block of 10 tokens: 29 nodes, with the weights in a buffer of
-# their own. ggml's compute buffer is 42,912 bytes, so its peak is 42,880 (the CPU buffer type adds
-# 32). There are 18 blocks, and six are in-place chains. Two norms are multiplied by their weights over
-# themselves: `norm-0 > attn_norm-0` and `norm_ffn-0 > ffn_norm-0`. The soft-max writes over the scores
-# (`kq-0 > kq_soft_max_ext-0`). The residual adds write over their first operand: `kqv_out-0 >
-# ffn_inp-0` and `ffn_down-0 > l_out-0`. The feed-forward's `ffn_gate-0 > ffn_silu-0 > ffn_gate_par-0`
-# is a chain of three. The three INPUT leafs live from node 0 on. `l_out-0`, the OUTPUT, keeps its block
-# to the last node, 28.
+# Fixture 06 is chapter 05's LLaMA block of 10 tokens: 29 nodes, the weights in a buffer of their own.
+# ggml's compute buffer is 42,912 bytes, so its peak is 42,880 (the CPU buffer type adds 32). Of its 18
+# blocks, six are in-place chains: two norms times their weights (`norm-0 > attn_norm-0`, `norm_ffn-0 >
+# ffn_norm-0`), the soft-max over the scores, the residual adds over their first operand (`kqv_out-0 >
+# ffn_inp-0`, `ffn_down-0 > l_out-0`) and the feed-forward's `ffn_gate-0 > ffn_silu-0 > ffn_gate_par-0`.
+# The three INPUT leafs live from node 0 on; `l_out-0`, the OUTPUT, keeps its block to the last node, 28.
 
 # %%
 # NBVAL_CHECK_OUTPUT
-import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import ggml_lite as gl  # noqa: E402
@@ -266,14 +299,12 @@ for b in block06.blocks:
 # blocks that share a node and overlap in bytes, and finds none. The highest block ends at 42,880, ggml's
 # peak. `check_placement` also checks that every offset is a multiple of the alignment.
 #
-# Comparing every pair of blocks that share a node would take n² steps on a graph whose n outputs all
-# live to the end: 1.8 billion pairs for 60,000 of them. The check sweeps the nodes instead. Blocks
-# enter in order of their first node and leave after their last, and the blocks alive at the sweep's
-# node are kept by offset in a small max-tree (`LiveBytes`): each leaf is one offset of the placement
-# and holds the highest end of the live blocks placed there, each inner node the highest end below it.
-# A block entering at `[lo, hi)` meets the live blocks that start below `hi` and end above `lo`. The
-# tree finds them by descending only into the subtrees whose highest end is above `lo`. A valid
-# placement costs O(n log n) in all, and each overlap found adds O(log n).
+# Comparing every pair of blocks that share a node would take n² steps: 1.8 billion pairs for 60,000
+# outputs alive to the end. The check sweeps the nodes instead, blocks entering at their first node and
+# leaving after their last, the live ones kept by offset in a max-tree (`LiveBytes`: a leaf per offset,
+# holding the highest end placed there; an inner node, the highest end below it). A block entering at
+# `[lo, hi)` meets those that start below `hi` and end above `lo`, found by descending only into subtrees
+# whose highest end is above `lo`: O(n log n) for a valid placement, O(log n) more per overlap.
 
 # %%
 # | export
@@ -375,14 +406,14 @@ print("conflicts in ggml's plan:", check_placement(block06, ggml06), "; its peak
 #
 # Take any node. The blocks alive there are all needed at once, so they need disjoint bytes. Their total
 # is therefore a floor for every placement. The highest such total over all nodes, the **peak live**,
-# is the lower bound. Chapter 05 drew it as the dashed line of its memory timeline. Nothing guarantees
-# it can be reached: blocks of awkward sizes can force a hole that no placement avoids (§6 has seven
-# such blocks). On ggml's graphs it usually can be reached.
+# is the lower bound (`lower_bound`; `profile` holds the totals per section, `live` per node). Chapter
+# 05 drew it as the dashed line of its memory timeline. Nothing guarantees it can be reached: blocks of
+# awkward sizes can force a hole that no placement avoids (appendix A6, §1, has seven such blocks). On
+# ggml's graphs it usually can be reached.
 #
-# In the LLaMA block the peak live is 37,760 bytes at node 25, `ffn_up-0`. Four blocks are alive
-# there: the residual `ffn_inp-0` (5,120), `ffn_norm-0` (5,120), the gate chain (13,760) and `ffn_up-0`
-# itself (13,760). The attention's blocks and the inputs are gone by then. ggml needs 42,880 B, which is
-# 13.6 % more.
+# In the LLaMA block the peak live is 37,760 bytes at node 25, `ffn_up-0`: the residual `ffn_inp-0`
+# (5,120), `ffn_norm-0` (5,120), the gate chain (13,760) and `ffn_up-0` itself (13,760). ggml needs 13.6 %
+# more, 42,880 B.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -396,21 +427,19 @@ print(f"ggml: {block06.ggml_peak} B = {block06.ggml_peak / block06.lower_bound:.
 # %% [markdown]
 # ## 3 · What a planner returns
 #
-# Every planner returns a `PlanResult`. It holds an offset per block, the peak those offsets need, the
-# lower bound, whether the plan is **optimal**, and how long planning took. `optimal` is True when it is
-# proven: the peak equals the lower bound, or the exact search finished. It is False when a smaller plan
-# is known, for instance ggml's own. Otherwise it is None. `buffer_size` is what the CPU buffer type
-# would report: the peak plus 32. `ggml_plan` re-expresses ggml's own placement in this form.
+# Every planner returns a `PlanResult`: an offset per block, the peak they need, the lower bound, whether
+# the plan is **optimal** (True when proven: at the lower bound, or the exact search finished; False when a
+# smaller plan is known, such as ggml's; else None), and the time it took. `buffer_size` is what the CPU
+# buffer type would report: the peak plus 32. `ggml_plan` re-expresses ggml's own placement in this form.
 
 # %%
 # | export
 @dataclass
 class PlanResult:
-    """A planner's decision: `offsets[k]` for block k; the `peak` they need and the problem's
-    `lower_bound`; `optimal` True (proven), False (a smaller plan is known) or None (unknown); the
-    planning time in `seconds`; `buffer_size` as the buffer type reports the peak; `source`, the
-    planner whose plan `best` took; `nodes`, the steps of the exact search; `stopped`, True when the
-    planner's deadline passed before it finished (see `Deadline`)."""
+    """A planner's decision: `offsets[k]` for block k; the `peak` they need, the `lower_bound`; `optimal` True
+    (proven), False (a smaller plan is known) or None; `seconds`; `buffer_size` as the buffer type reports the
+    peak; `source`, the planner whose plan `best` took; `nodes` the exact search visited; `stopped` by the
+    deadline; `feasible` for a capacity: True (fits), False (proven: no plan does) or None (not known)."""
 
     planner: str
     offsets: tuple
@@ -422,6 +451,7 @@ class PlanResult:
     source: str | None = None
     nodes: int = 0
     stopped: bool = False
+    feasible: bool | None = None
 
     def describe(self) -> str:
         """One line: planner, peak, ratio to the lower bound, optimality, time (and a stop by the budget)."""
@@ -434,7 +464,7 @@ class PlanResult:
 
 
 def plan_result(problem: Problem, planner: str, offsets, seconds: float, optimal=None, nodes: int = 0,
-                stopped: bool = False) -> PlanResult:
+                stopped: bool = False, feasible: bool | None = None) -> PlanResult:
     """A PlanResult; a peak at the lower bound is optimal, one above ggml's is not."""
     peak = peak_of(problem, offsets)
     if peak == problem.lower_bound:
@@ -442,7 +472,7 @@ def plan_result(problem: Problem, planner: str, offsets, seconds: float, optimal
     elif optimal is None and problem.ggml_peak is not None and peak > problem.ggml_peak:
         optimal = False
     return PlanResult(planner, tuple(offsets), peak, problem.lower_bound, optimal, seconds,
-                      problem.buffer_size(peak), nodes=nodes, stopped=stopped)
+                      problem.buffer_size(peak), nodes=nodes, stopped=stopped, feasible=feasible)
 
 
 def ggml_plan(problem: Problem) -> PlanResult:
@@ -454,12 +484,9 @@ def ggml_plan(problem: Problem) -> PlanResult:
 
 # %% [markdown]
 # ggml's plan costs nothing more: the trace already holds it. The other planners work against a
-# **budget** of seconds, so that `plan --planner exact --budget 1` returns after about a second on a
-# graph of any size. A `Deadline` is made when a planning call starts and shared by every phase of it:
-# the greedy plans, the exact search's setup and its search. Each loop whose length grows with the graph
-# asks it whether time is up. A planner stopped by it still returns a valid plan and says so
-# (`stopped`). A test gives it a fake clock that advances at every reading, so the stop is checked
-# without measuring time.
+# **budget** of seconds. A `Deadline`, made when a planning call starts, is shared by all its phases, and
+# each loop that grows with the graph asks it whether time is up. A planner stopped by it still returns a
+# valid plan and says so (`stopped`). A test gives it a fake clock, so no test measures time.
 
 # %%
 # | export
@@ -479,16 +506,12 @@ class Deadline:
 # %% [markdown]
 # ## 4 · Greedy by size
 #
-# The first TFLite planner sorts the blocks by size, largest first, and places them one at a time. Each
-# block looks at the blocks already placed that share a node with it. Sorted by offset, they leave gaps
-# between them, starting from offset 0. The block takes the *smallest* gap that holds it (best fit), or
-# goes above all of them when no gap is large enough. The idea is that big blocks are the hard ones, so
-# they choose first and the small ones fill in around them. Lifetimes play no part in the order, and
-# §11 shows what that costs.
-#
-# `_lowest_gap` is the shared step, and `_fill` places the blocks in a planner's order with it. Both
-# greedy planners use them. When the deadline passes, `_fill` puts every block still to place above all
-# the others, one on top of the next: a valid plan, not a small one.
+# The first TFLite planner sorts the blocks by size, largest first, and places them one at a time. The
+# blocks already placed that share a node with it leave gaps between them, from offset 0 up; the block
+# takes the *smallest* gap that holds it (best fit), or goes above them all. Big blocks choose first and the
+# small ones fill in around them; lifetimes play no part in the order (§10 says what that costs).
+# `_lowest_gap` is the shared step, and `_fill` places the blocks in a planner's order with it; once the
+# deadline passes, it stacks the blocks left above all others: a valid plan, not a small one.
 
 # %%
 # | export
@@ -536,10 +559,8 @@ def greedy_by_size(problem: Problem, deadline: Deadline | None = None) -> PlanRe
 
 
 # %% [markdown]
-# On the LLaMA block, the two 13,760-byte feed-forward blocks go first, at 0 and 13,760. Every block
-# that shares a node with one of them has to fit in the bytes the two leave free. The 5,120-byte blocks
-# come next and fill the gaps. The result reaches the lower bound, 37,760 B. `offsets` lists every
-# block's place:
+# On the LLaMA block, the two 13,760-byte feed-forward blocks go first, at 0 and 13,760; the 5,120-byte
+# blocks fill the gaps around them. The result reaches the lower bound, 37,760 B:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -552,19 +573,16 @@ print("valid:", not check_placement(block06, size06.offsets))
 # ## 5 · Greedy by breadth
 #
 # The second TFLite planner starts from the nodes instead. A node's *breadth* is the bytes alive there,
-# the `live` profile of §2. The planner visits the nodes from the broadest down. At each node it places
-# the blocks alive there that still have no offset, largest first, with the same smallest-gap rule. The
-# crowded nodes, where the lower bound is decided, are settled first. Blocks that live only at quiet
-# nodes are placed last, into whatever room is left. The order depends on sizes and nodes alone, so it
-# is decided first and `_fill` places the blocks in it. Finding the blocks alive at a node is one numpy
-# comparison over all blocks, not a list per node: a block alive at 10,000 nodes would sit in 10,000
-# lists.
+# the profile of §2. From the broadest node down, it places the blocks alive there that have no offset
+# yet, largest first, with the same smallest-gap rule: the crowded nodes, where the lower bound is decided,
+# are settled first. The order is decided first and `_fill` places the blocks in it. All nodes of a section
+# have the same blocks, so it visits sections, not nodes (broadest first, the earlier of equals).
 
 # %%
 # | export
 def greedy_by_breadth(problem: Problem, deadline: Deadline | None = None) -> PlanResult:
-    """Greedy by breadth (TFLite's offset planner; Pisarchyk & Lee, 2020; not a C port): nodes from the
-    most live bytes down (ties: earlier node); at each, its unplaced live blocks, largest first (ties:
+    """Greedy by breadth (TFLite's offset planner; Pisarchyk & Lee, 2020; not a C port): sections of nodes
+    from the most live bytes down (ties: earlier); at each, its unplaced live blocks, largest first (ties:
     index), each into the smallest gap that holds it; stopped by `deadline` (default: none), the
     blocks left go on top."""
     deadline = deadline or Deadline()
@@ -573,9 +591,10 @@ def greedy_by_breadth(problem: Problem, deadline: Deadline | None = None) -> Pla
     end = np.array([b.end for b in problem.blocks], dtype=np.int64)
     todo = np.array([b.size > 0 for b in problem.blocks], dtype=bool)  # not in `order` yet
     order, left = [], int(todo.sum())
-    for step in sorted(range(len(problem.live)), key=lambda i: (-problem.live[i], i)):
+    for k in sorted(range(len(problem.profile)), key=lambda k: (-problem.profile[k], k)):  # (sections)
         if not left or deadline.passed():
             break
+        step = problem.times[k]
         alive = np.flatnonzero(todo & (start <= step) & (step <= end))  # the unplaced blocks alive here
         todo[alive], left = False, left - len(alive)
         order += sorted((problem.blocks[k] for k in alive), key=lambda b: (-b.size, b.index))
@@ -594,207 +613,360 @@ breadth06 = greedy_by_breadth(block06)
 print(breadth06.describe().rsplit(",", 1)[0], "; valid:", not check_placement(block06, breadth06.offsets))
 
 # %% [markdown]
-# ## 6 · An exact search
+# ## 6 · MiniMalloc: an exact search
 #
 # Both greedy planners decide each block once and never go back. An exact planner must consider every
-# placement, or at least enough of them to be sure that none is better. Two observations cut the search
-# down to something that can finish.
+# placement, or enough to be sure none is better. This section ports MiniMalloc (Moffitt, ASPLOS 2023). It
+# answers a *decision* question: given a capacity C, is there a placement with every block below C?
+# `exact` (§6.3) asks it from the lower bound up. It counts in units of the alignment, so every offset it
+# makes is aligned. Six techniques make it work, each with a switch; §6.2 measures them. The example is
+# §6.4's four blocks in units of 32 B, C = 3: block 0 (2 units) at node 3, block 1 (2) at node 5, block 2
+# (1) at nodes 4..5, block 3 (1) at nodes 0..4.
 #
-# **Canonical placements** (the idea behind MiniMalloc). Take any valid placement and let every block
-# fall as far as it can, the lowest block first, until it rests on a block it shares a node with or
-# on offset 0. Nothing rises, so the peak does not grow, and the result is still valid. Now list the
-# fallen blocks by offset. Each one sits exactly at the highest end among the blocks *before it in the
-# list* that share a node with it. The list therefore fixes the placement. The search only has to choose
-# orders, place each block on the "skyline" of those before it, and keep orders whose offsets never
-# decrease. Blocks at equal offsets never share a node, so they are taken in index order. Identical
-# blocks (same size, same nodes) are interchangeable and are also taken in index order.
+# **Canonical solutions** (`canonical`). Let every block of a valid placement fall as far as it can, the
+# lowest first: nothing rises, and each block ends up at 0 or on top of a block below it that it meets in
+# time, at its *minimum offset* (the highest end of the placed blocks it meets). The search never picks an
+# offset, only the next block, by increasing offset; blocks at one offset never meet and go in a fixed
+# *rank*, so each placement is reached along one path only. The rank is a static sort (*preordering*):
+# `WAT` sorts by the Width of the lifetime, then the Area (units × time), then the Total (the most units
+# still to place in one of its sections), largest first. Which sort works best varies, so the search tries
+# `WAT`, `TAW` and `TWA` in turn (round robin), each up to a node limit that doubles every round: 2n, 4n, ...
+# In the example, `WAT` ranks blocks 3, 2, 0, 1. Block 3 goes at 0, which lifts blocks 0 and 2 to 1; then
+# block 1 at 0 (still at 0, ranked after 3), block 0 at 1, block 2 at 2: 3 units, 96 B.
 #
-# **Bounds.** Work in *sections*: stretches of nodes in which the same blocks are alive. For each
-# section keep its *floor* (the highest end of the blocks placed there so far) and the units still to
-# place there. Every block still to come goes at or above the last offset. All blocks left in one
-# section share a node, so they stack, and `max(floor, last) + left` is a floor for the final peak.
-# When that exceeds the target, the branch is cut. A block that can no longer go at or above the last
-# offset has to rest on a block not yet placed. If no such block is left in its sections, the branch
-# is dead.
+# **Spatial inference** (`inference`, `floors`). The start and end times cut time into *sections*, in which
+# the same blocks are alive (at most 2n, whatever the horizon). A section keeps its *floor* (the highest end
+# placed there) and its *total* (the units still to place there). Those blocks share a node, so they stack,
+# and no later block goes below the offset just used: `max(offset, floor) + total` must stay within C in
+# every section, or the search backtracks at once. *Unallocated floors* sharpen it: a section's remaining
+# blocks start no lower than the lowest of their minimum offsets. In the example, block 1 at 0 lifts block
+# 2 to 2, the only block left in section [4, 5), whose floor rises from 1 to 2: 2 + 1 = 3, still within C.
 #
-# The search first asks for a placement *at the lower bound*, where these bounds cut hardest. If one is
-# found, it is optimal. If the search proves there is none, it asks for anything below the best plan
-# known so far (the incumbent: ggml's or a greedy plan) and tightens the target after each find. When
-# the search finishes, the answer is proven optimal. When the time budget runs out first, it returns the
-# best placement found, which is never worse than the incumbent.
-
-# %% [markdown]
-# The search's state is a class, `ExactSearch`, and everything in it is counted in units of the alignment,
-# so every offset it produces is aligned. Block i spans sections `s0[i]` to `s1[i] - 1`. Per section the
-# state keeps the `floor`, and the units (`rem`) and blocks (`cnt`) still to place there. `twin[i]` is the
-# previous block identical to block i: of two twins, the later is tried only once the earlier is placed.
-# The steps that change the state are functions attached to it with `@method_of` (chapter 00), as the
-# ported C functions are. The exceptions `_Timeout` and `_Found` end a search from any depth.
+# **Dominance** (`dominance`, `hatless`). If a block still to place fits wholly below the candidate's offset,
+# the candidate leaves a gap it could fill: the branch has a twin, that block moved down, which the search
+# meets elsewhere, so the candidate is skipped. A block that nothing still to place meets (*hatless*) goes
+# at its minimum offset in every completion; if that fails, the node gives up.
+#
+# **Independent sections** (`sections`). At each boundary between sections the search counts the blocks
+# still to place that cross it (its *cuts*). Where none does, the two sides never meet again: the search
+# splits the problem there before it starts (the paper's preprocessing) and whenever a placement brings a
+# cut to zero (*dynamic decomposition*), and solves the parts one after the other.
 
 # %%
 # | export exact_search
-"""The exact planner's search (chapter 11; not a port of C): branch and bound over canonical
-placements, in the spirit of MiniMalloc, in units of the alignment. `planners.exact` drives it."""
+"""MiniMalloc's exact search (Moffitt, ASPLOS 2023), ported to Python (chapter 11; not a port of ggml's C):
+given a capacity, does a placement of the blocks fit under it? A depth-first search over canonical
+placements, in the paper's order of decisions, with its spatial inference, dominance elimination and split
+into independent sections; each technique can be switched off. Sizes, offsets and the capacity are in units
+of the alignment. `planners.exact` drives it."""
 
-import itertools
 import sys
 from typing import TYPE_CHECKING
 
 from ggml_lite.bind import method_of
 
+TECHNIQUES = frozenset({"canonical", "inference", "floors", "dominance", "sections", "hatless"})
+HEURISTICS = ("WAT", "TAW", "TWA")  # static orders, tried in turn: Width, Area, section Total (largest first)
+FOUND, NOT_FOUND, ABORTED, TIMEOUT = "found", "not found", "aborted", "timeout"  # ABORTED: the node limit
+PLACED = 1 << 62  # the minimum offset of a block once placed: it no longer counts among those to place
 
-class _Timeout(Exception):
-    """The exact search ran out of time."""
 
+class Part:
+    """Blocks solved together, in sections `lo` to `hi - 1`; `order` and `rank` by `heuristic` (`preorder`)."""
 
-class _Found(Exception):
-    """The exact search found a placement it can stop at (one at the lower bound)."""
+    def __init__(self, blocks: list, lo: int, hi: int):
+        self.blocks, self.lo, self.hi = blocks, lo, hi
+        self.order: list = []
+        self.rank: list = []
+        self.heuristic = ""
 
 
 # %% [markdown]
-# `bound(last)` is the floor for any completion described above: the blocks left in a section stack
-# above its floor and above `last`, the offset of the block placed last. `candidates` lists the blocks
-# that may come next, lowest offset first. It returns None for a dead branch: a block below `last` that
-# no block still to come shares a section with.
+# ### 6.1 · The search
+#
+# `ExactSearch` holds the state, built by a *sweep* over the sorted event times (the pairs of blocks that
+# meet grow with n²: it looks at the deadline every 64 blocks). Its steps are attached with `@method_of`.
 
 # %%
 # | export exact_search
 class ExactSearch:
-    """The state of `exact`'s search (not a C port), in units of the alignment. Section s is a stretch
-    of nodes with the same live blocks; `floor[s]` is the highest end of the blocks placed so far that
-    live there, `rem[s]` the units of those still to place, `cnt[s]` how many they are. `twin[i]` is the
-    previous block identical to block i (same size and sections), or -1. `problem` is a
-    `planners.Problem` (its `blocks` and `alignment`); the search stops when `deadline.passed()` (a
-    `planners.Deadline`)."""
+    """MiniMalloc's search state (not a C port), in units: block i has `size[i]`, lives `width[i]` steps, in
+    sections `s0[i]` to `s1[i] - 1`; `members[s]`: the blocks of section s; `overlaps[i]`: the blocks block i
+    meets; `cuts[s]`: the blocks in sections s and s + 1; `floor`, `total` per section and `min_offset`,
+    `offset` (-1: none) per block as the search goes; `solution`; `nodes` visited. It stops when
+    `deadline.passed()` (a `planners.Deadline`; while it is built: TimeoutError)."""
 
-    def __init__(self, problem, deadline):
-        self.blocks = [b for b in problem.blocks if b.size]
-        cuts = sorted({b.start for b in self.blocks} | {b.end + 1 for b in self.blocks})
-        at = {c: k for k, c in enumerate(cuts)}
-        self.size = [b.size // problem.alignment for b in self.blocks]
-        self.s0 = [at[b.start] for b in self.blocks]
-        self.s1 = [at[b.end + 1] for b in self.blocks]  # one past the block's last section
-        n = max(len(cuts) - 1, 0)
-        rem, cnt = [0] * (n + 1), [0] * (n + 1)  # changes where blocks start and end (as in `_live`)
-        for i, u in enumerate(self.size):
-            rem[self.s0[i]] += u
-            rem[self.s1[i]] -= u
-            cnt[self.s0[i]] += 1
-            cnt[self.s1[i]] -= 1
-        self.rem, self.cnt = list(itertools.accumulate(rem))[:n], list(itertools.accumulate(cnt))[:n]
-        self.floor = [0] * n
-        self.twin: list[int] = []
-        last_seen: dict[tuple, int] = {}
-        for i, key in enumerate(zip(self.size, self.s0, self.s1)):
-            self.twin.append(last_seen.get(key, -1))
-            last_seen[key] = i
-        self.unplaced = set(range(len(self.blocks)))
-        self.offset = [0] * len(self.blocks)
-        self.deadline, self.nodes = deadline, 0
-        self.target = self.stop_at = 0
-        self.solution = None  # (peak, offsets), in units
+    def __init__(self, sizes: list, lows: list, highs: list, deadline, techniques=TECHNIQUES):
+        n = len(sizes)
+        self.size, self.deadline, self.techniques = list(sizes), deadline, frozenset(techniques)
+        self.width = [high - low for low, high in zip(lows, highs)]
+        times = sorted(set(lows) | set(highs))
+        at = {t: k for k, t in enumerate(times)}
+        self.s0, self.s1 = [at[t] for t in lows], [at[t] for t in highs]
+        n_sections = max(len(times) - 1, 0)
+        self.members: list[list[int]] = [[] for _ in range(n_sections)]
+        self.total, self.cuts = [0] * n_sections, [0] * n_sections
+        for i in range(n):
+            for s in range(self.s0[i], self.s1[i]):
+                self.members[s].append(i)
+                self.total[s] += sizes[i]
+            for s in range(self.s0[i], self.s1[i] - 1):
+                self.cuts[s] += 1
+        self.overlaps: list[list[int]] = [[] for _ in range(n)]
+        by_start = sorted(range(n), key=lambda i: self.s0[i])
+        for k, i in enumerate(by_start):
+            if k % 64 == 0 and deadline.passed():  # (every 64 blocks: up to 64 n pairs between readings)
+                raise TimeoutError("the exact search's setup ran out of time")
+            for j in by_start[k + 1:]:
+                if self.s0[j] >= self.s1[i]:
+                    break
+                self.overlaps[i].append(j)
+                self.overlaps[j].append(i)
+        self.floor = [0] * n_sections
+        self.min_offset, self.offset, self.solution = [0] * n, [-1] * n, [-1] * n
+        self.capacity, self.nodes, self.nodes_left = 0, 0, -1
+        self.stamp, self.visit = [0] * n_sections, 0  # (sections already looked at during one placement)
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 4 * n + 500))  # (a few frames per block placed)
 
-    def bound(self, last: int) -> int:
-        """A floor for any completion: the blocks left in a section stack above its floor and `last`."""
-        m = 0
-        for f, r in zip(self.floor, self.rem):
-            if r and (f if f > last else last) + r > m:
-                m = (f if f > last else last) + r
-        return m
+    if TYPE_CHECKING:  # methods attached below by @method_of (signatures written by tools/nbexport.py)
+        def partitions(search) -> list: ...
+        def preorder(search, part: Part, heuristic: str) -> None: ...
+        def solve(search, capacity: int) -> str: ...
+        def sub_solve(search, part: Part, heuristic: str) -> str: ...
+        def search_solutions(search, part: Part, last: int) -> str: ...
+        def fits(search, part: Part, i: int, o: int) -> bool: ...
+        def place(search, i: int, o: int) -> tuple | None: ...
+        def unplace(search, i: int, record: tuple) -> None: ...
+        def decompose(search, part: Part, i: int, last: int) -> str: ...
 
-    def candidates(self, last: int, last_i: int):
-        """`(offset, -sections, -size, block)` of each block that may come next, in the order to try
-        them: lowest offset first, then the longest-lived, then the largest. None when a block below
-        `last` can never be placed (no block left to place shares a section with it). On thousands of
-        long-lived blocks this one step can take seconds: it looks at the clock every 64 blocks."""
-        out, floor, s0, s1, cnt = [], self.floor, self.s0, self.s1, self.cnt
-        for k, i in enumerate(self.unplaced):
-            if k % 64 == 63 and self.deadline.passed():
-                raise _Timeout
-            p = max(floor[s0[i]:s1[i]])
-            if p < last or (p == last and i < last_i):
-                if all(cnt[s] == 1 for s in range(s0[i], s1[i])):
-                    return None
-                continue
-            if self.twin[i] < 0 or self.twin[i] not in self.unplaced:
-                out.append((p, s0[i] - s1[i], -self.size[i], i))
-        out.sort()
-        return out
-
-
-# %% [markdown]
-# Placing a block raises the floor of its sections to its end, and taking it back restores them. `dfs`
-# tries the candidates in order, and every complete placement it reaches becomes the solution and lowers
-# the target below itself. `run(target, stop_at)` returns True when the search is complete, because it
-# found a placement of at most `stop_at` units or proved that none of at most `target` exists, and False
-# when the deadline passed first. `exact` asks twice: first for the lower bound, then for anything below
-# the incumbent. Appendix A6 (§1) runs the search by hand.
 
 # %%
 # | export exact_search
 @method_of(ExactSearch)
-def place(search, i: int, p: int) -> list:
-    """Put block i at offset p; returns the floors it covered (for `unplace`)."""
-    saved = search.floor[search.s0[i]:search.s1[i]]
-    for s in range(search.s0[i], search.s1[i]):
-        search.floor[s] = p + search.size[i]
-        search.rem[s] -= search.size[i]
-        search.cnt[s] -= 1
-    search.unplaced.discard(i)
-    search.offset[i] = p
-    return saved
+def partitions(search) -> list:
+    """The independent parts (MiniMalloc's preprocessing): the blocks between boundaries no block crosses."""
+    ends = [s + 1 for s, cut in enumerate(search.cuts) if cut == 0 or s == len(search.cuts) - 1]
+    return [Part([i for i in range(len(search.size)) if lo <= search.s0[i] < hi], lo, hi)
+            for lo, hi in zip([0] + ends, ends) if any(lo <= s0 < hi for s0 in search.s0)]
 
 
 @method_of(ExactSearch)
-def unplace(search, i: int, saved: list) -> None:
-    """Take block i back out: its sections get their floors `saved` and its units back."""
-    search.floor[search.s0[i]:search.s1[i]] = saved
-    for s in range(search.s0[i], search.s1[i]):
-        search.rem[s] += search.size[i]
-        search.cnt[s] += 1
-    search.unplaced.add(i)
+def preorder(search, part: Part, heuristic: str) -> None:
+    """`part.order` and `part.rank` by `heuristic`: W (width), A (size x width), T (the most units still to
+    place in one of the block's sections), each largest first, then the index."""
+    def key(i: int) -> tuple:
+        value = {"W": search.width[i], "A": search.width[i] * search.size[i],
+                 "T": max(search.total[search.s0[i]:search.s1[i]])}
+        return tuple(-value[c] for c in heuristic) + (i,)
+
+    part.heuristic, part.order = heuristic, sorted(part.blocks, key=key)
+    part.rank = [-1] * len(search.size)
+    for r, i in enumerate(part.order):
+        part.rank[i] = r
 
 
 @method_of(ExactSearch)
-def dfs(search, last: int, last_i: int, top: int) -> None:
-    """Place the blocks left, in canonical order after block `last_i` at offset `last`; `top` is the
-    highest end so far. A complete placement becomes the solution and lowers the target below it."""
+def solve(search, capacity: int) -> str:
+    """A placement within `capacity` units? FOUND (in `solution`), NOT_FOUND (proven) or TIMEOUT. The
+    heuristics in turn, each up to a node limit that doubles every round (MiniMalloc's round robin)."""
+    search.capacity = capacity
+    if any(z > capacity for z in search.size) or any(t > capacity for t in search.total):
+        return NOT_FOUND  # (a block, or the blocks alive at some node, exceed it: no search needed)
+    parts = search.partitions() if "sections" in search.techniques else [
+        Part(list(range(len(search.size))), 0, len(search.total))]
+    node_limit = len(search.size)
+    while True:
+        node_limit *= 2
+        for heuristic in HEURISTICS:
+            search.nodes_left, status = node_limit, FOUND
+            for part in parts:
+                status = search.sub_solve(part, heuristic)
+                if status != FOUND:
+                    break
+            if status != ABORTED:
+                return status
+
+
+@method_of(ExactSearch)
+def sub_solve(search, part: Part, heuristic: str) -> str:
+    """Order `part`'s blocks by `heuristic`, then search them from an empty start (MiniMalloc's `SubSolve`)."""
+    search.preorder(part, heuristic)
+    return search.search_solutions(part, -1)
+
+
+# %% [markdown]
+# A node (`search_solutions`) tries each candidate, a block still to place at its minimum offset, in the
+# order of its key `offset × n + rank`; only keys above `last` (the block placed last) keep the canonical
+# order, and keys at or above the *ceiling* (the lowest top a block still to place could reach, × n) are
+# dominated. `fits` is the inference before anything changes; `place` makes the changes, then the
+# unallocated floors, and undoes them (None) as soon as a section no longer fits.
+
+# %%
+# | export exact_search
+@method_of(ExactSearch)
+def search_solutions(search, part: Part, last: int) -> str:
+    """One node (MiniMalloc's `SearchSolutions`): each candidate of `part` after key `last`, placed in turn.
+    FOUND (every block placed: `solution`), NOT_FOUND, ABORTED (the node limit) or TIMEOUT."""
+    if search.nodes_left == 0:
+        return ABORTED
+    search.nodes_left -= 1
     search.nodes += 1
     if search.deadline.passed():
-        raise _Timeout
-    if not search.unplaced:
-        search.solution = (top, list(search.offset))
-        if top <= search.stop_at:
-            raise _Found
-        search.target = top - 1
-        return
-    if max(top, search.bound(last)) > search.target:
-        return
-    for p, _, _, i in search.candidates(last, last_i) or ():
-        end = p + search.size[i]
-        if end <= search.target:
-            saved = place(search, i, p)
-            dfs(search, p, i, max(top, end))
-            unplace(search, i, saved)
+        return TIMEOUT
+    mo, size, rank, offset, n = search.min_offset, search.size, part.rank, search.offset, len(search.size)
+    left = [i for i in part.order if offset[i] < 0]
+    if not left:
+        for i in part.blocks:
+            search.solution[i] = offset[i]
+        return FOUND
+    ceiling = min([mo[i] + size[i] for i in left]) * n if "dominance" in search.techniques else PLACED
+    if "canonical" not in search.techniques:
+        last = -1
+    for key in sorted([k for k in [mo[i] * n + rank[i] for i in left] if last < k < ceiling]):
+        i, o = part.order[key % n], key // n
+        status = NOT_FOUND
+        if search.fits(part, i, o):
+            record = search.place(i, o)
+            if record is not None:
+                status = (search.decompose(part, i, key) if "sections" in search.techniques
+                          else search.search_solutions(part, key))
+                search.unplace(i, record)
+        if status != NOT_FOUND:
+            return status
+        if "hatless" in search.techniques and all(offset[j] >= 0 for j in search.overlaps[i]):
+            break  # nothing still to place meets block i: it goes here in every completion, and failed
+    return NOT_FOUND
+
+
+# %%
+# | export exact_search
+@method_of(ExactSearch)
+def fits(search, part: Part, i: int, o: int) -> bool:
+    """Block i at offset o within the capacity, and (`inference`) no section of `part` past it: others stack
+    above its top in its sections, above o elsewhere (their floors passed already)."""
+    cap, total = search.capacity, search.total
+    if o + search.size[i] > cap:
+        return False
+    if "inference" not in search.techniques:
+        return True
+    a, b = search.s0[i], search.s1[i]
+    return (o + max(total[a:b]) <= cap and (a == part.lo or o + max(total[part.lo:a]) <= cap)
+            and (b == part.hi or o + max(total[b:part.hi]) <= cap))
 
 
 @method_of(ExactSearch)
-def run(search, target: int, stop_at: int) -> bool:
-    """Search for placements with a peak of at most `target` units, stopping at one of at most
-    `stop_at`. True when the search is complete: such a placement was found, or none exists."""
-    search.target, search.stop_at = target, stop_at
-    limit = sys.getrecursionlimit()  # one level per block
-    sys.setrecursionlimit(max(limit, len(search.blocks) + 200))
-    try:
-        dfs(search, 0, -1, 0)
-    except _Found:
-        return True
-    except _Timeout:
-        return False
-    finally:
-        sys.setrecursionlimit(limit)
-    return True
+def place(search, i: int, o: int) -> tuple | None:
+    """Block i at offset o: the blocks it meets start no lower than its top, nor do its sections' floors;
+    its size leaves their totals. With `floors`, each section where a minimum offset rose gets the lowest of
+    its blocks'. Returns what to undo, or None (undone) when a raised floor no longer fits."""
+    mo, floor, total, size = search.min_offset, search.floor, search.total, search.size
+    top, a, b = o + size[i], search.s0[i], search.s1[i]
+    search.offset[i] = o
+    raised = [(i, mo[i])]
+    mo[i] = PLACED
+    for j in search.overlaps[i]:
+        if mo[j] < top:  # (a placed block's is PLACED)
+            raised.append((j, mo[j]))
+            mo[j] = top
+    floors = list(enumerate(floor[a:b], a))
+    floor[a:b] = [top] * (b - a)
+    total[a:b] = [t - size[i] for t in total[a:b]]
+    record = (raised, floors)
+    if "floors" in search.techniques:
+        search.visit += 1
+        for j, _ in raised[1:]:
+            for s in range(search.s0[j], search.s1[j]):
+                if search.stamp[s] == search.visit:
+                    continue
+                search.stamp[s] = search.visit
+                lowest = min(map(mo.__getitem__, search.members[s]))
+                if floor[s] < lowest < PLACED:
+                    floors.append((s, floor[s]))
+                    floor[s] = lowest
+                    if "inference" in search.techniques and max(lowest, o) + total[s] > search.capacity:
+                        search.unplace(i, record)
+                        return None
+    return record
 
+
+@method_of(ExactSearch)
+def unplace(search, i: int, record: tuple) -> None:
+    """Block i out again: the floors and minimum offsets in `record`, its size back in its sections."""
+    raised, floors = record
+    for s, f in reversed(floors):
+        search.floor[s] = f
+    a, b, z = search.s0[i], search.s1[i], search.size[i]
+    search.total[a:b] = [t + z for t in search.total[a:b]]
+    for j, m in reversed(raised):
+        search.min_offset[j] = m
+    search.offset[i] = -1
+
+
+# %%
+# | export exact_search
+@method_of(ExactSearch)
+def decompose(search, part: Part, i: int, last: int) -> str:
+    """After block i (key `last`): off the cuts it crosses; where one reaches zero, the blocks left on each
+    side are solved as parts of their own (MiniMalloc's `DynamicallyDecompose`); otherwise search on."""
+    search.solution[i] = search.offset[i]
+    cuts, a, b = search.cuts, search.s0[i], search.s1[i]
+    cutpoints = [part.lo]
+    for s in range(a, b - 1):
+        cuts[s] -= 1
+        if cuts[s] == 0:
+            cutpoints.append(s + 1)
+    if len(cutpoints) == 1:
+        status = search.search_solutions(part, last)
+    else:
+        status = FOUND
+        for lo, hi in zip(cutpoints, cutpoints[1:] + [part.hi]):
+            blocks = [j for j in part.blocks if search.offset[j] < 0 and search.s0[j] < hi and lo < search.s1[j]]
+            if blocks:
+                status = search.sub_solve(Part(blocks, lo, hi), part.heuristic)
+                if status != FOUND:
+                    break
+    for s in range(a, b - 1):
+        cuts[s] += 1
+    return status
+
+
+# %% [markdown]
+# ### 6.2 · What each technique saves
+#
+# The 24 blocks below were cut from a 24 × 24 square (units × time steps) by straight cuts, so they fit in
+# exactly 24 units, none to spare: a *perfect packing*, made by `problem_from_intervals` (§1) from rows
+# `(id, lower, upper, size)`. Asked whether they fit in 24, with the techniques switched on one by one, the
+# search visits 5,238 nodes with none, 615 in canonical order (each placement along one path), 27 with
+# inference (a branch that leaves a hole dies at once: no section has a unit to spare), and 25 with
+# unallocated floors: one per block and the leaf. Dominance and hatless pruning change nothing here, no
+# branch failing deep enough for them; splitting into sections adds two nodes (each part has its own leaf).
+# On 150 to 450 blocks, the switches decide whether the search ends at all (appendix A6, §1).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from ggml_lite import exact_search  # noqa: E402
+
+SQUARE = [(8, 14, 2), (4, 14, 8), (0, 1, 18), (14, 21, 1), (0, 8, 1), (14, 21, 3), (17, 21, 11), (4, 14, 1),
+          (9, 13, 4), (0, 14, 1), (0, 11, 2), (21, 24, 14), (17, 21, 9), (0, 8, 2), (8, 14, 1), (4, 9, 4),
+          (11, 14, 2), (4, 14, 2), (13, 14, 4), (4, 14, 1), (14, 17, 20), (4, 14, 2), (21, 24, 10), (1, 4, 18)]
+square = problem_from_intervals([(f"b{k}", lower, upper, size) for k, (lower, upper, size) in enumerate(SQUARE)])
+print(f"{len(square.blocks)} blocks, {len(square.profile)} sections, lower bound {square.lower_bound}")
+switched_on, tree = set(), {}
+for technique in ("none", "canonical", "inference", "floors", "dominance", "hatless", "sections"):
+    switched_on |= {technique} - {"none"}
+    search = exact_search.ExactSearch([b.size for b in square.blocks], [b.start for b in square.blocks],
+                                      [b.end + 1 for b in square.blocks], Deadline(None), switched_on)
+    tree[technique] = (search.solve(24), search.nodes)
+    print(f"{'+ ' * (technique != 'none') + technique:12s} {tree[technique][0]:6s} {search.nodes:6,d} nodes")
+
+# %% [markdown]
+# ### 6.3 · The smallest capacity
+#
+# `exact` drives the search. Given a capacity (bytes) it answers the decision question: a plan that fits
+# (`feasible` True), a proof that none does (False), or, out of budget, None. Without one it starts from the
+# best plan known, the *incumbent* (by default the best of ggml's and the greedy plans), asks for the lower
+# bound first, and if that is proven impossible, bisects between the highest capacity proven impossible and
+# the best peak found until they meet: then the plan is proven optimal, even above the lower bound.
 
 # %%
 # | export
@@ -808,43 +980,53 @@ def _cheap_plans(problem: Problem, deadline: Deadline) -> dict:
 
 
 def exact(problem: Problem, budget: float = DEFAULT_BUDGET, incumbent: PlanResult | None = None,
-          deadline: Deadline | None = None) -> PlanResult:
-    """The exact planner (branch and bound over canonical placements, in the spirit of MiniMalloc; not
-    a C port). It looks for a placement at the lower bound and, when none exists, for one below
-    `incumbent` (default: the best of ggml's plan and the greedy planners, ggml's first of equals).
-    `optimal` is True when the search finished in time; otherwise it returns the best placement it
-    knows (`stopped`). Time runs out at `deadline`, by default `budget` seconds after this call: the
-    starting plans, the search's setup and the search itself all count."""
+          capacity: int | None = None, deadline: Deadline | None = None, techniques=TECHNIQUES) -> PlanResult:
+    """MiniMalloc's exact planner (Moffitt, ASPLOS 2023; not a C port). With `capacity` (bytes): a plan within
+    it (`feasible` True) or a proof that none exists (False). Without: the smallest peak, from the lower bound
+    up, bisecting towards `incumbent` (default: the best of ggml's and the greedy plans); `optimal` once
+    proven. Past the `deadline` (default: `budget` s), the best plan known (`stopped`; `feasible` None)."""
     deadline = deadline or Deadline(budget)
     t0 = deadline.clock()
     if incumbent is None:
         incumbent = min(_cheap_plans(problem, deadline).values(), key=lambda r: r.peak)
-    a = problem.alignment
-    lb, inc = -(-problem.lower_bound // a), incumbent.peak // a
-    search = ExactSearch(problem, deadline)
-    proven = inc <= lb or search.run(lb, lb) and (search.solution is not None or search.run(inc - 1, lb))
-    offsets = list(incumbent.offsets)
-    if search.solution is not None and search.solution[0] < inc:
-        offsets = [0] * len(problem.blocks)
-        for b, u in zip(search.blocks, search.solution[1]):
-            offsets[b.index] = u * a
+    a, offsets, nodes, stopped, feasible = problem.alignment, list(incumbent.offsets), 0, False, None
+    lo, hi = -(-problem.lower_bound // a), incumbent.peak // a  # (units) nothing fits below lo; hi fits
+    if capacity is not None:  # one question: does a plan fit within capacity // a units?
+        feasible = True if incumbent.peak <= capacity else False if capacity // a < lo else None
+        lo, hi = (capacity // a, capacity // a + 1) if feasible is None else (hi, hi)
+    blocks, search, probe = [b for b in problem.blocks if b.size], None, lo  # (search's block k: blocks[k])
+    try:
+        if lo < hi:
+            search = ExactSearch([b.size // a for b in blocks], [b.start for b in blocks],
+                                 [b.end + 1 for b in blocks], deadline, techniques)
+        while search is not None and lo < hi and not stopped:
+            status = search.solve(probe)
+            stopped = status == TIMEOUT
+            if status == FOUND:
+                hi = max([u + b.size // a for u, b in zip(search.solution, blocks)], default=0)
+                offsets = [0] * len(problem.blocks)
+                for b, u in zip(blocks, search.solution):
+                    offsets[b.index] = u * a
+            elif not stopped:
+                lo = probe + 1
+            if capacity is not None:
+                feasible = None if stopped else status == FOUND
+                break
+            probe = (lo + hi - 1) // 2  # (each answer narrows the range, until lo == hi)
+        nodes = search.nodes if search is not None else 0
+    except TimeoutError:  # (the search's setup ran out of time)
+        stopped = True
+    proven = capacity is None and lo >= hi and not stopped
     return plan_result(problem, "exact", offsets, deadline.clock() - t0, True if proven else None,
-                       nodes=search.nodes, stopped=not proven)
+                       nodes=nodes, stopped=stopped, feasible=feasible)
 
 
 # %% [markdown]
-# ### A worked example the greedy planner gets wrong
+# ### 6.4 · The greedy planners' mistake
 #
-# Four blocks over nodes 0 to 5: two of 64 bytes that live one node each (block 0 at node 3, block 1
-# at node 5), and two of 32 bytes, block 2 at nodes 4..5 and block 3 at nodes 0..4. At most 96 bytes
-# are alive at once. Greedy by size places block 0 at 0, then block 1 at 0 as well, since they never
-# meet. Of the small blocks, block 3 starts earlier and goes first, above block 0 at 64. Block 2 meets
-# block 1 at node 5 and block 3 at node 4, so it has to go on top, at 96, and the peak is 128. Greedy
-# by breadth settles node 3 first (96 bytes: blocks 0 and 3), then node 5, and ends up the same. The
-# exact search finds 96. It puts block 2 at 0 with block 1 on top of it at 32, and block 3 at 64 above
-# block 0. Because 96 is the lower bound, that answer is proven optimal. A greedy planner on its own
-# cannot tell whether 128 is optimal, so it says None. `all_plans` (§7) compares the plans and marks
-# it False.
+# §6's four blocks: greedy by size places the two 64-byte blocks at 0 (they never meet), block 3 above
+# block 0 at 64, and block 2, which meets blocks 1 and 3, on top at 96: 128 bytes, as greedy by breadth. The
+# exact search finds 96, the lower bound, so proven optimal; a greedy planner cannot tell whether 128 is.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -855,48 +1037,32 @@ for planner in (greedy_by_size, greedy_by_breadth, exact):
 print("lower bound", four.lower_bound)
 
 # %% [markdown]
-# ### When the lower bound cannot be reached
-#
-# Seven blocks over nodes 0 to 4, in units of 32 bytes: A (3 units) at node 0, B (2) at nodes 0..1,
-# C (1) at 1..2, D (2) at 1..3, E (1) at 2..3, F (2) at 3..4 and G (3) at node 4. At most five units are
-# alive at once (nodes 0, 1, 3 and 4), so the lower bound is 160 bytes, yet no placement fits in five
-# units (appendix A6 argues it by hand). The search's first phase finds no placement at 160 bytes and
-# ends, which proves that none exists. The second phase finds 192 and finishes, so the answer is proven
-# optimal although it lies above the lower bound.
-
-# %%
-# NBVAL_CHECK_OUTPUT
-seven = problem_from_blocks([(96, 0, 0), (64, 0, 1), (32, 1, 2), (64, 1, 3), (32, 2, 3), (64, 3, 4), (96, 4, 4)])
-exact7 = exact(seven)
-print(f"lower bound {seven.lower_bound}; exact: peak {exact7.peak}, optimal {exact7.optimal}, offsets {exact7.offsets}")
-
-# %% [markdown]
 # ## 7 · The best plan
 #
-# `best` runs every planner and keeps the smallest plan, and ggml's own plan takes part. `best` can
-# therefore never be worse than ggml. On a tie, ggml's plan is kept, so `best` only moves tensors when
-# doing so saves memory. The exact search starts from the best of the other three, which makes it the
-# smallest by construction, and the search runs only when no plan is at the lower bound yet.
-# `all_plans` returns every result, so a comparison runs each planner once. Each result's `optimal`
-# then takes the others into account: a plan larger than another one is not optimal.
-#
-# One deadline covers the whole call. On small graphs the greedy plans take milliseconds and the
-# search has the budget to itself. On a graph whose output fans out to 10,000 tensors, each greedy
-# step compares a block with thousands of placed ones, and the greedy plans alone would take 18 s
-# each. They stop at the deadline, and `best` returns ggml's plan (already at the lower bound
-# there) about a second after the call (`benchmarks/budget.py`; 46 s before the deadline was shared).
+# `best` runs every planner and keeps the smallest plan, ggml's own included, so it is never worse than
+# ggml; on a tie ggml's plan is kept. The exact search starts from the best of the other three and runs
+# only when none is at the lower bound yet. `all_plans` returns every result, each `optimal` taking the
+# others into account. One deadline covers the whole call: on a graph whose output fans out to 10,000
+# tensors the greedy plans alone would take 18 s each; they stop, and `best` returns ggml's plan (at the
+# lower bound there) about a second after the call (`benchmarks/budget.py`). A `capacity` passes through
+# to the exact search.
 
 # %%
 # | export
-def all_plans(problem: Problem, budget: float = DEFAULT_BUDGET, deadline: Deadline | None = None) -> dict:
-    """Every planner's result on `problem`, by name (PLANNER_NAMES; no "ggml" for a problem made by
-    hand): ggml's plan, the two greedy plans, the exact search started from the best of them, and
-    `best`, the smallest (the first of equals: ggml's plan first). All of it within `deadline`, by
-    default `budget` seconds after this call."""
+def all_plans(problem: Problem, budget: float = DEFAULT_BUDGET, deadline: Deadline | None = None,
+              capacity: int | None = None) -> dict:
+    """Every planner's result on `problem` by name (no "ggml" for a problem made by hand), the exact search
+    started from the best of the others (asked for `capacity` when given), and `best`, the smallest (ggml's
+    first of equals), all within `deadline` (default: `budget` s). With a capacity, `feasible` is True for a
+    plan that fits it, else the search's verdict (False: proven that none fits; None: not known)."""
     deadline = deadline or Deadline(budget)
     t0 = deadline.clock()
     out = _cheap_plans(problem, deadline)
-    out["exact"] = exact(problem, incumbent=min(out.values(), key=lambda r: r.peak), deadline=deadline)
+    out["exact"] = exact(problem, incumbent=min(out.values(), key=lambda r: r.peak), capacity=capacity,
+                         deadline=deadline)
+    if capacity is not None:
+        verdict = False if out["exact"].feasible is False else None
+        out = {name: replace(r, feasible=True if r.peak <= capacity else verdict) for name, r in out.items()}
     win = min(out.values(), key=lambda r: r.peak)
     proven = any(r.optimal for r in out.values() if r.peak == win.peak)
     for name, r in out.items():
@@ -909,22 +1075,22 @@ def all_plans(problem: Problem, budget: float = DEFAULT_BUDGET, deadline: Deadli
     return out
 
 
-def best(problem: Problem, budget: float = DEFAULT_BUDGET, deadline: Deadline | None = None) -> PlanResult:
+def best(problem: Problem, budget: float = DEFAULT_BUDGET, deadline: Deadline | None = None,
+         capacity: int | None = None) -> PlanResult:
     """The smallest of ggml's plan, both greedy plans and the exact search's (see `all_plans`)."""
-    return all_plans(problem, budget, deadline)["best"]
+    return all_plans(problem, budget, deadline, capacity)["best"]
 
 
 def run_planner(problem: Problem, planner: str = "best", budget: float = DEFAULT_BUDGET,
-                deadline: Deadline | None = None) -> PlanResult:
-    """The plan of the planner called `planner`, one of PLANNER_NAMES, made within `deadline` (default:
-    `budget` seconds from this call). Its `optimal` is also False when ggml's plan or a greedy plan,
-    cheap to make, is smaller (exact and best: `all_plans`, which compares them all, and the time and
-    stop of all of it)."""
+                capacity: int | None = None, deadline: Deadline | None = None) -> PlanResult:
+    """The plan of `planner` (one of PLANNER_NAMES) within `deadline` (default: `budget` s); exact and best
+    through `all_plans`, asked for `capacity` (bytes). `optimal` is False, too, when a cheap plan is smaller;
+    with a capacity, ggml's and greedy plans are `feasible` when they fit it, False below the lower bound."""
     if planner not in PLANNER_NAMES:
         raise PlannerError(f"unknown planner {planner!r}; the planners are {', '.join(PLANNER_NAMES)}")
     deadline = deadline or Deadline(budget)
     if planner in ("exact", "best"):  # (exact's time and stop include the plans it starts from)
-        plans = all_plans(problem, deadline=deadline)
+        plans = all_plans(problem, deadline=deadline, capacity=capacity)
         return replace(plans[planner], seconds=plans["best"].seconds, stopped=plans["best"].stopped)
     greedy = {"greedy-size": greedy_by_size, "greedy-breadth": greedy_by_breadth}
     result = greedy[planner](problem, deadline) if planner in greedy else ggml_plan(problem)
@@ -933,6 +1099,9 @@ def run_planner(problem: Problem, planner: str = "best", budget: float = DEFAULT
         others += [ggml_plan(problem)] if planner != "ggml" and problem.ggml_peak is not None else []
         if min(r.peak for r in others) < result.peak:
             result = replace(result, optimal=False)
+    if capacity is not None:
+        result = replace(result, feasible=True if result.peak <= capacity else
+                         False if problem.lower_bound > capacity else None)
     return result
 
 
@@ -944,14 +1113,11 @@ for name, r in all_plans(block06).items():
 # %% [markdown]
 # ## 8 · Plans that run
 #
-# A plan is only worth something if the graph computes in it. The graph allocator already holds its
-# plan as a table: one record per placed tensor, with buffer, offset and reserved size (chapter 05,
-# §2.2), and `alloc_graph` places every tensor from that table without asking why. Chapter 07 (§4)
-# broke a plan by changing one record. Here every record changes. `alloc_planned` calls `reserve`, which
-# decides *which* tensors the allocator places (external and pre-allocated tensors stay where they are).
-# It then gives each placed tensor the offset of its block, remakes the buffer at the planner's peak,
-# and lets `alloc_graph` place the graph. Views follow their roots, because `ggml_gallocr_init_tensor`
-# initializes a view from its source. The result is a normal ggml allocation with other offsets.
+# A plan is only worth something if the graph computes in it. The graph allocator holds its plan as a
+# table, one record per placed tensor (chapter 05, §2.2), and `alloc_graph` places every tensor from it
+# without asking why. `alloc_planned` calls `reserve` (which decides *which* tensors are placed), gives
+# each placed tensor its block's offset, remakes the buffer at the planner's peak, and lets `alloc_graph`
+# place the graph; views follow their roots. The result is a normal ggml allocation with other offsets.
 
 # %%
 # | export
@@ -982,18 +1148,10 @@ def alloc_planned(graph, result: PlanResult, problem: Problem | None = None) -> 
 
 
 # %% [markdown]
-# **Does the graph compute right there?** Appendix A6 builds the check, `verify_plan` of
-# `ggml_lite.verify`. It computes the graph twice with the same seeded data: once in the plan, and once as
-# a reference in which no two tensors alive at the same node share a byte. The results every plan keeps
-# to the end (OUTPUT nodes and the nodes no other node reads) must be equal, bit for bit. The check also
-# runs `check_placement`: numpy's kernels read all of a node's sources before they write, so computing
-# alone would not notice a node placed over a source it reads. Both runs place twins of the graph, and the
-# loaded graph stays unplanned. For graphs the CPU kernels refuse, `compute="dataflow"` computes instead a
-# digest of every byte each node reads (A6, §3); §11 uses it.
-#
-# The LLaMA block passes in its best plan, in a buffer of 37,792 B (the lower bound and the CPU buffer
-# type's 32 bytes). Appendix A6 (§2) breaks that plan, one block moved onto another alive at the same
-# nodes, and the check catches it.
+# **Does the graph compute right there?** Appendix A6's `verify_plan` computes the graph twice with the
+# same seeded data, in the plan and in a reference where no two tensors alive at once share a byte, and
+# compares the results every plan keeps, bit for bit; it also runs `check_placement`. The LLaMA block
+# passes in its best plan, in 37,792 B (the lower bound and the buffer type's 32 bytes).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -1009,31 +1167,21 @@ print("where the plan put the last five nodes:", {t.name: t.data - base for t in
 # ## 9 · ggml against the best plan, on the 7B graph
 #
 # Fixture 14 is a Llama-2 7B graph at n_ctx 512 with one output row, recorded from the real ggml with
-# the recorded variant of chapter 10's builder (§3 there): 1,062 nodes, 33 per layer, where llama.cpp's
-# own graph has 1,030 (the extra node per layer is a RESHAPE of Vcur, a view). It has 456 blocks.
-# ggml's buffer is 65.00 MiB (68,161,600 B with the 32 spare bytes). The lower bound is 60.00 MiB
-# (62,916,640 B), reached at node 30, `ffn_up-0`. Alive there are the residual `ffn_inp-0` and
-# `ffn_norm-0` (8 MiB each: 512 tokens × 4,096 × 4 bytes), the gate chain and `ffn_up-0` (21.5 MiB each:
-# 512 × 11,008 × 4), the 1 MiB `KQ_mask`, and 2,080 bytes of positions and output ids.
+# the recorded variant of chapter 10's builder (§3 there): 1,062 nodes, 456 blocks. ggml's buffer is
+# 65.00 MiB (68,161,600 B with the 32 spare bytes). The lower bound is 60.00 MiB
+# (62,916,640 B), reached at node 30, `ffn_up-0`: the residual `ffn_inp-0` and `ffn_norm-0` (8 MiB each),
+# the gate chain and `ffn_up-0` (21.5 MiB each), the 1 MiB `KQ_mask` and 2,080 bytes of positions and ids.
 #
-# Where do ggml's extra 5 MiB come from? At node 19 the attention scores `kq-0` need 32 MiB (512 × 512
-# × 32 heads × 4 bytes). The blocks freed so far have left a 16 MiB hole between `inp_embd` (1 to
-# 9 MiB) and `Qcur_rope-0` (25 to 33 MiB). Best fit finds no hole large enough and puts `kq-0` at the
-# top, at 33 MiB, which makes the peak 65 MiB. An offline planner knows at node 0 that a 32 MiB block
-# is coming and leaves room for it. Both greedy planners reach the lower bound here. `best` keeps
-# greedy by size's plan.
-#
-# These plans run, too. A6's `verify_plans(graph, plans, max_bytes=16 << 30)` computes the 7B graph in the
-# reference and in each of the three distinct placements of the five planners, and all results agree bit
-# for bit. That takes about 5.5 minutes and 14 GiB, too much for this notebook; the benchmark of §12 does
-# it.
-#
-# To draw a planner's plan, `planned_events` rewrites ggml's trace as if the allocator had chosen the
-# planner's offsets. Chapter 05's `memory_timeline` then draws it as it draws ggml's plan: placements in
-# colour (orange for in place), the lower bound dashed and the plan's peak solid. The picture shows the
-# first two of the 32 layers, since the rest repeats (zoom out to see them). On the left, `kq-0` sits on
-# top at node 19. On the right, `kq-0` takes offsets 0 to 32 MiB, and the blocks that live across node 19
-# (`inp_embd` and `Qcur_rope-0`) sit above it, from 32 MiB.
+# Where do ggml's extra 5 MiB come from? At node 19 the attention scores `kq-0` need 32 MiB (512 × 512 ×
+# 32 heads × 4 bytes). The blocks freed so far have left a 16 MiB hole between `inp_embd` (1 to 9 MiB) and
+# `Qcur_rope-0` (25 to 33 MiB). Best fit finds no hole large enough and puts `kq-0` at the top, at 33 MiB:
+# the peak is 65 MiB. An offline planner knows at node 0 that a 32 MiB block is coming and leaves room for
+# it: both greedy planners reach the lower bound, and `best` keeps greedy by size's plan. These plans
+# compute, bit for bit, what the reference does (5.5 minutes, 14 GiB: the benchmark of §10 checks it). To
+# draw a plan, `planned_events` rewrites ggml's trace as if the allocator had chosen the planner's
+# offsets, and chapter 05's `memory_timeline` draws it: the first two of the 32 layers. On the left,
+# `kq-0` sits on top at node 19. On the right, it takes offsets 0 to 32 MiB, and the blocks that live
+# across node 19 (`inp_embd` and `Qcur_rope-0`) sit above it.
 
 # %%
 # | export
@@ -1119,161 +1267,21 @@ compare_timelines(llama14, [plans14["ggml"], plans14["best"]], nodes=(0, 70),
                   title="Llama-2 7B, n_ctx 512, one output (fixture 14), the first two of 32 layers").show()
 
 # %% [markdown]
-# ## 10 · Every recorded graph
+# ## 10 · Across random graphs and recorded graphs: the benchmark
 #
-# The same comparison runs over every graph the project recorded from ggml: the 12 single-graph
-# fixtures and each step of the two sequences. Each planner column shows how far the plan is above the
-# lower bound ("LB" when it reaches it). The planners reach the lower bound on every graph but
-# two, the large random DAGs 09 and 10. On those, greedy by breadth is 0.40 % and 3.18 % above it, ggml
-# 1.83 % and 0.45 %, and greedy by size 3.20 % and 8.82 %. Their 295 and 375 blocks are too many for the
-# exact search to finish within its second. It returns the best plan it knows and does not claim
-# optimality. Greedy by size loses to ggml on three graphs (08, 09, 10). ggml reaches the lower bound on
-# its own on 01, 03, 04, 05 and 13.
-#
-# The exact column depends on how far the search gets in its second on the machine that runs it, so
-# this cell's output is not compared by the tests.
-
-# %% tags=["nbval-ignore-output"]
-def recorded_graphs():
-    """(label, GraphFile) for every recorded graph: each single-graph fixture, each step of a sequence."""
-    for path in sorted(SEED.glob("*.json")):
-        doc = json.loads(path.read_text())
-        for step in [i for i, st in enumerate(doc.get("steps", [])) if "graph" in st] or [None]:
-            yield path.stem + ("" if step is None else f" step {step}"), load(path.stem, step)
-
-
-def over(r: PlanResult) -> str:
-    return "LB" if r.peak == r.lower_bound else f"+{100 * (r.peak / r.lower_bound - 1):.2f} %"
-
-
-table = {}
-print(f"{'graph':40s} {'nodes':>5} {'blocks':>6} {'lower bound':>12} {'ggml':>8} {'greedy-size':>11} "
-      f"{'greedy-br.':>10} {'exact':>8}")
-for label, gf in recorded_graphs():
-    problem = blocks_of(gf.graph)
-    plans = all_plans(problem)
-    table[label] = problem, plans
-    print(f"{label:40s} {len(gf.graph.nodes):5d} {len(problem.blocks):6d} {problem.lower_bound:12d} "
-          + " ".join(f"{over(plans[n]):>{w}}" for n, w in (("ggml", 8), ("greedy-size", 11),
-                                                            ("greedy-breadth", 10), ("exact", 8))))
+# `benchmarks/planners.py` runs the planners over every graph the project recorded from ggml and over 300
+# random graphs of the differential generator, and computes every plan as in §8 (appendix A6, §4, shows its output and
+# what verifying costs). On random graphs ggml reaches the lower bound on 44 % of them, its worst plan at
+# 1.95 times it; each greedy planner alone reaches it on about nine graphs in ten, and each has graphs where
+# it is far off (greedy by size up to 26 %, greedy by breadth up to 40 %). `best` reaches the lower bound
+# on every one of the 300, is smaller than ggml on 168 and never larger, and all 1,500 plans compute on
+# the CPU backend exactly what the reference computes. Greedy by size loses to ggml on 11 of them, as it
+# does on fixtures 08, 09 and 10: sorting by size ignores *when* a block lives. Appendix A6 (§3) takes
+# apart the smallest such graph, `random_graph(87)`, block by block, and (§4) compares the planners on
+# every recorded graph: each has a placement at its lower bound, the exact search's on fixtures 09 and 10.
 
 # %% [markdown]
-# ## 11 · When greedy by size loses to ggml
-#
-# Sorting by size alone ignores *when* a block lives. Graph 87 of the differential generator
-# (`ggml_oracle.random_graph(87)`, the oracle package in `oracle/ggml_oracle/`) is the smallest of its
-# first 300 graphs on which this costs more than ggml's online best fit. It is written out below with the
-# public API, its data tensors flagged INPUT as the benchmark does: 11 nodes, 10 blocks. At most 3,040
-# bytes are alive at once, at the last node. ggml needs 3,072, greedy by breadth 3,040, and greedy by
-# size 3,552. (It is a graph for planning only: its `node_7` subtracts from a transposed view, which
-# ggml's kernel would read the wrong way, so the CPU backend refuses it. Its plans are verified by
-# appendix A6's data-flow run, which writes into each node a digest of the bytes it reads.)
-
-# %%
-def graph87():
-    """`ggml_oracle.random_graph(87)` (oracle/ggml_oracle/), its data tensors flagged INPUT (as the benchmark)."""
-    w = gl.Context("weights")
-    c4, b6 = w.new_tensor(gl.F32, [3, 5, 5, 2], name="c4"), w.new_tensor(gl.F32, [5, 5, 1, 1], name="b6")
-    ctx = gl.Context("compute")
-    inp1 = ctx.new_tensor(gl.F32, [3, 5, 5, 1], name="inp1")
-    dst2 = ctx.new_tensor(gl.F32, [15, 5, 1, 1], name="dst2")
-    copied = gl.cpy(ctx, inp1, dst2)
-    b3 = ctx.new_tensor(gl.F32, [3, 1, 1, 1], name="b3")
-    node_3 = gl.sub(ctx, inp1, b3).set_name("node_3")
-    node_10 = gl.concat(ctx, c4, inp1, 3).set_name("node_10")
-    node_4 = gl.sum_rows(ctx, node_3).set_name("node_4")
-    node_5 = gl.mul_mat(ctx, node_4, node_4).set_name("node_5")
-    transposed = gl.transpose(ctx, node_5)
-    gl.cpy(ctx, transposed, ctx.new_tensor(gl.F16, [5, 25, 1, 1], name="dst5"))  # (not in the graph)
-    node_7 = gl.sub(ctx, transposed, b6).set_name("node_7")
-    normed = gl.norm(ctx, node_7, 1e-5, inplace=True)
-    node_9 = gl.soft_max_ext(ctx, normed, None, 1.0, 0.0).set_name("node_9")
-    ctx.new_tensor(gl.F32, [64, 5, 1, 1], name="inp7")  # (not in the graph)
-    inp8 = ctx.new_tensor(gl.F32, [128, 1, 1, 1], name="inp8")
-    logged = gl.log(ctx, inp8, inplace=True)
-    last = gl.transpose(ctx, logged)
-    for t in (node_3, node_4, transposed, normed, logged, last):
-        gl.set_output(t)
-    for t in (inp1, dst2, b3, inp8):
-        gl.set_input(t)
-    graph = gl.Graph()
-    for root in (copied, last, node_9, node_10):
-        gl.build_forward_expand(graph, root)
-    gl.alloc_ctx_tensors(w, gl.cpu_buffer_type())
-    return graph
-
-
-g87 = blocks_of(graph87())
-plans87 = all_plans(g87)
-print(f"{len(g87.graph.nodes)} nodes, {len(g87.blocks)} blocks, lower bound {g87.lower_bound} B at node {g87.lb_step}")
-print("  ".join(f"{n} {plans87[n].peak}" for n in ("ggml", "greedy-size", "greedy-breadth", "exact")))
-print(f"{'#':>2} {'size':>5} {'nodes':>7} {'ggml':>6} {'greedy-size':>11}  tensors")
-for b in g87.blocks:
-    print(f"{b.index:2d} {b.size:5d} {b.start:3d}..{b.end:<3d} {plans87['ggml'].offsets[b.index]:6d} "
-          f"{plans87['greedy-size'].offsets[b.index]:11d}  {b.name}")
-
-# %% [markdown]
-# Read the greedy-size column from the largest block down. `node_10`, the concat (928 B), is the largest
-# block, and it lives at one node only, the last one. Greedy by size places it first, at offset 0. Next
-# come the 512-byte blocks. `inp8` lives from the start to the end and meets `node_10`, so it goes above
-# it at 928. The chain `node_5` → `node_7` → `node_9` meets `inp8` everywhere and each block meets its
-# neighbour in the chain. `node_5` fits below `inp8` at 0 (it dies before node 10). `node_7` meets
-# `node_5`, and the 416 bytes left below `inp8` are too few, so it goes above `inp8` at 1,440. `node_9`
-# meets `node_7` at node 9 and `node_10` at node 10, so it goes above `node_7` at 1,952, although
-# `node_7` is gone by node 10. Last come the long-lived 320- and 128-byte blocks (`inp1`, `dst2`,
-# `node_3`, `node_4`, all kept to the end). They meet everything and stack on top, from 2,464 to
-# 3,552. At node 10, the 512 bytes at [1,440, 1,952) that `node_7` held are empty: 3,552 − 3,040 = 512
-# bytes lost.
-#
-# ggml works in time order and sees the long-lived INPUTs first. It puts them at the bottom (0 to 1,632),
-# and the short-lived blocks come and go above them. The big concat arrives last and fits at 2,144, 32
-# bytes above the lower bound. Greedy by breadth starts at node 10, the broadest node, places exactly the
-# blocks alive there, and reaches the lower bound. Greedy by size has no notion of which node is crowded.
-# That is why it loses to ggml on fixtures 08, 09 and 10 too, and on 11 of the benchmark's 300 random
-# graphs (§12).
-
-# %%
-compare_timelines(g87, [plans87["ggml"], plans87["greedy-size"]], views=True, height=460,
-                  title="random_graph(87): ggml's online best fit against greedy by size").show()
-
-# %%
-# NBVAL_CHECK_OUTPUT
-checks87 = verify_plans(g87.graph, list(plans87.values()), g87, compute="dataflow")
-print("random_graph(87), data-flow run:", {name: c.ok for name, c in zip(plans87, checks87)})
-
-# %% [markdown]
-# ## 12 · Across random graphs: the benchmark
-#
-# `benchmarks/planners.py` runs the planners over the recorded graphs of §10 and over 300 random graphs
-# of the differential generator (`--count`). The random graphs have at most 40 ops, and their data
-# tensors are flagged INPUT. Graphs the CPU kernels refuse are skipped and counted. Every plan of every
-# graph is then computed and compared as in §8 (by appendix A6's check): on the CPU backend, or by the
-# data-flow run when the kernels refuse the graph. Appendix A6 (§4) shows its whole output on the machine
-# that wrote this chapter, with the default settings, and what verifying costs.
-#
-# On random graphs ggml reaches the lower bound on 44 % of them. Its worst plan needs 1.95 times the
-# lower bound, and its geometric mean is 4.2 % above it. Each greedy planner alone reaches the lower bound
-# on about nine graphs in ten, and each has graphs where it is far off (greedy by size up to 26 %, greedy
-# by breadth up to 40 %). The exact search ran on the 21 graphs that neither greedy planner nor ggml had
-# solved. It finished on all of them, the slowest in about a millisecond (graph seed 139, 37 blocks), and
-# each time it found a placement at the lower bound. So `best` reaches the lower bound on every one of
-# the 300 graphs, is smaller than ggml on 168 and never larger, and all 1,500 plans compute on the CPU
-# backend exactly what the reference computes. The 135 graphs the kernels refuse tell the same story, and
-# their 675 plans pass the data-flow run.
-#
-# On the recorded graphs the exact search ran twice, on fixtures 09 and 10 (295 and 375 blocks), and
-# both times it used its whole second without a proof. On 09 the best it knows is greedy by breadth's
-# plan, 0.40 % above the lower bound. On 10 it returns ggml's plan, 0.45 % above. Whether those two graphs
-# admit a placement at the lower bound is open. Every plan of the 23 recorded graphs is verified: 105 by
-# the CPU backend, the 10 of fixtures 09 and 10 by the data-flow run.
-#
-# With `--count 2000 --max-gib 2` (30 s here) the picture holds. `best` reaches the lower bound on all
-# 2,000 random graphs and all 10,000 plans verify; the 1,041 graphs the kernels refuse on the way are at
-# the lower bound too, and their 5,205 plans pass the data-flow run. The exact search ran on 108 graphs
-# and finished on every one. The slowest took half a second: graph seed 1138, 34 blocks, 113,113 steps.
-
-# %% [markdown]
-# ## 13 · Check
+# ## 11 · Check
 
 # %%
 from ggml_lite.trace import live_bytes  # noqa: E402
@@ -1282,22 +1290,16 @@ assert (len(block06.blocks), block06.lower_bound, block06.lb_step, block06.ggml_
 assert check_placement(block06, ggml06) == [] and peak_of(block06, ggml06) == block06.ggml_peak
 assert size06.peak == breadth06.peak == 37760 and size06.optimal and not check_placement(block06, size06.offsets)
 assert [r.peak for r in (greedy_by_size(four), exact(four))] == [128, 96] and exact(four).optimal
-assert (seven.lower_bound, exact7.peak, exact7.optimal) == (160, 192, True) and not check_placement(seven, exact7.offsets)
-assert check06.ok and check06.galloc.get_buffer_size(0) == 37760 + 32
+assert [tree[t] for t in tree] == [("found", n) for n in (5238, 615, 27, 25, 25, 25, 27)] and square.lower_bound == 24
+assert exact(square, capacity=24).feasible and check06.ok and check06.galloc.get_buffer_size(0) == 37760 + 32
 # fixture 14: ggml 65.00 MiB, the lower bound 60.00 MiB, and best reaches it (buffer = lower bound + 32 B)
 assert plans14["ggml"].buffer_size == 68161600 and f"{llama14.lower_bound / 2**20:.2f}" == "60.00"
 assert plans14["best"].buffer_size == llama14.lower_bound + 32 and plans14["best"].optimal
 assert max(live_bytes(lifetimes(llama14.graph, llama14.events), len(llama14.graph.nodes))) == llama14.lower_bound
-for label, (problem, plans) in table.items():  # every plan valid, none below the lower bound, best <= ggml
-    assert all(r.peak >= problem.lower_bound and not check_placement(problem, r.offsets) for r in plans.values()), label
-    assert plans["best"].peak <= plans["ggml"].peak and plans["exact"].peak <= plans["greedy-breadth"].peak, label
-assert sum(p["greedy-size"].peak > p["ggml"].peak for _, p in table.values()) == 3
-assert [plans87[n].peak for n in ("ggml", "greedy-size", "greedy-breadth")] == [3072, 3552, 3040]
-assert all(c.ok for c in checks87)
 print("chapter 11: all checks passed")
 
 # %% [markdown]
-# ## 14 · Exercises
+# ## 12 · Exercises
 #
 # Four exercises, about 75 minutes. Predictions are answered with `answer(id, value)`: replace the `...` and
 # run the cell; it says right or wrong, then why. An implementation is graded with `check(id, fn)` against
@@ -1361,11 +1363,11 @@ check("11.3", greedy_offsets)
 # %% [markdown]
 # **11.4 · Explore** (hard, 20 min). ggml plans *online*: blocks in the order of their first node, each
 # placed by chapter 04's best fit (`DynTAllocr`) and freed after its last node. Greedy by size sees every
-# lifetime first, yet §11 showed it losing to ggml on a graph of 10 blocks. Make a set of four blocks on
-# which greedy by size needs more bytes than the online rule. (To try one, `problem_from_blocks` and
-# `greedy_by_size` give greedy's peak; for the online rule, loop over the nodes calling a `DynTAllocr(32)`'s
-# `alloc` for the blocks starting there, then `free_tensor` for those ending there.) Run `done("11.4")` when
-# you have an answer.
+# lifetime first, yet §10 showed it losing to ggml on some graphs (appendix A6 takes apart one of 10
+# blocks). Make a set of four blocks on which greedy by size needs more bytes than the online rule. (To try
+# one, `problem_from_blocks` and `greedy_by_size` give greedy's peak; for the online rule, loop over the nodes
+# calling a `DynTAllocr(32)`'s `alloc` for the blocks starting there, then `free_tensor` for those ending
+# there.) Run `done("11.4")` when you have an answer.
 #
 # <details><summary>A worked answer</summary>
 #
@@ -1382,7 +1384,7 @@ check("11.3", greedy_offsets)
 #
 # Sharing offset 0 between A and D was right for the two of them and wrong for C, which meets both: greedy
 # by size decides the big blocks alone, before it knows where the small ones must go. Online, C came first
-# and D fitted around it. Greedy by breadth also ends at 128 here; the exact search finds 96. §11's graph 87
-# loses the same way, at a larger scale.
+# and D fitted around it. Greedy by breadth also ends at 128 here; the exact search finds 96. Appendix A6's
+# graph 87 loses the same way, at a larger scale.
 #
 # </details>
