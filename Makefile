@@ -22,7 +22,7 @@ HAS_AVX2          := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo yes
 ORACLE_CMAKE_ARGS := $(if $(HAS_AVX2),-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF)
 ORACLE_STAMP      := $(VENV)/.oracle-0.0.45-$(if $(HAS_AVX2),avx2-noavx512,native)
 
-.PHONY: setup lab test test-long lint check-sync export sync clean
+.PHONY: setup lab test test-long lint check-sync export sync book clean
 
 setup: $(STAMP)
 
@@ -35,7 +35,7 @@ $(ORACLE_STAMP):
 # The oracle package (oracle/: ggml_oracle, the tests' and benchmarks' bridge to the real ggml) is installed
 # editable beside ggml_lite, after ggml-python; ggml_lite itself never imports it.
 $(STAMP): pyproject.toml oracle/pyproject.toml $(ORACLE_STAMP)
-	$(PY) -m pip install --quiet -e ".[dev,viz]"
+	$(PY) -m pip install --quiet -e ".[dev,viz,book]"
 	$(PY) -m pip install --quiet --no-deps -e ./oracle
 	$(PY) tools/today_sources.py
 	touch $(STAMP)
@@ -68,5 +68,10 @@ export: $(STAMP)
 sync: $(STAMP) export
 	$(PY) tools/nbsync.py
 
+# The course as a static web site in _build/book/, from the committed, executed notebooks: nothing runs, nothing is
+# fetched (tools/book/build.py). Serve it locally: .venv/bin/python -m http.server -b 127.0.0.1 -d _build/book
+book: $(STAMP)
+	$(PY) tools/book/build.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis _build

@@ -9,7 +9,11 @@ tests/` (without tests/ui), the notebooks executed under nbval, and the browser 
 notebook run in JupyterLab under headless Chromium). The browser test needs a Chromium (Debian's
 `chromium`, or `$CHROMIUM`) and the `playwright` package; without them it is skipped, and the summary says
 so, unless `GGML_LITE_REQUIRE_BROWSER=1` (set by `.ci/run`), which makes it fail. pytest, nbval and the
-browser test each run in two processes (pytest-xdist). Every part runs even when an earlier one fails, so
+browser test each run in two processes (pytest-xdist). Then the book (`tests/ui/test_book.py`): `make book` builds
+the site from the committed notebooks (its time is printed), and headless Chromium opens every page from a
+local server: no console error, no request off 127.0.0.1, every figure drawn, the search and every link checked;
+without a Chromium only its build is tested, as the browser test skips (or fails under the same variable).
+Every part runs even when an earlier one fails, so
 one run shows everything that is wrong; the exit status is 1 when any part failed.
 `--long` runs pytest with `--long` (the random-graph sweeps over many more graphs), then
 `benchmarks/differential.py` over 100,000 random graphs against the real ggml, which prints the
@@ -33,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # pytest-xdist: two processes, the cores CI has (nbval keeps a notebook's cells in one: --dist loadfile).
 WORKERS = ["-n", "2"]
 BROWSER = "browser test: notebooks in JupyterLab under headless Chromium (tests/ui)"
+BOOK = "book: `make book`, then every page of the site in headless Chromium (tests/ui/test_book.py)"
 
 
 def browser_missing() -> str:
@@ -58,7 +63,8 @@ def parts(long: bool) -> list:
          [[py, "-m", "pytest", "tests/", "--ignore=tests/ui", *WORKERS, *(["--long"] if long else [])]]),
         ("notebooks under nbval",
          [[py, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "notebooks/", *WORKERS, "--dist", "loadfile"]]),
-        (BROWSER, [[py, "-m", "pytest", "tests/ui", "-q", *WORKERS]]),  # each notebook a test of its own
+        (BROWSER, [[py, "-m", "pytest", "tests/ui", "-q", "--ignore=tests/ui/test_book.py", *WORKERS]]),
+        (BOOK, [[py, "-m", "pytest", "tests/ui/test_book.py", "-q"]]),  # builds once, then reads every page
     ] + ([("differential run: 100,000 random graphs against the real ggml (benchmarks/differential.py)",
            [[py, "benchmarks/differential.py", "--count", "100000", "--progress", "10000"]]),
           ("differential run: 100,000 random chunked plans against the real ggml (benchmarks/differential_chunked.py)",
