@@ -661,6 +661,7 @@ into independent sections; each technique can be switched off. Sizes, offsets an
 of the alignment. `planners.exact` drives it."""
 
 import sys
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from ggml_lite.bind import method_of
@@ -692,8 +693,9 @@ class Part:
 class ExactSearch:
     """MiniMalloc's search state (not a C port), in units: block i has `size[i]`, lives `width[i]` steps, in
     sections `s0[i]` to `s1[i] - 1`; `members[s]`: the blocks of section s; `overlaps[i]`: the blocks block i
-    meets; `cuts[s]`: the blocks in sections s and s + 1; `floor`, `total` per section and `min_offset`,
-    `offset` (-1: none) per block as the search goes; `solution`; `nodes` visited. It stops when
+    meets; `cuts[s]`: the blocks in sections s and s + 1; `lowest[s](min_offset)`: the minimum offsets of
+    section s's blocks (and PLACED); `total` per section and `min_offset`, `offset` (-1: none) per block as
+    the search goes; `solution`; `nodes` visited. It stops when
     `deadline.passed()` (a `planners.Deadline`; while it is built: TimeoutError)."""
 
     def __init__(self, sizes: list, lows: list, highs: list, deadline, techniques=TECHNIQUES):
@@ -722,8 +724,8 @@ class ExactSearch:
                     break
                 self.overlaps[i].append(j)
                 self.overlaps[j].append(i)
-        self.floor = [0] * n_sections
-        self.min_offset, self.offset, self.solution = [0] * n, [-1] * n, [-1] * n
+        self.min_offset, self.offset, self.solution = [0] * n + [PLACED], [-1] * n, [-1] * n  # (n: none)
+        self.lowest = [itemgetter(*members, n, n) for members in self.members]  # (a tuple in one C call)
         self.capacity, self.nodes, self.nodes_left = 0, 0, -1
         self.stamp, self.visit = [0] * n_sections, 0  # (sections already looked at during one placement)
         sys.setrecursionlimit(max(sys.getrecursionlimit(), 4 * n + 500))  # (a few frames per block placed)
@@ -735,8 +737,8 @@ class ExactSearch:
         def sub_solve(search, part: Part, heuristic: str) -> str: ...
         def search_solutions(search, part: Part, last: int) -> str: ...
         def fits(search, part: Part, i: int, o: int) -> bool: ...
-        def place(search, i: int, o: int) -> tuple | None: ...
-        def unplace(search, i: int, record: tuple) -> None: ...
+        def place(search, i: int, o: int) -> list | None: ...
+        def unplace(search, i: int, raised: list) -> None: ...
         def decompose(search, part: Part, i: int, last: int) -> str: ...
 
 
@@ -813,17 +815,17 @@ def search_solutions(search, part: Part, last: int) -> str:
     search.nodes += 1
     if search.deadline.passed():
         return TIMEOUT
-    mo, size, rank, offset, n = search.min_offset, search.size, part.rank, search.offset, len(search.size)
-    left = [i for i in part.order if offset[i] < 0]
-    if not left:
+    mo, size, rank, order, n = search.min_offset, search.size, part.rank, part.order, len(search.size)
+    lowest_top = min([mo[i] + size[i] for i in order])  # (a placed block's minimum offset is PLACED)
+    if lowest_top >= PLACED:
         for i in part.blocks:
-            search.solution[i] = offset[i]
+            search.solution[i] = search.offset[i]
         return FOUND
-    ceiling = min([mo[i] + size[i] for i in left]) * n if "dominance" in search.techniques else PLACED
+    ceiling = lowest_top * n if "dominance" in search.techniques else PLACED
     if "canonical" not in search.techniques:
         last = -1
-    for key in sorted([k for k in [mo[i] * n + rank[i] for i in left] if last < k < ceiling]):
-        i, o = part.order[key % n], key // n
+    for key in sorted([k for k in [mo[i] * n + rank[i] for i in order if mo[i] < PLACED] if last < k < ceiling]):
+        i, o = order[key % n], key // n
         status = NOT_FOUND
         if search.fits(part, i, o):
             record = search.place(i, o)
@@ -833,7 +835,7 @@ def search_solutions(search, part: Part, last: int) -> str:
                 search.unplace(i, record)
         if status != NOT_FOUND:
             return status
-        if "hatless" in search.techniques and all(offset[j] >= 0 for j in search.overlaps[i]):
+        if "hatless" in search.techniques and all(search.offset[j] >= 0 for j in search.overlaps[i]):
             break  # nothing still to place meets block i: it goes here in every completion, and failed
     return NOT_FOUND
 
@@ -855,11 +857,12 @@ def fits(search, part: Part, i: int, o: int) -> bool:
 
 
 @method_of(ExactSearch)
-def place(search, i: int, o: int) -> tuple | None:
-    """Block i at offset o: the blocks it meets start no lower than its top, nor do its sections' floors;
-    its size leaves their totals. With `floors`, each section where a minimum offset rose gets the lowest of
-    its blocks'. Returns what to undo, or None (undone) when a raised floor no longer fits."""
-    mo, floor, total, size = search.min_offset, search.floor, search.total, search.size
+def place(search, i: int, o: int) -> list | None:
+    """Block i at offset o: the blocks it meets start no lower than its top; its size leaves its sections.
+    With `floors`, a section where a minimum offset rose gets its floor, the lowest minimum offset of its
+    blocks still to place, and (with `inference`) floor + total must stay within the capacity. Returns the
+    minimum offsets to restore, or None (undone) when a section no longer fits."""
+    mo, total, size = search.min_offset, search.total, search.size
     top, a, b = o + size[i], search.s0[i], search.s1[i]
     search.offset[i] = o
     raised = [(i, mo[i])]
@@ -868,33 +871,23 @@ def place(search, i: int, o: int) -> tuple | None:
         if mo[j] < top:  # (a placed block's is PLACED)
             raised.append((j, mo[j]))
             mo[j] = top
-    floors = list(enumerate(floor[a:b], a))
-    floor[a:b] = [top] * (b - a)
     total[a:b] = [t - size[i] for t in total[a:b]]
-    record = (raised, floors)
-    if "floors" in search.techniques:
+    if "floors" in search.techniques and "inference" in search.techniques:
+        cap, s0, s1, stamp, lowest = search.capacity, search.s0, search.s1, search.stamp, search.lowest
         search.visit += 1
-        for j, _ in raised[1:]:
-            for s in range(search.s0[j], search.s1[j]):
-                if search.stamp[s] == search.visit:
-                    continue
-                search.stamp[s] = search.visit
-                lowest = min(map(mo.__getitem__, search.members[s]))
-                if floor[s] < lowest < PLACED:
-                    floors.append((s, floor[s]))
-                    floor[s] = lowest
-                    if "inference" in search.techniques and max(lowest, o) + total[s] > search.capacity:
-                        search.unplace(i, record)
+        for j, _ in raised[1:]:  # (block j, now at top, is in each of its sections: their floor is at most
+            for s in [s for s in range(s0[j], s1[j]) if top + total[s] > cap]:  # top; only these can fail)
+                if stamp[s] != search.visit:  # (once per section; a floor below o passed `fits` already)
+                    stamp[s] = search.visit
+                    if min(lowest[s](mo)) + total[s] > cap:
+                        search.unplace(i, raised)
                         return None
-    return record
+    return raised
 
 
 @method_of(ExactSearch)
-def unplace(search, i: int, record: tuple) -> None:
-    """Block i out again: the floors and minimum offsets in `record`, its size back in its sections."""
-    raised, floors = record
-    for s, f in reversed(floors):
-        search.floor[s] = f
+def unplace(search, i: int, raised: list) -> None:
+    """Block i out again: the minimum offsets in `raised` restored, its size back in its sections."""
     a, b, z = search.s0[i], search.s1[i], search.size[i]
     search.total[a:b] = [t + z for t in search.total[a:b]]
     for j, m in reversed(raised):

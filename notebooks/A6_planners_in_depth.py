@@ -541,7 +541,7 @@ def dataflow_compute(graph) -> None:
 # %% [markdown]
 # Fixture 09 under its five plans. The CPU backend refuses it (a UNARY on f16). The data-flow run passes
 # all five plans. Then the first block that starts while an earlier one is still alive, block 100, is
-# moved onto that block, block 1: 18 of the graph's 138 compared results change.
+# moved onto that block, block 1: 17 of the graph's 138 compared results change.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -550,7 +550,7 @@ try:
     verify_plan(block09.graph, best(block09), block09)
 except gl.GGMLLiteError as err:
     print(f"on the CPU backend: {type(err).__name__}: {str(err)[:60]}...")
-plans09 = all_plans(block09, budget=0.2)
+plans09 = all_plans(block09, budget=5)  # (the search ends in 295 nodes: the budget only guards)
 checks09 = verify_plans(block09.graph, list(plans09.values()), block09, compute="dataflow")
 print("data-flow run:", {name: c.ok for name, c in zip(plans09, checks09)})
 b09 = block09.blocks
